@@ -1,0 +1,33 @@
+# Two commands on a fresh machine: `make train` and `make test`.
+# Both create .venv when it is missing and install shoal into it.
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+PIP     = $(PY) -m pip
+# torch is installed first, on its own: the default takes the CPU wheel this machine
+# class keeps on disk instead of a multi-GB CUDA build. `make TORCH=torch ...` to override.
+TORCH  ?= torch==2.13.0
+STAMP   = $(VENV)/.installed
+
+.PHONY: train test bench setup clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)"
+	$(PIP) install -q -e ".[test]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+train: $(STAMP)
+	$(VENV)/bin/shoal train ppo -c examples/ppo_cartpole.yaml
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/sampling.py
+	$(PY) benchmarks/ppo_cartpole.py --seeds 3
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info
