@@ -1,0 +1,314 @@
+"""Typed, validated configs.
+
+Every algorithm has one pydantic model (``extra="forbid"``) made of hyperparameters plus
+sections: ``resources`` (workers, envs, CPUs, GPUs: where things run), ``model`` (network
+shape) and ``evaluation``. Validation happens once, in the constructor, before anything
+starts; errors are :class:`~shoal.errors.ConfigError` with one readable paragraph that
+names the key and what is allowed, and suggests the closest valid key for a misspelling.
+
+Overrides come from YAML files and ``key=value`` strings (dotted keys reach into sections:
+``resources.num_workers=2``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterable, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from shoal.errors import ConfigError
+
+EnvSpec = Union[str, Callable[..., Any]]
+
+
+class Section(BaseModel):
+    """A config section: strict keys, validated on assignment too."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        missing = object()
+        old = self.__dict__.get(name, missing)
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as e:
+            # pydantic has already stored the value when a model validator rejects it: undo that.
+            if old is not missing:
+                self.__dict__[name] = old
+            raise ConfigError(format_validation_error(type(self), e)) from None
+
+
+class ResourcesConfig(Section):
+    """Where things run. Kept apart from hyperparameters."""
+
+    num_workers: int = Field(0, ge=0, description="Remote rollout actors; 0 samples in the driver without starting Ray.")
+    num_envs_per_worker: int = Field(8, ge=1, description="Vectorized envs per rollout actor (or in the driver).")
+    num_cpus_per_worker: float = Field(1.0, gt=0, description="CPUs each rollout actor reserves; fractions let more actors than cores run.")
+    num_cpus_for_driver: float = Field(0.0, ge=0, description="CPUs reserved for the driver/learner in the placement group.")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs for the learner in the driver.")
+    torch_threads: int = Field(1, ge=1, description="torch.set_num_threads in every worker and learner process.")
+    address: Optional[str] = Field(None, description="Ray address: None starts a local instance; 'auto' or 'ray://host:port' connects.")
+    max_worker_restarts: int = Field(100, ge=0, description="Restarts of failed rollout actors allowed per run before training stops.")
+    resource_wait_s: float = Field(30.0, gt=0, description="Seconds to wait for the cluster to grant the placement group.")
+
+
+class ModelConfig(Section):
+    hiddens: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of each MLP.")
+    activation: str = Field("tanh", description="tanh, relu or elu.")
+    vf_share_layers: bool = Field(False, description="Share the hidden layers between policy and value heads.")
+    init_log_std: float = Field(0.0, description="Initial log std of the diagonal Gaussian (Box actions).")
+
+    @field_validator("activation")
+    @classmethod
+    def _known_activation(cls, v: str) -> str:
+        allowed = ("tanh", "relu", "elu")
+        if v not in allowed:
+            raise ValueError(f"activation must be one of {', '.join(allowed)}")
+        return v
+
+
+class EvaluationConfig(Section):
+    evaluation_interval: Optional[int] = Field(None, ge=1, description="Evaluate every N iterations; None never.")
+    evaluation_num_workers: int = Field(0, ge=0, description="Separate evaluation actors; 0 evaluates in the driver.")
+    evaluation_num_episodes: int = Field(10, ge=1, description="Greedy episodes per evaluation.")
+
+
+class AlgorithmConfig(Section):
+    """Fields every algorithm shares. Subclasses add their hyperparameters."""
+
+    algo: ClassVar[str] = ""
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
+
+    env: EnvSpec = Field(..., description="Gymnasium id, 'module:callable' import path, or a callable returning an env.")
+    env_config: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the env constructor.")
+    seed: Optional[int] = Field(None, description="Seed for torch, numpy and the envs; runs with num_workers=0 are then reproducible.")
+    gamma: float = Field(0.99, ge=0.0, le=1.0)
+    lr: float = Field(3e-4, gt=0)
+    lr_schedule: Optional[list[tuple[int, float]]] = Field(
+        None, description="Piecewise-linear [[env_steps, lr], ...]; overrides lr when set."
+    )
+    grad_clip: Optional[float] = Field(0.5, gt=0, description="Global gradient-norm clip; None disables.")
+    rollout_fragment_length: Union[int, str] = Field("auto", description="Steps per env per sample call, or 'auto'.")
+    min_time_s_per_iteration: float = Field(0.0, ge=0)
+    min_env_steps_per_iteration: int = Field(0, ge=0)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise ConfigError(format_validation_error(type(self), e)) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as e:
+            raise ConfigError(format_validation_error(type(self), e)) from None
+
+    @field_validator("rollout_fragment_length")
+    @classmethod
+    def _fragment(cls, v: Union[int, str]) -> Union[int, str]:
+        if v == "auto" or (isinstance(v, int) and v >= 1):
+            return v
+        raise ValueError("rollout_fragment_length must be a positive integer or 'auto'")
+
+    @field_validator("lr_schedule")
+    @classmethod
+    def _schedule_sorted(cls, v):
+        if v is not None:
+            if not v:
+                raise ValueError("lr_schedule needs at least one [env_steps, lr] point")
+            steps = [s for s, _ in v]
+            if steps != sorted(steps) or steps[0] < 0:
+                raise ValueError("lr_schedule points must have non-negative, increasing env_steps")
+            if any(lr < 0 for _, lr in v):
+                raise ValueError("lr_schedule learning rates must be >= 0")
+        return v
+
+    # ---- API -----------------------------------------------------------------------
+    def build(self):
+        """Validate the env and build the algorithm this config describes."""
+        from shoal.algorithms import get_algorithm_class
+
+        return get_algorithm_class(self.algo)(self)
+
+    def env_name(self) -> str:
+        return env_spec_name(self.env)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (YAML/JSON-safe); a callable env becomes its import path."""
+        d = self.model_dump(mode="python")
+        d["env"] = env_spec_to_str(self.env)
+        d["lr_schedule"] = [list(p) for p in self.lr_schedule] if self.lr_schedule else None
+        return d
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump({"algo": self.algo, **self.to_dict()}, sort_keys=False)
+
+    def copy_with(self, overrides: dict[str, Any]) -> "AlgorithmConfig":
+        """A new validated config with nested overrides applied (``{"resources": {...}}``)."""
+        return type(self).from_dict(deep_merge(self.to_dict(), overrides))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "AlgorithmConfig":
+        data = dict(data)
+        algo = data.pop("algo", cls.algo)
+        if algo != cls.algo:
+            raise ConfigError(f"This config is for algorithm '{algo}', not '{cls.algo}'.")
+        return cls(**data)
+
+
+# ---- env specs -------------------------------------------------------------------------
+def env_spec_to_str(env: EnvSpec) -> str:
+    if isinstance(env, str):
+        return env
+    mod, qual = getattr(env, "__module__", None), getattr(env, "__qualname__", None)
+    if mod and qual and "<" not in qual:
+        return f"{mod}:{qual}"
+    return repr(env)
+
+
+def env_spec_name(env: EnvSpec) -> str:
+    s = env_spec_to_str(env)
+    return s.split(":")[-1].split(".")[-1].replace("/", "_").replace("<", "").replace(">", "")
+
+
+def import_path(path: str) -> Any:
+    """Resolve 'package.module:attr' (or 'package.module.attr')."""
+    if ":" in path:
+        mod, _, attr = path.partition(":")
+    else:
+        mod, _, attr = path.rpartition(".")
+    obj = importlib.import_module(mod)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+# ---- overrides -------------------------------------------------------------------------
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k not in ("env_config",):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def parse_set_overrides(items: Iterable[str]) -> dict[str, Any]:
+    """``["lr=1e-3", "resources.num_workers=2"]`` -> nested dict. Values parse as YAML."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set expects key=value (e.g. lr=0.001 or resources.num_workers=2), got '{item}'.")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        node = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item}: '{p}' was already given a value, so it cannot also be a section.")
+        node[parts[-1]] = value
+    return out
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"Config file '{path}' does not exist.")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"Config file '{path}' is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"Config file '{path}' must hold a mapping of keys to values, got {type(data).__name__}.")
+    return data
+
+
+# ---- error formatting -------------------------------------------------------------------
+def _fields_of(model: type[BaseModel], loc: tuple) -> tuple[type[BaseModel] | None, str]:
+    """Walk ``loc`` (minus its last part) through nested sections; return the model and a dotted prefix."""
+    prefix = []
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        ann = getattr(field, "annotation", None) if field else None
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+            prefix.append(str(part))
+        else:
+            return None, ".".join(prefix)
+    return model, ".".join(prefix)
+
+
+def all_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in model.model_fields.items():
+        keys.append(prefix + name)
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys.extend(all_keys(ann, prefix + name + "."))
+    return keys
+
+
+def format_validation_error(model: type[BaseModel], err: ValidationError) -> str:
+    name = model.__name__
+    lines = []
+    for e in err.errors():
+        loc = tuple(e.get("loc", ()))
+        dotted = ".".join(str(p) for p in loc)
+        if e["type"] in ("extra_forbidden", "no_such_attribute"):  # unknown key at construction / assignment
+            sub, prefix = _fields_of(model, loc)
+            valid = list(sub.model_fields) if sub else []
+            key = str(loc[-1]) if loc else "?"
+            close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+            anywhere = [k for k in all_keys(model) if k.split(".")[-1] == key]
+            hint = ""
+            if close:
+                hint = f" Did you mean '{(prefix + '.' if prefix else '') + close[0]}'?"
+            elif anywhere:
+                hint = f" It exists as '{anywhere[0]}'."
+            where = f"section '{prefix}'" if prefix else name
+            lines.append(f"Unknown config key '{dotted}' in {where}.{hint} Valid keys: {', '.join(valid)}.")
+        elif e["type"] == "missing":
+            lines.append(f"Missing required config key '{dotted}'.")
+        else:
+            got = e.get("input")
+            # A model-level check (empty loc) gets the whole input: never echo that.
+            got_s = f" (got {got!r})" if dotted and (not isinstance(got, (dict, list)) or len(repr(got)) < 80) else ""
+            msg = e.get("msg", "invalid value").removeprefix("Value error, ")
+            target = f"Config key '{dotted}'" if dotted else name
+            lines.append(f"{target}: {msg}{got_s}.")
+    return f"Invalid {name}: " + " ".join(lines)
+
+
+def check(condition: bool, message: str) -> None:
+    """Raise a ConfigError(message) unless condition holds. For model validators."""
+    if not condition:
+        raise ValueError(message)
+
+
+__all__ = [
+    "AlgorithmConfig",
+    "ResourcesConfig",
+    "ModelConfig",
+    "EvaluationConfig",
+    "ConfigError",
+    "model_validator",
+    "check",
+    "parse_set_overrides",
+    "load_yaml",
+    "deep_merge",
+    "import_path",
+]

@@ -1,0 +1,31 @@
+"""User-facing errors. Each carries one paragraph that says what was wrong and what is allowed.
+
+The CLI prints these without a traceback and exits with code 2; anything else is a bug and
+keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class ShoalError(Exception):
+    """Base class of errors caused by the user's input, not by a bug in shoal."""
+
+
+class ConfigError(ShoalError, ValueError):
+    """An unknown key, a wrong type or an impossible combination in a config."""
+
+
+class EnvError(ShoalError):
+    """An environment id that does not exist, or an env that cannot be built."""
+
+
+class CheckpointError(ShoalError):
+    """A checkpoint path that does not exist or does not hold a shoal checkpoint."""
+
+
+class ResourceError(ShoalError):
+    """The cluster cannot supply the CPUs/GPUs the config asks for."""
+
+
+class WorkerError(ShoalError):
+    """A rollout actor kept failing past the allowed number of restarts."""

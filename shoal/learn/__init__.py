@@ -1,0 +1,5 @@
+"""Learners: the optimizer side. Algorithms supply the loss; learners own modules and devices."""
+
+from shoal.learn.learner import Learner, PiecewiseSchedule, resolve_device
+
+__all__ = ["Learner", "PiecewiseSchedule", "resolve_device"]

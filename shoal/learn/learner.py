@@ -1,0 +1,143 @@
+"""Learner: a module, its optimizer and a loss function, on one device.
+
+The algorithm passes ``loss_fn(module, batch, learner) -> (loss, stats)`` where ``batch`` is
+a dict of tensors already on the learner's device and ``stats`` a dict of scalar tensors.
+``update()`` runs epochs of shuffled minibatch SGD; ``compute_gradients()`` and
+``apply_gradients()`` are separate so data-parallel learners can reduce gradients between
+them (``reduce_gradients`` hook).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from shoal.batch import Batch
+from shoal.errors import ConfigError
+from shoal.rollout.policies import load_numpy_weights, weights_to_numpy
+
+
+class PiecewiseSchedule:
+    """Piecewise-linear in env steps: ``[(0, 1e-3), (100_000, 0.0)]``; flat outside the points."""
+
+    def __init__(self, points: list[tuple[int, float]]) -> None:
+        self.x = np.array([p[0] for p in points], dtype=np.float64)
+        self.y = np.array([p[1] for p in points], dtype=np.float64)
+
+    def __call__(self, t: float) -> float:
+        return float(np.interp(t, self.x, self.y))
+
+
+def resolve_device(num_gpus: float) -> torch.device:
+    if num_gpus <= 0:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"resources.num_gpus={num_gpus} but torch sees no CUDA device on this machine; "
+            "set resources.num_gpus=0 to learn on the CPU."
+        )
+    return torch.device("cuda")
+
+
+def make_adam(params, lr: float, eps: float) -> torch.optim.Adam:
+    """Adam with the fused kernel where torch has one (CPU since 2.4): ~20% faster small updates."""
+    params = list(params)
+    try:
+        return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
+    except (RuntimeError, TypeError):
+        return torch.optim.Adam(params, lr=lr, eps=eps)
+
+
+LossFn = Callable[[torch.nn.Module, dict, "Learner"], tuple[torch.Tensor, dict]]
+
+
+class Learner:
+    def __init__(self, module: torch.nn.Module, loss_fn: LossFn, lr: float, grad_clip: float | None = None,
+                 lr_schedule: list[tuple[int, float]] | None = None, device: torch.device | str = "cpu",
+                 adam_eps: float = 1e-5) -> None:
+        self.device = torch.device(device)
+        self.module = module.to(self.device)
+        self.loss_fn = loss_fn
+        self.grad_clip = grad_clip
+        self.schedule = PiecewiseSchedule(lr_schedule) if lr_schedule else None
+        self.lr = self.schedule(0) if self.schedule else lr
+        self.optimizer = make_adam(self.module.parameters(), self.lr, adam_eps)
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
+        # Algorithm-owned scalars that must survive checkpoints (e.g. PPO's KL coefficient).
+        self.extra_state: dict[str, float] = {}
+        self.num_updates = 0
+
+    # ---- optimisation ------------------------------------------------------------------
+    def set_env_steps(self, env_steps: int) -> None:
+        """Move the learning rate along its schedule."""
+        if self.schedule is not None:
+            self.lr = self.schedule(env_steps)
+            for g in self.optimizer.param_groups:
+                g["lr"] = self.lr
+
+    def compute_gradients(self, batch: dict) -> dict:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, stats = self.loss_fn(self.module, batch, self)
+        loss.backward()
+        return stats
+
+    def reduce_gradients(self) -> None:
+        """Hook for data-parallel learners (all-reduce); a single learner has nothing to do."""
+
+    def apply_gradients(self) -> torch.Tensor | None:
+        norm = None
+        if self.grad_clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+        self.optimizer.step()
+        self.num_updates += 1
+        return norm
+
+    def update_minibatch(self, batch: dict) -> dict:
+        stats = self.compute_gradients(batch)
+        self.reduce_gradients()
+        norm = self.apply_gradients()
+        if norm is not None:
+            stats["grad_norm"] = norm
+        return stats
+
+    def update(self, batch: Batch, num_epochs: int, minibatch_size: int, rng: np.random.Generator) -> dict[str, float]:
+        """``num_epochs`` passes of shuffled minibatch SGD over ``batch``; mean stats."""
+        tensors = batch.to_torch(self.device)
+        n = len(batch)
+        acc: dict[str, list[torch.Tensor]] = {}
+        self.module.train()
+        for _ in range(num_epochs):
+            order = torch.from_numpy(rng.permutation(n)).to(self.device)
+            for start in range(0, n, minibatch_size):
+                idx = order[start : start + minibatch_size]
+                mb = {k: v[idx] for k, v in tensors.items()}
+                for k, v in self.update_minibatch(mb).items():
+                    acc.setdefault(k, []).append(v.detach())
+        self.module.eval()
+        out = {k: float(torch.stack(v).float().mean()) for k, v in acc.items()}
+        out["lr"] = self.lr
+        return out
+
+    # ---- weights and state -------------------------------------------------------------
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return weights_to_numpy(self.module)
+
+    def set_weights(self, weights: dict) -> None:
+        load_numpy_weights(self.module, weights)
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "module": {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "extra": dict(self.extra_state),
+            "num_updates": self.num_updates,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.extra_state = dict(state.get("extra", {}))
+        self.num_updates = int(state.get("num_updates", 0))

@@ -1,0 +1,228 @@
+"""EnvRunner: a vectorized env plus an inference copy of the policy, sampling fragments.
+
+A plain class: the driver uses it directly when ``num_workers=0``; ``shoal.runtime`` wraps
+it in a Ray actor otherwise. ``sample()`` steps all envs ``rollout_fragment_length`` times
+and hands the time-major :class:`Fragment` to the algorithm's postprocessing function (GAE
+for PPO, ...), which returns a flat :class:`~shoal.batch.Batch`.
+
+With next-step autoreset (see ``shoal.envs.make``) the step after an episode ends is a reset
+step: its action is ignored, it carries no transition and is masked out (``valid`` False).
+So no transition ever spans two episodes, and the value the policy computes on a reset
+step's input is the value of the previous episode's final observation: the bootstrap for a
+truncated episode comes for free.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from shoal.batch import Batch, Col
+from shoal.envs.make import make_env, make_vec_env
+from shoal.models.catalog import preprocess_obs
+
+
+@dataclass
+class Fragment:
+    """Time-major arrays of one sample call: T steps of N envs."""
+
+    obs: np.ndarray  # (T + 1, N, D): obs[t] is acted on at step t; obs[T] follows the last step
+    actions: np.ndarray  # (T, N, ...)
+    rewards: np.ndarray  # (T, N)
+    terminateds: np.ndarray  # (T, N) bool
+    truncateds: np.ndarray  # (T, N) bool
+    valid: np.ndarray  # (T, N) bool: False on reset steps
+    extras: dict[str, np.ndarray]  # (T, N, ...) per-step policy outputs
+    last_extras: dict[str, np.ndarray]  # (N, ...) policy outputs on obs[T]
+
+
+@dataclass
+class RolloutMetrics:
+    env_steps: int = 0
+    episode_returns: list[float] = field(default_factory=list)
+    episode_lengths: list[int] = field(default_factory=list)
+    sample_time_s: float = 0.0
+    worker_index: int = 0
+
+
+def fragment_to_batch(fragment: Fragment) -> Batch:
+    """The default postprocessing: valid transitions with next_obs, no returns computed."""
+    from shoal.rollout.postprocessing import flatten_valid
+
+    cols = {
+        Col.OBS: fragment.obs[:-1],
+        Col.NEXT_OBS: fragment.obs[1:],
+        Col.ACTIONS: fragment.actions,
+        Col.REWARDS: fragment.rewards,
+        Col.TERMINATEDS: fragment.terminateds,
+        Col.TRUNCATEDS: fragment.truncateds,
+        **fragment.extras,
+    }
+    return Batch(flatten_valid(cols, fragment.valid))
+
+
+class EnvRunner:
+    """Samples fixed-length fragments from ``num_envs`` vectorized envs.
+
+    Args:
+        config: the algorithm config (env, model, resources, seed, gamma...).
+        worker_index: 0 for the driver's own runner, 1..N for remote actors. Seeds differ per index.
+        policy_cls: builds the inference policy, ``policy_cls(obs_space, action_space, config, seed)``.
+        postprocess: ``Fragment -> Batch`` (runs here, on the worker, in parallel with others).
+        rollout_fragment_length: steps per env per ``sample()``.
+        num_envs: envs in the vector; defaults to ``config.resources.num_envs_per_worker``.
+    """
+
+    def __init__(self, config, worker_index: int, policy_cls, postprocess: Callable[[Fragment], Batch] = fragment_to_batch,
+                 rollout_fragment_length: int = 64, num_envs: int | None = None) -> None:
+        torch.set_num_threads(config.resources.torch_threads)
+        self.config = config
+        self.worker_index = worker_index
+        self.num_envs = num_envs or config.resources.num_envs_per_worker
+        self.fragment_length = rollout_fragment_length
+        self.postprocess = postprocess
+        seed = None if config.seed is None else config.seed + 10_007 * worker_index
+        self.seed = seed
+        self.env = make_vec_env(config.env, self.num_envs, config.env_config, seed=seed)
+        self.obs_space = self.env.single_observation_space
+        self.action_space = self.env.single_action_space
+        self.policy = policy_cls(self.obs_space, self.action_space, config, seed)
+        raw, _ = self.env.reset(seed=seed)
+        self._obs = preprocess_obs(self.obs_space, raw)
+        self._prev_done = np.zeros(self.num_envs, dtype=bool)
+        self._ep_return = np.zeros(self.num_envs, dtype=np.float64)
+        self._ep_len = np.zeros(self.num_envs, dtype=np.int64)
+        self._eval_envs: dict[int, gym.vector.VectorEnv] = {}
+        self.weights_version = 0
+
+    # ---- sampling -----------------------------------------------------------------------
+    def sample(self, explore: bool = True) -> tuple[Batch, RolloutMetrics]:
+        t0 = time.perf_counter()
+        fragment, metrics = self._run_fragment(explore)
+        batch = self.postprocess(fragment)
+        metrics.sample_time_s = time.perf_counter() - t0
+        return batch, metrics
+
+    def _run_fragment(self, explore: bool) -> tuple[Fragment, RolloutMetrics]:
+        T, N = self.fragment_length, self.num_envs
+        policy, env = self.policy, self.env
+        obs = self._obs
+        obs_buf = np.empty((T + 1, *obs.shape), dtype=np.float32)
+        rewards = np.empty((T, N), dtype=np.float32)
+        terms = np.empty((T, N), dtype=bool)
+        truncs = np.empty((T, N), dtype=bool)
+        valid = np.empty((T, N), dtype=bool)
+        actions_buf = extras_buf = None
+        prev_done = self._prev_done
+        ep_ret, ep_len = self._ep_return, self._ep_len
+        metrics = RolloutMetrics(worker_index=self.worker_index)
+        with torch.inference_mode():
+            for t in range(T):
+                obs_buf[t] = obs
+                actions, extras = policy.act(obs, explore)
+                if actions_buf is None:
+                    actions_buf = np.empty((T, *actions.shape), dtype=actions.dtype)
+                    extras_buf = {k: np.empty((T, *v.shape), dtype=v.dtype) for k, v in extras.items()}
+                actions_buf[t] = actions
+                for k, v in extras.items():
+                    extras_buf[k][t] = v
+                raw, r, term, trunc, _ = env.step(policy.to_env_actions(actions))
+                live = ~prev_done
+                valid[t] = live
+                rewards[t] = r
+                terms[t] = term
+                truncs[t] = trunc
+                ep_ret += r * live
+                ep_len += live
+                done = term | trunc
+                if done.any():
+                    idx = np.flatnonzero(done)
+                    metrics.episode_returns.extend(ep_ret[idx].tolist())
+                    metrics.episode_lengths.extend(ep_len[idx].tolist())
+                    ep_ret[idx] = 0.0
+                    ep_len[idx] = 0
+                prev_done = done
+                obs = preprocess_obs(self.obs_space, raw)
+            obs_buf[T] = obs
+            last_extras = policy.bootstrap(obs)
+        self._obs, self._prev_done = obs, prev_done
+        rewards *= valid
+        metrics.env_steps = int(valid.sum())
+        frag = Fragment(obs_buf, actions_buf, rewards, terms, truncs, valid, extras_buf, last_extras)
+        return frag, metrics
+
+    # ---- evaluation ---------------------------------------------------------------------
+    def evaluate(self, num_episodes: int, render: bool = False) -> dict[str, float]:
+        """Greedy episodes on separate envs (the training envs keep their state).
+
+        Each round takes exactly the first episode of each of its sub-envs, so short episodes
+        are not over-represented.
+        """
+        if render:
+            return self._evaluate_rendered(num_episodes)
+        returns, lengths = [], []
+        with torch.inference_mode():
+            while len(returns) < num_episodes:
+                k = min(num_episodes - len(returns), 32)
+                env = self._eval_envs.get(k)
+                if env is None:
+                    env = self._eval_envs[k] = make_vec_env(self.config.env, k, self.config.env_config,
+                                                            seed=None if self.seed is None else self.seed + 7919)
+                raw, _ = env.reset()
+                ret, length = np.zeros(k), np.zeros(k, dtype=np.int64)
+                finished = np.zeros(k, dtype=bool)
+                while not finished.all():
+                    obs = preprocess_obs(self.obs_space, raw)
+                    actions, _ = self.policy.act(obs, explore=False)
+                    raw, r, term, trunc, _ = env.step(self.policy.to_env_actions(actions))
+                    ret += r * ~finished
+                    length += ~finished
+                    finished |= term | trunc
+                returns.extend(ret.tolist())
+                lengths.extend(length.tolist())
+        return {
+            "episode_return_mean": float(np.mean(returns)),
+            "episode_return_std": float(np.std(returns)),
+            "episode_len_mean": float(np.mean(lengths)),
+            "num_episodes": len(returns),
+        }
+
+    def _evaluate_rendered(self, num_episodes: int) -> dict[str, float]:
+        env = make_env(self.config.env, self.config.env_config, render_mode="human")
+        returns, lengths = [], []
+        with torch.inference_mode():
+            for _ in range(num_episodes):
+                raw, _ = env.reset()
+                done, ret, n = False, 0.0, 0
+                while not done:
+                    obs = preprocess_obs(self.obs_space, np.asarray(raw)[None])
+                    actions, _ = self.policy.act(obs, explore=False)
+                    raw, r, term, trunc, _ = env.step(self.policy.to_env_actions(actions)[0])
+                    ret, n, done = ret + float(r), n + 1, term or trunc
+                returns.append(ret)
+                lengths.append(n)
+        env.close()
+        return {"episode_return_mean": float(np.mean(returns)), "episode_return_std": float(np.std(returns)),
+                "episode_len_mean": float(np.mean(lengths)), "num_episodes": len(returns)}
+
+    # ---- weights ------------------------------------------------------------------------
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return self.policy.get_weights()
+
+    def set_weights(self, weights: dict, version: int | None = None) -> None:
+        self.policy.set_weights(weights)
+        if version is not None:
+            self.weights_version = version
+
+    def ping(self) -> int:
+        return self.worker_index
+
+    def stop(self) -> None:
+        self.env.close()
+        for e in self._eval_envs.values():
+            e.close()
