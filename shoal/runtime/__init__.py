@@ -1,0 +1,55 @@
+"""Where actors run. The only package that imports ray, and only when remote actors are asked for.
+
+``make_actor_group(...)`` returns a :class:`LocalActorGroup` (plain objects in this process)
+when ``remote=False`` and a Ray-backed group otherwise; both have the same interface:
+
+- ``foreach(method, *args)``: call every healthy actor, wait, return the results;
+- ``submit(method, *args, actor_ids=None)`` / ``fetch_ready(timeout_s)``: the asynchronous
+  pattern (at most ``max_in_flight`` requests per actor; collect only what is ready);
+- ``put(obj)``: one object-store put whose reference every actor can take;
+- restarts of dead actors, re-synced by ``on_restart``; ``num_restarts`` and
+  ``num_dropped_requests`` counters.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from shoal.runtime.local import ActorGroupBase, LocalActorGroup
+
+
+def make_actor_group(cls: type, num_actors: int, ctor: Callable[[int], tuple[tuple, dict]], *, remote: bool,
+                     num_cpus: float = 1.0, num_gpus: float = 0.0, max_in_flight: int = 1, max_restarts: int = 100,
+                     address: str | None = None, resource_wait_s: float = 30.0, name: str = "actor",
+                     first_index: int = 1) -> ActorGroupBase:
+    """Create ``num_actors`` instances of ``cls``; actor i gets ``cls(*args, **kwargs)`` from ``ctor(i)``.
+
+    Indices start at ``first_index`` (rollout actors are 1..N; the driver's own runner is 0).
+    """
+    if not remote:
+        return LocalActorGroup(cls, num_actors, ctor, max_in_flight=max_in_flight, first_index=first_index)
+    from shoal.runtime.ray_group import RayActorGroup
+    from shoal.runtime.cluster import start
+
+    start(address)
+    return RayActorGroup(cls, num_actors, ctor, num_cpus=num_cpus, num_gpus=num_gpus, max_in_flight=max_in_flight,
+                         max_restarts=max_restarts, resource_wait_s=resource_wait_s, name=name, first_index=first_index)
+
+
+def start(address: str | None = None, **kwargs: Any) -> None:
+    """Start (or connect to) Ray. Idempotent."""
+    from shoal.runtime.cluster import start as _start
+
+    _start(address, **kwargs)
+
+
+def shutdown() -> None:
+    import sys
+
+    if "ray" in sys.modules:
+        from shoal.runtime.cluster import shutdown as _shutdown
+
+        _shutdown()
+
+
+__all__ = ["make_actor_group", "start", "shutdown", "ActorGroupBase", "LocalActorGroup"]

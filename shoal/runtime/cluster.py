@@ -1,0 +1,86 @@
+"""Starting or connecting to Ray, resource checks and placement groups."""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+
+from shoal.errors import ResourceError
+
+
+def start(address: str | None = None, num_cpus: int | None = None, **kwargs) -> None:
+    """Start a quiet local Ray instance (no dashboard), or connect to ``address``. Idempotent."""
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    # Workers inherit this: one torch/BLAS thread each unless the config says otherwise.
+    env_vars = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "RAY_USAGE_STATS_ENABLED": "0"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        init_kwargs = dict(
+            address=address,
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+            log_to_driver=True,
+            runtime_env={"env_vars": env_vars},
+            ignore_reinit_error=True,
+        )
+        if address is None and num_cpus is not None:
+            init_kwargs["num_cpus"] = num_cpus
+        init_kwargs.update(kwargs)
+        try:
+            ray.init(**init_kwargs)
+        except ConnectionError as e:
+            raise ResourceError(f"Cannot connect to the Ray cluster at '{address}': {e}") from None
+
+
+def shutdown() -> None:
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def reserve(bundles: list[dict[str, float]], *, what: str, wait_s: float, strategy: str = "PACK"):
+    """One placement group for ``bundles``; fails at once, with a clear message, if it cannot fit.
+
+    Raises ResourceError when the cluster's total resources are too small (no waiting) or
+    when the group is not granted within ``wait_s`` seconds (resources held by others).
+    """
+    bundles = [{k: v for k, v in b.items() if v > 0} for b in bundles]
+    bundles = [b for b in bundles if b]
+    if not bundles:
+        return None
+    total = ray.cluster_resources()
+    for res in ("CPU", "GPU"):
+        need = sum(b.get(res, 0.0) for b in bundles)
+        have = total.get(res, 0.0)
+        if need > have + 1e-9:
+            hint = (
+                " Lower resources.num_workers, or share cores with e.g. --set resources.num_cpus_per_worker=0.5."
+                if res == "CPU"
+                else " Lower resources.num_gpus."
+            )
+            raise ResourceError(
+                f"{what} needs {need:g} {res}s but the Ray cluster has {have:g} in total "
+                f"({len(bundles)} bundles: {bundles[:4]}{' ...' if len(bundles) > 4 else ''}).{hint}"
+            )
+    pg = placement_group(bundles, strategy=strategy)
+    if not pg.wait(timeout_seconds=wait_s):
+        remove_placement_group(pg)
+        raise ResourceError(
+            f"{what}: the Ray cluster did not grant {bundles} within {wait_s:g} s; other jobs may hold the resources "
+            f"(available now: {ray.available_resources()}). Raise resources.resource_wait_s or free resources."
+        )
+    return pg
+
+
+def release(pg) -> None:
+    if pg is not None:
+        try:
+            remove_placement_group(pg)
+        except Exception:  # noqa: BLE001 - cluster may already be gone
+            pass

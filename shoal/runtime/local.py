@@ -1,0 +1,82 @@
+"""In-process actor group: the same interface as the Ray one, with plain objects.
+
+Calls run immediately; ``submit`` queues the result for the next ``fetch_ready``. Errors
+propagate (with no separate process there is nothing to restart).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Callable, Iterable
+
+
+class ActorGroupBase:
+    num_restarts: int = 0
+    num_dropped_requests: int = 0
+    max_in_flight: int = 1
+
+    def __init__(self) -> None:
+        # Returns [(method, args), ...] to replay on a recreated actor (weights, global vars).
+        self.on_restart: Callable[[], list[tuple[str, tuple]]] | None = None
+
+    @property
+    def actor_ids(self) -> list[int]:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return len(self.actor_ids)
+
+    def put(self, obj: Any) -> Any:
+        return obj
+
+
+class LocalActorGroup(ActorGroupBase):
+    def __init__(self, cls: type, num_actors: int, ctor: Callable[[int], tuple[tuple, dict]], max_in_flight: int = 1,
+                 first_index: int = 1) -> None:
+        super().__init__()
+        self.actors: dict[int, Any] = {}
+        for i in range(first_index, first_index + num_actors):
+            args, kwargs = ctor(i)
+            self.actors[i] = cls(*args, **kwargs)
+        self.max_in_flight = max_in_flight
+        self._ready: deque[tuple[int, Any]] = deque()
+        self._in_flight: dict[int, int] = {i: 0 for i in self.actors}
+
+    @property
+    def actor_ids(self) -> list[int]:
+        return list(self.actors)
+
+    def foreach(self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, wait: bool = True, **kwargs: Any) -> list[Any]:
+        ids = list(actor_ids) if actor_ids is not None else list(self.actors)
+        results = [getattr(self.actors[i], method)(*args, **kwargs) for i in ids]
+        return results if wait else []
+
+    def call(self, actor_id: int, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.actors[actor_id], method)(*args, **kwargs)
+
+    def submit(self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, **kwargs: Any) -> int:
+        n = 0
+        for i in list(actor_ids) if actor_ids is not None else list(self.actors):
+            if self._in_flight[i] >= self.max_in_flight:
+                continue
+            self._ready.append((i, getattr(self.actors[i], method)(*args, **kwargs)))
+            self._in_flight[i] += 1
+            n += 1
+        return n
+
+    def fetch_ready(self, timeout_s: float | None = 0.0) -> list[tuple[int, Any]]:
+        out = list(self._ready)
+        self._ready.clear()
+        for i, _ in out:
+            self._in_flight[i] -= 1
+        return out
+
+    def num_in_flight(self, actor_id: int | None = None) -> int:
+        return self._in_flight[actor_id] if actor_id is not None else sum(self._in_flight.values())
+
+    def stop(self) -> None:
+        for a in self.actors.values():
+            stop = getattr(a, "stop", None)
+            if stop:
+                stop()
+        self.actors.clear()

@@ -1,0 +1,162 @@
+"""A group of Ray actors of one plain class, with in-flight tracking and restarts."""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from typing import Any, Callable, Iterable
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from shoal.errors import WorkerError
+from shoal.runtime.cluster import release, reserve
+from shoal.runtime.local import ActorGroupBase
+
+log = logging.getLogger("shoal.runtime")
+
+
+class RayActorGroup(ActorGroupBase):
+    """N actors in one placement group (one bundle each).
+
+    A request that fails because its actor died, or because the actor raised, drops that
+    request (counted in ``num_dropped_requests``), recreates the actor in the same bundle,
+    replays ``on_restart()`` on it and counts ``num_restarts``. Past ``max_restarts`` the
+    group raises :class:`WorkerError` carrying the last failure's traceback.
+    """
+
+    def __init__(self, cls: type, num_actors: int, ctor: Callable[[int], tuple[tuple, dict]], *, num_cpus: float,
+                 num_gpus: float = 0.0, max_in_flight: int = 1, max_restarts: int = 100, resource_wait_s: float = 30.0,
+                 name: str = "actor", first_index: int = 1) -> None:
+        super().__init__()
+        self.cls_name = cls.__name__
+        self.remote_cls = ray.remote(cls)
+        self.ctor = ctor
+        self.num_cpus, self.num_gpus = num_cpus, num_gpus
+        self.max_in_flight = max_in_flight
+        self.max_restarts = max_restarts
+        self.name = name
+        self.ids = list(range(first_index, first_index + num_actors))
+        self.pg = reserve([{"CPU": num_cpus, "GPU": num_gpus} for _ in self.ids],
+                          what=f"{num_actors} {name}s", wait_s=resource_wait_s)
+        self.actors: dict[int, Any] = {i: self._create(i) for i in self.ids}
+        self._in_flight: dict[Any, tuple[int, Any]] = {}  # ObjectRef -> (actor id, actor handle)
+        self.num_restarts = 0
+        self.num_dropped_requests = 0
+        self.last_failure: str | None = None
+
+    def _create(self, i: int):
+        args, kwargs = self.ctor(i)
+        opts: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus, "max_restarts": 0}
+        if self.pg is not None:
+            opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=self.pg, placement_group_bundle_index=self.ids.index(i))
+        return self.remote_cls.options(**opts).remote(*args, **kwargs)
+
+    @property
+    def actor_ids(self) -> list[int]:
+        return list(self.actors)
+
+    def put(self, obj: Any) -> Any:
+        return ray.put(obj)
+
+    # ---- failures -------------------------------------------------------------------
+    def _failed(self, i: int, handle: Any, err: BaseException) -> None:
+        self.num_dropped_requests += 1
+        if self.actors.get(i) is not handle:
+            return  # that actor was already replaced after an earlier failed request
+        self.last_failure = "".join(traceback.format_exception_only(type(err), err)).strip()
+        log.warning("%s %d failed (%s); recreating it", self.name, i, self.last_failure.splitlines()[0][:200])
+        self.restart(i)
+
+    def restart(self, i: int) -> None:
+        if self.num_restarts >= self.max_restarts:
+            raise WorkerError(
+                f"{self.name} {i} failed and the run has used all {self.max_restarts} allowed restarts "
+                f"(resources.max_worker_restarts). Last failure:\n{self.last_failure}"
+            )
+        old = self.actors.get(i)
+        if old is not None:
+            try:
+                ray.kill(old, no_restart=True)
+            except Exception:  # noqa: BLE001 - it may be gone already
+                pass
+        # Drop what was in flight to the dead actor.
+        for ref, (aid, _) in list(self._in_flight.items()):
+            if aid == i:
+                del self._in_flight[ref]
+                self.num_dropped_requests += 1
+        self.num_restarts += 1
+        actor = self._create(i)
+        for method, args in (self.on_restart() if self.on_restart else []):
+            getattr(actor, method).remote(*args)
+        self.actors[i] = actor
+
+    # ---- synchronous --------------------------------------------------------------------
+    def foreach(self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, wait: bool = True, **kwargs: Any) -> list[Any]:
+        """Call ``method`` on each actor. Failed actors are restarted and left out of the results."""
+        ids = list(actor_ids) if actor_ids is not None else list(self.actors)
+        refs = [(i, self.actors[i], getattr(self.actors[i], method).remote(*args, **kwargs)) for i in ids]
+        if not wait:
+            return []
+        out = []
+        for i, handle, ref in refs:
+            try:
+                out.append(ray.get(ref))
+            except ray.exceptions.RayError as e:
+                self._failed(i, handle, e)
+        return out
+
+    def call(self, actor_id: int, method: str, *args: Any, **kwargs: Any) -> Any:
+        return ray.get(getattr(self.actors[actor_id], method).remote(*args, **kwargs))
+
+    # ---- asynchronous -------------------------------------------------------------------
+    def submit(self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, **kwargs: Any) -> int:
+        """Send ``method`` to each actor with fewer than ``max_in_flight`` requests open."""
+        counts: dict[int, int] = {}
+        for aid, _ in self._in_flight.values():
+            counts[aid] = counts.get(aid, 0) + 1
+        n = 0
+        for i in list(actor_ids) if actor_ids is not None else list(self.actors):
+            if counts.get(i, 0) >= self.max_in_flight:
+                continue
+            handle = self.actors[i]
+            self._in_flight[getattr(handle, method).remote(*args, **kwargs)] = (i, handle)
+            n += 1
+        return n
+
+    def fetch_ready(self, timeout_s: float | None = 0.0) -> list[tuple[int, Any]]:
+        """Results of the requests finished within ``timeout_s`` (0: only what is ready now)."""
+        if not self._in_flight:
+            return []
+        refs = list(self._in_flight)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=True)
+        out = []
+        for ref in ready:
+            entry = self._in_flight.pop(ref, None)
+            if entry is None:
+                continue  # dropped by a restart
+            i, handle = entry
+            try:
+                out.append((i, ray.get(ref)))
+            except ray.exceptions.RayError as e:
+                self._failed(i, handle, e)
+        return out
+
+    def num_in_flight(self, actor_id: int | None = None) -> int:
+        if actor_id is None:
+            return len(self._in_flight)
+        return sum(1 for a, _ in self._in_flight.values() if a == actor_id)
+
+    def stop(self) -> None:
+        for a in self.actors.values():
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # noqa: BLE001
+                pass
+        self.actors.clear()
+        self._in_flight.clear()
+        release(self.pg)
+        self.pg = None
+        time.sleep(0)  # let Ray process the kills
