@@ -1,0 +1,37 @@
+"""shoal: distributed reinforcement learning on Ray and PyTorch.
+
+Public API::
+
+    from shoal import PPOConfig, train, load
+    algo = PPOConfig(env="CartPole-v1").build()
+    result = algo.train()
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from shoal.config import AlgorithmConfig  # noqa: E402
+from shoal.errors import CheckpointError, ConfigError, EnvError, ResourceError, ShoalError, WorkerError  # noqa: E402
+
+_LAZY = {
+    "PPOConfig": ("shoal.algorithms.ppo", "PPOConfig"),
+    "PPO": ("shoal.algorithms.ppo", "PPO"),
+    "Algorithm": ("shoal.algorithms.base", "Algorithm"),
+    "train": ("shoal.trainer", "train"),
+    "Stop": ("shoal.trainer", "Stop"),
+    "load": ("shoal.trainer", "load"),
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        mod, attr = _LAZY[name]
+        return getattr(importlib.import_module(mod), attr)
+    raise AttributeError(f"module 'shoal' has no attribute {name!r}")
+
+
+__all__ = ["AlgorithmConfig", "ShoalError", "ConfigError", "EnvError", "CheckpointError", "ResourceError", "WorkerError",
+           *_LAZY]

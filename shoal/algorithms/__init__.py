@@ -1,0 +1,38 @@
+"""Algorithm registry: name -> (module, class), imported lazily so `shoal algos` stays fast."""
+
+from __future__ import annotations
+
+import importlib
+
+from shoal.errors import ConfigError
+
+# name: (module, algorithm class, config class, one-line description)
+REGISTRY: dict[str, tuple[str, str, str, str]] = {
+    "ppo": ("shoal.algorithms.ppo", "PPO", "PPOConfig",
+            "Proximal Policy Optimization: GAE, clipped surrogate, synchronous sampling on N rollout actors."),
+}
+
+
+def _entry(name: str):
+    key = name.lower()
+    if key not in REGISTRY:
+        import difflib
+
+        close = difflib.get_close_matches(key, list(REGISTRY), n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"Unknown algorithm '{name}'.{hint} Available: {', '.join(REGISTRY)}.")
+    return REGISTRY[key]
+
+
+def get_algorithm_class(name: str):
+    mod, cls, _, _ = _entry(name)
+    return getattr(importlib.import_module(mod), cls)
+
+
+def get_config_class(name: str):
+    mod, _, cfg, _ = _entry(name)
+    return getattr(importlib.import_module(mod), cfg)
+
+
+def describe() -> dict[str, str]:
+    return {k: v[3] for k, v in REGISTRY.items()}

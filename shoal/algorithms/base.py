@@ -1,0 +1,229 @@
+"""Algorithm: the shared iteration loop, metrics, evaluation, checkpoints and rollout actors.
+
+Subclasses implement ``setup()`` (learner, rollout actors) and ``training_step()`` (the
+visible execution plan) plus ``get_state``/``set_state`` for anything they add.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from shoal import checkpoint as ckpt
+from shoal.config import AlgorithmConfig
+from shoal.envs import env_info
+from shoal.errors import CheckpointError, ConfigError
+from shoal.logging.metrics import EpisodeWindow, Timers
+from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
+from shoal.runtime import make_actor_group
+
+COUNTERS = ("env_steps_sampled", "env_steps_trained", "time_total_s")
+
+
+class Algorithm:
+    config_cls: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
+
+    def __init__(self, config: AlgorithmConfig) -> None:
+        if not isinstance(config, self.config_cls):
+            raise ConfigError(f"{type(self).__name__} needs a {self.config_cls.__name__}, got {type(config).__name__}.")
+        self.config = config
+        torch.set_num_threads(config.resources.torch_threads)
+        seed = config.seed
+        if seed is not None:
+            random.seed(seed)
+            np.random.seed(seed)
+            torch.manual_seed(seed)
+        self.rng = np.random.default_rng(seed)
+        self.env_info = env_info(config.env, config.env_config)  # fails early on a bad env
+        self.iteration = 0
+        self.counters: dict[str, float] = {k: 0 for k in COUNTERS}
+        self.episodes = EpisodeWindow(100)
+        self.timers = Timers()
+        self.env_runners = None
+        self.eval_runners = None
+        self._eval_local: EnvRunner | None = None
+        self._weights_ref = None  # the last broadcast, replayed on recreated rollout actors
+        self.policy_cls = None  # set by setup(): the inference policy rollout actors build
+        self.setup()
+
+    # ---- for subclasses -------------------------------------------------------------------
+    def setup(self) -> None:
+        raise NotImplementedError
+
+    def training_step(self) -> dict[str, Any]:
+        """One pass of the execution plan; returns metrics for this step."""
+        raise NotImplementedError
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def make_env_runners(self, policy_cls, postprocess, fragment_length: int):
+        """The rollout actors: in the driver (``num_workers=0``, one runner index 0) or on Ray."""
+        res = self.config.resources
+        remote = res.num_workers > 0
+
+        def ctor(i: int):
+            return (self.config, i, policy_cls, postprocess, fragment_length), {}
+
+        group = make_actor_group(
+            EnvRunner, max(res.num_workers, 1), ctor, remote=remote, num_cpus=res.num_cpus_per_worker,
+            max_restarts=res.max_worker_restarts, address=res.address, resource_wait_s=res.resource_wait_s,
+            name="rollout actor", first_index=1 if remote else 0,
+        )
+        group.on_restart = lambda: [("set_weights", (self._weights_ref,))] if self._weights_ref is not None else []
+        return group
+
+    def broadcast_weights(self, groups=None) -> None:
+        """One object-store put of the current weights; every actor takes the same reference."""
+        groups = groups or [self.env_runners]
+        weights = self.get_weights()
+        for g in groups:
+            if g is None:
+                continue
+            ref = g.put(weights)
+            if g is self.env_runners:
+                self._weights_ref = ref
+            g.foreach("set_weights", ref, wait=False)
+
+    def record_rollouts(self, metrics: list[RolloutMetrics]) -> int:
+        steps = 0
+        for m in metrics:
+            steps += m.env_steps
+            self.episodes.add(m.episode_returns, m.episode_lengths)
+        self.counters["env_steps_sampled"] += steps
+        return steps
+
+    # ---- the iteration ------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        """Run ``training_step()`` until the per-iteration minimums are met; one result dict."""
+        cfg = self.config
+        t0 = time.perf_counter()
+        sampled0 = self.counters["env_steps_sampled"]
+        trained0 = self.counters["env_steps_trained"]
+        step_metrics: dict[str, Any] = {}
+        while True:
+            step_metrics.update(self.training_step())
+            elapsed = time.perf_counter() - t0
+            if elapsed >= cfg.min_time_s_per_iteration and \
+                    self.counters["env_steps_sampled"] - sampled0 >= cfg.min_env_steps_per_iteration:
+                break
+        self.iteration += 1
+        self.counters["time_total_s"] += elapsed
+        sampled = self.counters["env_steps_sampled"] - sampled0
+        result: dict[str, Any] = {
+            "iteration": self.iteration,
+            "env_steps_sampled": int(self.counters["env_steps_sampled"]),
+            "env_steps_trained": int(self.counters["env_steps_trained"]),
+            **self.episodes.metrics(),
+            "time_this_iter_s": elapsed,
+            "time_total_s": self.counters["time_total_s"],
+            "env_steps_per_s": sampled / elapsed if elapsed > 0 else 0.0,
+            "env_steps_trained_per_s": (self.counters["env_steps_trained"] - trained0) / elapsed if elapsed > 0 else 0.0,
+            "num_worker_restarts": getattr(self.env_runners, "num_restarts", 0),
+            "num_dropped_requests": getattr(self.env_runners, "num_dropped_requests", 0),
+            **step_metrics,
+            **self.timers.report(),
+        }
+        ev = cfg.evaluation
+        if ev.evaluation_interval and self.iteration % ev.evaluation_interval == 0:
+            result.update({f"evaluation/{k}": v for k, v in self.evaluate().items()})
+        return result
+
+    # ---- evaluation ---------------------------------------------------------------------
+    def evaluate(self, num_episodes: int | None = None, render: bool = False) -> dict[str, float]:
+        """Greedy episodes with the current weights, on evaluation actors or in the driver."""
+        ev = self.config.evaluation
+        n = num_episodes or ev.evaluation_num_episodes
+        weights = self.get_weights()
+        if ev.evaluation_num_workers > 0 and not render:
+            if self.eval_runners is None:
+                res = self.config.resources
+                self.eval_runners = make_actor_group(
+                    EnvRunner, ev.evaluation_num_workers,
+                    lambda i: ((self.config, 1000 + i, self.policy_cls, None, 1), {"num_envs": 1}),
+                    remote=True, num_cpus=res.num_cpus_per_worker, max_restarts=res.max_worker_restarts,
+                    address=res.address, resource_wait_s=res.resource_wait_s, name="evaluation actor")
+            k = len(self.eval_runners.actor_ids)
+            ref = self.eval_runners.put(weights)
+            self.eval_runners.foreach("set_weights", ref, wait=False)
+            shares = [n // k + (1 if i < n % k else 0) for i in range(k)]
+            outs = [self.eval_runners.call(i, "evaluate", s) for i, s in zip(self.eval_runners.actor_ids, shares) if s]
+            total = sum(o["num_episodes"] for o in outs)
+            mean = sum(o["episode_return_mean"] * o["num_episodes"] for o in outs) / total
+            var = sum((o["episode_return_std"] ** 2 + (o["episode_return_mean"] - mean) ** 2) * o["num_episodes"] for o in outs) / total
+            return {"episode_return_mean": mean, "episode_return_std": math.sqrt(var),
+                    "episode_len_mean": sum(o["episode_len_mean"] * o["num_episodes"] for o in outs) / total,
+                    "num_episodes": total}
+        if self._eval_local is None:
+            self._eval_local = EnvRunner(self.config, 999, self.policy_cls, None, 1, num_envs=1)
+        self._eval_local.set_weights(weights)
+        return self._eval_local.evaluate(n, render=render)
+
+    # ---- state and checkpoints ----------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "iteration": self.iteration,
+            "counters": {k: float(v) for k, v in self.counters.items()},
+            "episodes": self.episodes.get_state(),
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.iteration = int(state["iteration"])
+        self.counters.update({k: state["counters"][k] for k in COUNTERS if k in state["counters"]})
+        self.episodes.set_state(state["episodes"])
+
+    def save(self, path: str | Path) -> Path:
+        """Write a checkpoint directory atomically; returns its path."""
+        from shoal import __version__
+
+        meta = {"algo": self.config.algo, "shoal_version": __version__, "iteration": self.iteration,
+                "env_steps_sampled": int(self.counters["env_steps_sampled"]), "config": self.config.to_dict()}
+        return ckpt.save_checkpoint(path, self.get_state(), meta)
+
+    def restore(self, path: str | Path) -> None:
+        state, meta = ckpt.load_checkpoint(path)
+        if meta.get("algo") != self.config.algo:
+            raise CheckpointError(f"Checkpoint '{path}' is for algorithm '{meta.get('algo')}', not '{self.config.algo}'.")
+        self.set_state(state)
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, overrides: dict[str, Any] | None = None, **config_kwargs: Any) -> "Algorithm":
+        """Rebuild the algorithm a checkpoint was written by, and restore its state.
+
+        ``overrides`` is a nested dict merged into the saved config (e.g. fewer workers);
+        ``config_kwargs`` replace top-level keys, e.g. ``env=my_callable`` for an env that
+        was a lambda and has no import path.
+        """
+        from shoal.algorithms import get_config_class
+        from shoal.config import deep_merge
+
+        path = ckpt.resolve_checkpoint(path)
+        meta = ckpt.read_meta(path)
+        config_cls = get_config_class(meta["algo"])
+        data = deep_merge(meta["config"], {**(overrides or {}), **config_kwargs})
+        algo = config_cls.from_dict(data).build()
+        if cls is not Algorithm and not isinstance(algo, cls):
+            raise CheckpointError(f"Checkpoint '{path}' holds a '{meta['algo']}' run, not {cls.__name__}.")
+        algo.restore(path)
+        return algo
+
+    def stop(self) -> None:
+        for g in (self.env_runners, self.eval_runners):
+            if g is not None:
+                g.stop()
+        self.env_runners = self.eval_runners = None
+        if self._eval_local is not None:
+            self._eval_local.stop()
+            self._eval_local = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,199 @@
+"""PPO: clipped surrogate on GAE advantages, synchronous sampling, minibatch SGD.
+
+Reads in order: config, loss, training_step.
+
+Value clipping (``vf_clip_param``) is the PPO2 / OpenAI-baselines form: the new value is
+clipped to within ``vf_clip_param`` of the value predicted at sampling time, and the loss is
+the elementwise maximum of the clipped and unclipped squared errors, times 0.5. It is off by
+default (``None``): the study by Andrychowicz et al. (2021) found it does not help.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from pydantic import Field, model_validator
+
+from shoal.algorithms.base import Algorithm
+from shoal.batch import Batch, Col
+from shoal.config import AlgorithmConfig
+from shoal.learn import Learner, resolve_device
+from shoal.models import build_actor_critic
+from shoal.rollout import ActorCriticPolicy, Fragment, compute_gae, flatten_valid
+
+
+# ---- config -----------------------------------------------------------------------------
+class PPOConfig(AlgorithmConfig):
+    algo = "ppo"
+
+    lr: float = Field(3e-4, gt=0)
+    gae_lambda: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda.")
+    train_batch_size: int = Field(4096, ge=1, description="Env steps per training step (over all rollout actors).")
+    minibatch_size: int = Field(256, ge=1, description="Rows per SGD minibatch.")
+    num_sgd_iter: int = Field(10, ge=1, description="Epochs over each train batch.")
+    clip_param: float = Field(0.2, gt=0, description="PPO ratio clip epsilon.")
+    vf_clip_param: Optional[float] = Field(None, gt=0, description="PPO2-style value clipping around the old value; None disables.")
+    vf_loss_coeff: float = Field(0.5, ge=0)
+    entropy_coeff: float = Field(0.0, ge=0)
+    use_kl_loss: bool = Field(False, description="Add an adaptive KL(old || new) penalty.")
+    kl_coeff: float = Field(0.2, ge=0, description="Initial KL penalty coefficient (adapted towards kl_target).")
+    kl_target: float = Field(0.01, gt=0)
+    normalize_advantages: bool = Field(True, description="Standardize advantages per minibatch.")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.minibatch_size > self.train_batch_size:
+            raise ValueError(
+                f"minibatch_size ({self.minibatch_size}) is larger than train_batch_size ({self.train_batch_size}); "
+                "it must be at most the train batch"
+            )
+        n = self.resources.num_envs_per_worker * max(self.resources.num_workers, 1)
+        if isinstance(self.rollout_fragment_length, int) and "train_batch_size" in self.model_fields_set:
+            if self.rollout_fragment_length * n != self.train_batch_size:
+                raise ValueError(
+                    f"train_batch_size ({self.train_batch_size}) must equal rollout_fragment_length x num_envs_per_worker "
+                    f"x max(num_workers, 1) = {self.rollout_fragment_length} x {n} when both are set; set only one of them"
+                )
+        return self
+
+    def fragment_length(self) -> int:
+        """Steps per env per sampling round: one round per training step fills the train batch."""
+        if isinstance(self.rollout_fragment_length, int):
+            return self.rollout_fragment_length
+        n = self.resources.num_envs_per_worker * max(self.resources.num_workers, 1)
+        return max(1, math.ceil(self.train_batch_size / n))
+
+
+# ---- loss -------------------------------------------------------------------------------
+def ppo_loss_terms(logp, old_logp, advantages, values, old_values, value_targets, entropy, kl=None, *,
+                   clip_param: float, vf_clip_param: float | None, vf_loss_coeff: float, entropy_coeff: float,
+                   kl_coeff: float = 0.0) -> dict[str, torch.Tensor]:
+    """The PPO objective from per-sample tensors; ``total_loss`` is what gets minimised.
+
+    policy_loss = -mean(min(r * A, clip(r, 1 - eps, 1 + eps) * A)),  r = exp(logp - old_logp)
+    vf_loss     = 0.5 * mean((V - R)^2), or with clipping
+                  0.5 * mean(max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2))
+    total_loss  = policy_loss + vf_loss_coeff * vf_loss - entropy_coeff * mean(H) + kl_coeff * mean(KL)
+
+    ``kl`` is the exact KL(old || new) per sample; when None (no KL penalty) the reported
+    ``kl`` is the low-variance estimate mean((r - 1) - log r).
+    """
+    log_ratio = logp - old_logp
+    ratio = torch.exp(log_ratio)
+    surr = torch.min(ratio * advantages, ratio.clamp(1 - clip_param, 1 + clip_param) * advantages)
+    policy_loss = -surr.mean()
+    vf_err = (values - value_targets).pow(2)
+    if vf_clip_param is not None:
+        clipped = old_values + (values - old_values).clamp(-vf_clip_param, vf_clip_param)
+        vf_err = torch.max(vf_err, (clipped - value_targets).pow(2))
+    vf_loss = 0.5 * vf_err.mean()
+    mean_entropy = entropy.mean()
+    total = policy_loss + vf_loss_coeff * vf_loss - entropy_coeff * mean_entropy
+    if kl is not None:
+        mean_kl = kl.mean()
+        total = total + kl_coeff * mean_kl
+    else:
+        mean_kl = ((ratio - 1) - log_ratio).mean().detach()
+    return {
+        "total_loss": total,
+        "policy_loss": policy_loss,
+        "vf_loss": vf_loss,
+        "entropy": mean_entropy,
+        "kl": mean_kl,
+        "clip_fraction": ((ratio - 1).abs() > clip_param).float().mean(),
+    }
+
+
+def ppo_loss(module, batch: dict, learner: Learner, config: PPOConfig) -> tuple[torch.Tensor, dict]:
+    inputs, values = module(batch[Col.OBS])
+    dist = module.dist_cls(inputs)
+    adv = batch[Col.ADVANTAGES]
+    if config.normalize_advantages and len(adv) > 1:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    kl = module.dist_cls(batch[Col.ACTION_DIST_INPUTS]).kl(dist) if config.use_kl_loss else None
+    terms = ppo_loss_terms(
+        dist.logp(batch[Col.ACTIONS]), batch[Col.ACTION_LOGP], adv, values, batch[Col.VF_PREDS],
+        batch[Col.VALUE_TARGETS], dist.entropy(), kl,
+        clip_param=config.clip_param, vf_clip_param=config.vf_clip_param, vf_loss_coeff=config.vf_loss_coeff,
+        entropy_coeff=config.entropy_coeff, kl_coeff=learner.extra_state["kl_coeff"] if config.use_kl_loss else 0.0,
+    )
+    loss = terms.pop("total_loss")
+    return loss, {k: v.detach() for k, v in terms.items()}
+
+
+def update_kl_coeff(kl_coeff: float, kl: float, kl_target: float) -> float:
+    """Adaptive KL penalty: grow 1.5x when KL overshoots twice the target, halve below half of it."""
+    if kl > 2.0 * kl_target:
+        return kl_coeff * 1.5
+    if kl < 0.5 * kl_target:
+        return kl_coeff * 0.5
+    return kl_coeff
+
+
+def gae_postprocess(fragment: Fragment, gamma: float, gae_lambda: float) -> Batch:
+    """Worker-side: advantages and value targets, then the valid steps flattened."""
+    values = fragment.extras[Col.VF_PREDS]
+    next_values = np.concatenate([values[1:], fragment.last_extras[Col.VF_PREDS][None]], axis=0)
+    dones = fragment.terminateds | fragment.truncateds
+    adv = compute_gae(fragment.rewards, values, next_values, fragment.terminateds, dones, gamma, gae_lambda)
+    cols = {
+        Col.OBS: fragment.obs[:-1],
+        Col.ACTIONS: fragment.actions,
+        Col.ACTION_LOGP: fragment.extras[Col.ACTION_LOGP],
+        Col.ACTION_DIST_INPUTS: fragment.extras[Col.ACTION_DIST_INPUTS],
+        Col.VF_PREDS: values,
+        Col.ADVANTAGES: adv,
+        Col.VALUE_TARGETS: adv + values,
+    }
+    return Batch(flatten_valid(cols, fragment.valid))
+
+
+# ---- algorithm --------------------------------------------------------------------------
+class PPO(Algorithm):
+    config_cls = PPOConfig
+
+    def setup(self) -> None:
+        cfg: PPOConfig = self.config
+        self.policy_cls = ActorCriticPolicy
+        module = build_actor_critic(self.env_info.observation_space, self.env_info.action_space, cfg.model)
+        self.learner = Learner(module, functools.partial(ppo_loss, config=cfg), lr=cfg.lr, grad_clip=cfg.grad_clip,
+                               lr_schedule=cfg.lr_schedule, device=resolve_device(cfg.resources.num_gpus))
+        self.learner.extra_state["kl_coeff"] = cfg.kl_coeff
+        postprocess = functools.partial(gae_postprocess, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda)
+        self.env_runners = self.make_env_runners(ActorCriticPolicy, postprocess, cfg.fragment_length())
+        self.broadcast_weights()
+
+    def get_weights(self):
+        return self.learner.get_weights()
+
+    def training_step(self) -> dict[str, Any]:
+        cfg: PPOConfig = self.config
+        with self.timers.time("sample"):
+            results = self.env_runners.foreach("sample")
+            if not results:  # every rollout actor failed this round (they were recreated)
+                return {}
+            batch = Batch.concat([b for b, _ in results])
+            self.record_rollouts([m for _, m in results])
+        with self.timers.time("learn"):
+            self.learner.set_env_steps(self.counters["env_steps_sampled"])
+            stats = self.learner.update(batch, cfg.num_sgd_iter, cfg.minibatch_size, self.rng)
+            self.counters["env_steps_trained"] += len(batch)
+            if cfg.use_kl_loss:
+                kl_coeff = update_kl_coeff(self.learner.extra_state["kl_coeff"], stats["kl"], cfg.kl_target)
+                self.learner.extra_state["kl_coeff"] = kl_coeff
+            stats["kl_coeff"] = self.learner.extra_state["kl_coeff"]
+        with self.timers.time("sync"):
+            self.broadcast_weights()
+        return {f"learner/{k}": v for k, v in stats.items()}
+
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), "learner": self.learner.get_state()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        self.learner.set_state(state["learner"])
+        self.broadcast_weights()

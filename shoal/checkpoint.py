@@ -1,0 +1,134 @@
+"""Atomic checkpoints that load with ``torch.load(weights_only=True)``.
+
+A checkpoint is a directory holding ``state.pt`` (tensors, numbers, strings, lists and
+dicts only: no pickled code) and ``meta.json`` (format tag, algorithm, iteration, the
+resolved config). It is written into a temporary sibling directory and renamed into place,
+so a crash never leaves a half-written checkpoint under the final name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from shoal.errors import CheckpointError
+
+FORMAT = "shoal-checkpoint"
+FORMAT_VERSION = 1
+STATE_FILE = "state.pt"
+META_FILE = "meta.json"
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(path: str | Path, state: dict[str, Any], meta: dict[str, Any]) -> Path:
+    """Write ``state`` and ``meta`` to directory ``path`` atomically; replaces an existing one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "created": time.time(), **meta}
+        with open(tmp / STATE_FILE, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        with open(tmp / META_FILE, "w") as f:
+            json.dump(meta, f, indent=2, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        old = None
+        if path.exists():
+            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(path, old)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"Checkpoint path '{path}' does not exist.")
+    meta_file = path / META_FILE
+    if not path.is_dir() or not meta_file.is_file() or not (path / STATE_FILE).is_file():
+        raise CheckpointError(
+            f"'{path}' is not a shoal checkpoint: a checkpoint is a directory with {META_FILE} and {STATE_FILE} "
+            "(or pass a run directory, whose best or latest checkpoint is used)."
+        )
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"'{meta_file}' is unreadable or not JSON ({e}); this is not a shoal checkpoint.") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"'{path}' is not a shoal checkpoint ({META_FILE} lacks format '{FORMAT}').")
+    if meta.get("format_version", 0) > FORMAT_VERSION:
+        raise CheckpointError(f"'{path}' was written by a newer shoal (format {meta['format_version']}); upgrade shoal.")
+    return meta
+
+
+def load_checkpoint(path: str | Path, map_location: str = "cpu") -> tuple[dict[str, Any], dict[str, Any]]:
+    path = resolve_checkpoint(path)
+    meta = read_meta(path)
+    try:
+        state = torch.load(path / STATE_FILE, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means "not ours / corrupt"
+        raise CheckpointError(f"Cannot load '{path / STATE_FILE}': {e}") from None
+    return state, meta
+
+
+def list_checkpoints(ckpt_dir: str | Path) -> list[Path]:
+    """Numbered checkpoints (``checkpoint_000010``) in iteration order."""
+    d = Path(ckpt_dir)
+    if not d.is_dir():
+        return []
+    return sorted(p for p in d.iterdir() if p.is_dir() and p.name.startswith("checkpoint_") and (p / META_FILE).is_file())
+
+
+def resolve_checkpoint(path: str | Path, prefer: str = "latest") -> Path:
+    """A checkpoint directory from a checkpoint, a ``checkpoints/`` directory or a run directory.
+
+    ``prefer`` is "latest" (the last numbered checkpoint) or "best".
+    """
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"Checkpoint path '{p}' does not exist.")
+    if (p / META_FILE).is_file():
+        return p
+    for d in (p / "checkpoints", p):
+        numbered = list_checkpoints(d)
+        best = d / "best"
+        if prefer == "best" and (best / META_FILE).is_file():
+            return best
+        if numbered:
+            return numbered[-1]
+        if (best / META_FILE).is_file():
+            return best
+    raise CheckpointError(
+        f"No shoal checkpoint found in '{p}': expected a checkpoint directory (with {META_FILE}), "
+        "a run directory with checkpoints/, or a checkpoints/ directory."
+    )

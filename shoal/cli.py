@@ -1,0 +1,205 @@
+"""`shoal train | evaluate | resume | algos`.
+
+Errors caused by input (unknown key, bad env id, missing checkpoint...) print one paragraph
+and exit with code 2; Ctrl-C saves a checkpoint and exits with 130.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any, List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from shoal.errors import ShoalError
+
+app = typer.Typer(
+    name="shoal",
+    help="Distributed reinforcement learning on Ray and PyTorch. `shoal algos` lists the algorithms.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+STOP_KEYS = ("reward", "env_steps", "time_s", "iterations")
+
+
+def _fail(e: ShoalError) -> None:
+    err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _build_config(algo: str, config_file: Optional[Path], sets: List[str], flags: dict[str, Any]):
+    """defaults < YAML file < --set < explicit flags. Returns (config, stop-from-yaml)."""
+    from shoal.algorithms import get_config_class
+    from shoal.config import deep_merge, load_yaml, parse_set_overrides
+
+    cfg_cls = get_config_class(algo)
+    data: dict[str, Any] = load_yaml(config_file) if config_file else {}
+    yaml_stop = data.pop("stop", None) or {}
+    yaml_algo = data.pop("algo", None)
+    if yaml_algo is not None and yaml_algo != cfg_cls.algo:
+        raise ShoalError(f"Config file '{config_file}' is for algorithm '{yaml_algo}', but you asked to train '{algo}'.")
+    if not isinstance(yaml_stop, dict) or set(yaml_stop) - set(STOP_KEYS):
+        raise ShoalError(f"Config file '{config_file}': `stop` must be a mapping with keys among {', '.join(STOP_KEYS)}.")
+    data = deep_merge(data, parse_set_overrides(sets))
+    data = deep_merge(data, {k: v for k, v in flags.items() if v is not None and k != "resources"})
+    res = {k: v for k, v in flags.get("resources", {}).items() if v is not None}
+    if res:
+        data = deep_merge(data, {"resources": res})
+    if "env" not in data:
+        raise ShoalError(f"No env given: pass --env (e.g. --env CartPole-v1) or set `env:` in a config file.")
+    return cfg_cls(**data), yaml_stop
+
+
+def _print_summary(s, stop) -> None:
+    r = s.result
+    steps = r.get("env_steps_sampled", 0)
+    ret = r.get("episode_return_mean", math.nan)
+    if s.stop_reason == "reward":
+        head = f"[bold green]Solved[/]: mean return {ret:.1f} >= {stop.reward:g}"
+    elif s.stop_reason == "interrupted":
+        head = f"[yellow]Interrupted[/]: mean return {ret:.1f}"
+    else:
+        target = f" (target {stop.reward:g} not reached)" if stop.reward is not None else ""
+        head = f"[yellow]Stopped on {s.stop_reason}[/]: mean return {ret:.1f}{target}"
+    out.print(f"{head} after {steps:,} env steps, {r.get('iteration', 0)} iterations, "
+              f"{r.get('time_total_s', 0):.1f} s training ({s.wall_s:.1f} s wall). Best mean return {s.best_return:.1f}.",
+              highlight=False)
+    if s.run_dir:
+        out.print(f"Run directory: {s.run_dir}", highlight=False)
+        if s.best_checkpoint:
+            out.print(f"Best checkpoint: {s.best_checkpoint}   (shoal evaluate {s.run_dir})", highlight=False)
+
+
+@app.command()
+def train(
+    algo: str = typer.Argument(..., help="Algorithm to train, e.g. ppo (see `shoal algos`)."),
+    env: Optional[str] = typer.Option(None, "--env", "-e", help="Gymnasium id (CartPole-v1) or import path 'pkg.module:make_env'."),
+    workers: Optional[int] = typer.Option(None, "--workers", "-w", help="Remote rollout actors (resources.num_workers); 0 runs in-process without Ray."),
+    envs_per_worker: Optional[int] = typer.Option(None, "--envs-per-worker", help="Vectorized envs per rollout actor (resources.num_envs_per_worker)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed; with 0 workers the run is reproducible."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML file of config keys; may hold a `stop:` mapping (reward, env_steps, time_s, iterations)."),
+    set_: List[str] = typer.Option([], "--set", "-s", help="Override a config key: --set lr=0.001 --set resources.num_workers=2 (repeatable; dotted keys reach sections)."),
+    stop_reward: Optional[float] = typer.Option(None, "--stop-reward", help="Stop when the mean return of the last 100 episodes reaches R (default: the env's reward threshold, if it has one)."),
+    stop_steps: Optional[int] = typer.Option(None, "--stop-steps", help="Stop after N sampled env steps."),
+    stop_time: Optional[float] = typer.Option(None, "--stop-time", help="Stop after SECONDS of training."),
+    stop_iters: Optional[int] = typer.Option(None, "--stop-iters", help="Stop after N iterations."),
+    out_dir: Path = typer.Option(Path("runs"), "--out", "-o", help="Parent directory of the run directory."),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to connect to ('auto' or 'ray://host:port'); default starts a local Ray when workers > 0."),
+    checkpoint_every: int = typer.Option(10, "--checkpoint-every", help="Write a checkpoint every N iterations."),
+    keep_checkpoints: int = typer.Option(3, "--keep-checkpoints", help="Numbered checkpoints to keep (plus `best`)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress display."),
+) -> None:
+    """Train an algorithm; writes runs/<algo>_<env>_<timestamp>/ with results, TensorBoard events and checkpoints."""
+    try:
+        from shoal.envs import env_info
+        from shoal.trainer import Stop, train as run_train
+
+        cfg, yaml_stop = _build_config(algo, config, set_, {
+            "env": env, "seed": seed,
+            "resources": {"num_workers": workers, "num_envs_per_worker": envs_per_worker, "address": address},
+        })
+        stop_d = {**yaml_stop, **{k: v for k, v in zip(STOP_KEYS, (stop_reward, stop_steps, stop_time, stop_iters)) if v is not None}}
+        stop = Stop(**stop_d)
+        if stop.is_empty():
+            threshold = env_info(cfg.env, cfg.env_config).reward_threshold
+            if threshold is not None:
+                stop = Stop(reward=threshold)
+            else:
+                err.print("No stop criterion and the env has no reward threshold: training until Ctrl-C.")
+        summary = run_train(cfg, stop, out=out_dir, checkpoint_every=checkpoint_every,
+                            keep_checkpoints=keep_checkpoints, progress=not quiet)
+    except ShoalError as e:
+        _fail(e)
+    _print_summary(summary, stop)
+    if summary.stop_reason == "interrupted":
+        raise typer.Exit(130)
+
+
+@app.command()
+def evaluate(
+    path: Path = typer.Argument(..., help="A checkpoint directory, or a run directory (its best checkpoint is used)."),
+    episodes: int = typer.Option(10, "--episodes", "-n", min=1, help="Greedy episodes to run."),
+    render: bool = typer.Option(False, "--render", help="Render each episode on screen (render_mode='human'; needs a display and pygame)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for the evaluation envs."),
+) -> None:
+    """Load a checkpoint and report the mean and std return over N greedy episodes."""
+    try:
+        from shoal import checkpoint as ckpt
+        from shoal.trainer import load
+
+        p = ckpt.resolve_checkpoint(path, prefer="best")
+        overrides = {"resources": {"num_workers": 0}, "evaluation": {"evaluation_num_workers": 0}}
+        if seed is not None:
+            overrides["seed"] = seed
+        algo = load(p, overrides=overrides)
+        try:
+            r = algo.evaluate(num_episodes=episodes, render=render)
+        except Exception as e:  # noqa: BLE001 - rendering needs optional deps; report plainly
+            if render:
+                raise ShoalError(f"Rendering failed: {e}. Rendering needs a display and the env's render dependencies "
+                                 "(e.g. pip install pygame); run without --render to evaluate only.") from None
+            raise
+        finally:
+            algo.stop()
+    except ShoalError as e:
+        _fail(e)
+    out.print(f"{p}: mean return {r['episode_return_mean']:.2f} ± {r['episode_return_std']:.2f} over "
+              f"{r['num_episodes']} greedy episodes (mean length {r['episode_len_mean']:.1f})", highlight=False)
+
+
+@app.command()
+def resume(
+    run_dir: Path = typer.Argument(..., help="Run directory written by `shoal train`."),
+    stop_reward: Optional[float] = typer.Option(None, "--stop-reward", help="Replace the run's reward criterion."),
+    stop_steps: Optional[int] = typer.Option(None, "--stop-steps", help="Replace the run's env-step criterion (total, counting the steps already done)."),
+    stop_time: Optional[float] = typer.Option(None, "--stop-time", help="Replace the run's time criterion (total training seconds)."),
+    stop_iters: Optional[int] = typer.Option(None, "--stop-iters", help="Replace the run's iteration criterion (total)."),
+    workers: Optional[int] = typer.Option(None, "--workers", "-w", help="Change the number of rollout actors."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress display."),
+) -> None:
+    """Continue a run from its latest checkpoint, keeping its counters and appending to its files."""
+    try:
+        from shoal.trainer import Stop, resume as run_resume
+
+        given = {k: v for k, v in zip(STOP_KEYS, (stop_reward, stop_steps, stop_time, stop_iters)) if v is not None}
+        overrides = {"resources": {"num_workers": workers}} if workers is not None else None
+        summary = run_resume(run_dir, stop=given or None, overrides=overrides, progress=not quiet)
+        import yaml
+
+        stop = Stop(**(yaml.safe_load((run_dir / "run.yaml").read_text()) or {}).get("stop", {}))
+    except ShoalError as e:
+        _fail(e)
+    _print_summary(summary, stop)
+
+
+@app.command()
+def algos() -> None:
+    """List the algorithms, one line each."""
+    from shoal.algorithms import describe
+
+    table = Table(show_header=True, header_style="bold", box=None)
+    table.add_column("algorithm")
+    table.add_column("description")
+    for name, desc in describe().items():
+        table.add_row(name, desc)
+    out.print(table)
+
+
+def main() -> None:
+    try:
+        app()
+    except ShoalError as e:  # raised outside a command body
+        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Per-iteration result writers: results.jsonl, progress.csv and TensorBoard events."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def scalar_items(result: dict[str, Any]):
+    for k, v in result.items():
+        if isinstance(v, bool):
+            yield k, float(v)
+        elif isinstance(v, (int, float)) and math.isfinite(float(v)):
+            yield k, float(v)
+
+
+class JsonlWriter:
+    def __init__(self, path: Path) -> None:
+        self.f = open(path, "a", buffering=1)
+
+    def write(self, result: dict[str, Any]) -> None:
+        self.f.write(json.dumps({k: _clean(v) for k, v in result.items()}, default=str) + "\n")
+
+    def close(self) -> None:
+        self.f.close()
+
+
+class CsvWriter:
+    """Columns are fixed by the first row written (or the existing header when resuming)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.columns: list[str] | None = None
+        if path.exists() and path.stat().st_size:
+            with open(path, newline="") as f:
+                self.columns = next(csv.reader(f), None)
+        self.f = open(path, "a", newline="", buffering=1)
+        self.w = csv.writer(self.f)
+
+    def write(self, result: dict[str, Any]) -> None:
+        if self.columns is None:
+            self.columns = [k for k, v in result.items() if isinstance(v, (int, float, str, bool)) or v is None]
+            self.w.writerow(self.columns)
+        self.w.writerow(["" if _clean(result.get(c)) is None else result.get(c) for c in self.columns])
+
+    def close(self) -> None:
+        self.f.close()
+
+
+class TensorBoardWriter:
+    """Scalars against env_steps_sampled. Missing tensorboard only warns."""
+
+    def __init__(self, logdir: Path) -> None:
+        self.w = None
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                from torch.utils.tensorboard import SummaryWriter
+            self.w = SummaryWriter(log_dir=str(logdir), flush_secs=10)
+        except Exception as e:  # noqa: BLE001 - TensorBoard is a convenience, never a reason to stop training
+            warnings.warn(f"TensorBoard logging disabled: {e}", stacklevel=2)
+
+    def write(self, result: dict[str, Any]) -> None:
+        if self.w is None:
+            return
+        step = int(result.get("env_steps_sampled", result.get("iteration", 0)))
+        for k, v in scalar_items(result):
+            self.w.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        if self.w is not None:
+            self.w.close()
+
+
+def truncate_results(run_dir: Path, max_iteration: int) -> None:
+    """Drop rows past ``max_iteration`` (written after the checkpoint a resumed run starts from)."""
+    jl = run_dir / "results.jsonl"
+    if jl.exists():
+        rows = [line for line in jl.read_text().splitlines() if line.strip() and json.loads(line).get("iteration", 0) <= max_iteration]
+        jl.write_text("".join(r + "\n" for r in rows))
+    pc = run_dir / "progress.csv"
+    if pc.exists():
+        with open(pc, newline="") as f:
+            rows = list(csv.reader(f))
+        if rows:
+            header, body = rows[0], rows[1:]
+            it = header.index("iteration") if "iteration" in header else None
+            keep = [r for r in body if it is None or (r[it] and float(r[it]) <= max_iteration)]
+            with open(pc, "w", newline="") as f:
+                csv.writer(f).writerows([header, *keep])

@@ -1,0 +1,204 @@
+"""The training loop the CLI runs: run directory, writers, checkpoints, progress, stop criteria.
+
+Not in DESIGN.md's layout by name: it is the body of ``shoal.train()`` (the public API
+entry), kept out of ``__init__`` so that importing shoal stays cheap.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import shutil
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from shoal import checkpoint as ckpt
+from shoal.config import AlgorithmConfig
+from shoal.errors import CheckpointError, ConfigError
+from shoal.logging.progress import ProgressDisplay
+from shoal.logging.writers import CsvWriter, JsonlWriter, TensorBoardWriter, truncate_results
+
+
+class Stop(BaseModel):
+    """Stop when any criterion is met. Steps, time and iterations count over a resumed run too."""
+
+    model_config = ConfigDict(extra="forbid")
+    reward: Optional[float] = Field(None, description="episode_return_mean (last 100 episodes) reaches this.")
+    env_steps: Optional[int] = Field(None, ge=1, description="env_steps_sampled reaches this.")
+    time_s: Optional[float] = Field(None, gt=0, description="time_total_s (training time) reaches this.")
+    iterations: Optional[int] = Field(None, ge=1)
+
+    def reached(self, r: dict[str, Any]) -> str | None:
+        ret = r.get("episode_return_mean")
+        if self.reward is not None and ret is not None and math.isfinite(ret) and ret >= self.reward:
+            return "reward"
+        if self.env_steps is not None and r["env_steps_sampled"] >= self.env_steps:
+            return "env_steps"
+        if self.time_s is not None and r["time_total_s"] >= self.time_s:
+            return "time"
+        if self.iterations is not None and r["iteration"] >= self.iterations:
+            return "iterations"
+        return None
+
+    def is_empty(self) -> bool:
+        return all(v is None for v in self.model_dump().values())
+
+
+@dataclass
+class TrainSummary:
+    run_dir: Path | None
+    result: dict[str, Any]
+    stop_reason: str | None  # reward / env_steps / time / iterations / interrupted
+    solved: bool
+    best_return: float
+    wall_s: float
+    last_checkpoint: Path | None = None
+    best_checkpoint: Path | None = None
+    results: list[dict[str, Any]] = field(default_factory=list, repr=False)
+
+
+def _as_stop(stop: Stop | dict | None) -> Stop:
+    if stop is None:
+        return Stop()
+    if isinstance(stop, Stop):
+        return stop
+    try:
+        return Stop(**stop)
+    except Exception as e:  # noqa: BLE001 - pydantic error -> one paragraph
+        raise ConfigError(f"Invalid stop criteria {stop!r}: {e}. Allowed keys: reward, env_steps, time_s, iterations.") from None
+
+
+def new_run_dir(out: str | Path, config: AlgorithmConfig) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(out) / f"{config.algo}_{config.env_name()}_{stamp}"
+    d, i = base, 1
+    while d.exists():
+        d, i = base.with_name(f"{base.name}-{i}"), i + 1
+    d.mkdir(parents=True)
+    return d
+
+
+def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str | Path | None = "runs",
+          checkpoint_every: int = 10, keep_checkpoints: int = 3, progress: bool = True,
+          _algo=None, _run_dir: Path | None = None) -> TrainSummary:
+    """Train until a stop criterion is met; returns a :class:`TrainSummary`.
+
+    With ``out`` set, a run directory ``<out>/<algo>_<env>_<timestamp>/`` gets config.yaml,
+    results.jsonl, progress.csv, TensorBoard events and ``checkpoints/`` (every
+    ``checkpoint_every`` iterations, the last ``keep_checkpoints`` kept, plus ``best``).
+    ``out=None`` trains without writing anything. Ctrl-C stops cleanly after saving.
+    """
+    stop = _as_stop(stop)
+    if checkpoint_every < 1 or keep_checkpoints < 1:
+        raise ConfigError("checkpoint_every and keep_checkpoints must be at least 1.")
+    t_start = time.perf_counter()
+    algo = _algo or config.build()
+    run_dir = _run_dir
+    if run_dir is None and out is not None:
+        run_dir = new_run_dir(out, config)
+        (run_dir / "config.yaml").write_text(config.to_yaml())
+    if run_dir is not None:
+        (run_dir / "run.yaml").write_text(yaml.safe_dump({
+            "stop": stop.model_dump(), "checkpoint_every": checkpoint_every, "keep_checkpoints": keep_checkpoints}))
+    writers = [JsonlWriter(run_dir / "results.jsonl"), CsvWriter(run_dir / "progress.csv"), TensorBoardWriter(run_dir)] if run_dir else []
+    ckpt_dir = run_dir / "checkpoints" if run_dir else None
+    best_return, best_state, best_iter, saved_best_iter = -math.inf, None, None, None
+    results: list[dict[str, Any]] = []
+    last_ckpt = None
+    reason = None
+    result: dict[str, Any] = {}
+    title = f"{config.algo} on {config.env_name()}" + (f"  ->  {run_dir}" if run_dir else "")
+
+    def save_best() -> None:
+        nonlocal saved_best_iter
+        if ckpt_dir is not None and best_state is not None and saved_best_iter != best_iter:
+            ckpt.save_checkpoint(ckpt_dir / "best", best_state, _meta(algo, best_iter, best_return))
+            saved_best_iter = best_iter
+
+    def save_numbered() -> Path:
+        p = algo.save(ckpt_dir / f"checkpoint_{algo.iteration:06d}")
+        for old in ckpt.list_checkpoints(ckpt_dir)[:-keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+        save_best()
+        return p
+
+    try:
+        with ProgressDisplay(title, stop, enabled=progress) as display:
+            while True:
+                result = algo.train()
+                results.append(result)
+                for w in writers:
+                    w.write(result)
+                ret = result.get("episode_return_mean", math.nan)
+                if math.isfinite(ret) and ret > best_return:
+                    best_return, best_iter = ret, algo.iteration
+                    if ckpt_dir is not None:
+                        best_state = copy.deepcopy(algo.get_state())
+                display.update(result, time.perf_counter() - t_start)
+                reason = stop.reached(result)
+                if ckpt_dir is not None and (algo.iteration % checkpoint_every == 0 or reason):
+                    last_ckpt = save_numbered()
+                if reason:
+                    break
+    except KeyboardInterrupt:
+        reason = "interrupted"
+        if ckpt_dir is not None and algo.iteration and (last_ckpt is None or not last_ckpt.name.endswith(f"{algo.iteration:06d}")):
+            last_ckpt = save_numbered()
+    finally:
+        for w in writers:
+            w.close()
+        if _algo is None:
+            algo.stop()
+    return TrainSummary(
+        run_dir=run_dir, result=result, stop_reason=reason,
+        solved=stop.reward is not None and reason == "reward", best_return=best_return,
+        wall_s=time.perf_counter() - t_start, last_checkpoint=last_ckpt,
+        best_checkpoint=(ckpt_dir / "best") if ckpt_dir is not None and (ckpt_dir / "best").exists() else None,
+        results=results,
+    )
+
+
+def _meta(algo, iteration: int, ret: float) -> dict[str, Any]:
+    from shoal import __version__
+
+    return {"algo": algo.config.algo, "shoal_version": __version__, "iteration": iteration,
+            "episode_return_mean": ret, "config": algo.config.to_dict()}
+
+
+def resume(run_dir: str | Path, stop: Stop | dict | None = None, overrides: dict[str, Any] | None = None,
+           progress: bool = True) -> TrainSummary:
+    """Continue a run from its latest checkpoint, with its counters, appending to its files."""
+    from shoal.algorithms.base import Algorithm
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"Run directory '{run_dir}' does not exist.")
+    run_file = run_dir / "run.yaml"
+    settings = yaml.safe_load(run_file.read_text()) if run_file.is_file() else {}
+    latest = ckpt.list_checkpoints(run_dir / "checkpoints")
+    if not latest:
+        raise CheckpointError(f"'{run_dir}' has no checkpoints/checkpoint_* to resume from; is it a shoal run directory?")
+    saved_stop = _as_stop(settings.get("stop"))
+    if stop is not None:
+        merged = {**saved_stop.model_dump(), **{k: v for k, v in _as_stop(stop).model_dump().items() if v is not None}}
+        saved_stop = _as_stop(merged)
+    algo = Algorithm.from_checkpoint(latest[-1], overrides=overrides)
+    try:
+        truncate_results(run_dir, algo.iteration)
+        return train(algo.config, saved_stop, out=None, checkpoint_every=settings.get("checkpoint_every", 10),
+                     keep_checkpoints=settings.get("keep_checkpoints", 3), progress=progress, _algo=algo, _run_dir=run_dir)
+    finally:
+        algo.stop()
+
+
+def load(path: str | Path, **overrides: Any):
+    """An algorithm restored from a checkpoint (or a run directory's best checkpoint)."""
+    from shoal.algorithms.base import Algorithm
+
+    return Algorithm.from_checkpoint(ckpt.resolve_checkpoint(path, prefer="best"), **overrides)
