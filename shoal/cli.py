@@ -100,14 +100,14 @@ def train(
     """Train an algorithm; writes runs/<algo>_<env>_<timestamp>/ with results, TensorBoard events and checkpoints."""
     try:
         from shoal.envs import env_info
-        from shoal.trainer import Stop, train as run_train
+        from shoal.trainer import Stop, _as_stop, train as run_train
 
         cfg, yaml_stop = _build_config(algo, config, set_, {
             "env": env, "seed": seed,
             "resources": {"num_workers": workers, "num_envs_per_worker": envs_per_worker, "address": address},
         })
         stop_d = {**yaml_stop, **{k: v for k, v in zip(STOP_KEYS, (stop_reward, stop_steps, stop_time, stop_iters)) if v is not None}}
-        stop = Stop(**stop_d)
+        stop = _as_stop(stop_d)  # a bad value is a ConfigError (exit 2), not a traceback
         if stop.is_empty():
             threshold = env_info(cfg.env, cfg.env_config).reward_threshold
             if threshold is not None:

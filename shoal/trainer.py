@@ -71,7 +71,12 @@ def _as_stop(stop: Stop | dict | None) -> Stop:
     try:
         return Stop(**stop)
     except Exception as e:  # noqa: BLE001 - pydantic error -> one paragraph
-        raise ConfigError(f"Invalid stop criteria {stop!r}: {e}. Allowed keys: reward, env_steps, time_s, iterations.") from None
+        from pydantic import ValidationError
+
+        from shoal.config import format_validation_error
+
+        detail = format_validation_error(Stop, e) if isinstance(e, ValidationError) else f"{e}."
+        raise ConfigError(f"Invalid stop criteria {stop!r}: {detail} Allowed keys: reward, env_steps, time_s, iterations.") from None
 
 
 def new_run_dir(out: str | Path, config: AlgorithmConfig) -> Path:

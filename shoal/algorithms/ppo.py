@@ -67,6 +67,15 @@ class PPOConfig(AlgorithmConfig):
         n = self.resources.num_envs_per_worker * max(self.resources.num_workers, 1)
         return max(1, math.ceil(self.train_batch_size / n))
 
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        # With an integer rollout_fragment_length and no explicit train_batch_size, the batch is derived
+        # from the fragment: leave the unused default out, or from_dict() (checkpoints, copy_with)
+        # would take it as explicitly set and reject the config it came from.
+        if isinstance(self.rollout_fragment_length, int) and "train_batch_size" not in self.model_fields_set:
+            d.pop("train_batch_size", None)
+        return d
+
 
 # ---- loss -------------------------------------------------------------------------------
 def ppo_loss_terms(logp, old_logp, advantages, values, old_values, value_targets, entropy, kl=None, *,
