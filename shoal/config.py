@@ -288,8 +288,7 @@ def format_validation_error(model: type[BaseModel], err: ValidationError) -> str
             # A model-level check (empty loc) gets the whole input: never echo that.
             got_s = f" (got {got!r})" if dotted and (not isinstance(got, (dict, list)) or len(repr(got)) < 80) else ""
             msg = e.get("msg", "invalid value").removeprefix("Value error, ")
-            target = f"Config key '{dotted}'" if dotted else name
-            lines.append(f"{target}: {msg}{got_s}.")
+            lines.append(f"Config key '{dotted}': {msg}{got_s}." if dotted else f"{msg}.")
     return f"Invalid {name}: " + " ".join(lines)
 
 

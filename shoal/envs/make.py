@@ -67,6 +67,10 @@ def make_env(env: EnvSpec, env_config: dict[str, Any] | None = None, seed: int |
         e = creator(**kwargs)
     except gym.error.Error as err:
         raise EnvError(f"Cannot build env {env!r}: {err}") from None
+    except TypeError as err:
+        # Almost always a keyword in env_config that the constructor does not take.
+        raise EnvError(f"Cannot build env {env!r} with env_config {env_config or {}}: {err}. "
+                       "Check the env_config keys against the env's constructor.") from err
     if not isinstance(e, gym.Env):
         raise EnvError(f"The env creator for {env!r} returned {type(e).__name__}, not a gymnasium.Env.")
     if seed is not None:
