@@ -1,0 +1,178 @@
+"""The `shoal` command line: algos, --help, train -> evaluate -> resume, and user errors (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from shoal.cli import app
+
+runner = CliRunner()
+
+METRICS = ("iteration", "env_steps_sampled", "env_steps_trained", "episode_return_mean", "episode_len_mean",
+           "episodes_total", "time_total_s", "env_steps_per_s")
+SMALL = ["--set", "train_batch_size=512", "--set", "minibatch_size=256", "--set", "num_sgd_iter=2",
+         "--envs-per-worker", "4", "--seed", "0"]
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_algos_lists_ppo():
+    r = invoke("algos")
+    assert r.exit_code == 0, r.output
+    assert "ppo" in r.output and "Proximal Policy Optimization" in flat(r.output)
+
+
+def test_algos_subprocess():
+    p = subprocess.run([sys.executable, "-m", "shoal", "algos"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "ppo" in p.stdout
+
+
+@pytest.mark.parametrize("cmd", [[], ["train"], ["evaluate"], ["resume"], ["algos"]])
+def test_help(cmd):
+    r = invoke(*cmd, "--help")
+    assert r.exit_code == 0, r.output
+    assert "Usage" in r.output
+    for sub in ("train", "evaluate", "resume", "algos"):
+        if not cmd:
+            assert sub in r.output
+
+
+def test_train_help_documents_options():
+    out = flat(invoke("train", "--help").output)
+    for opt in ("--env", "--set", "--stop-iters", "--out", "--quiet", "--config"):
+        assert opt in out
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    r = invoke("train", "ppo", "--env", "CartPole-v1", "--stop-iters", 2, "--out", out, "-q", *SMALL)
+    assert r.exit_code == 0, r.output
+    dirs = list(out.iterdir())
+    assert len(dirs) == 1
+    assert "Stopped on iterations" in flat(r.output)
+    return dirs[0]
+
+
+def read_results(run_dir):
+    return [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_train_writes_run_dir(run_dir):
+    assert run_dir.name.startswith("ppo_CartPole-v1_")
+    assert (run_dir / "config.yaml").is_file()
+    assert "train_batch_size: 512" in (run_dir / "config.yaml").read_text()
+    rows = read_results(run_dir)
+    assert [r["iteration"] for r in rows] == [1, 2]
+    for r in rows:
+        for k in METRICS:
+            assert k in r, k
+    assert rows[1]["env_steps_sampled"] > rows[0]["env_steps_sampled"] > 0
+    csv_lines = (run_dir / "progress.csv").read_text().splitlines()
+    assert len(csv_lines) == 3 and "iteration" in csv_lines[0].split(",")
+    assert list(run_dir.glob("events.out.tfevents*"))
+    assert (run_dir / "checkpoints" / "checkpoint_000002" / "meta.json").is_file()
+    assert (run_dir / "checkpoints" / "best" / "state.pt").is_file()
+
+
+def test_evaluate_then_resume(run_dir):
+    r = invoke("evaluate", run_dir, "--episodes", 3)
+    assert r.exit_code == 0, r.output
+    text = flat(r.output)
+    assert "mean return" in text and "over 3 greedy episodes" in text
+
+    r = invoke("resume", run_dir, "--stop-iters", 4, "-q")
+    assert r.exit_code == 0, r.output
+    rows = read_results(run_dir)
+    assert [row["iteration"] for row in rows] == [1, 2, 3, 4]
+    steps = [row["env_steps_sampled"] for row in rows]
+    assert steps == sorted(steps) and len(set(steps)) == 4  # counters carried over
+    assert (run_dir / "checkpoints" / "checkpoint_000004").is_dir()
+    assert len((run_dir / "progress.csv").read_text().splitlines()) == 5
+
+
+def assert_user_error(r, *words):
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    text = flat(r.output)
+    assert "error:" in text
+    for w in words:
+        assert w in text, (w, text)
+    return text
+
+
+def test_unknown_algorithm(tmp_path):
+    r = invoke("train", "ppx", "--env", "CartPole-v1", "--out", tmp_path, "-q")
+    assert_user_error(r, "Unknown algorithm 'ppx'", "'ppo'")
+
+
+def test_misspelt_set_key(tmp_path):
+    r = invoke("train", "ppo", "--env", "CartPole-v1", "--out", tmp_path, "-q", "--set", "lrr=0.1")
+    assert_user_error(r, "lrr", "Did you mean 'lr'?")
+    r = invoke("train", "ppo", "--env", "CartPole-v1", "--out", tmp_path, "-q", "--set", "resources.num_worker=1")
+    assert_user_error(r, "resources.num_workers")
+    r = invoke("train", "ppo", "--env", "CartPole-v1", "--out", tmp_path, "-q", "--set", "lr")
+    assert_user_error(r, "key=value")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_env(tmp_path):
+    r = invoke("train", "ppo", "--env", "CartPol-v1", "--stop-iters", 1, "--out", tmp_path, "-q")
+    assert_user_error(r, "Unknown env 'CartPol-v1'", "'CartPole-v1'")
+    assert list(tmp_path.iterdir()) == []  # no run directory for a run that never started
+
+
+def test_evaluate_missing_path(tmp_path):
+    r = invoke("evaluate", tmp_path / "nope")
+    assert_user_error(r, "does not exist")
+
+
+def test_evaluate_not_a_checkpoint(tmp_path):
+    (tmp_path / "x.txt").write_text("hello")
+    r = invoke("evaluate", tmp_path)
+    assert_user_error(r, "No shoal checkpoint found")
+
+
+def test_resume_not_a_run_dir(tmp_path):
+    assert_user_error(invoke("resume", tmp_path / "nope"), "does not exist")
+    assert_user_error(invoke("resume", tmp_path), "no checkpoints")
+
+
+def test_missing_config_file(tmp_path):
+    r = invoke("train", "ppo", "-c", tmp_path / "missing.yaml", "--out", tmp_path)
+    assert_user_error(r, "missing.yaml", "does not exist")
+
+
+def test_config_file_bad_stop_and_other_algo(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("algo: dqn\nenv: CartPole-v1\n")
+    assert_user_error(invoke("train", "ppo", "-c", p, "--out", tmp_path), "'dqn'")
+    p.write_text("env: CartPole-v1\nstop:\n  rewards: 10\n")
+    assert_user_error(invoke("train", "ppo", "-c", p, "--out", tmp_path), "`stop`")
+
+
+def test_no_env(tmp_path):
+    assert_user_error(invoke("train", "ppo", "--out", tmp_path, "-q"), "No env given")
+
+
+def test_bad_stop_value(tmp_path):
+    r = invoke("train", "ppo", "--env", "CartPole-v1", "--stop-iters", 0, "--out", tmp_path, "-q")
+    text = assert_user_error(r, "iterations", "greater than or equal to 1")
+    assert "pydantic" not in text
+    p = tmp_path / "c.yaml"
+    p.write_text("env: CartPole-v1\nstop:\n  time_s: soon\n")
+    assert_user_error(invoke("train", "ppo", "-c", p, "--out", tmp_path, "-q"), "time_s")
+    assert [x.name for x in tmp_path.iterdir()] == ["c.yaml"]
