@@ -10,7 +10,6 @@ import math
 
 import gymnasium as gym
 import torch
-import torch.nn.functional as F
 
 from shoal.errors import EnvError
 
@@ -89,4 +88,4 @@ def masked_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~mask.bool(), torch.finfo(logits.dtype).min)
 
 
-__all__ = ["Categorical", "DiagGaussian", "dist_class_for", "masked_logits", "F"]
+__all__ = ["Categorical", "DiagGaussian", "dist_class_for", "masked_logits"]
