@@ -48,7 +48,6 @@ class ResourcesConfig(Section):
     num_workers: int = Field(0, ge=0, description="Remote rollout actors; 0 samples in the driver without starting Ray.")
     num_envs_per_worker: int = Field(8, ge=1, description="Vectorized envs per rollout actor (or in the driver).")
     num_cpus_per_worker: float = Field(1.0, gt=0, description="CPUs each rollout actor reserves; fractions let more actors than cores run.")
-    num_cpus_for_driver: float = Field(0.0, ge=0, description="CPUs reserved for the driver/learner in the placement group.")
     num_gpus: float = Field(0.0, ge=0, description="GPUs for the learner in the driver.")
     torch_threads: int = Field(1, ge=1, description="torch.set_num_threads in every worker and learner process.")
     address: Optional[str] = Field(None, description="Ray address: None starts a local instance; 'auto' or 'ray://host:port' connects.")
@@ -102,12 +101,6 @@ class AlgorithmConfig(Section):
     def __init__(self, **data: Any) -> None:
         try:
             super().__init__(**data)
-        except ValidationError as e:
-            raise ConfigError(format_validation_error(type(self), e)) from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        try:
-            super().__setattr__(name, value)
         except ValidationError as e:
             raise ConfigError(format_validation_error(type(self), e)) from None
 
@@ -292,12 +285,6 @@ def format_validation_error(model: type[BaseModel], err: ValidationError) -> str
     return f"Invalid {name}: " + " ".join(lines)
 
 
-def check(condition: bool, message: str) -> None:
-    """Raise a ConfigError(message) unless condition holds. For model validators."""
-    if not condition:
-        raise ValueError(message)
-
-
 __all__ = [
     "AlgorithmConfig",
     "ResourcesConfig",
@@ -305,7 +292,6 @@ __all__ = [
     "EvaluationConfig",
     "ConfigError",
     "model_validator",
-    "check",
     "parse_set_overrides",
     "load_yaml",
     "deep_merge",

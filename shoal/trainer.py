@@ -113,7 +113,7 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
             "stop": stop.model_dump(), "checkpoint_every": checkpoint_every, "keep_checkpoints": keep_checkpoints}))
     writers = [JsonlWriter(run_dir / "results.jsonl"), CsvWriter(run_dir / "progress.csv"), TensorBoardWriter(run_dir)] if run_dir else []
     ckpt_dir = run_dir / "checkpoints" if run_dir else None
-    best_return, best_state, best_iter, saved_best_iter = -math.inf, None, None, None
+    best_return, best_state, best_meta, best_iter, saved_best_iter = -math.inf, None, None, None, None
     results: list[dict[str, Any]] = []
     last_ckpt = None
     reason = None
@@ -123,7 +123,7 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
     def save_best() -> None:
         nonlocal saved_best_iter
         if ckpt_dir is not None and best_state is not None and saved_best_iter != best_iter:
-            ckpt.save_checkpoint(ckpt_dir / "best", best_state, _meta(algo, best_iter, best_return))
+            ckpt.save_checkpoint(ckpt_dir / "best", best_state, best_meta)
             saved_best_iter = best_iter
 
     def save_numbered() -> Path:
@@ -145,6 +145,7 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
                     best_return, best_iter = ret, algo.iteration
                     if ckpt_dir is not None:
                         best_state = copy.deepcopy(algo.get_state())
+                        best_meta = algo.checkpoint_meta(episode_return_mean=ret)
                 display.update(result, time.perf_counter() - t_start)
                 reason = stop.reached(result)
                 if ckpt_dir is not None and (algo.iteration % checkpoint_every == 0 or reason):
@@ -167,13 +168,6 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
         best_checkpoint=(ckpt_dir / "best") if ckpt_dir is not None and (ckpt_dir / "best").exists() else None,
         results=results,
     )
-
-
-def _meta(algo, iteration: int, ret: float) -> dict[str, Any]:
-    from shoal import __version__
-
-    return {"algo": algo.config.algo, "shoal_version": __version__, "iteration": iteration,
-            "episode_return_mean": ret, "config": algo.config.to_dict()}
 
 
 def resume(run_dir: str | Path, stop: Stop | dict | None = None, overrides: dict[str, Any] | None = None,

@@ -178,13 +178,16 @@ class Algorithm:
         self.counters.update({k: state["counters"][k] for k in COUNTERS if k in state["counters"]})
         self.episodes.set_state(state["episodes"])
 
-    def save(self, path: str | Path) -> Path:
-        """Write a checkpoint directory atomically; returns its path."""
+    def checkpoint_meta(self, **extra: Any) -> dict[str, Any]:
+        """meta.json content: what rebuilds the algorithm (algo, config) plus readable facts."""
         from shoal import __version__
 
-        meta = {"algo": self.config.algo, "shoal_version": __version__, "iteration": self.iteration,
-                "env_steps_sampled": int(self.counters["env_steps_sampled"]), "config": self.config.to_dict()}
-        return ckpt.save_checkpoint(path, self.get_state(), meta)
+        return {"algo": self.config.algo, "shoal_version": __version__, "iteration": self.iteration,
+                "env_steps_sampled": int(self.counters["env_steps_sampled"]), "config": self.config.to_dict(), **extra}
+
+    def save(self, path: str | Path) -> Path:
+        """Write a checkpoint directory atomically; returns its path."""
+        return ckpt.save_checkpoint(path, self.get_state(), self.checkpoint_meta())
 
     def restore(self, path: str | Path) -> None:
         state, meta = ckpt.load_checkpoint(path)

@@ -50,6 +50,15 @@ class RolloutMetrics:
     worker_index: int = 0
 
 
+def episode_summary(returns: list[float], lengths: list[int]) -> dict[str, float]:
+    return {
+        "episode_return_mean": float(np.mean(returns)),
+        "episode_return_std": float(np.std(returns)),
+        "episode_len_mean": float(np.mean(lengths)),
+        "num_episodes": len(returns),
+    }
+
+
 def fragment_to_batch(fragment: Fragment) -> Batch:
     """The default postprocessing: valid transitions with next_obs, no returns computed."""
     from shoal.rollout.postprocessing import flatten_valid
@@ -185,12 +194,7 @@ class EnvRunner:
                     finished |= term | trunc
                 returns.extend(ret.tolist())
                 lengths.extend(length.tolist())
-        return {
-            "episode_return_mean": float(np.mean(returns)),
-            "episode_return_std": float(np.std(returns)),
-            "episode_len_mean": float(np.mean(lengths)),
-            "num_episodes": len(returns),
-        }
+        return episode_summary(returns, lengths)
 
     def _evaluate_rendered(self, num_episodes: int) -> dict[str, float]:
         env = make_env(self.config.env, self.config.env_config, render_mode="human")
@@ -207,8 +211,7 @@ class EnvRunner:
                 returns.append(ret)
                 lengths.append(n)
         env.close()
-        return {"episode_return_mean": float(np.mean(returns)), "episode_return_std": float(np.std(returns)),
-                "episode_len_mean": float(np.mean(lengths)), "num_episodes": len(returns)}
+        return episode_summary(returns, lengths)
 
     # ---- weights ------------------------------------------------------------------------
     def get_weights(self) -> dict[str, np.ndarray]:
@@ -218,9 +221,6 @@ class EnvRunner:
         self.policy.set_weights(weights)
         if version is not None:
             self.weights_version = version
-
-    def ping(self) -> int:
-        return self.worker_index
 
     def stop(self) -> None:
         self.env.close()
