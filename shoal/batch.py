@@ -29,6 +29,7 @@ class Col:
     WEIGHTS = "weights"  # importance-sampling weights from prioritized replay
     INDICES = "indices"  # replay buffer slots, to send new priorities back
     EPS_ID = "eps_id"
+    DISCOUNTS = "discounts"  # gamma ** k for a k-step transition (0 after termination is not folded in)
 
 
 class Batch:
