@@ -31,6 +31,7 @@ class BackgroundLearnerThread(threading.Thread):
         self.error: BaseException | None = None
         self.error_traceback: str | None = None
         self._idle_s = 0.0
+        self._idle_since: float | None = None  # start of the wait in progress, if any
         self._window_start = time.perf_counter()
         self._lock = threading.Lock()
 
@@ -41,12 +42,14 @@ class BackgroundLearnerThread(threading.Thread):
     @contextmanager
     def idle(self):
         """Time inside this block counts as idle (waiting for work)."""
-        t0 = time.perf_counter()
+        with self._lock:
+            self._idle_since = time.perf_counter()
         try:
             yield
         finally:
             with self._lock:
-                self._idle_s += time.perf_counter() - t0
+                self._idle_s += time.perf_counter() - self._idle_since
+                self._idle_since = None
 
     # ---- lifecycle ------------------------------------------------------------------
     def run(self) -> None:
@@ -79,6 +82,9 @@ class BackgroundLearnerThread(threading.Thread):
         with self._lock:
             span = now - self._window_start
             idle = self._idle_s
+            if self._idle_since is not None:  # a wait still in progress counts up to now
+                idle += now - self._idle_since
+                self._idle_since = now
             self._idle_s = 0.0
             self._window_start = now
         return max(0.0, 1.0 - idle / span) if span > 0 else 0.0

@@ -1,0 +1,269 @@
+"""LearnerThread: the background learner of IMPALA / APPO (single device).
+
+The driver puts train batches on a bounded in-queue with ``add()`` (never blocking: a full
+queue answers False and the caller counts a drop). The thread takes them in order, moves
+each to the learner's device once ("load"), and keeps them in a ring of
+``minibatch_buffer_size`` slots: every step learns on the current slot and moves to the next
+one; an empty slot is refilled from the in-queue. Each batch is learned ``num_sgd_iter``
+times in all, interleaved with the other batches in the ring, and then released: its
+``(env_steps, agent_steps, info)`` goes on the out-queue, ``info`` holding the mean of the
+loss statistics over its passes.
+
+With ``minibatch_buffer_size=1`` a batch is learned ``num_sgd_iter`` times in a row; with
+``minibatch_buffer_size=2, num_sgd_iter=2`` the order is b1 b2 b1 b2 b3 b4 b3 b4 ...
+
+Multi-agent: pass ``{policy_id: Learner}`` and put ``{policy_id: Batch}``; one SGD step
+updates every policy present in the batch, and info keys read ``"<policy_id>/<stat>"``.
+An in-queue item may also be ``(batch, env_steps)`` when the env step count of a
+multi-agent batch is known (by default it is the longest policy batch).
+
+The thread never spins: it blocks in ``queue.get`` (inside ``idle()``, so the idle fraction
+is exact). If the in-queue stays empty for ``learner_queue_timeout`` seconds the thread ends
+with :class:`LearnerQueueTimeout`; that, or any exception from the loss, reaches the driver
+through ``check()`` as a ``LearnerThreadError`` carrying the cause and its traceback.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from collections import deque
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from shoal.batch import Batch
+from shoal.errors import ConfigError, ShoalError
+from shoal.learn.learner import Learner
+from shoal.learn.threads import BackgroundLearnerThread
+
+_POLL_S = 0.5  # a waiting thread re-checks its stop flag this often (no CPU in between)
+_STOP = object()  # put on a queue by stop() to wake a waiting thread at once
+
+TIMER_NAMES = ("learner_queue_wait", "learner_load", "learner_load_wait", "learner_grad")
+
+
+class LearnerQueueTimeout(ShoalError):
+    """No train batch arrived within ``learner_queue_timeout`` seconds."""
+
+
+def wait_get(q: queue.Queue, stopped: threading.Event, timeout_s: float | None = None,
+             what: str = "the learner queue"):
+    """Block on ``q.get`` until an item comes; None once ``stopped`` is set.
+
+    Raises :class:`LearnerQueueTimeout` when ``timeout_s`` passes with nothing arriving.
+    """
+    deadline = None if timeout_s is None or math.isinf(timeout_s) else time.monotonic() + timeout_s
+    while not stopped.is_set():
+        wait = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
+        if wait <= 0:
+            raise LearnerQueueTimeout(
+                f"{what} stayed empty for {timeout_s:g} s (learner_queue_timeout={timeout_s:g}): no train batch "
+                "arrived from the rollout actors. Check that they are alive and sampling, or raise "
+                "learner_queue_timeout."
+            )
+        try:
+            item = q.get(timeout=wait)
+        except queue.Empty:
+            continue
+        return None if item is _STOP else item
+    return None
+
+
+def put_stop(q: queue.Queue, n: int = 1) -> None:
+    """Wake up to ``n`` waiters on ``q`` (best effort: a full queue has no waiting getter)."""
+    for _ in range(n):
+        try:
+            q.put_nowait(_STOP)
+        except queue.Full:
+            return
+
+
+class WindowTimers:
+    """Thread-safe wall-time windows: the mean milliseconds of the last ``window`` events per name."""
+
+    def __init__(self, names, window: int = 100) -> None:
+        self._lock = threading.Lock()
+        self._times = {n: deque(maxlen=window) for n in names}
+
+    def add(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self._times[name].append(seconds)
+
+    def report(self) -> dict[str, float]:
+        with self._lock:
+            return {f"timers/{n}_ms": 1000.0 * float(np.mean(t)) if t else 0.0 for n, t in self._times.items()}
+
+
+class _Timed:
+    """``with _Timed(timers, name):`` adds the block's wall time to ``timers``."""
+
+    __slots__ = ("timers", "name", "t0")
+
+    def __init__(self, timers: WindowTimers, name: str) -> None:
+        self.timers, self.name = timers, name
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.timers.add(self.name, time.perf_counter() - self.t0)
+
+
+class StatsMean:
+    """Accumulates loss statistics (tensors or floats) over SGD passes; ``mean()`` syncs once."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, list] = {}
+
+    def add(self, stats: Mapping[str, Any], prefix: str = "") -> None:
+        for k, v in stats.items():
+            v = v.detach().float() if isinstance(v, torch.Tensor) else torch.tensor(float(v))
+            self.values.setdefault(prefix + k, []).append(v.cpu() if v.device.type != "cpu" else v)
+
+    def mean(self) -> dict[str, float]:
+        return {k: float(torch.stack(v).mean()) for k, v in self.values.items()}
+
+
+def count_steps(batch, env_steps: int | None) -> tuple[int, int]:
+    """(env steps, agent steps) of a Batch or a ``{policy_id: Batch}``."""
+    if isinstance(batch, Batch):
+        return (len(batch) if env_steps is None else env_steps), len(batch)
+    lens = [len(b) for b in batch.values()]
+    return (max(lens, default=0) if env_steps is None else env_steps), sum(lens)
+
+
+def _positive(name: str, value, kind=int) -> None:
+    if not isinstance(value, (int, float)) or value <= 0 or (kind is int and int(value) != value):
+        what = "a positive integer" if kind is int else "a positive number of seconds"
+        raise ConfigError(f"{name}={value!r} is not allowed: it must be {what}.")
+
+
+class _Slot:
+    __slots__ = ("tensors", "env_steps", "agent_steps", "ttl", "stats")
+
+    def __init__(self, tensors, env_steps: int, agent_steps: int, ttl: int) -> None:
+        self.tensors, self.env_steps, self.agent_steps, self.ttl = tensors, env_steps, agent_steps, ttl
+        self.stats = StatsMean()
+
+
+class LearnerThread(BackgroundLearnerThread):
+    def __init__(self, learner: Learner | Mapping[str, Learner], *, learner_queue_size: int = 16,
+                 minibatch_buffer_size: int = 1, num_sgd_iter: int = 1, learner_queue_timeout: float = 300.0,
+                 name: str = "shoal-learner") -> None:
+        super().__init__(name=name)
+        _positive("learner_queue_size", learner_queue_size)
+        _positive("minibatch_buffer_size", minibatch_buffer_size)
+        _positive("num_sgd_iter", num_sgd_iter)
+        _positive("learner_queue_timeout", learner_queue_timeout, float)
+        self.multi_agent = not isinstance(learner, Learner)
+        self.learners: dict[Any, Learner] = dict(learner) if self.multi_agent else {None: learner}
+        if not self.learners:
+            raise ConfigError("the learner thread needs at least one Learner (got an empty dict).")
+        self.num_sgd_iter = int(num_sgd_iter)
+        self.learner_queue_timeout = float(learner_queue_timeout)
+        self.inqueue: queue.Queue = queue.Queue(maxsize=int(learner_queue_size))
+        self.outqueue: queue.Queue = queue.Queue()
+        # Held by every update and by get_weights(), so weights are never read half-written.
+        self.lock = threading.RLock()
+        self.timers = WindowTimers(TIMER_NAMES)
+        self.queue_sizes: deque[int] = deque(maxlen=100)
+        self.num_updates = 0
+        self._ring: list[_Slot | None] = [None] * int(minibatch_buffer_size)
+        self._idx = 0
+
+    # ---- driver side -------------------------------------------------------------------
+    def add(self, batch, env_steps: int | None = None) -> bool:
+        """Put one train batch on the in-queue without blocking; False when the queue is full."""
+        self.validate(batch)
+        try:
+            self.inqueue.put_nowait(batch if env_steps is None else (batch, int(env_steps)))
+        except queue.Full:
+            return False
+        return True
+
+    def validate(self, batch) -> None:
+        """Cheap checks on a batch before it is queued (subclasses add their own)."""
+        if self.multi_agent != (not isinstance(batch, Batch)):
+            raise TypeError(
+                f"this learner thread is {'multi' if self.multi_agent else 'single'}-agent but got a "
+                f"{type(batch).__name__}; put a {'dict of policy_id -> Batch' if self.multi_agent else 'Batch'}"
+            )
+
+    def get_weights(self, policy_id=None) -> dict[str, np.ndarray]:
+        """A copy of the current weights (of ``policy_id``; of every policy, keyed by id, when
+        it is None in a multi-agent thread). Safe to call while the thread trains."""
+        with self.lock:
+            if not self.multi_agent:
+                return self.learners[None].get_weights()
+            if policy_id is None:
+                return {pid: ln.get_weights() for pid, ln in self.learners.items()}
+            return self.learners[policy_id].get_weights()
+
+    def stats(self) -> dict[str, float]:
+        """Queue-size window, phase timers, idle fraction (since the last call) and update count."""
+        sizes = list(self.queue_sizes)
+        return {
+            "learner_queue_size_mean": float(np.mean(sizes)) if sizes else 0.0,
+            "learner_queue_size_max": float(max(sizes)) if sizes else 0.0,
+            **self.timers.report(),
+            "learner_idle_fraction": 1.0 - self.busy_fraction(),
+            "num_updates": float(self.num_updates),
+        }
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self.stopped.set()
+        put_stop(self.inqueue)
+        super().stop(timeout_s)
+
+    # ---- thread side -------------------------------------------------------------------
+    def take(self, stopped: threading.Event, idle) -> tuple[Any, int, int] | None:
+        """Next in-queue item as (batch, env_steps, agent_steps); None once stopped.
+
+        ``idle`` is the idle() context of the thread that waits (the learner or a loader).
+        """
+        with idle(), _Timed(self.timers, "learner_queue_wait"):
+            item = wait_get(self.inqueue, stopped, self.learner_queue_timeout)
+        if item is None:
+            return None
+        self.queue_sizes.append(self.inqueue.qsize())
+        batch, env_steps = item if isinstance(item, tuple) else (item, None)
+        return (batch, *count_steps(batch, env_steps))
+
+    def step(self) -> None:
+        slot = self._ring[self._idx]
+        if slot is None:
+            item = self.take(self.stopped, self.idle)
+            if item is None:
+                return
+            batch, env_steps, agent_steps = item
+            with _Timed(self.timers, "learner_load"):
+                tensors = {pid: self._load(pid, b) for pid, b in self._per_policy(batch)}
+            slot = self._ring[self._idx] = _Slot(tensors, env_steps, agent_steps, self.num_sgd_iter)
+        with self.lock, _Timed(self.timers, "learner_grad"):
+            for pid, tensors in slot.tensors.items():
+                slot.stats.add(self.learners[pid].update_minibatch(tensors), self._prefix(pid))
+            self.num_updates += 1
+        slot.ttl -= 1
+        if slot.ttl == 0:
+            self._ring[self._idx] = None
+            self.outqueue.put((slot.env_steps, slot.agent_steps, slot.stats.mean()))
+        self._idx = (self._idx + 1) % len(self._ring)
+
+    # ---- helpers shared with the multi-device thread -----------------------------------
+    def _per_policy(self, batch):
+        items = batch.items() if self.multi_agent else [(None, batch)]
+        for pid, b in items:
+            if pid not in self.learners:
+                raise KeyError(f"the batch holds policy '{pid}' but the learner thread has learners only for "
+                               f"{sorted(map(str, self.learners))}")
+            yield pid, b
+
+    def _prefix(self, pid) -> str:
+        return "" if pid is None else f"{pid}/"
+
+    def _load(self, pid, batch: Batch) -> dict:
+        return batch.to_torch(self.learners[pid].device)
