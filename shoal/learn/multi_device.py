@@ -1,0 +1,266 @@
+"""MultiDeviceLearnerThread: data-parallel SGD over several devices with preloaded tower stacks.
+
+Pipeline (all inside one process):
+
+    in-queue --loader threads--> ready stacks --learner thread--> idle stacks --> loaders ...
+
+- ``num_multi_gpu_tower_stacks`` stacks start on the idle queue. A loader thread
+  (``num_data_load_threads`` of them) takes an idle stack, then a train batch from the
+  in-queue, splits it into ``len(devices)`` equal shards along its rows and copies shard i
+  onto device i (on CUDA in its own stream, so copies overlap the learner's compute), and
+  puts the stack on the ready queue.
+- The learner thread takes a ready stack and learns on it ``num_sgd_iter`` times. Each pass
+  runs forward/backward of the loss on every device's replica of the module with that
+  device's shard, averages the gradients into the master module (the Learner's, on
+  ``devices[0]``), applies the Learner's optimizer step once, and copies the new weights
+  back to the replicas. Then the stack goes back to idle and ``(env_steps, agent_steps,
+  info)`` onto the out-queue.
+
+Because the shards have equal rows and the losses are means, the averaged gradient equals
+the gradient of the whole batch on one device: N devices make the same update as one.
+
+A batch must split evenly: its rows must be a multiple of ``len(devices) * rows_per_unit``
+(``rows_per_unit`` keeps whole sequences together, e.g. T for IMPALA's time-major rows), or
+a ``split_fn(batch, num_shards) -> list[Batch]`` decides. Anything else is a ConfigError
+naming the sizes, raised by ``add()`` (and by the loader for a batch put on the queue
+directly, where it reaches ``check()``).
+
+The loss function gets, as its ``learner`` argument, a view of the master Learner whose
+``module`` and ``device`` are the replica's own; every other attribute is the master's.
+With only CPU devices ("fake" devices, e.g. ``["cpu", "cpu"]``) all of this runs the same
+way, which is how the tests check it.
+"""
+
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from shoal.batch import Batch
+from shoal.errors import ConfigError
+from shoal.learn.learner import Learner
+from shoal.learn.learner_thread import LearnerThread, StatsMean, _positive, _Timed, put_stop, wait_get
+from shoal.learn.threads import BackgroundLearnerThread, LearnerThreadError
+
+SplitFn = Callable[[Batch, int], Sequence[Batch]]
+
+
+class _TowerView:
+    """What the loss sees as ``learner`` on a replica: the replica's module and device, the master's rest."""
+
+    def __init__(self, master: Learner, module: torch.nn.Module, device: torch.device) -> None:
+        self._master, self.module, self.device = master, module, device
+
+    def __getattr__(self, name: str):
+        return getattr(self._master, name)
+
+
+class _Towers:
+    """One policy's master Learner plus a replica module per extra device."""
+
+    def __init__(self, learner: Learner, devices: list[torch.device]) -> None:
+        self.learner = learner
+        self.devices = devices
+        replicas = [copy.deepcopy(learner.module).to(d) for d in devices[1:]]
+        self.modules = [learner.module, *replicas]
+        self.views = [learner, *(_TowerView(learner, m, d) for m, d in zip(replicas, devices[1:]))]
+        self.params = [[p for p in m.parameters() if p.requires_grad] for m in self.modules]
+        self.sync_replicas()
+
+    def update(self, shards: list[dict], stats: StatsMean, prefix: str = "") -> None:
+        """One SGD step on the shards (one per device); adds every tower's loss stats to ``stats``."""
+        for module, view, params, shard in zip(self.modules, self.views, self.params, shards):
+            for p in params:
+                p.grad = None
+            loss, tower_stats = self.learner.loss_fn(module, shard, view)
+            loss.backward()
+            stats.add(tower_stats, prefix)
+        self._average_gradients()
+        self.learner.reduce_gradients()
+        norm = self.learner.apply_gradients()
+        if norm is not None:
+            stats.add({"grad_norm": norm}, prefix)
+        self.sync_replicas()
+
+    def _average_gradients(self) -> None:
+        n = len(self.modules)
+        if n == 1:
+            return
+        dev0 = self.devices[0]
+        for j, master in enumerate(self.params[0]):
+            grads = [ps[j].grad for ps in self.params[1:] if ps[j].grad is not None]
+            if master.grad is None:
+                if not grads:
+                    continue  # a parameter the loss does not use
+                master.grad = torch.zeros_like(master)
+            for g in grads:
+                master.grad.add_(g.to(dev0, non_blocking=True))
+            master.grad.div_(n)
+
+    @torch.no_grad()
+    def sync_replicas(self) -> None:
+        master = self.learner.module
+        for replica in self.modules[1:]:
+            for r, m in zip(replica.parameters(), master.parameters()):
+                r.copy_(m, non_blocking=True)
+            for r, m in zip(replica.buffers(), master.buffers()):
+                r.copy_(m, non_blocking=True)
+
+
+class _Stack:
+    """Per policy, one dict of tensors per device; plus the step counts of the batch."""
+
+    __slots__ = ("shards", "env_steps", "agent_steps")
+
+    def __init__(self) -> None:
+        self.shards: dict[Any, list[dict]] = {}
+        self.env_steps = self.agent_steps = 0
+
+
+class _Loader(BackgroundLearnerThread):
+    """Moves batches from the in-queue onto the devices of an idle stack."""
+
+    def __init__(self, owner: "MultiDeviceLearnerThread", index: int) -> None:
+        super().__init__(name=f"{owner.name}-loader-{index}")
+        self.owner = owner
+
+    def step(self) -> None:
+        owner = self.owner
+        with self.idle():  # waiting for the learner to hand a stack back
+            stack = wait_get(owner.idle_stacks, self.stopped)
+        if stack is None:
+            return
+        item = owner.take(self.stopped, self.idle)
+        if item is None:
+            owner.idle_stacks.put(stack)
+            return
+        batch, stack.env_steps, stack.agent_steps = item
+        with _Timed(owner.timers, "learner_load"):
+            stack.shards = {pid: owner.load_shards(pid, b) for pid, b in owner._per_policy(batch)}
+        owner.ready_stacks.put(stack)
+
+
+class MultiDeviceLearnerThread(LearnerThread):
+    def __init__(self, learner: Learner | Mapping[str, Learner], devices: Sequence[torch.device | str], *,
+                 num_multi_gpu_tower_stacks: int = 1, num_data_load_threads: int = 1, num_sgd_iter: int = 1,
+                 learner_queue_size: int = 16, learner_queue_timeout: float = 300.0, rows_per_unit: int = 1,
+                 split_fn: SplitFn | None = None, name: str = "shoal-multi-device-learner") -> None:
+        super().__init__(learner, learner_queue_size=learner_queue_size, num_sgd_iter=num_sgd_iter,
+                         learner_queue_timeout=learner_queue_timeout, name=name)
+        _positive("num_multi_gpu_tower_stacks", num_multi_gpu_tower_stacks)
+        _positive("num_data_load_threads", num_data_load_threads)
+        _positive("rows_per_unit", rows_per_unit)
+        if not devices:
+            raise ConfigError("devices is empty: give at least one device, e.g. ['cpu'] or ['cuda:0', 'cuda:1'].")
+        self.devices = [torch.device(d) for d in devices]
+        for pid, ln in self.learners.items():
+            if ln.device != self.devices[0]:
+                raise ConfigError(
+                    f"the learner{'' if pid is None else f' of policy {pid!r}'} is on {ln.device} but devices[0] is "
+                    f"{self.devices[0]}: the master copy must live on the first device."
+                )
+        self.rows_per_unit = int(rows_per_unit)
+        self.split_fn = split_fn
+        self.towers = {pid: _Towers(ln, self.devices) for pid, ln in self.learners.items()}
+        self.idle_stacks: queue.Queue = queue.Queue()
+        self.ready_stacks: queue.Queue = queue.Queue()
+        for _ in range(int(num_multi_gpu_tower_stacks)):
+            self.idle_stacks.put(_Stack())
+        self.loaders = [_Loader(self, i) for i in range(int(num_data_load_threads))]
+        self._streams: dict[tuple[int, torch.device], Any] = {}
+
+    # ---- driver side -------------------------------------------------------------------
+    def validate(self, batch) -> None:
+        super().validate(batch)
+        if self.split_fn is None:
+            for pid, b in self._per_policy(batch):
+                self._check_divisible(pid, len(b))
+
+    def start(self) -> None:
+        for loader in self.loaders:
+            loader.start()
+        super().start()
+
+    def check(self) -> None:
+        for loader in self.loaders:
+            loader.check()
+        super().check()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self.stopped.set()
+        for loader in self.loaders:
+            loader.stopped.set()
+        put_stop(self.inqueue, len(self.loaders))
+        put_stop(self.idle_stacks, len(self.loaders))
+        put_stop(self.ready_stacks)
+        for loader in self.loaders:
+            loader.stop(timeout_s)
+        super().stop(timeout_s)
+
+    # ---- loading (loader threads) ------------------------------------------------------
+    def _check_divisible(self, pid, rows: int) -> None:
+        d, u = len(self.devices), self.rows_per_unit
+        if rows % (d * u):
+            unit = f" in whole units of rows_per_unit={u} rows" if u > 1 else ""
+            who = "" if pid is None else f" for policy {pid!r}"
+            raise ConfigError(
+                f"The train batch{who} has {rows} rows, which does not divide evenly over {d} devices{unit}: "
+                f"its size must be a multiple of {d * u}. Change train_batch_size (or the number of devices)."
+            )
+
+    def split(self, pid, batch: Batch) -> list[Batch]:
+        d = len(self.devices)
+        if self.split_fn is not None:
+            shards = list(self.split_fn(batch, d))
+            if len(shards) != d:
+                raise ValueError(f"split_fn returned {len(shards)} shards for {d} devices")
+            return shards
+        self._check_divisible(pid, len(batch))
+        size = len(batch) // d
+        return [batch.slice(i * size, (i + 1) * size) for i in range(d)]
+
+    def load_shards(self, pid, batch: Batch) -> list[dict]:
+        out = []
+        for device, shard in zip(self.devices, self.split(pid, batch)):
+            if device.type != "cuda":
+                out.append(shard.to_torch(device))
+                continue
+            stream = self._copy_stream(device)
+            with torch.cuda.stream(stream):
+                tensors = {k: t.pin_memory().to(device, non_blocking=True) for k, t in shard.to_torch("cpu").items()}
+            stream.synchronize()
+            for t in tensors.values():  # the learner uses them on its own stream: keep them alive for it
+                t.record_stream(torch.cuda.current_stream(device))
+            out.append(tensors)
+        return out
+
+    def _copy_stream(self, device: torch.device):
+        key = (threading.get_ident(), device)
+        if key not in self._streams:
+            self._streams[key] = torch.cuda.Stream(device=device)
+        return self._streams[key]
+
+    # ---- learning (learner thread) -----------------------------------------------------
+    def step(self) -> None:
+        with self.idle(), _Timed(self.timers, "learner_load_wait"):
+            stack = wait_get(self.ready_stacks, self.stopped)
+        if stack is None:
+            return
+        stats = StatsMean()
+        for _ in range(self.num_sgd_iter):
+            with self.lock, _Timed(self.timers, "learner_grad"):
+                for pid, shards in stack.shards.items():
+                    self.towers[pid].update(shards, stats, self._prefix(pid))
+                self.num_updates += 1
+        env_steps, agent_steps = stack.env_steps, stack.agent_steps
+        stack.shards = {}
+        self.idle_stacks.put(stack)
+        self.outqueue.put((env_steps, agent_steps, stats.mean()))
+
+
+__all__ = ["MultiDeviceLearnerThread", "LearnerThreadError"]
