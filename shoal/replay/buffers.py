@@ -1,0 +1,257 @@
+"""Replay buffers: a preallocated ring of column arrays, uniform or prioritized sampling.
+
+Columns are allocated on the first ``add`` from that batch's dtypes and row shapes; later
+batches must bring the same columns with the same row shapes (values are cast to the
+stored dtype when numpy's "same_kind" rule allows it). When the ring is full the oldest
+rows are overwritten. ``Col.INDICES`` and ``Col.WEIGHTS`` are outputs of ``sample`` and are
+not stored if a batch brings them back.
+
+State (``get_state``) holds only torch tensors, numbers, strings, lists and dicts, so it
+loads with ``torch.load(weights_only=True)`` inside a shoal checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from shoal.batch import Batch, Col
+from shoal.errors import ConfigError
+from shoal.replay import sum_tree as st
+
+_OUTPUT_COLUMNS = (Col.INDICES, Col.WEIGHTS)
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _non_negative(name: str, value: Any, strict: bool = False) -> float:
+    ok = isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
+    if ok:
+        value = float(value)
+        ok = np.isfinite(value) and (value > 0 if strict else value >= 0)
+    if not ok:
+        raise ConfigError(f"{name} must be a finite number {'>' if strict else '>='} 0, got {value!r}")
+    return value
+
+
+def _to_tensor(name: str, array: np.ndarray) -> torch.Tensor:
+    try:
+        return torch.from_numpy(np.ascontiguousarray(array).copy())
+    except TypeError as e:
+        raise TypeError(f"replay column '{name}' (dtype {array.dtype}) cannot be saved as a torch tensor: {e}") from None
+
+
+class ReplayBuffer:
+    """Fixed-capacity FIFO ring of transitions, sampled uniformly with replacement."""
+
+    def __init__(self, capacity: int, seed: int | None = None) -> None:
+        self.capacity = _positive_int("capacity", capacity)
+        self._columns: dict[str, np.ndarray] = {}
+        self._pos = 0  # next slot to write
+        self._size = 0
+        self.added = 0  # rows ever added (including overwritten ones)
+        self._rng = np.random.default_rng(seed)
+
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def columns(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Stored column names -> (row shape, dtype); empty before the first add."""
+        return {k: (v.shape[1:], v.dtype) for k, v in self._columns.items()}
+
+    # ---- writing -------------------------------------------------------------------------
+    def _rows(self, batch: Batch) -> dict[str, np.ndarray]:
+        if not isinstance(batch, Batch):
+            raise TypeError(f"add() takes a shoal.batch.Batch, got {type(batch).__name__}")
+        data = {k: v for k, v in batch.items() if k not in _OUTPUT_COLUMNS}
+        if not data:
+            raise ValueError("cannot add a batch without columns")
+        if not self._columns:
+            return data
+        if data.keys() != self._columns.keys():
+            raise ValueError(f"batch columns {sorted(data)} differ from the buffer's columns {sorted(self._columns)}")
+        for k, v in data.items():
+            col = self._columns[k]
+            if v.shape[1:] != col.shape[1:]:
+                raise ValueError(f"column '{k}' has rows of shape {v.shape[1:]}, the buffer stores {col.shape[1:]}")
+            if not np.can_cast(v.dtype, col.dtype, "same_kind"):
+                raise ValueError(f"column '{k}' has dtype {v.dtype}, which cannot be stored as {col.dtype}")
+        return data
+
+    def _write(self, data: dict[str, np.ndarray], n: int) -> np.ndarray:
+        """Write ``n`` rows (n <= capacity) at the ring position; returns the slots."""
+        if not self._columns:
+            self._columns = {k: np.zeros((self.capacity,) + v.shape[1:], dtype=v.dtype) for k, v in data.items()}
+        start = self._pos
+        first = min(n, self.capacity - start)
+        for k, v in data.items():
+            col = self._columns[k]
+            col[start:start + first] = v[:first]
+            if first < n:
+                col[:n - first] = v[first:]
+        slots = np.arange(start, start + n, dtype=np.int64)
+        if first < n:
+            slots[first:] -= self.capacity
+        self._pos = (start + n) % self.capacity
+        self._size = min(self._size + n, self.capacity)
+        return slots
+
+    def add(self, batch: Batch) -> np.ndarray:
+        """Append the batch's rows; returns the slots written (int64).
+
+        A batch longer than the capacity keeps only its last ``capacity`` rows (the earlier
+        ones would be overwritten at once) and returns their slots.
+        """
+        if isinstance(batch, Batch) and len(batch) == 0:
+            return np.empty(0, dtype=np.int64)
+        data = self._rows(batch)
+        n = len(batch)
+        self.added += n
+        if n > self.capacity:
+            data = {k: v[n - self.capacity:] for k, v in data.items()}
+            n = self.capacity
+        return self._write(data, n)
+
+    # ---- reading -------------------------------------------------------------------------
+    def _check_sample(self, n: int) -> int:
+        n = _positive_int("sample size n", n)
+        if self._size == 0:
+            raise ValueError("cannot sample from an empty replay buffer")
+        return n
+
+    def _gather(self, idx: np.ndarray) -> Batch:
+        out = Batch()
+        out.data = {k: v[idx] for k, v in self._columns.items()}
+        out.data[Col.INDICES] = idx
+        return out
+
+    def sample(self, n: int) -> Batch:
+        """``n`` rows drawn uniformly with replacement, with their slots in ``Col.INDICES``."""
+        n = self._check_sample(n)
+        return self._gather(self._rng.integers(0, self._size, size=n, dtype=np.int64))
+
+    # ---- state ---------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        """Contents and position as torch tensors / plain values (a copy)."""
+        return {
+            "capacity": self.capacity,
+            "pos": self._pos,
+            "size": self._size,
+            "added": self.added,
+            "columns": {k: _to_tensor(k, v[:self._size]) for k, v in self._columns.items()},
+            "rng": self._rng.bit_generator.state,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if int(state["capacity"]) != self.capacity:
+            raise ValueError(f"replay state has capacity {state['capacity']}, this buffer {self.capacity}")
+        size = int(state["size"])
+        columns = {}
+        for k, t in state["columns"].items():
+            a = t.numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+            if len(a) != size:
+                raise ValueError(f"replay state column '{k}' has {len(a)} rows, expected {size}")
+            col = np.zeros((self.capacity,) + a.shape[1:], dtype=a.dtype)
+            col[:size] = a
+            columns[k] = col
+        self._columns = columns
+        self._size, self._pos, self.added = size, int(state["pos"]), int(state["added"])
+        self._rng.bit_generator.state = state["rng"]
+
+
+class PrioritizedReplayBuffer(ReplayBuffer):
+    """Proportional prioritized replay (Schaul et al. 2016) on a sum tree and a min tree.
+
+    Priorities given to ``add`` and ``update_priorities`` are raw ``|TD|`` values; the tree
+    stores ``(p + eps) ** alpha``. Rows added without priorities get the largest raw
+    priority seen so far (1.0 at the start). ``sample`` is stratified: one draw in each of
+    ``n`` equal segments of the total mass.
+    """
+
+    def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6,
+                 seed: int | None = None) -> None:
+        super().__init__(capacity, seed)
+        self.alpha = _non_negative("alpha", alpha)
+        self.beta = _non_negative("beta", beta)
+        self.eps = _non_negative("eps", eps, strict=True)
+        self.max_priority = 1.0
+        self._tree = st.SumTree(self.capacity)
+
+    def _priorities(self, priorities, n: int) -> np.ndarray:
+        p = np.ascontiguousarray(priorities, dtype=np.float64)
+        if p.shape != (n,):
+            raise ValueError(f"priorities must have shape ({n},), got {p.shape}")
+        bad = st.first_invalid(p)
+        if bad >= 0:
+            raise ValueError(f"priorities must be finite and >= 0; got {p[bad]} at position {bad}")
+        return p
+
+    def add(self, batch: Batch, priorities: np.ndarray | None = None) -> np.ndarray:
+        """Append rows with raw priorities (None: the max seen so far); returns the slots."""
+        n = len(batch)
+        p = None if priorities is None else self._priorities(priorities, n)  # checked before any write
+        slots = super().add(batch)
+        if not len(slots):
+            return slots
+        p = np.full(len(slots), self.max_priority) if p is None else p[n - len(slots):]
+        self._set_priorities(slots, p)
+        return slots
+
+    def _set_priorities(self, idx: np.ndarray, p: np.ndarray) -> None:
+        t = self._tree
+        bad, max_raw = st.per_update(t.tree, t.base, self._size, idx, p, self.alpha, self.eps)
+        if bad >= 0:
+            what = f"slot {idx[bad]} (the buffer holds {self._size})" if 0 <= p[bad] < np.inf else f"priority {p[bad]}"
+            raise ValueError(f"invalid {what} at position {bad}: slots must be in [0, size), priorities finite and >= 0")
+        if max_raw > self.max_priority:
+            self.max_priority = max_raw
+
+    def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
+        """Set new raw priorities; with repeated indices the last one wins."""
+        idx = np.asarray(indices)
+        if idx.dtype.kind not in "iu":
+            raise ValueError(f"indices must be integers, got dtype {idx.dtype}")
+        idx = np.ascontiguousarray(idx, dtype=np.int64)
+        p = np.ascontiguousarray(priorities, dtype=np.float64)
+        if idx.ndim != 1 or p.shape != idx.shape:
+            raise ValueError(f"indices {idx.shape} and priorities {p.shape} must be 1-D and equally long")
+        self._set_priorities(idx, p)
+
+    def sample(self, n: int, beta: float | None = None) -> Batch:
+        """``n`` stratified prioritized rows with ``Col.WEIGHTS`` (float32) and ``Col.INDICES``."""
+        n = self._check_sample(n)
+        beta = self.beta if beta is None else _non_negative("beta", beta)
+        t = self._tree
+        idx, weights = st.per_sample(t.tree, t.base, self._size, self._rng.random(n), beta)
+        out = self._gather(idx)
+        out.data[Col.WEIGHTS] = weights
+        return out
+
+    def priorities(self, indices: np.ndarray | None = None) -> np.ndarray:
+        """Stored priorities ``(p + eps) ** alpha`` of the given slots (all stored rows by default)."""
+        idx = np.arange(self._size) if indices is None else np.asarray(indices, dtype=np.int64)
+        return self._tree.get(idx)
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        state.update(priorities=torch.from_numpy(self.priorities().copy()), max_priority=self.max_priority,
+                     alpha=self.alpha, beta=self.beta, eps=self.eps)
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        stored = state["priorities"].numpy().astype(np.float64)
+        if len(stored) != int(state["size"]):
+            raise ValueError(f"replay state has {len(stored)} priorities for {state['size']} rows")
+        super().set_state(state)
+        old_alpha = float(state["alpha"])
+        if old_alpha != self.alpha and old_alpha > 0:  # re-express under this buffer's alpha
+            stored = stored ** (self.alpha / old_alpha)
+        self._tree.load(stored)
+        self.max_priority = float(state["max_priority"])

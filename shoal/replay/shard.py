@@ -1,0 +1,84 @@
+"""ReplayShard: one replay buffer behind the small interface the algorithms call.
+
+A plain class; ``shoal.runtime`` wraps it as a Ray actor when replay is distributed (Ape-X
+places several beside the learner). In-process it is used as is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from shoal.batch import Batch, Col
+from shoal.replay.buffers import PrioritizedReplayBuffer, ReplayBuffer, _non_negative
+
+
+class ReplayShard:
+    """A uniform or prioritized buffer that counts what passes through it.
+
+    With ``prioritized=False`` the priorities given to ``add`` and ``update_priorities`` are
+    ignored and ``sample`` returns weights of 1, so callers need not tell the two apart.
+    """
+
+    def __init__(self, capacity: int, prioritized: bool = True, alpha: float = 0.6, beta: float = 0.4,
+                 eps: float = 1e-6, seed: int | None = None) -> None:
+        self.prioritized = bool(prioritized)
+        if self.prioritized:
+            self.buffer: ReplayBuffer = PrioritizedReplayBuffer(capacity, alpha=alpha, beta=beta, eps=eps, seed=seed)
+        else:
+            self.buffer = ReplayBuffer(capacity, seed=seed)
+        self.counts = {"added": 0, "sampled": 0, "updated": 0}
+
+    def __len__(self) -> int:
+        return len(self.buffer)
+
+    def ping(self) -> bool:
+        return True
+
+    def add(self, batch: Batch, priorities: np.ndarray | None = None) -> int:
+        """Store the batch's rows; returns how many rows were given."""
+        if self.prioritized:
+            self.buffer.add(batch, priorities)
+        else:
+            self.buffer.add(batch)
+        self.counts["added"] += len(batch)
+        return len(batch)
+
+    def sample(self, n: int, beta: float | None = None) -> Batch | None:
+        """``n`` rows with ``Col.WEIGHTS`` and ``Col.INDICES``, or None while the shard is empty."""
+        if len(self.buffer) == 0:
+            return None
+        if self.prioritized:
+            out = self.buffer.sample(n, beta)
+        else:
+            out = self.buffer.sample(n)
+            out.data[Col.WEIGHTS] = np.ones(len(out), dtype=np.float32)
+        self.counts["sampled"] += len(out)
+        return out
+
+    def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
+        if self.prioritized:
+            self.buffer.update_priorities(indices, priorities)
+        self.counts["updated"] += len(indices)
+
+    def set_beta(self, beta: float) -> None:
+        if self.prioritized:
+            self.buffer.beta = _non_negative("beta", beta)
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"size": len(self.buffer), "capacity": self.buffer.capacity, **self.counts}
+        if self.prioritized:
+            out["max_priority"] = self.buffer.max_priority
+            out["beta"] = self.buffer.beta
+        return out
+
+    def get_state(self) -> dict[str, Any]:
+        return {"prioritized": self.prioritized, "counts": dict(self.counts), "buffer": self.buffer.get_state()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if bool(state["prioritized"]) != self.prioritized:
+            raise ValueError(f"replay state is {'' if state['prioritized'] else 'not '}prioritized, this shard is "
+                             f"{'' if self.prioritized else 'not '}prioritized")
+        self.buffer.set_state(state["buffer"])
+        self.counts = {k: int(state["counts"].get(k, 0)) for k in self.counts}
