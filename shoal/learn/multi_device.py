@@ -11,9 +11,9 @@ Pipeline (all inside one process):
   puts the stack on the ready queue.
 - The learner thread takes a ready stack and learns on it ``num_sgd_iter`` times. Each pass
   runs forward/backward of the loss on every device's replica of the module with that
-  device's shard, averages the gradients into the master module (the Learner's, on
-  ``devices[0]``), applies the Learner's optimizer step once, and copies the new weights
-  back to the replicas. Then the stack goes back to idle and ``(env_steps, agent_steps,
+  device's shard (the replicas first copy the master's weights), averages the gradients
+  into the master module (the Learner's, on ``devices[0]``) and applies the Learner's
+  optimizer step once. Then the stack goes back to idle and ``(env_steps, agent_steps,
   info)`` onto the out-queue.
 
 Because the shards have equal rows and the losses are means, the averaged gradient equals
@@ -70,10 +70,14 @@ class _Towers:
         self.modules = [learner.module, *replicas]
         self.views = [learner, *(_TowerView(learner, m, d) for m, d in zip(replicas, devices[1:]))]
         self.params = [[p for p in m.parameters() if p.requires_grad] for m in self.modules]
-        self.sync_replicas()
 
     def update(self, shards: list[dict], stats: StatsMean, prefix: str = "") -> None:
-        """One SGD step on the shards (one per device); adds every tower's loss stats to ``stats``."""
+        """One SGD step on the shards (one per device); adds every tower's loss stats to ``stats``.
+
+        The replicas take the master's weights first, so a master changed from outside between
+        steps (``set_state`` after a restore, under the thread's lock) is what every tower uses.
+        """
+        self.sync_replicas()
         for module, view, params, shard in zip(self.modules, self.views, self.params, shards):
             for p in params:
                 p.grad = None
@@ -85,7 +89,6 @@ class _Towers:
         norm = self.learner.apply_gradients()
         if norm is not None:
             stats.add({"grad_norm": norm}, prefix)
-        self.sync_replicas()
 
     def _average_gradients(self) -> None:
         n = len(self.modules)
