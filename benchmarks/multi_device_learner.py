@@ -154,7 +154,8 @@ def main() -> None:
     rounds = [[measure(devs, multi, args, batches) for devs, multi in settings] for _ in range(args.rounds)]
     runs = []
     for i, first in enumerate(rounds[0]):
-        run = {k: float(np.median([rd[i][k] for rd in rounds])) if isinstance(v, float) else v for k, v in first.items()}
+        run = {k: float(np.median([rd[i][k] for rd in rounds])) if isinstance(v, float) else v
+               for k, v in first.items()}
         run["updates_per_s_rounds"] = [rd[i]["updates_per_s"] for rd in rounds]
         runs.append(run)
 
@@ -166,8 +167,9 @@ def main() -> None:
         "updates_per_s_1_device": ups("cpu"),
         "updates_per_s_2_fake_devices": ups("cpu,cpu"),
         "single_thread_updates_per_s": runs[0]["updates_per_s"],
-        "batch_size": args.batch_size, "rounds": args.rounds, "seconds_per_round": args.seconds, "num_sgd_iter": args.num_sgd_iter, "stacks": args.stacks,
-        "loaders": args.loaders, "torch_threads": torch.get_num_threads(),
+        "batch_size": args.batch_size, "rounds": args.rounds, "seconds_per_round": args.seconds,
+        "num_sgd_iter": args.num_sgd_iter, "stacks": args.stacks, "loaders": args.loaders,
+        "torch_threads": torch.get_num_threads(),
         "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs" + (f", {torch.cuda.get_device_name(0)}"
                                                                     if torch.cuda.is_available() else ""),

@@ -7,7 +7,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 from shoal.batch import Batch, Col
 from shoal.errors import ConfigError

@@ -45,7 +45,7 @@ from shoal.batch import Batch
 from shoal.errors import ConfigError
 from shoal.learn.learner import Learner
 from shoal.learn.learner_thread import LearnerThread, StatsMean, _positive, _Timed, put_stop, wait_get
-from shoal.learn.threads import BackgroundLearnerThread, LearnerThreadError
+from shoal.learn.threads import BackgroundLearnerThread
 
 SplitFn = Callable[[Batch, int], Sequence[Batch]]
 
@@ -266,4 +266,4 @@ class MultiDeviceLearnerThread(LearnerThread):
         self.outqueue.put((env_steps, agent_steps, stats.mean()))
 
 
-__all__ = ["MultiDeviceLearnerThread", "LearnerThreadError"]
+__all__ = ["MultiDeviceLearnerThread"]
