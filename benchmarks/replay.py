@@ -10,10 +10,12 @@ in alternating rounds (shoal, cpprb, shoal, cpprb, ...) of ``--seconds`` each, w
 * adds: one batch of 512 rows (with priorities) into the full ring.
 
 Figures are batches per second, the median over rounds. numba kernels are compiled (or
-loaded from the cache) and each buffer is exercised before any timing. cpprb is an
+loaded from the cache) and each buffer is exercised before any timing. Windows are short and
+alternate (which library goes first swaps every round) so that both libraries see the same
+background load on a shared machine; ``ratio_per_round`` lists the paired ratios. cpprb is an
 optional benchmark-only dependency (``pip install -e .[bench]``).
 
-    python benchmarks/replay.py [--capacity 1000000] [--batch 512] [--seconds 2] [--rounds 5]
+    python benchmarks/replay.py [--capacity 1000000] [--batch 512] [--seconds 0.5] [--rounds 20]
 
 Progress goes to stderr; the last stdout line is one JSON object:
 ``{"benchmark": "replay", "shoal_sample_update_per_s", "cpprb_sample_update_per_s", "ratio",
@@ -112,8 +114,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--capacity", type=int, default=1_000_000)
     p.add_argument("--batch", type=int, default=512)
-    p.add_argument("--seconds", type=float, default=2.0, help="length of each timed window")
-    p.add_argument("--rounds", type=int, default=5, help="alternating rounds per library and operation")
+    p.add_argument("--seconds", type=float, default=0.5, help="length of each timed window")
+    p.add_argument("--rounds", type=int, default=20, help="alternating rounds per library and operation")
     args = p.parse_args()
     rng = np.random.default_rng(0)
 
@@ -146,8 +148,9 @@ def main() -> None:
         for op_name, op in ops.items():
             for lib in (libs if r % 2 == 0 else libs[::-1]):
                 results[op_name][lib.name].append(rate(op(lib), args.seconds))
-        log(f"round {r + 1}/{args.rounds}: " + ", ".join(
-            f"{op} {lib}={v[-1]:,.0f}/s" for op, per in results.items() for lib, v in per.items()))
+        if (r + 1) % max(1, args.rounds // 5) == 0:
+            log(f"round {r + 1}/{args.rounds}: " + ", ".join(
+                f"{op} {lib}={v[-1]:,.0f}/s" for op, per in results.items() for lib, v in per.items()))
 
     med = {op: {lib: statistics.median(v) for lib, v in per.items()} for op, per in results.items()}
     out = {
@@ -158,6 +161,8 @@ def main() -> None:
         "shoal_add_per_s": round(med["add"]["shoal"], 1),
         "cpprb_add_per_s": round(med["add"]["cpprb"], 1),
         "add_ratio": round(med["add"]["shoal"] / med["add"]["cpprb"], 3),
+        "ratio_per_round": [round(a / b, 2) for a, b in zip(results["sample_update"]["shoal"],
+                                                             results["sample_update"]["cpprb"])],
         "capacity": args.capacity,
         "batch": args.batch,
         "rounds": args.rounds,

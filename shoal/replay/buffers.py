@@ -128,7 +128,7 @@ class ReplayBuffer:
 
     def _gather(self, idx: np.ndarray) -> Batch:
         out = Batch()
-        out.data = {k: v[idx] for k, v in self._columns.items()}
+        out.data = {k: np.take(v, idx, axis=0) for k, v in self._columns.items()}  # faster than v[idx]
         out.data[Col.INDICES] = idx
         return out
 

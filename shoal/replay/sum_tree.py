@@ -37,24 +37,29 @@ def _jit(fn):
 @_jit
 def _set_leaves(tree, base, idx, values):
     """Write the leaves in order (the last of repeated indices wins), then fix the parents
-    level by level: every touched parent is recomputed from its children, which are final by
-    then, and the loads for different indices are independent, so their misses overlap."""
+    level by level. The touched nodes are kept sorted and unique, so each parent is
+    recomputed once per level from its children (final by then), memory is walked in
+    ascending order, and the loads for different nodes overlap."""
     n = idx.shape[0]
-    nodes = np.empty(n, dtype=np.int64)
     for k in range(n):
         node = base + idx[k]
-        nodes[k] = node
         tree[node, 0] = values[k]
         tree[node, 1] = values[k]
-    level = base
-    while level > 1:
-        for k in range(n):
+    nodes = np.sort(idx) + base
+    m = n
+    while m > 0 and nodes[0] > 1:
+        j = 0
+        prev = -1
+        for k in range(m):
             node = nodes[k] // 2
-            nodes[k] = node
-            left = 2 * node
-            tree[node, 0] = tree[left, 0] + tree[left + 1, 0]
-            tree[node, 1] = min(tree[left, 1], tree[left + 1, 1])
-        level //= 2
+            if node != prev:
+                left = 2 * node
+                tree[node, 0] = tree[left, 0] + tree[left + 1, 0]
+                tree[node, 1] = min(tree[left, 1], tree[left + 1, 1])
+                nodes[j] = node
+                j += 1
+                prev = node
+        m = j
 
 
 @_jit
