@@ -1,0 +1,327 @@
+"""DD-PPO: decentralized distributed PPO (Wijmans et al., 2020).
+
+Every rollout actor is also a learner. Each round it samples ``rollout_fragment_length x
+num_envs_per_worker`` steps, computes GAE, and runs ``num_sgd_iter`` epochs of minibatch SGD
+on its own batch, averaging the gradients of every minibatch over a torch.distributed
+process group (gloo on CPUs, nccl on GPUs, mpi where torch has it). Replicas start from the
+same state and apply the same averaged gradients, so they stay identical. The driver never
+trains: it gathers the rounds that have finished, aggregates metrics and, with
+``keep_local_weights_in_sync``, keeps a copy of worker 0's weights for evaluation.
+
+Fault tolerance (beyond the reference implementation, which had none for DD-PPO): when a
+worker dies, the runtime recreates it; the survivors' collective fails fast (the group's
+timeout), the driver forms a new process group over the survivors and the new worker, and
+copies the full learner state (weights and optimizer) of one survivor to every other
+member before training goes on.
+
+Reads in order: config, the worker (sample + loss via PPO's functions), training_step.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Optional, Union
+
+import numpy as np
+import torch
+from pydantic import Field, field_validator, model_validator
+
+from shoal.algorithms.base import Algorithm
+from shoal.algorithms.ppo import PPOConfig, gae_postprocess, ppo_loss
+from shoal.config import ResourcesConfig
+from shoal.errors import WorkerError
+from shoal.learn import Learner, resolve_device
+from shoal.learn.distributed import (BACKENDS, CollectiveError, DistributedLearner, backend_available,
+                                     destroy_process_group, free_port, init_process_group, node_ip)
+from shoal.models import build_actor_critic
+from shoal.rollout import ActorCriticPolicy
+from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
+from shoal.runtime import make_actor_group
+
+log = logging.getLogger("shoal.ddppo")
+
+
+# ---- config -----------------------------------------------------------------------------
+class DDPPOResourcesConfig(ResourcesConfig):
+    num_workers: int = Field(2, description="Rollout actors, each a learner too; at least 1 (the driver never trains).")
+    num_gpus: float = Field(0.0, description="Must be 0: the driver never trains. Use num_gpus_per_worker.")
+    num_gpus_per_worker: float = Field(0.0, ge=0, description="GPUs for each worker's learner (nccl needs them).")
+
+    @field_validator("num_workers")
+    @classmethod
+    def _at_least_one(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError("DD-PPO needs num_workers >= 1: every worker samples and trains, the driver does neither")
+        return v
+
+    @field_validator("num_gpus")
+    @classmethod
+    def _no_driver_gpus(cls, v: float) -> float:
+        if v != 0:
+            raise ValueError("must be 0 for DD-PPO, whose driver never trains; give GPUs to the workers "
+                             "with resources.num_gpus_per_worker")
+        return v
+
+
+class DDPPOConfig(PPOConfig):
+    algo = "ddppo"
+    min_workers: ClassVar[int] = 1  # `shoal evaluate` keeps the saved workers (they are not started to evaluate)
+
+    rollout_fragment_length: Union[int, str] = Field(64, description="Steps per env per round; each worker's batch is this x num_envs_per_worker.")
+    minibatch_size: int = Field(256, ge=1, description="Rows per SGD minibatch on each worker.")
+    batch_mode: str = Field("truncate_episodes", description="Only truncate_episodes: fixed-length fragments.")
+    torch_distributed_backend: str = Field("gloo", description="gloo (CPUs), nccl (GPUs) or mpi (if torch was built with it).")
+    keep_local_weights_in_sync: bool = Field(True, description="Copy worker 0's weights to the driver every round (for evaluate/checkpoints).")
+    torch_distributed_timeout_s: float = Field(60.0, gt=0, description="Rendezvous and collective timeout: how soon survivors notice a dead peer.")
+    resources: DDPPOResourcesConfig = Field(default_factory=DDPPOResourcesConfig)
+
+    @field_validator("torch_distributed_backend")
+    @classmethod
+    def _backend(cls, v: str) -> str:
+        if v not in BACKENDS:
+            raise ValueError(f"must be one of {', '.join(BACKENDS)}")
+        if not backend_available(v):
+            raise ValueError(f"this torch build has no '{v}' backend; use gloo")
+        return v
+
+    @field_validator("batch_mode")
+    @classmethod
+    def _truncate(cls, v: str) -> str:
+        if v != "truncate_episodes":
+            raise ValueError("DD-PPO only supports 'truncate_episodes': every worker trains on fixed-length fragments "
+                             "so all replicas run the same number of minibatches per round")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self):  # replaces PPOConfig._check: the train batch is derived here, never set
+        if "train_batch_size" in self.model_fields_set:
+            raise ValueError("DD-PPO derives the train batch: do not set train_batch_size; each worker trains on "
+                             "rollout_fragment_length x resources.num_envs_per_worker steps per round")
+        if not isinstance(self.rollout_fragment_length, int):
+            raise ValueError("DD-PPO needs an integer rollout_fragment_length (it sets each worker's batch), "
+                             f"got {self.rollout_fragment_length!r}")
+        if self.use_kl_loss:
+            raise ValueError("use_kl_loss must be false for DD-PPO: the adaptive KL coefficient needs a central learner")
+        if self.minibatch_size > self.worker_batch_size():
+            raise ValueError(f"minibatch_size ({self.minibatch_size}) is larger than each worker's batch, "
+                             f"rollout_fragment_length x resources.num_envs_per_worker = {self.worker_batch_size()}")
+        if self.torch_distributed_backend == "nccl" and self.resources.num_gpus_per_worker <= 0:
+            raise ValueError("torch_distributed_backend 'nccl' needs GPUs: set resources.num_gpus_per_worker > 0, or use gloo")
+        return self
+
+    def worker_batch_size(self) -> int:
+        return self.fragment_length() * self.resources.num_envs_per_worker
+
+
+# ---- the worker: sampler and learner in one actor ------------------------------------------
+@dataclass
+class RoundResult:
+    metrics: RolloutMetrics
+    env_steps_trained: int = 0
+    stats: dict[str, float] = field(default_factory=dict)
+    weights: Optional[dict] = None  # rank 0's, when the driver keeps a copy
+    error: Optional[str] = None  # the collective failed: the group must be re-formed
+
+
+def make_learner(config: DDPPOConfig, obs_space, action_space, cls=Learner, device="cpu") -> Learner:
+    module = build_actor_critic(obs_space, action_space, config.model)
+    return cls(module, functools.partial(ppo_loss, config=config), lr=config.lr, grad_clip=config.grad_clip,
+               lr_schedule=config.lr_schedule, device=device)
+
+
+class DDPPOWorker:
+    """One replica: an EnvRunner and a DistributedLearner; a member of the process group."""
+
+    def __init__(self, config: DDPPOConfig, worker_index: int) -> None:
+        torch.set_num_threads(config.resources.torch_threads)
+        self.config, self.worker_index = config, worker_index
+        postprocess = functools.partial(gae_postprocess, gamma=config.gamma, gae_lambda=config.gae_lambda)
+        self.runner = EnvRunner(config, worker_index, ActorCriticPolicy, postprocess, config.fragment_length())
+        self.learner = make_learner(config, self.runner.obs_space, self.runner.action_space, DistributedLearner,
+                                    resolve_device(config.resources.num_gpus_per_worker))
+        self.rng = np.random.default_rng(None if config.seed is None else config.seed + 7 * worker_index)
+        self.rounds = 0  # rounds trained by the group: drives the lr schedule identically on every replica
+        self.rank: Optional[int] = None
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        return node_ip(), free_port()
+
+    def join_group(self, address: tuple[str, int], ranks: dict[int, int]) -> int:
+        self.rank = ranks[self.worker_index]
+        init_process_group(self.config.torch_distributed_backend, address, self.rank, len(ranks),
+                           self.config.torch_distributed_timeout_s)
+        return self.rank
+
+    def sample_and_train(self) -> RoundResult:
+        cfg = self.config
+        batch, metrics = self.runner.sample()
+        t0, reduce_s, reduces = time.perf_counter(), self.learner.allreduce_s, self.learner.num_allreduces
+        self.learner.set_env_steps(self.rounds * cfg.worker_batch_size() * self.learner.world_size)
+        try:
+            stats = self.learner.update(batch, cfg.num_sgd_iter, cfg.minibatch_size, self.rng)
+        except CollectiveError as e:
+            destroy_process_group()
+            return RoundResult(metrics, error=f"worker {self.worker_index}: {e}")
+        self.rounds += 1
+        weights = self.learner.get_weights()
+        self.runner.set_weights(weights)
+        n = max(self.learner.num_allreduces - reduces, 1)
+        stats.update(allreduce_ms_per_minibatch=1000.0 * (self.learner.allreduce_s - reduce_s) / n,
+                     learn_time_s=time.perf_counter() - t0, sample_time_s=metrics.sample_time_s)
+        keep = cfg.keep_local_weights_in_sync and self.rank == 0
+        return RoundResult(metrics, len(batch), stats, weights if keep else None)
+
+    def get_sync_state(self) -> dict[str, Any]:
+        return {"learner": self.learner.get_state(), "rounds": self.rounds}
+
+    def set_sync_state(self, state: dict[str, Any]) -> None:
+        self.learner.set_state(state["learner"])
+        self.rounds = int(state["rounds"])
+        self.runner.set_weights(self.learner.get_weights())
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return self.learner.get_weights()
+
+    def get_optimizer_state(self) -> dict[str, Any]:
+        return self.learner.optimizer.state_dict()
+
+    def stop(self) -> None:
+        destroy_process_group()
+        self.runner.stop()
+
+
+def mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:
+    keys = set().union(*stats) if stats else set()
+    return {k: float(np.mean([s[k] for s in stats if k in s])) for k in sorted(keys)}
+
+
+# ---- algorithm --------------------------------------------------------------------------
+class DDPPO(Algorithm):
+    """The driver: starts the workers (on the first training step), gathers, aggregates, re-forms."""
+
+    config_cls = DDPPOConfig
+
+    def setup(self) -> None:
+        cfg: DDPPOConfig = self.config
+        self.policy_cls = ActorCriticPolicy
+        # The driver's copy: initial state for the workers, worker 0's weights when kept in sync.
+        self.local = make_learner(cfg, self.env_info.observation_space, self.env_info.action_space)
+        self.rounds = 0
+        self.num_regroups = 0
+        self._members: dict[int, Any] = {}  # actor handles at the last group formation
+        self._formed_restarts = 0
+        self._round_failed = False
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        if self.env_runners is not None and not self.config.keep_local_weights_in_sync:
+            weights = self.env_runners.foreach("get_weights", actor_ids=sorted(self.env_runners.actor_ids)[:1])
+            if weights:
+                return weights[0]
+        return self.local.get_weights()
+
+    def training_step(self) -> dict[str, Any]:
+        with self.timers.time("regroup"):
+            if self.env_runners is None:
+                self._start_workers()
+            elif self._round_failed or self.env_runners.num_restarts != self._formed_restarts:
+                self._regroup()
+        with self.timers.time("sample_and_train"):
+            self.env_runners.submit("sample_and_train")
+            results = self._gather()
+        with self.timers.time("aggregate"):
+            self.record_rollouts([r.metrics for r in results])
+            done = [r for r in results if r.error is None]
+            self.counters["env_steps_trained"] += sum(r.env_steps_trained for r in done)
+            self.rounds += 1 if done else 0
+            for r in results:
+                if r.error is not None:
+                    log.warning("DD-PPO round failed (%s); re-forming the group", r.error.splitlines()[0][:200])
+                    self._round_failed = True  # re-form before the next round
+        with self.timers.time("sync"):
+            for r in done:
+                if r.weights is not None:
+                    self.local.set_weights(r.weights)
+        stats = mean_stats([r.stats for r in done])
+        return {**{f"learner/{k}": v for k, v in stats.items()}, "allreduce_ms_per_minibatch":
+                stats.get("allreduce_ms_per_minibatch", float("nan")), "num_regroups": self.num_regroups,
+                "world_size": len(self.env_runners)}
+
+    def _gather(self) -> list[RoundResult]:
+        """What has finished, without waiting for stragglers (at least one result, unless a worker died)."""
+        restarts = self.env_runners.num_restarts
+        ready = []
+        while not ready and self.env_runners.num_in_flight() and self.env_runners.num_restarts == restarts:
+            ready = self.env_runners.fetch_ready(timeout_s=0.05)
+        return [r for _, r in ready]
+
+    # ---- the process group ----------------------------------------------------------------
+    def _start_workers(self) -> None:
+        cfg, res = self.config, self.config.resources
+        self.env_runners = make_actor_group(
+            DDPPOWorker, res.num_workers, lambda i: ((cfg, i), {}), remote=True, num_cpus=res.num_cpus_per_worker,
+            num_gpus=res.num_gpus_per_worker, max_in_flight=1, max_restarts=res.max_worker_restarts,
+            address=res.address, resource_wait_s=res.resource_wait_s, name="DD-PPO worker")
+        self._form_group(source=None)
+
+    def _regroup(self) -> None:
+        """After a failure: let in-flight rounds finish (they fail fast), form a new group, resync."""
+        group = self.env_runners
+        deadline = time.monotonic() + 2 * self.config.torch_distributed_timeout_s + 30
+        while group.num_in_flight() and time.monotonic() < deadline:
+            self.record_rollouts([r.metrics for _, r in group.fetch_ready(timeout_s=1.0)])
+        for i in group.actor_ids:  # still stuck past every timeout: replace it
+            if group.num_in_flight(i):
+                group.restart(i)
+        survivors = [i for i in sorted(group.actor_ids) if group.actors[i] is self._members.get(i)]
+        self._form_group(source=survivors[0] if survivors else None)
+        self.num_regroups += 1
+
+    def _form_group(self, source: Optional[int]) -> None:
+        """A new process group over the current actors (worker 0 hosts the rendezvous), then one state for all.
+
+        ``source`` is the actor whose learner state everyone takes; None means the driver's.
+        """
+        group = self.env_runners
+        for _ in range(group.max_restarts + 1):
+            restarts = group.num_restarts
+            ids = sorted(group.actor_ids)
+            address = group.foreach("rendezvous_address", actor_ids=ids[:1])
+            if address:
+                group.foreach("join_group", address[0], {i: r for r, i in enumerate(ids)})
+            state = group.foreach("get_sync_state", actor_ids=[source]) if source is not None else [self._local_state()]
+            if group.num_restarts == restarts and state:
+                break
+            source = None if source is None or group.actors.get(source) is not self._members.get(source) else source
+        else:
+            raise WorkerError(f"could not form a DD-PPO process group over {len(group)} workers")
+        if source is None and self.num_regroups + self.rounds > 0:
+            log.warning("no DD-PPO worker survived: resuming from the driver's copy of the weights")
+        ref = group.put(state[0])
+        group.foreach("set_sync_state", ref, actor_ids=[i for i in ids if i != source])
+        self._members = dict(group.actors)
+        self._formed_restarts, self._round_failed = group.num_restarts, False
+
+    def _local_state(self) -> dict[str, Any]:
+        return {"learner": self.local.get_state(), "rounds": self.rounds}
+
+    def _sync_state(self) -> dict[str, Any]:
+        """The group's learner state (from the first worker), or the driver's before the workers start."""
+        if self.env_runners is not None:
+            state = self.env_runners.foreach("get_sync_state", actor_ids=sorted(self.env_runners.actor_ids)[:1])
+            if state:
+                return state[0]
+        return self._local_state()
+
+    # ---- state ------------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), **self._sync_state(), "num_regroups": self.num_regroups}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        self.local.set_state(state["learner"])
+        self.rounds, self.num_regroups = int(state["rounds"]), int(state.get("num_regroups", 0))
+        if self.env_runners is not None:
+            self.env_runners.foreach("set_sync_state", self.env_runners.put(self._local_state()))

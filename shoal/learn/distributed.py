@@ -1,0 +1,146 @@
+"""torch.distributed helpers for data-parallel learners.
+
+A data-parallel learner keeps one replica of the module per process. Every process computes
+gradients on its own minibatch, the gradients are averaged over the process group with one
+all-reduce per minibatch (all of them flattened into a single buffer), and every replica
+applies the same averaged gradient, so replicas that start equal stay equal.
+
+- :func:`node_ip`, :func:`free_port`: what rank 0 hands out as the rendezvous address;
+- :func:`init_process_group` / :func:`destroy_process_group`: join and leave a group; joining
+  first leaves any group this process was in, so a group can be re-formed after a peer died;
+- :func:`flatten_grads` / :func:`unflatten_grads_`: the single-buffer layout;
+- :class:`DistributedLearner`: a :class:`~shoal.learn.Learner` whose ``reduce_gradients``
+  averages over the group. A failed collective (a dead peer, a timeout) raises
+  :class:`CollectiveError`, which callers catch to re-form the group.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import time
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from shoal.learn.learner import Learner
+
+BACKENDS = ("gloo", "nccl", "mpi")
+
+
+class CollectiveError(RuntimeError):
+    """A collective operation failed: a peer died or did not answer within the timeout."""
+
+
+def backend_available(backend: str) -> bool:
+    """Whether this torch build has ``backend`` (gloo, nccl or mpi)."""
+    check = {"gloo": dist.is_gloo_available, "nccl": dist.is_nccl_available, "mpi": dist.is_mpi_available}.get(backend)
+    return bool(dist.is_available() and check is not None and check())
+
+
+# ---- rendezvous ----------------------------------------------------------------------------
+def node_ip() -> str:
+    """This machine's outward-facing IP address (what peers on other nodes can reach).
+
+    A UDP ``connect`` sends nothing; it only makes the kernel pick the interface that routes
+    out. Without any route, fall back to the host name's address, then to loopback.
+    """
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect(("10.254.254.254", 1))
+        return s.getsockname()[0]
+    except OSError:
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return "127.0.0.1"
+    finally:
+        s.close()
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (the kernel's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def init_process_group(backend: str, address: tuple[str, int], rank: int, world_size: int, timeout_s: float) -> None:
+    """Join a new process group (leaving any previous one). Every rank must call this concurrently.
+
+    ``timeout_s`` bounds the rendezvous and every later collective, so a dead peer makes
+    the survivors fail in seconds instead of hanging.
+    """
+    destroy_process_group()
+    ip, port = address
+    init_method = None if backend == "mpi" else f"tcp://{ip}:{port}"
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def destroy_process_group() -> None:
+    """Leave the current process group, if any. Safe after a failed collective."""
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - a broken group may not tear down cleanly; it is dropped either way
+            pass
+
+
+# ---- gradients -----------------------------------------------------------------------------
+def flatten_grads(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """All gradients in one contiguous 1-D buffer, in ``params`` order (a missing grad is zeros)."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+
+
+def unflatten_grads_(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
+    """Write ``flat`` (laid out as :func:`flatten_grads` made it) back into each ``p.grad``."""
+    offset = 0
+    for p in params:
+        n = p.numel()
+        g = flat[offset: offset + n].view_as(p)
+        if p.grad is None:
+            p.grad = g.clone()
+        else:
+            p.grad.copy_(g)
+        offset += n
+    if offset != flat.numel():
+        raise ValueError(f"gradient buffer has {flat.numel()} elements, the parameters {offset}")
+
+
+def all_reduce_mean_(flat: torch.Tensor) -> None:
+    """Average ``flat`` in place over the current group (sum, then divide: gloo has no AVG op)."""
+    try:
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    except RuntimeError as e:  # DistBackendError and gloo's plain RuntimeErrors alike
+        raise CollectiveError(f"gradient all-reduce failed: {e}") from e
+    flat.div_(dist.get_world_size())
+
+
+class DistributedLearner(Learner):
+    """A Learner whose gradients are averaged over the torch.distributed group at every minibatch.
+
+    Outside a process group (or in a group of one) it behaves like a plain Learner.
+    ``allreduce_s`` and ``num_allreduces`` accumulate the time spent averaging (flatten,
+    all-reduce, copy back) and how many times.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.allreduce_s = 0.0
+        self.num_allreduces = 0
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+    def reduce_gradients(self) -> None:
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        t0 = time.perf_counter()
+        flat = flatten_grads(self.params)
+        all_reduce_mean_(flat)
+        unflatten_grads_(self.params, flat)
+        self.allreduce_s += time.perf_counter() - t0
+        self.num_allreduces += 1

@@ -1,0 +1,246 @@
+"""DD-PPO: config rules, the gradient all-reduce, identical replicas, learning, kill-and-continue."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shoal.algorithms.ddppo import DDPPO, DDPPOConfig, DDPPOWorker, mean_stats
+from shoal.config import load_yaml
+from shoal.errors import ConfigError
+from shoal.learn.distributed import flatten_grads, free_port, unflatten_grads_
+
+PRESET = Path(__file__).resolve().parents[1] / "examples" / "ddppo_cartpole.yaml"
+# Small rounds for the integration tests: 2 workers x 4 envs x 32 steps, 2 minibatches, 2 epochs.
+SMALL = dict(env="CartPole-v1", rollout_fragment_length=32, minibatch_size=64, num_sgd_iter=2,
+             torch_distributed_timeout_s=10, resources={"num_workers": 2, "num_envs_per_worker": 4})
+
+
+def _equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in a)
+
+
+def _optimizer_equal(a: dict, b: dict) -> bool:
+    sa, sb = a["state"], b["state"]
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k][n], sb[k][n]) for k in sa for n in sa[k])
+
+
+# ---- config rules: each a clear error before any actor starts --------------------------------
+@pytest.mark.parametrize("overrides, key, allowed", [
+    ({"resources": {"num_workers": 0}}, "resources.num_workers", "num_workers >= 1"),
+    ({"torch_distributed_backend": "tcp"}, "torch_distributed_backend", "gloo, nccl, mpi"),
+    ({"resources": {"num_gpus": 1}}, "resources.num_gpus", "num_gpus_per_worker"),
+    ({"batch_mode": "complete_episodes"}, "batch_mode", "truncate_episodes"),
+    ({"use_kl_loss": True}, "use_kl_loss", "central learner"),
+    ({"train_batch_size": 4096}, "train_batch_size", "rollout_fragment_length x resources.num_envs_per_worker"),
+    ({"rollout_fragment_length": "auto"}, "rollout_fragment_length", "integer"),
+    ({"minibatch_size": 4096}, "minibatch_size", "= 512"),
+])
+def test_config_rules_fail_naming_the_key(overrides, key, allowed):
+    with pytest.raises(ConfigError) as info:
+        DDPPOConfig(env="CartPole-v1", **overrides)
+    msg = str(info.value)
+    assert key in msg and allowed in msg, msg
+
+
+def test_backends_torch_lacks_and_nccl_without_gpus_are_refused():
+    import torch.distributed as dist
+
+    if not dist.is_mpi_available():
+        with pytest.raises(ConfigError, match="no 'mpi' backend"):
+            DDPPOConfig(env="CartPole-v1", torch_distributed_backend="mpi")
+    with pytest.raises(ConfigError, match="nccl"):
+        DDPPOConfig(env="CartPole-v1", torch_distributed_backend="nccl")
+
+
+def test_config_rules_also_hold_on_assignment():
+    cfg = DDPPOConfig(env="CartPole-v1")
+    with pytest.raises(ConfigError, match="num_workers >= 1"):
+        cfg.resources.num_workers = 0
+    with pytest.raises(ConfigError, match="use_kl_loss"):
+        cfg.use_kl_loss = True
+    assert cfg.resources.num_workers == 2 and cfg.use_kl_loss is False
+
+
+def test_config_defaults_derive_the_batch_and_round_trip():
+    cfg = DDPPOConfig(env="CartPole-v1", rollout_fragment_length=50, resources={"num_envs_per_worker": 6})
+    assert cfg.worker_batch_size() == 300
+    assert cfg.torch_distributed_backend == "gloo" and cfg.keep_local_weights_in_sync
+    assert cfg.resources.num_workers == 2 and cfg.resources.num_gpus == 0
+    d = cfg.to_dict()
+    assert "train_batch_size" not in d  # derived, so never written back as if it were set
+    assert DDPPOConfig.from_dict(d) == cfg
+    preset = load_yaml(PRESET)
+    preset.pop("stop")
+    assert DDPPOConfig.from_dict(preset).worker_batch_size() == 2048
+
+
+# ---- the gradient all-reduce -----------------------------------------------------------------
+def test_flatten_and_unflatten_grads_keep_the_layout_and_fill_missing_grads_with_zeros():
+    a = torch.nn.Parameter(torch.zeros(2, 3))
+    b = torch.nn.Parameter(torch.zeros(4))
+    a.grad = torch.arange(6.0).reshape(2, 3)
+    flat = flatten_grads([a, b])
+    assert flat.tolist() == [0, 1, 2, 3, 4, 5, 0, 0, 0, 0]
+    unflatten_grads_([a, b], torch.arange(10.0) * 2)
+    assert a.grad.tolist() == [[0, 2, 4], [6, 8, 10]]
+    assert b.grad.tolist() == [12, 14, 16, 18]
+    with pytest.raises(ValueError, match="11 elements"):
+        unflatten_grads_([a, b], torch.zeros(11))
+
+
+def _spawn(target, world: int, *args):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    return procs, out
+
+
+def test_all_reduce_averages_gradients_over_two_processes():
+    import ddppo_helpers
+
+    # loss_r = sum(w * x_r): rank 0's gradient is [1, 2], rank 1's [3, 6]; the mean is [2, 4].
+    procs, out = _spawn(ddppo_helpers.reduce_rank, 2, [[1.0, 2.0], [3.0, 6.0]])
+    results = sorted(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    (_, g0, w0, n0), (_, g1, w1, n1) = results
+    assert g0 == g1 == [[2.0, 4.0]]
+    # Adam's first step moves each weight by lr * sign(grad): [0.5, -0.5] - 0.1 = [0.4, -0.6] on both ranks.
+    assert w0 == w1
+    assert np.allclose(w0, [[0.4, -0.6]], atol=1e-4)
+    assert n0 == n1 == 1
+
+
+def test_a_dead_peer_makes_the_all_reduce_fail_fast_with_a_collective_error():
+    import ddppo_helpers
+
+    procs, out = _spawn(ddppo_helpers.dying_peer_rank, 2)
+    kind, elapsed, *msg = out.get(timeout=60)
+    for p in procs:
+        p.join(timeout=30)
+    assert kind == "CollectiveError", (kind, msg)
+    assert elapsed < 9  # well inside the 10 s group timeout: the closed socket is noticed at once
+
+
+def test_worker_in_process_samples_trains_and_hands_over_its_state():
+    cfg = DDPPOConfig(**{**SMALL, "resources": {"num_workers": 1, "num_envs_per_worker": 4}}, seed=0)
+    a, b = DDPPOWorker(cfg, 1), DDPPOWorker(cfg, 2)
+    try:
+        before = a.get_weights()
+        r = a.sample_and_train()  # no process group: a group of one
+        assert r.error is None and r.env_steps_trained == r.metrics.env_steps > 100
+        assert r.weights is None  # only rank 0 of a group returns weights
+        assert not _equal(before, a.get_weights())
+        assert _equal(a.runner.get_weights(), a.get_weights())  # the sampler acts with the new weights
+        assert r.stats["allreduce_ms_per_minibatch"] == 0.0 and a.rounds == 1
+        b.set_sync_state(a.get_sync_state())
+        assert _equal(a.get_weights(), b.get_weights()) and _equal(b.runner.get_weights(), b.get_weights())
+        assert _optimizer_equal(a.get_optimizer_state(), b.get_optimizer_state()) and b.rounds == 1
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_mean_stats_averages_each_key_over_the_workers_that_report_it():
+    assert mean_stats([{"a": 1.0, "b": 4.0}, {"a": 3.0}]) == {"a": 2.0, "b": 4.0}
+    assert mean_stats([]) == {}
+
+
+# ---- on local Ray ------------------------------------------------------------------------------
+@pytest.mark.ray
+def test_replicas_stay_identical_and_the_driver_keeps_worker_0s_weights(ray_cluster):
+    algo = DDPPOConfig(**SMALL, seed=1).build()
+    try:
+        assert algo.env_runners is None  # workers start with the first training step
+        for _ in range(3):
+            r = algo.train()
+        assert r["world_size"] == 2 and r["num_regroups"] == 0
+        assert r["env_steps_trained"] == r["env_steps_sampled"] > 3 * 200
+        assert r["allreduce_ms_per_minibatch"] > 0
+        weights = algo.env_runners.foreach("get_weights")
+        optim = algo.env_runners.foreach("get_optimizer_state")
+        assert len(weights) == 2
+        assert _equal(weights[0], weights[1])  # compared exactly, tensor by tensor
+        assert _optimizer_equal(optim[0], optim[1])
+        assert _equal(algo.get_weights(), weights[0])
+    finally:
+        algo.stop()
+
+
+@pytest.mark.ray
+def test_a_worker_killed_mid_round_is_replaced_and_the_new_group_trains_on(ray_cluster):
+    import ray
+
+    algo = DDPPOConfig(**{**SMALL, "num_sgd_iter": 30}, seed=2).build()  # long rounds: the kill lands mid-round
+    try:
+        algo.train()
+        victim = algo.env_runners.actors[2]
+        killer = threading.Timer(0.3, lambda: ray.kill(victim, no_restart=True))
+        killer.start()
+        t0 = time.perf_counter()
+        results = [algo.train() for _ in range(4)]
+        killer.join()
+        last = results[-1]
+        assert last["num_worker_restarts"] == 1 and last["num_regroups"] == 1
+        assert time.perf_counter() - t0 < 60  # survivors noticed fast, not after a 30-minute default timeout
+        assert algo.env_runners.actors[2] is not victim
+        # Training goes on with both members: the last round trained both workers' batches.
+        trained = [r["env_steps_trained"] for r in results]
+        assert trained[-1] - trained[-2] > 200 and last["world_size"] == 2
+        weights = algo.env_runners.foreach("get_weights")
+        optim = algo.env_runners.foreach("get_optimizer_state")
+        assert _equal(weights[0], weights[1]) and _optimizer_equal(optim[0], optim[1])
+        assert _equal(algo.get_weights(), weights[0])
+    finally:
+        algo.stop()
+
+
+@pytest.mark.ray
+def test_checkpoint_restores_the_group_state_and_evaluates_without_starting_workers(ray_cluster, tmp_path):
+    from shoal.algorithms.base import Algorithm
+
+    algo = DDPPOConfig(**SMALL, seed=3).build()
+    try:
+        algo.train()
+        algo.train()
+        path = algo.save(tmp_path / "ckpt")
+        saved = algo.env_runners.foreach("get_weights")[0]
+        rounds = algo.rounds
+    finally:
+        algo.stop()
+    restored = Algorithm.from_checkpoint(path)
+    try:
+        assert isinstance(restored, DDPPO) and restored.env_runners is None
+        assert _equal(restored.get_weights(), saved) and restored.rounds == rounds
+        assert restored.evaluate(num_episodes=2)["num_episodes"] == 2
+        assert restored.env_runners is None  # evaluating started no worker
+        restored.train()  # the workers start from the checkpoint's state
+        assert restored.env_runners.foreach("get_sync_state")[0]["rounds"] == rounds + 1
+    finally:
+        restored.stop()
+
+
+@pytest.mark.ray
+@pytest.mark.learning
+def test_two_workers_learn_cartpole_with_the_preset(ray_cluster):
+    from shoal.trainer import train
+
+    data = load_yaml(PRESET)
+    data.pop("stop")
+    config = DDPPOConfig.from_dict({**data, "seed": 0})
+    assert config.resources.num_workers == 2
+    # The preset reaches 475 in ~15 s of training (plus worker start-up) on an idle 2-core machine.
+    summary = train(config, {"reward": 450, "time_s": 90}, out=None, progress=False)
+    assert summary.solved, f"not solved: best mean return {summary.best_return:.1f} after {summary.result['env_steps_sampled']} steps"
+    assert summary.result["episode_return_mean"] >= 450
