@@ -136,7 +136,12 @@ def evaluate(
         from shoal.trainer import load
 
         p = ckpt.resolve_checkpoint(path, prefer="best")
-        overrides = {"resources": {"num_workers": 0}, "evaluation": {"evaluation_num_workers": 0}}
+        from shoal.algorithms import get_config_class
+
+        # Evaluate in this process; an algorithm that needs workers (DD-PPO) keeps them but starts none to evaluate.
+        min_workers = getattr(get_config_class(ckpt.read_meta(p)["algo"]), "min_workers", 0)
+        overrides = {"resources": {"num_workers": 0}} if min_workers == 0 else {}
+        overrides["evaluation"] = {"evaluation_num_workers": 0}
         if seed is not None:
             overrides["seed"] = seed
         algo = load(p, overrides=overrides)
