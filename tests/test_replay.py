@@ -404,3 +404,31 @@ def test_kernels_compile_without_a_writable_cache(monkeypatch):
     kernel = st._jit(double_all)
     np.testing.assert_array_equal(kernel(np.array([1.0, 2.0])), [2.0, 4.0])
     assert hasattr(kernel, "py_func")  # a numba dispatcher, compiled in memory
+
+
+@pytest.mark.ray
+def test_replay_shards_as_ray_actors(ray_cluster):
+    from shoal import runtime
+
+    def ctor(i: int):
+        return (50,), {"prioritized": True, "alpha": 1.0, "beta": 1.0, "eps": 1e-6, "seed": i}
+
+    group = runtime.make_actor_group(ReplayShard, 2, ctor, remote=True, num_cpus=0.25, name="replay shard")
+    try:
+        assert group.foreach("ping") == [True, True]
+        assert group.call(1, "sample", 4) is None  # empty shard
+        group.call(1, "add", rows([0, 1, 2, 3]), np.array([1.0, 1.0, 1.0, 3.0]))
+        group.call(2, "add", rows([10, 11]))
+        b = group.call(1, "sample", 64)
+        assert set(b[Col.REWARDS].tolist()) <= {0, 1, 2, 3}
+        np.testing.assert_allclose(b[Col.WEIGHTS], np.where(b[Col.INDICES] == 3, 1 / 3, 1.0), rtol=1e-5)
+        group.call(1, "update_priorities", b[Col.INDICES], np.ones(64))
+        stats = dict(zip((1, 2), group.foreach("stats")))
+        assert (stats[1]["size"], stats[1]["sampled"], stats[1]["updated"]) == (4, 64, 64)
+        assert stats[2]["size"] == 2
+        state = group.call(1, "get_state")
+        local = ReplayShard(50, prioritized=True, alpha=1.0, beta=1.0, eps=1e-6)
+        local.set_state(state)
+        np.testing.assert_allclose(local.buffer.priorities(), np.full(4, 1 + 1e-6))
+    finally:
+        group.stop()
