@@ -17,6 +17,7 @@ from shoal.errors import CheckpointError, ConfigError, EnvError, ResourceError, 
 _LAZY = {
     "PPOConfig": ("shoal.algorithms.ppo", "PPOConfig"),
     "PPO": ("shoal.algorithms.ppo", "PPO"),
+    "DDPPOConfig": ("shoal.algorithms.ddppo", "DDPPOConfig"), "DDPPO": ("shoal.algorithms.ddppo", "DDPPO"),
     "Algorithm": ("shoal.algorithms.base", "Algorithm"),
     "train": ("shoal.trainer", "train"),
     "Stop": ("shoal.trainer", "Stop"),
