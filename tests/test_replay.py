@@ -432,3 +432,37 @@ def test_replay_shards_as_ray_actors(ray_cluster):
         np.testing.assert_allclose(local.buffer.priorities(), np.full(4, 1 + 1e-6))
     finally:
         group.stop()
+
+
+def test_shard_is_safe_to_share_between_threads():
+    import threading
+
+    shard = ReplayShard(2000, prioritized=True, seed=0)
+    shard.add(rows(np.arange(100)))
+    errors = []
+
+    def writer():
+        try:
+            for i in range(200):
+                shard.add(rows(np.arange(10) + i), priorities=np.full(10, 0.5))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    def learner():
+        try:
+            for _ in range(200):
+                b = shard.sample(32)
+                shard.update_priorities(b[Col.INDICES], np.full(32, 2.0))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer), threading.Thread(target=learner)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    stored = shard.buffer.priorities()
+    assert len(shard) == 2000 and shard.stats()["added"] == 2100
+    assert shard.buffer._tree.total == pytest.approx(stored.sum(), rel=1e-12)
+    assert shard.buffer._tree.min == stored.min()

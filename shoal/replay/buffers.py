@@ -8,6 +8,9 @@ not stored if a batch brings them back.
 
 State (``get_state``) holds only torch tensors, numbers, strings, lists and dicts, so it
 loads with ``torch.load(weights_only=True)`` inside a shoal checkpoint.
+
+A buffer is not thread-safe (the numba kernels release the GIL): use it from one thread, or
+through :class:`shoal.replay.ReplayShard`, which serializes calls.
 """
 
 from __future__ import annotations

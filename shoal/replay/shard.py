@@ -6,6 +6,7 @@ places several beside the learner). In-process it is used as is.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,8 @@ class ReplayShard:
 
     With ``prioritized=False`` the priorities given to ``add`` and ``update_priorities`` are
     ignored and ``sample`` returns weights of 1, so callers need not tell the two apart.
+    Calls are serialized by a lock, so threads (or a threaded actor) may share a shard; the
+    buffers themselves are not thread-safe (their numba kernels release the GIL).
     """
 
     def __init__(self, capacity: int, prioritized: bool = True, alpha: float = 0.6, beta: float = 0.4,
@@ -29,6 +32,7 @@ class ReplayShard:
         else:
             self.buffer = ReplayBuffer(capacity, seed=seed)
         self.counts = {"added": 0, "sampled": 0, "updated": 0}
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self.buffer)
@@ -38,29 +42,32 @@ class ReplayShard:
 
     def add(self, batch: Batch, priorities: np.ndarray | None = None) -> int:
         """Store the batch's rows; returns how many rows were given."""
-        if self.prioritized:
-            self.buffer.add(batch, priorities)
-        else:
-            self.buffer.add(batch)
-        self.counts["added"] += len(batch)
+        with self._lock:
+            if self.prioritized:
+                self.buffer.add(batch, priorities)
+            else:
+                self.buffer.add(batch)
+            self.counts["added"] += len(batch)
         return len(batch)
 
     def sample(self, n: int, beta: float | None = None) -> Batch | None:
         """``n`` rows with ``Col.WEIGHTS`` and ``Col.INDICES``, or None while the shard is empty."""
-        if len(self.buffer) == 0:
-            return None
-        if self.prioritized:
-            out = self.buffer.sample(n, beta)
-        else:
-            out = self.buffer.sample(n)
-            out.data[Col.WEIGHTS] = np.ones(len(out), dtype=np.float32)
-        self.counts["sampled"] += len(out)
+        with self._lock:
+            if len(self.buffer) == 0:
+                return None
+            if self.prioritized:
+                out = self.buffer.sample(n, beta)
+            else:
+                out = self.buffer.sample(n)
+                out.data[Col.WEIGHTS] = np.ones(len(out), dtype=np.float32)
+            self.counts["sampled"] += len(out)
         return out
 
     def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
-        if self.prioritized:
-            self.buffer.update_priorities(indices, priorities)
-        self.counts["updated"] += len(indices)
+        with self._lock:
+            if self.prioritized:
+                self.buffer.update_priorities(indices, priorities)
+            self.counts["updated"] += len(indices)
 
     def set_beta(self, beta: float) -> None:
         if self.prioritized:
@@ -74,11 +81,13 @@ class ReplayShard:
         return out
 
     def get_state(self) -> dict[str, Any]:
-        return {"prioritized": self.prioritized, "counts": dict(self.counts), "buffer": self.buffer.get_state()}
+        with self._lock:
+            return {"prioritized": self.prioritized, "counts": dict(self.counts), "buffer": self.buffer.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
         if bool(state["prioritized"]) != self.prioritized:
             raise ValueError(f"replay state is {'' if state['prioritized'] else 'not '}prioritized, this shard is "
                              f"{'' if self.prioritized else 'not '}prioritized")
-        self.buffer.set_state(state["buffer"])
-        self.counts = {k: int(state["counts"].get(k, 0)) for k in self.counts}
+        with self._lock:
+            self.buffer.set_state(state["buffer"])
+            self.counts = {k: int(state["counts"].get(k, 0)) for k in self.counts}
