@@ -369,6 +369,8 @@ def test_uniform_state_round_trip_and_mismatch_errors(tmp_path):
         ReplayBuffer(5).set_state(state["replay"])
     with pytest.raises(ValueError, match="prioritized"):
         ReplayShard(4, prioritized=True).set_state({"prioritized": False, "counts": {}, "buffer": state["replay"]})
+    with pytest.raises(ValueError, match="uniform"):
+        PrioritizedReplayBuffer(4).set_state(state["replay"])
     empty = ReplayBuffer(3).get_state()
     restored = ReplayBuffer(3)
     restored.set_state(empty)

@@ -249,6 +249,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
+        """Restore contents and priorities; alpha, beta and eps stay this buffer's own (a state
+        saved under another alpha has its priorities re-expressed under this one)."""
+        if "priorities" not in state:
+            raise ValueError("replay state has no priorities: it was saved from a uniform buffer")
         stored = state["priorities"].numpy().astype(np.float64)
         if len(stored) != int(state["size"]):
             raise ValueError(f"replay state has {len(stored)} priorities for {state['size']} rows")
