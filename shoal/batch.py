@@ -30,6 +30,7 @@ class Col:
     INDICES = "indices"  # replay buffer slots, to send new priorities back
     EPS_ID = "eps_id"
     DISCOUNTS = "discounts"  # gamma ** k for a k-step transition (0 after termination is not folded in)
+    VALID = "valid"  # False on next-step autoreset rows kept in time-major sequences (IMPALA / APPO)
 
 
 class Batch:
