@@ -29,6 +29,8 @@ class Col:
     WEIGHTS = "weights"  # importance-sampling weights from prioritized replay
     INDICES = "indices"  # replay buffer slots, to send new priorities back
     EPS_ID = "eps_id"
+    Q_VALUES = "q_values"  # Q(s, .) for every action, recorded by Q-learning policies while acting
+    PRIORITIES = "priorities"  # initial replay priorities computed on the rollout worker
     DISCOUNTS = "discounts"  # gamma ** k for a k-step transition (0 after termination is not folded in)
     VALID = "valid"  # False on next-step autoreset rows kept in time-major sequences (IMPALA / APPO)
 
@@ -110,12 +112,14 @@ class Batch:
                 return
             yield self.take(idx)
 
-    def to_torch(self, device="cpu") -> dict:
-        """Columns as torch tensors on ``device`` (zero-copy on CPU where possible)."""
+    def to_torch(self, device="cpu", exclude: Sequence[str] = ()) -> dict:
+        """Columns (less ``exclude``) as torch tensors on ``device`` (zero-copy on CPU where possible)."""
         import torch
 
         out = {}
         for k, v in self.data.items():
+            if k in exclude:
+                continue
             t = torch.from_numpy(np.ascontiguousarray(v))
             out[k] = t.to(device, non_blocking=True) if str(device) != "cpu" else t
         return out

@@ -63,8 +63,14 @@ class Algorithm:
     def get_weights(self) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
-    def make_env_runners(self, policy_cls, postprocess, fragment_length: int):
-        """The rollout actors: in the driver (``num_workers=0``, one runner index 0) or on Ray."""
+    def make_env_runners(self, policy_cls, postprocess, fragment_length: int, *, max_in_flight: int = 1,
+                         runner_cls: type = EnvRunner):
+        """The rollout actors: in the driver (``num_workers=0``, one runner index 0) or on Ray.
+
+        ``max_in_flight`` bounds the asynchronous requests per actor; ``runner_cls`` is an
+        EnvRunner subclass for algorithms whose actors do more (e.g. Ape-X's push to replay).
+        A recreated actor gets the last broadcast weights and whatever ``self.restart_calls()`` adds.
+        """
         res = self.config.resources
         remote = res.num_workers > 0
 
@@ -72,12 +78,17 @@ class Algorithm:
             return (self.config, i, policy_cls, postprocess, fragment_length), {}
 
         group = make_actor_group(
-            EnvRunner, max(res.num_workers, 1), ctor, remote=remote, num_cpus=res.num_cpus_per_worker,
-            max_restarts=res.max_worker_restarts, address=res.address, resource_wait_s=res.resource_wait_s,
-            name="rollout actor", first_index=1 if remote else 0,
+            runner_cls, max(res.num_workers, 1), ctor, remote=remote, num_cpus=res.num_cpus_per_worker,
+            max_in_flight=max_in_flight, max_restarts=res.max_worker_restarts, address=res.address,
+            resource_wait_s=res.resource_wait_s, name="rollout actor", first_index=1 if remote else 0,
         )
-        group.on_restart = lambda: [("set_weights", (self._weights_ref,))] if self._weights_ref is not None else []
+        group.on_restart = lambda: ([("set_weights", (self._weights_ref,))] if self._weights_ref is not None else []) \
+            + self.restart_calls()
         return group
+
+    def restart_calls(self) -> list[tuple[str, tuple]]:
+        """Extra (method, args) calls that re-sync a recreated rollout actor (global vars, replay shards...)."""
+        return []
 
     def broadcast_weights(self, groups=None) -> None:
         """One object-store put of the current weights; every actor takes the same reference."""

@@ -105,3 +105,31 @@ def build_actor_critic(obs_space: gym.Space, action_space: gym.Space, model_conf
         vf_share_layers=model_config.vf_share_layers,
         init_log_std=model_config.init_log_std,
     )
+
+
+class QNetwork(nn.Module):
+    """Q(s, .) for Discrete actions; ``dueling`` splits the head into V(s) + A(s, a) - mean_a A(s, a)."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, hiddens: list[int], activation: str = "relu",
+                 dueling: bool = True) -> None:
+        super().__init__()
+        if not isinstance(action_space, gym.spaces.Discrete):
+            raise TypeError(f"Q-learning needs a Discrete action space, got {action_space}")
+        in_dim = flat_obs_dim(obs_space)
+        n = int(action_space.n)
+        last = hiddens[-1] if hiddens else in_dim
+        self.dueling = dueling
+        self.encoder = mlp(in_dim, hiddens, activation)
+        self.adv_head = mlp(last, [], activation, n, out_gain=0.01)
+        self.v_head = mlp(last, [], activation, 1, out_gain=1.0) if dueling else None
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        h = run_mlp(self.encoder, obs)
+        adv = run_mlp(self.adv_head, h)
+        if not self.dueling:
+            return adv
+        return run_mlp(self.v_head, h) + adv - adv.mean(dim=-1, keepdim=True)
+
+
+def build_q_network(obs_space: gym.Space, action_space: gym.Space, model_config, dueling: bool = True) -> QNetwork:
+    return QNetwork(obs_space, action_space, list(model_config.hiddens), model_config.activation, dueling)

@@ -222,6 +222,12 @@ class EnvRunner:
         if version is not None:
             self.weights_version = version
 
+    def set_global_vars(self, global_vars: dict) -> None:
+        """Driver-side state the policy follows (e.g. ``env_steps`` for an epsilon schedule)."""
+        hook = getattr(self.policy, "on_global_vars", None)
+        if hook is not None:
+            hook(global_vars)
+
     def stop(self) -> None:
         self.env.close()
         for e in self._eval_envs.values():

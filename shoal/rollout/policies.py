@@ -69,3 +69,64 @@ class ActorCriticPolicy:
 
     def set_weights(self, weights: dict) -> None:
         load_numpy_weights(self.module, weights)
+
+
+def apex_epsilon(i: int, n: int, base: float = 0.4, alpha: float = 7.0) -> float:
+    """Ape-X per-actor exploration: actor i of n explores with ``base ** (1 + alpha * i / (n - 1))``."""
+    if n <= 1:
+        return base
+    return base ** (1.0 + alpha * i / (n - 1))
+
+
+class EpsilonGreedyQPolicy:
+    """Greedy in Q(s, .) with probability 1 - epsilon, uniform otherwise; records Q(s, .).
+
+    ``epsilon`` is a float or one value per env of the vector. With an ``epsilon_schedule``
+    (env steps -> epsilon), ``on_global_vars({"env_steps": t})`` moves it along.
+    """
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, config, seed: int | None = None,
+                 epsilon: float | np.ndarray = 0.0) -> None:
+        from shoal.models import build_q_network
+
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            self.module = build_q_network(obs_space, action_space, config.model, getattr(config, "dueling", True))
+        self.module.eval()
+        self.num_actions = int(action_space.n)
+        self.rng = np.random.default_rng(seed)
+        self.epsilon = epsilon
+        # A config with ``epsilon_schedule() -> [(env_steps, eps), ...]`` (DQN) anneals epsilon.
+        points = config.epsilon_schedule() if hasattr(config, "epsilon_schedule") else None
+        self.epsilon_schedule = None
+        if points:
+            xs, ys = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
+            self.epsilon_schedule = lambda t: float(np.interp(t, xs, ys))
+            self.epsilon = self.epsilon_schedule(0)
+
+    def on_global_vars(self, global_vars: dict) -> None:
+        if self.epsilon_schedule is not None and "env_steps" in global_vars:
+            self.epsilon = self.epsilon_schedule(global_vars["env_steps"])
+
+    def act(self, obs: np.ndarray, explore: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        q = self.module(torch.from_numpy(obs)).numpy()
+        actions = q.argmax(axis=1)
+        if explore:
+            n = len(obs)
+            rand = self.rng.random(n) < self.epsilon
+            if rand.any():
+                actions = np.where(rand, self.rng.integers(0, self.num_actions, n), actions)
+        return actions, {Col.Q_VALUES: q}
+
+    def bootstrap(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+        return {Col.Q_VALUES: self.module(torch.from_numpy(obs)).numpy()}
+
+    def to_env_actions(self, actions: np.ndarray) -> np.ndarray:
+        return actions
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return weights_to_numpy(self.module)
+
+    def set_weights(self, weights: dict) -> None:
+        load_numpy_weights(self.module, weights)

@@ -50,3 +50,44 @@ def flatten_valid(columns: dict[str, np.ndarray], valid: np.ndarray) -> dict[str
         v = np.swapaxes(v, 0, 1)
         out[k] = v.reshape(-1, *v.shape[2:])[keep]
     return out
+
+
+def n_step_targets(rewards: np.ndarray, terminateds: np.ndarray, dones: np.ndarray, valid: np.ndarray, n: int,
+                   gamma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """n-step returns over time-major ``(T, N)`` arrays, never across an episode end.
+
+    For each step t the return sums ``gamma**k * r[t+k]`` for k < n, stopping after the
+    step that ends the episode (terminated or truncated) or at the fragment's end. Returns
+    ``(returns, discounts, terminated, next_index)``: ``discounts = gamma**k`` for the k
+    rewards summed, ``terminated`` whether the episode terminated within them (no
+    bootstrap), and ``next_index`` the row of ``obs`` (T + 1 rows) to bootstrap from: the
+    observation after the last summed step (for a truncated episode, its final
+    observation). Rows where ``valid`` is False (reset steps) are zero and unused.
+    """
+    rewards = np.asarray(rewards, dtype=np.float32)
+    T, N = rewards.shape
+    ret = np.zeros((T, N), dtype=np.float32)
+    disc = np.ones((T, N), dtype=np.float32)
+    term = np.zeros((T, N), dtype=bool)
+    t_idx = np.arange(T)[:, None].repeat(N, axis=1)
+    next_idx = t_idx + 1
+    alive = np.asarray(valid, dtype=bool).copy()
+    for k in range(n):
+        src = t_idx + k
+        in_range = src < T
+        src = np.minimum(src, T - 1)
+        cols = np.arange(N)[None, :]
+        add = alive & in_range
+        ret += np.where(add, (gamma ** k) * rewards[src, cols], 0.0).astype(np.float32)
+        next_idx = np.where(add, src + 1, next_idx)
+        disc = np.where(add, np.float32(gamma ** (k + 1)), disc)
+        term |= add & terminateds[src, cols]
+        alive = add & ~dones[src, cols]
+    return ret, disc, term, next_idx
+
+
+def q_td_errors(q_sa: np.ndarray, q_next: np.ndarray, returns: np.ndarray, discounts: np.ndarray,
+                terminateds: np.ndarray) -> np.ndarray:
+    """``|returns + discounts * (1 - terminated) * max_a q_next - q_sa|``: initial replay priorities."""
+    target = returns + discounts * (1.0 - terminateds.astype(np.float32)) * q_next.max(axis=-1)
+    return np.abs(target - q_sa)

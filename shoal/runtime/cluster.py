@@ -44,7 +44,8 @@ def shutdown() -> None:
         ray.shutdown()
 
 
-def reserve(bundles: list[dict[str, float]], *, what: str, wait_s: float, strategy: str = "PACK"):
+def reserve(bundles: list[dict[str, float]], *, what: str, wait_s: float, strategy: str = "PACK",
+            node_id: str | None = None):
     """One placement group for ``bundles``; fails at once, with a clear message, if it cannot fit.
 
     Raises ResourceError when the cluster's total resources are too small (no waiting) or
@@ -68,7 +69,8 @@ def reserve(bundles: list[dict[str, float]], *, what: str, wait_s: float, strate
                 f"{what} needs {need:g} {res}s but the Ray cluster has {have:g} in total "
                 f"({len(bundles)} bundles: {bundles[:4]}{' ...' if len(bundles) > 4 else ''}).{hint}"
             )
-    pg = placement_group(bundles, strategy=strategy)
+    selector = {} if node_id is None else {"bundle_label_selector": [{"ray.io/node-id": node_id} for _ in bundles]}
+    pg = placement_group(bundles, strategy=strategy, **selector)
     if not pg.wait(timeout_seconds=wait_s):
         remove_placement_group(pg)
         raise ResourceError(

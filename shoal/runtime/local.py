@@ -46,6 +46,10 @@ class LocalActorGroup(ActorGroupBase):
     def actor_ids(self) -> list[int]:
         return list(self.actors)
 
+    def proxies(self) -> dict[int, Any]:
+        """In-process, the objects themselves stand in for fire-and-forget proxies."""
+        return dict(self.actors)
+
     def foreach(self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, wait: bool = True, **kwargs: Any) -> list[Any]:
         ids = list(actor_ids) if actor_ids is not None else list(self.actors)
         results = [getattr(self.actors[i], method)(*args, **kwargs) for i in ids]

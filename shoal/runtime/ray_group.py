@@ -8,7 +8,7 @@ import traceback
 from typing import Any, Callable, Iterable
 
 import ray
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from shoal.errors import WorkerError
 from shoal.runtime.cluster import release, reserve
@@ -28,7 +28,7 @@ class RayActorGroup(ActorGroupBase):
 
     def __init__(self, cls: type, num_actors: int, ctor: Callable[[int], tuple[tuple, dict]], *, num_cpus: float,
                  num_gpus: float = 0.0, max_in_flight: int = 1, max_restarts: int = 100, resource_wait_s: float = 30.0,
-                 name: str = "actor", first_index: int = 1) -> None:
+                 name: str = "actor", first_index: int = 1, node: str | None = None) -> None:
         super().__init__()
         self.cls_name = cls.__name__
         self.remote_cls = ray.remote(cls)
@@ -38,8 +38,11 @@ class RayActorGroup(ActorGroupBase):
         self.max_restarts = max_restarts
         self.name = name
         self.ids = list(range(first_index, first_index + num_actors))
+        # node: None (anywhere), "driver" (this process's node) or a Ray node id; the group's
+        # placement group (or, with no resources to reserve, each actor) is pinned there.
+        self.node_id = ray.get_runtime_context().get_node_id() if node == "driver" else node
         self.pg = reserve([{"CPU": num_cpus, "GPU": num_gpus} for _ in self.ids],
-                          what=f"{num_actors} {name}s", wait_s=resource_wait_s)
+                          what=f"{num_actors} {name}s", wait_s=resource_wait_s, node_id=self.node_id)
         self.actors: dict[int, Any] = {i: self._create(i) for i in self.ids}
         self._in_flight: dict[Any, tuple[int, Any]] = {}  # ObjectRef -> (actor id, actor handle)
         self.num_restarts = 0
@@ -52,6 +55,8 @@ class RayActorGroup(ActorGroupBase):
         if self.pg is not None:
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=self.pg, placement_group_bundle_index=self.ids.index(i))
+        elif self.node_id is not None:
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=self.node_id, soft=False)
         return self.remote_cls.options(**opts).remote(*args, **kwargs)
 
     @property
@@ -60,6 +65,15 @@ class RayActorGroup(ActorGroupBase):
 
     def put(self, obj: Any) -> Any:
         return ray.put(obj)
+
+    def proxies(self) -> dict[int, "ActorProxy"]:
+        """Picklable fire-and-forget handles other actors can call (``proxy.add(batch)``)."""
+        return {i: ActorProxy(h) for i, h in self.actors.items()}
+
+    def node_ids(self) -> dict[int, str]:
+        """Where each actor runs (Ray node ids)."""
+        return dict(zip(self.actors, ray.get([h.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id())
+                                               for h in self.actors.values()])))
 
     # ---- failures -------------------------------------------------------------------
     def _failed(self, i: int, handle: Any, err: BaseException) -> None:
@@ -160,3 +174,20 @@ class RayActorGroup(ActorGroupBase):
         release(self.pg)
         self.pg = None
         time.sleep(0)  # let Ray process the kills
+
+
+class ActorProxy:
+    """Calls a Ray actor's methods without waiting: ``proxy.method(*args)`` sends and returns nothing.
+
+    Handed to other actors (e.g. Ape-X rollout actors writing into replay shards); a call to
+    a dead actor is lost, and the owner re-sends fresh proxies after a restart.
+    """
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def __getattr__(self, method: str):
+        if method.startswith("__"):
+            raise AttributeError(method)
+        remote_method = getattr(self.handle, method)
+        return lambda *args, **kwargs: remote_method.remote(*args, **kwargs) and None
