@@ -115,6 +115,10 @@ class DDPPOConfig(PPOConfig):
     def worker_batch_size(self) -> int:
         return self.fragment_length() * self.resources.num_envs_per_worker
 
+    def num_minibatches(self) -> int:
+        """Minibatches (= all-reduces) per epoch on every worker, fixed: reset steps make batches a little shorter."""
+        return -(-self.worker_batch_size() // self.minibatch_size)
+
 
 # ---- the worker: sampler and learner in one actor ------------------------------------------
 @dataclass
@@ -161,7 +165,8 @@ class DDPPOWorker:
         t0, reduce_s, reduces = time.perf_counter(), self.learner.allreduce_s, self.learner.num_allreduces
         self.learner.set_env_steps(self.rounds * cfg.worker_batch_size() * self.learner.world_size)
         try:
-            stats = self.learner.update(batch, cfg.num_sgd_iter, cfg.minibatch_size, self.rng)
+            stats = self.learner.update(batch, cfg.num_sgd_iter, cfg.minibatch_size, self.rng,
+                                        num_minibatches=cfg.num_minibatches())
         except CollectiveError as e:
             destroy_process_group()
             return RoundResult(metrics, error=f"worker {self.worker_index}: {e}")
@@ -211,6 +216,7 @@ class DDPPO(Algorithm):
         self.local = make_learner(cfg, self.env_info.observation_space, self.env_info.action_space)
         self.rounds = 0
         self.num_regroups = 0
+        self.num_failed_rounds = 0  # rounds whose collective failed (a peer died): sampled, not trained
         self._members: dict[int, Any] = {}  # actor handles at the last group formation
         self._formed_restarts = 0
         self._round_failed = False
@@ -240,6 +246,7 @@ class DDPPO(Algorithm):
                 if r.error is not None:
                     log.warning("DD-PPO round failed (%s); re-forming the group", r.error.splitlines()[0][:200])
                     self._round_failed = True  # re-form before the next round
+                    self.num_failed_rounds += 1
         with self.timers.time("sync"):
             for r in done:
                 if r.weights is not None:
@@ -247,7 +254,7 @@ class DDPPO(Algorithm):
         stats = mean_stats([r.stats for r in done])
         return {**{f"learner/{k}": v for k, v in stats.items()}, "allreduce_ms_per_minibatch":
                 stats.get("allreduce_ms_per_minibatch", float("nan")), "num_regroups": self.num_regroups,
-                "world_size": len(self.env_runners)}
+                "num_failed_rounds": self.num_failed_rounds, "world_size": len(self.env_runners)}
 
     def _gather(self) -> list[RoundResult]:
         """What has finished, without waiting for stragglers (at least one result, unless a worker died)."""
@@ -271,7 +278,9 @@ class DDPPO(Algorithm):
         group = self.env_runners
         deadline = time.monotonic() + 2 * self.config.torch_distributed_timeout_s + 30
         while group.num_in_flight() and time.monotonic() < deadline:
-            self.record_rollouts([r.metrics for _, r in group.fetch_ready(timeout_s=1.0)])
+            drained = [r for _, r in group.fetch_ready(timeout_s=1.0)]
+            self.record_rollouts([r.metrics for r in drained])
+            self.num_failed_rounds += sum(r.error is not None for r in drained)
         for i in group.actor_ids:  # still stuck past every timeout: replace it
             if group.num_in_flight(i):
                 group.restart(i)

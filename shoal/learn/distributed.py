@@ -121,7 +121,7 @@ def all_reduce_mean_(flat: torch.Tensor) -> None:
 class DistributedLearner(Learner):
     """A Learner whose gradients are averaged over the torch.distributed group at every minibatch.
 
-    Outside a process group (or in a group of one) it behaves like a plain Learner.
+    Outside a process group, or alone in one, it behaves like a plain Learner.
     ``allreduce_s`` and ``num_allreduces`` accumulate the time spent averaging (flatten,
     all-reduce, copy back) and how many times.
     """
@@ -136,8 +136,8 @@ class DistributedLearner(Learner):
         return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
     def reduce_gradients(self) -> None:
-        if not (dist.is_available() and dist.is_initialized()):
-            return
+        if self.world_size == 1:
+            return  # alone in the group (or in none): the mean is the gradient itself
         t0 = time.perf_counter()
         flat = flatten_grads(self.params)
         all_reduce_mean_(flat)
