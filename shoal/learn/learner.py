@@ -103,16 +103,25 @@ class Learner:
             stats["grad_norm"] = norm
         return stats
 
-    def update(self, batch: Batch, num_epochs: int, minibatch_size: int, rng: np.random.Generator) -> dict[str, float]:
-        """``num_epochs`` passes of shuffled minibatch SGD over ``batch``; mean stats."""
+    def update(self, batch: Batch, num_epochs: int, minibatch_size: int, rng: np.random.Generator,
+               num_minibatches: int | None = None) -> dict[str, float]:
+        """``num_epochs`` passes of shuffled minibatch SGD over ``batch``; mean stats.
+
+        ``num_minibatches`` fixes how many (near-equal) minibatches each epoch has, whatever
+        ``len(batch)``: data-parallel replicas must take the same number of steps.
+        """
         tensors = batch.to_torch(self.device)
         n = len(batch)
         acc: dict[str, list[torch.Tensor]] = {}
         self.module.train()
         for _ in range(num_epochs):
             order = torch.from_numpy(rng.permutation(n)).to(self.device)
-            for start in range(0, n, minibatch_size):
-                idx = order[start : start + minibatch_size]
+            if num_minibatches is None:
+                chunks = [order[start : start + minibatch_size] for start in range(0, n, minibatch_size)]
+            else:  # fewer rows than minibatches (a pathological batch) repeats rows rather than leave one empty
+                chunks = torch.tensor_split(order.repeat(-(-num_minibatches // n)) if n < num_minibatches else order,
+                                            num_minibatches)
+            for idx in chunks:
                 mb = {k: v[idx] for k, v in tensors.items()}
                 for k, v in self.update_minibatch(mb).items():
                     acc.setdefault(k, []).append(v.detach())
