@@ -289,3 +289,9 @@ def test_learns_cartpole_with_two_rollout_actors(ray_cluster, name, cls):
     r = summary.result
     assert summary.solved, f"best mean return {summary.best_return:.1f} after {r['env_steps_sampled']} steps"
     assert r["num_worker_restarts"] == 0 and r["env_steps_trained"] > 0
+
+
+def test_gpus_asked_for_but_absent_is_a_config_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="num_gpus"):
+        small_config(resources={"num_gpus": 1, "num_envs_per_worker": N}).build()

@@ -25,7 +25,7 @@ from pydantic import Field, model_validator
 from shoal.algorithms.base import Algorithm
 from shoal.batch import Batch, Col
 from shoal.config import AlgorithmConfig
-from shoal.learn import Learner
+from shoal.learn import Learner, resolve_device
 from shoal.learn.vtrace import VTraceReturns, vtrace
 from shoal.models import build_actor_critic
 from shoal.rollout import ActorCriticPolicy, Fragment
@@ -210,6 +210,8 @@ def setup_async(algo: Algorithm, loss_fn) -> None:
     """Learner, learner thread (started by the first training step) and rollout actors."""
     cfg: IMPALAConfig = algo.config
     algo.policy_cls = ActorCriticPolicy
+    if not cfg.fake_devices:
+        resolve_device(cfg.resources.num_gpus)  # a clear ConfigError when GPUs are asked for but absent
     module = build_actor_critic(algo.env_info.observation_space, algo.env_info.action_space, cfg.model)
     algo.learner = Learner(module, functools.partial(loss_fn, config=cfg), lr=cfg.lr, grad_clip=cfg.grad_clip,
                            lr_schedule=cfg.lr_schedule, device=cfg.learner_devices()[0])
