@@ -120,6 +120,8 @@ class Batch:
         for k, v in self.data.items():
             if k in exclude:
                 continue
+            if not v.flags.writeable:  # e.g. zero-copy arrays from Ray's object store
+                v = v.copy()
             t = torch.from_numpy(np.ascontiguousarray(v))
             out[k] = t.to(device, non_blocking=True) if str(device) != "cpu" else t
         return out

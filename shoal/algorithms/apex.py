@@ -1,0 +1,244 @@
+"""Ape-X DQN: epsilon-greedy rollout actors, sharded prioritized replay, a background learner.
+
+Reads in order: config, rollout actor, training_step. The loss, n-step postprocessing and
+the SGD step are DQN's functions (``dqn.py``).
+
+Data flow (DESIGN.md, "Ape-X"): rollout actor i of N explores with epsilon
+``0.4 ** (1 + 7 i / (N - 1))``, computes n-step transitions and their initial priorities
+itself and pushes each batch straight into a random replay shard. Replay shards are actors
+on the driver's node. The driver keeps up to 4 sample requests in flight per actor,
+refreshes an actor's weights once it has sampled ``max_weight_sync_delay`` steps since its
+last refresh (one object-store put), asks random shards for ``round(collected / batch *
+intensity)`` replay batches, feeds the ready ones to the learner thread without blocking,
+and sends each batch's new priorities back to its shard. Episode metrics come from the
+third of actors with the lowest epsilon.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Union
+
+import numpy as np
+from pydantic import Field
+
+from shoal.algorithms.base import Algorithm
+from shoal.algorithms.dqn import DQNConfig, build_q_learner, learn_on_replay_batch, make_replay, n_step_postprocess
+from shoal.batch import Col
+from shoal.config import ResourcesConfig
+from shoal.learn.replay_learner import ReplayLearnerThread
+from shoal.rollout import EnvRunner
+from shoal.rollout.policies import EpsilonGreedyQPolicy, apex_epsilon, weights_to_numpy
+from shoal.runtime import make_actor_group
+
+
+# ---- config -----------------------------------------------------------------------------
+class ApeXResourcesConfig(ResourcesConfig):
+    num_replay_shards: int = Field(4, ge=1, description="Replay shard actors; the replay capacity is split evenly over them.")
+    replay_shard_cpus: float = Field(0.0, ge=0, description="CPUs each replay shard reserves (0: shards share the driver's).")
+    replay_shards_on_driver_node: bool = Field(True, description="Place replay shards on the driver's node (beside the learner).")
+
+
+class ApeXConfig(DQNConfig):
+    algo = "apex"
+
+    resources: ApeXResourcesConfig = Field(default_factory=ApeXResourcesConfig)
+    n_step: int = Field(3, ge=1)
+    replay_capacity: int = Field(2_000_000, ge=1, description="Total over all replay shards.")
+    learning_starts: int = Field(50_000, ge=0)
+    train_batch_size: int = Field(512, ge=1)
+    rollout_fragment_length: Union[int, str] = Field(50, description="Steps per env per sample call.")
+    target_network_update_freq: int = Field(500_000, ge=1, description="Trained env steps between target-network updates.")
+    training_intensity: float = Field(1.0, gt=0, description="Replayed env steps per sampled env step.")
+    prioritized_replay: bool = Field(True)
+    worker_side_prioritization: bool = Field(True)
+    max_weight_sync_delay: int = Field(400, ge=1, description="Steps an actor samples before its weights are refreshed.")
+    max_requests_in_flight_per_worker: int = Field(4, ge=1)
+    max_replay_requests_in_flight_per_shard: int = Field(8, ge=1)
+    learner_queue_size: int = Field(16, ge=1)
+    final_prioritized_replay_beta: float = Field(0.4, ge=0, le=1, description="Ape-X keeps beta fixed by default.")
+    exploration_base: float = Field(0.4, gt=0, lt=1, description="Epsilon base of the per-actor schedule.")
+    exploration_alpha: float = Field(7.0, ge=0, description="Epsilon exponent spread of the per-actor schedule.")
+
+    def epsilon_schedule(self) -> None:  # Ape-X: fixed per-actor epsilon instead of an annealed one
+        return None
+
+    def fragment_length(self) -> int:
+        return self.rollout_fragment_length if isinstance(self.rollout_fragment_length, int) else 50
+
+    @classmethod
+    def small_machine_preset(cls) -> dict[str, Any]:
+        """What ``shoal train apex`` uses when no resources are given: sized for a 2-core machine."""
+        return {
+            "resources": {"num_workers": 2, "num_envs_per_worker": 16, "num_cpus_per_worker": 0.5,
+                          "num_replay_shards": 2, "replay_shard_cpus": 0.0},
+            "rollout_fragment_length": 64, "replay_capacity": 100_000, "learning_starts": 5_000, "train_batch_size": 256,
+            "target_network_update_freq": 25_600, "training_intensity": 8.0, "lr": 1e-3,
+            "max_requests_in_flight_per_worker": 1,
+        }
+
+
+# ---- rollout actor ----------------------------------------------------------------------
+class ApeXRunner(EnvRunner):
+    """An EnvRunner that writes its own batches (with initial priorities) into a random replay shard."""
+
+    def __init__(self, config: ApeXConfig, worker_index: int, *args, **kwargs) -> None:
+        super().__init__(config, worker_index, *args, **kwargs)
+        n = config.resources.num_workers
+        base, spread = config.exploration_base, config.exploration_alpha
+        if n > 0:  # actor i of N (indices 1..N)
+            self.policy.epsilon = apex_epsilon(worker_index - 1, n, base, spread)
+        else:  # sampling in the driver: spread the schedule over the vector's envs instead
+            self.policy.epsilon = np.array([apex_epsilon(j, self.num_envs, base, spread) for j in range(self.num_envs)])
+        self.shards: list = []
+        self.rng = np.random.default_rng(self.seed)
+
+    def set_shards(self, shards: list) -> None:
+        self.shards = list(shards)
+
+    def sample_into_replay(self):
+        batch, metrics = self.sample()
+        priorities = batch.data.pop(Col.PRIORITIES)
+        if self.shards:
+            self.shards[int(self.rng.integers(len(self.shards)))].add(batch, priorities)
+        return metrics
+
+
+# ---- algorithm --------------------------------------------------------------------------
+class ApeX(Algorithm):
+    config_cls = ApeXConfig
+
+    def setup(self) -> None:
+        cfg: ApeXConfig = self.config
+        res = cfg.resources
+        self.policy_cls = EpsilonGreedyQPolicy
+        self.learner = build_q_learner(self, cfg)
+        self.learn_state: dict[str, int] = {}
+        per_shard = math.ceil(cfg.replay_capacity / res.num_replay_shards)
+        seed = cfg.seed
+
+        def shard_ctor(i: int):
+            from shoal.replay import ReplayShard
+
+            return (per_shard,), {"prioritized": True, "alpha": cfg.prioritized_replay_alpha, "beta": cfg.prioritized_replay_beta,
+                                  "eps": cfg.prioritized_replay_eps, "seed": None if seed is None else seed + 7 * i}
+
+        from shoal.replay import ReplayShard
+
+        self.shards = make_actor_group(
+            ReplayShard, res.num_replay_shards, shard_ctor, remote=res.num_workers > 0, num_cpus=res.replay_shard_cpus,
+            max_in_flight=cfg.max_replay_requests_in_flight_per_shard, max_restarts=res.max_worker_restarts,
+            address=res.address, resource_wait_s=res.resource_wait_s, name="replay shard", first_index=0,
+            node="driver" if res.replay_shards_on_driver_node else None)
+        self._shard_restarts_seen = 0
+        postprocess = functools.partial(n_step_postprocess, n_step=cfg.n_step, gamma=cfg.gamma, priorities=True)
+        self.env_runners = self.make_env_runners(EpsilonGreedyQPolicy, postprocess, cfg.fragment_length(),
+                                                 max_in_flight=cfg.max_requests_in_flight_per_worker, runner_cls=ApeXRunner)
+        n = len(self.env_runners.actor_ids)
+        ids = sorted(self.env_runners.actor_ids)
+        self.reporting_ids = set(ids[-math.ceil(n / 3):])  # highest index = lowest epsilon
+        self.shards.foreach("ping")  # wait until every actor is up, so iteration times measure training
+        self.env_runners.foreach("set_shards", list(self.shards.proxies().values()))
+        self.learner_thread = ReplayLearnerThread(
+            functools.partial(self._learn_on_batch), lambda: weights_to_numpy(self.learner.module.q),
+            queue_size=cfg.learner_queue_size)
+        self.learner_thread.start()
+        self.steps_since_sync = {i: 0 for i in ids}
+        self.broadcast_weights()
+        self.num_replay_batches_dropped = 0
+
+    def _learn_on_batch(self, batch):
+        return learn_on_replay_batch(self.learner, batch, self.config, self.learn_state)
+
+    def get_weights(self):
+        return self.learner_thread.get_weights() if hasattr(self, "learner_thread") else weights_to_numpy(self.learner.module.q)
+
+    def restart_calls(self):
+        return [("set_shards", (list(self.shards.proxies().values()),))]
+
+    def training_step(self) -> dict[str, Any]:
+        cfg: ApeXConfig = self.config
+        self.learner_thread.check()
+        with self.timers.time("sample"):
+            self.env_runners.submit("sample_into_replay")
+            ready = self.env_runners.fetch_ready(timeout_s=0.01)
+            collected = self.record_actor_rollouts(ready)
+        with self.timers.time("sync_weights"):
+            stale = [i for i in self.steps_since_sync if self.steps_since_sync[i] >= cfg.max_weight_sync_delay]
+            if stale:
+                ref = self.env_runners.put(self.get_weights())
+                self._weights_ref = ref
+                self.env_runners.foreach("set_weights", ref, actor_ids=stale, wait=False)
+                for i in stale:
+                    self.steps_since_sync[i] = 0
+        if self.counters["env_steps_sampled"] >= cfg.learning_starts:
+            with self.timers.time("replay"):
+                n_req = max(1, round(collected / cfg.train_batch_size * cfg.training_intensity)) if collected else 0
+                for sid in self.rng.choice(self.shards.actor_ids, size=n_req):
+                    self.shards.submit("sample", cfg.train_batch_size, actor_ids=[int(sid)])
+                for sid, batch in self.shards.fetch_ready(timeout_s=0.0):
+                    if batch is not None and not self.learner_thread.add(sid, batch):
+                        self.num_replay_batches_dropped += 1
+        with self.timers.time("update_priorities"):
+            stats = {}
+            for sid, indices, priorities, count, stats in self.learner_thread.drain():
+                if sid in self.shards.actor_ids:
+                    self.shards.foreach("update_priorities", indices, priorities, actor_ids=[sid], wait=False)
+                self.counters["env_steps_trained"] += count
+        self._resync_restarted_shards()
+        return {**{f"learner/{k}": v for k, v in stats.items()}, **self.replay_metrics()}
+
+    def train(self) -> dict[str, Any]:
+        result = super().train()
+        result["learner_busy_fraction"] = self.learner_thread.busy_fraction()  # over this iteration
+        return result
+
+    def record_actor_rollouts(self, ready) -> int:
+        """Count every actor's steps; report episodes only from the lowest-epsilon third."""
+        steps = 0
+        for i, m in ready:
+            steps += m.env_steps
+            self.steps_since_sync[i] = self.steps_since_sync.get(i, 0) + m.env_steps
+            if i in self.reporting_ids:
+                self.episodes.add(m.episode_returns, m.episode_lengths)
+        self.counters["env_steps_sampled"] += steps
+        return steps
+
+    def _resync_restarted_shards(self) -> None:
+        """A recreated (empty) shard has a new handle: hand fresh proxies to every rollout actor."""
+        if self.shards.num_restarts != self._shard_restarts_seen:
+            self._shard_restarts_seen = self.shards.num_restarts
+            self.env_runners.foreach("set_shards", list(self.shards.proxies().values()), wait=False)
+
+    def replay_metrics(self) -> dict[str, Any]:
+        t = self.learner_thread
+        return {"learner_queue_size": t.inqueue.qsize(),
+                "num_learner_updates": t.num_updates, "num_replay_batches_dropped": self.num_replay_batches_dropped,
+                "num_replay_shard_restarts": self.shards.num_restarts,
+                "num_target_updates": self.learn_state.get("target_updates", 0)}
+
+    def get_state(self) -> dict[str, Any]:
+        with self.learner_thread.lock:
+            state = {**super().get_state(), "learner": self.learner.get_state(), "learn_state": dict(self.learn_state)}
+        if self.config.checkpoint_replay:
+            state["replay"] = self.shards.foreach("get_state")
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        with self.learner_thread.lock:
+            self.learner.set_state(state["learner"])
+            self.learn_state = dict(state.get("learn_state", {}))
+        if "replay" in state:
+            for sid, s in zip(self.shards.actor_ids, state["replay"]):
+                self.shards.call(sid, "set_state", s)
+        self.broadcast_weights()
+
+    def stop(self) -> None:
+        if getattr(self, "learner_thread", None) is not None:
+            self.learner_thread.stop()
+        if getattr(self, "shards", None) is not None:
+            self.shards.stop()
+            self.shards = None
+        super().stop()

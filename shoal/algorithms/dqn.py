@@ -1,0 +1,259 @@
+"""DQN: double Q-learning, dueling heads, n-step returns, uniform or prioritized replay.
+
+Reads in order: config, loss, training_step. Ape-X (``apex.py``) reuses the functions here.
+
+n-step returns are computed on the rollout worker (``n_step_postprocess``), never across an
+episode end; a truncated episode bootstraps from its final observation. The target is
+
+    y = R_n + gamma**k * (1 - terminated) * Q_target(s_{t+k}, argmax_a Q(s_{t+k}, a))
+
+(double Q; plain DQN takes max_a Q_target) and the loss is the importance-weighted Huber
+loss (squared, or Huber) of ``Q(s_t, a_t) - y``. The target network is copied (``tau=1``) or blended
+(``tau<1``) every ``target_network_update_freq`` trained env steps.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any, Literal, Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+from pydantic import Field, model_validator
+from torch import nn
+from torch.nn import functional as F
+
+from shoal.algorithms.base import Algorithm
+from shoal.batch import Batch, Col
+from shoal.config import AlgorithmConfig, ModelConfig
+from shoal.errors import ConfigError
+from shoal.learn import Learner, resolve_device
+from shoal.models import build_q_network
+from shoal.rollout import Fragment, flatten_valid
+from shoal.rollout.policies import EpsilonGreedyQPolicy, weights_to_numpy
+from shoal.rollout.postprocessing import n_step_targets, q_td_errors
+
+
+# ---- config -----------------------------------------------------------------------------
+class DQNConfig(AlgorithmConfig):
+    algo = "dqn"
+
+    lr: float = Field(1e-3, gt=0)
+    grad_clip: Optional[float] = Field(10.0, gt=0)
+    model: ModelConfig = Field(default_factory=lambda: ModelConfig(hiddens=[128, 128], activation="relu"))
+    double_q: bool = Field(True, description="Double Q-learning: the online network picks the next action.")
+    dueling: bool = Field(True, description="Dueling head: Q = V + A - mean(A).")
+    n_step: int = Field(3, ge=1, description="Rewards summed per transition (computed on the worker).")
+    td_loss: Literal["mse", "huber"] = Field("mse", description="Loss on the TD error: squared, or Huber with huber_delta.")
+    huber_delta: float = Field(1.0, gt=0)
+    train_batch_size: int = Field(256, ge=1, description="Transitions per SGD step.")
+    target_network_update_freq: int = Field(25_600, ge=1, description="Trained env steps between target-network updates.")
+    tau: float = Field(1.0, gt=0, le=1, description="Target update: 1 copies, < 1 blends tau * online + (1 - tau) * target.")
+    replay_capacity: int = Field(50_000, ge=1)
+    prioritized_replay: bool = Field(True)
+    prioritized_replay_alpha: float = Field(0.6, ge=0)
+    prioritized_replay_beta: float = Field(0.4, ge=0, le=1, description="Initial importance-weight exponent.")
+    final_prioritized_replay_beta: float = Field(1.0, ge=0, le=1)
+    beta_annealing_steps: int = Field(100_000, ge=1, description="Sampled env steps over which beta goes to its final value.")
+    prioritized_replay_eps: float = Field(1e-6, gt=0)
+    learning_starts: int = Field(1000, ge=0, description="Sampled env steps before learning begins.")
+    training_intensity: float = Field(8.0, gt=0, description="Trained env steps per sampled env step (replay ratio).")
+    exploration_initial_eps: float = Field(1.0, ge=0, le=1)
+    exploration_final_eps: float = Field(0.02, ge=0, le=1)
+    exploration_timesteps: int = Field(10_000, ge=1, description="Sampled env steps over which epsilon is annealed.")
+    worker_side_prioritization: bool = Field(False, description="Rollout workers compute initial priorities (|TD|).")
+    checkpoint_replay: bool = Field(False, description="Save the replay contents with each checkpoint (can be large).")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.learning_starts > self.replay_capacity:
+            raise ValueError(f"learning_starts ({self.learning_starts}) exceeds replay_capacity ({self.replay_capacity})")
+        return self
+
+    def fragment_length(self) -> int:
+        return self.rollout_fragment_length if isinstance(self.rollout_fragment_length, int) else 16
+
+    def epsilon_schedule(self) -> list[tuple[int, float]]:
+        return [(0, self.exploration_initial_eps), (self.exploration_timesteps, self.exploration_final_eps)]
+
+    def beta(self, env_steps: float) -> float:
+        frac = min(1.0, env_steps / self.beta_annealing_steps)
+        return self.prioritized_replay_beta + frac * (self.final_prioritized_replay_beta - self.prioritized_replay_beta)
+
+
+# ---- loss -------------------------------------------------------------------------------
+def q_targets(rewards: torch.Tensor, discounts: torch.Tensor, terminateds: torch.Tensor, q_next_target: torch.Tensor,
+              q_next_online: torch.Tensor | None = None) -> torch.Tensor:
+    """``R + discount * (1 - terminated) * Q_target(s', a*)``; a* from the online net (double Q) or the target's max."""
+    if q_next_online is not None:
+        best = q_next_online.argmax(dim=-1, keepdim=True)
+        q_next = q_next_target.gather(-1, best).squeeze(-1)
+    else:
+        q_next = q_next_target.max(dim=-1).values
+    return rewards + discounts * (1.0 - terminateds.float()) * q_next
+
+
+class QLearnerModule(nn.Module):
+    """The online Q network and its target copy (no gradients)."""
+
+    def __init__(self, q: nn.Module) -> None:
+        super().__init__()
+        self.q = q
+        self.target = copy.deepcopy(q).requires_grad_(False)
+
+    @torch.no_grad()
+    def update_target(self, tau: float = 1.0) -> None:
+        if tau >= 1.0:
+            self.target.load_state_dict(self.q.state_dict())
+            return
+        for t, s in zip(self.target.parameters(), self.q.parameters()):
+            t.lerp_(s, tau)
+
+
+def dqn_loss(module: QLearnerModule, batch: dict, learner: Learner, config: DQNConfig) -> tuple[torch.Tensor, dict]:
+    obs, next_obs = batch[Col.OBS], batch[Col.NEXT_OBS]
+    n = len(obs)
+    if config.double_q:  # one forward pass of the online net for s and s'
+        q_all = module.q(torch.cat([obs, next_obs]))
+        q, q_next_online = q_all[:n], q_all[n:].detach()
+    else:
+        q, q_next_online = module.q(obs), None
+    q_sa = q.gather(1, batch[Col.ACTIONS].long().unsqueeze(1)).squeeze(1)
+    with torch.no_grad():
+        target = q_targets(batch[Col.REWARDS], batch[Col.DISCOUNTS], batch[Col.TERMINATEDS], module.target(next_obs),
+                           q_next_online)
+    if config.td_loss == "huber":
+        per_sample = F.huber_loss(q_sa, target, reduction="none", delta=config.huber_delta)
+    else:
+        per_sample = 0.5 * (q_sa - target).pow(2)
+    weights = batch.get(Col.WEIGHTS)
+    loss = (per_sample * weights).mean() if weights is not None else per_sample.mean()
+    td = (q_sa - target).detach()
+    return loss, {"loss": loss.detach(), "mean_q": q_sa.detach().mean(), "mean_td_error": td.abs().mean(), "td_error": td}
+
+
+def n_step_postprocess(fragment: Fragment, n_step: int, gamma: float, priorities: bool) -> Batch:
+    """Worker-side: n-step transitions of the valid steps, optionally with initial priorities."""
+    dones = fragment.terminateds | fragment.truncateds
+    returns, discounts, terminated, nxt = n_step_targets(fragment.rewards, fragment.terminateds, dones, fragment.valid,
+                                                         n_step, gamma)
+    env_col = np.arange(fragment.rewards.shape[1])[None, :]
+    cols = {
+        Col.OBS: fragment.obs[:-1],
+        Col.ACTIONS: fragment.actions,
+        Col.REWARDS: returns,
+        Col.NEXT_OBS: fragment.obs[nxt, env_col],
+        Col.TERMINATEDS: terminated,
+        Col.DISCOUNTS: discounts,
+    }
+    if priorities:
+        # Q(s, .) was recorded while acting, including on each reset step's input (the final
+        # observation of the episode before): every bootstrap Q is at hand without a forward pass.
+        q_all = np.concatenate([fragment.extras[Col.Q_VALUES], fragment.last_extras[Col.Q_VALUES][None]])
+        q_sa = np.take_along_axis(q_all[:-1], fragment.actions[..., None].astype(np.int64), axis=-1)[..., 0]
+        cols[Col.PRIORITIES] = q_td_errors(q_sa, q_all[nxt, env_col], returns, discounts, terminated)
+    return Batch(flatten_valid(cols, fragment.valid))
+
+
+def learn_on_replay_batch(learner: Learner, batch: Batch, config: DQNConfig, state: dict) -> tuple[np.ndarray, dict]:
+    """One SGD step on a replayed batch; returns new priorities (|TD|) and scalar stats.
+
+    ``state["since_target"]`` counts trained env steps since the last target-network update.
+    """
+    tensors = batch.to_torch(learner.device, exclude=(Col.INDICES,))
+    stats = learner.update_minibatch(tensors)
+    td = stats.pop("td_error").abs().cpu().numpy()
+    state["since_target"] = state.get("since_target", 0) + len(batch)
+    if state["since_target"] >= config.target_network_update_freq:
+        learner.module.update_target(config.tau)
+        state["since_target"] = 0
+        state["target_updates"] = state.get("target_updates", 0) + 1
+    return td, {k: float(v) for k, v in stats.items()}
+
+
+def check_discrete(action_space: gym.Space, algo: str) -> None:
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise ConfigError(f"{algo} needs a Discrete action space; this env's is {action_space}. "
+                          "For continuous actions use ppo, appo or impala.")
+
+
+def make_replay(config: DQNConfig, capacity: int, seed: int | None):
+    from shoal.replay import ReplayShard
+
+    return ReplayShard(capacity, prioritized=config.prioritized_replay, alpha=config.prioritized_replay_alpha,
+                       beta=config.prioritized_replay_beta, eps=config.prioritized_replay_eps, seed=seed)
+
+
+def build_q_learner(algo: Algorithm, config: DQNConfig) -> Learner:
+    check_discrete(algo.env_info.action_space, config.algo)
+    q = build_q_network(algo.env_info.observation_space, algo.env_info.action_space, config.model, config.dueling)
+    return Learner(QLearnerModule(q), functools.partial(dqn_loss, config=config), lr=config.lr,
+                   grad_clip=config.grad_clip, lr_schedule=config.lr_schedule,
+                   device=resolve_device(config.resources.num_gpus))
+
+
+# ---- algorithm --------------------------------------------------------------------------
+class DQN(Algorithm):
+    config_cls = DQNConfig
+
+    def setup(self) -> None:
+        cfg: DQNConfig = self.config
+        self.policy_cls = EpsilonGreedyQPolicy
+        self.learner = build_q_learner(self, cfg)
+        self.replay = make_replay(cfg, cfg.replay_capacity, cfg.seed)
+        self.learn_state: dict[str, int] = {}
+        self._update_credit = 0.0
+        postprocess = functools.partial(n_step_postprocess, n_step=cfg.n_step, gamma=cfg.gamma,
+                                        priorities=cfg.worker_side_prioritization and cfg.prioritized_replay)
+        self.env_runners = self.make_env_runners(EpsilonGreedyQPolicy, postprocess, cfg.fragment_length())
+        self.broadcast_weights()
+
+    def get_weights(self):
+        return weights_to_numpy(self.learner.module.q)
+
+    def restart_calls(self):
+        return [("set_global_vars", ({"env_steps": self.counters["env_steps_sampled"]},))]
+
+    def training_step(self) -> dict[str, Any]:
+        cfg: DQNConfig = self.config
+        with self.timers.time("sample"):
+            results = self.env_runners.foreach("sample")
+            steps = self.record_rollouts([m for _, m in results])
+        with self.timers.time("store"):
+            for batch, _ in results:
+                self.replay.add(batch, batch.data.pop(Col.PRIORITIES, None))
+        stats: dict[str, float] = {}
+        sampled = self.counters["env_steps_sampled"]
+        if sampled >= cfg.learning_starts:
+            with self.timers.time("learn"):
+                self.learner.set_env_steps(sampled)
+                self._update_credit += steps * cfg.training_intensity / cfg.train_batch_size
+                beta = cfg.beta(sampled)
+                while self._update_credit >= 1.0:
+                    self._update_credit -= 1.0
+                    replayed = self.replay.sample(cfg.train_batch_size, beta)
+                    td, stats = learn_on_replay_batch(self.learner, replayed, cfg, self.learn_state)
+                    self.replay.update_priorities(replayed[Col.INDICES], td)
+                    self.counters["env_steps_trained"] += len(replayed)
+        with self.timers.time("sync"):
+            self.env_runners.foreach("set_global_vars", {"env_steps": sampled}, wait=False)
+            self.broadcast_weights()
+        return {**{f"learner/{k}": v for k, v in stats.items()}, "replay_size": self.replay.stats()["size"],
+                "num_target_updates": self.learn_state.get("target_updates", 0)}
+
+    def get_state(self) -> dict[str, Any]:
+        state = {**super().get_state(), "learner": self.learner.get_state(), "learn_state": dict(self.learn_state)}
+        if self.config.checkpoint_replay:
+            state["replay"] = self.replay.get_state()
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        self.learner.set_state(state["learner"])
+        self.learn_state = dict(state.get("learn_state", {}))
+        if "replay" in state:
+            self.replay.set_state(state["replay"])
+        self.env_runners.foreach("set_global_vars", {"env_steps": self.counters["env_steps_sampled"]}, wait=False)
+        self.broadcast_weights()
