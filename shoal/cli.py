@@ -53,6 +53,10 @@ def _build_config(algo: str, config_file: Optional[Path], sets: List[str], flags
     res = {k: v for k, v in flags.get("resources", {}).items() if v is not None}
     if res:
         data = deep_merge(data, {"resources": res})
+    preset = getattr(cfg_cls, "small_machine_preset", None)
+    if preset is not None and "resources" not in data:
+        # No resources given at all: start from the algorithm's small-machine preset (e.g. Ape-X).
+        data = deep_merge(preset(), data)
     if "env" not in data:
         raise ShoalError(f"No env given: pass --env (e.g. --env CartPole-v1) or set `env:` in a config file.")
     return cfg_cls(**data), yaml_stop

@@ -42,3 +42,15 @@ def test_ppo_learns_a_box_action_task_a_little():
         assert best > first + 150, (first, best)
     finally:
         algo.stop()
+
+
+def test_dqn_learns_cartpole_in_process():
+    """DQN with its defaults (double, dueling, 3-step, prioritized replay) on CartPole, no Ray."""
+    from shoal.algorithms.dqn import DQNConfig
+    from shoal.trainer import train
+
+    config = DQNConfig(env="CartPole-v1", seed=0, min_env_steps_per_iteration=4000)
+    # ~80k env steps / ~15-25 s to reach 450 here; 400 within the budget leaves room for a loaded CI machine.
+    summary = train(config, {"reward": 400, "time_s": 150}, out=None, progress=False)
+    assert summary.solved, f"best mean return {summary.best_return:.1f} after {summary.result['env_steps_sampled']} steps"
+    assert summary.result["env_steps_trained"] > 4 * summary.result["env_steps_sampled"]  # intensity 8, after learning starts
