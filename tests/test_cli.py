@@ -176,3 +176,14 @@ def test_bad_stop_value(tmp_path):
     p.write_text("env: CartPole-v1\nstop:\n  time_s: soon\n")
     assert_user_error(invoke("train", "ppo", "-c", p, "--out", tmp_path, "-q"), "time_s")
     assert [x.name for x in tmp_path.iterdir()] == ["c.yaml"]
+
+
+def test_apex_cli_uses_the_small_machine_preset_only_without_resources():
+    from shoal.cli import _build_config
+
+    flags = {"env": "CartPole-v1", "seed": None, "resources": {"num_workers": None, "num_envs_per_worker": None, "address": None}}
+    cfg, _ = _build_config("apex", None, ["lr=0.002"], flags)
+    assert cfg.resources.num_workers == 2 and cfg.resources.num_replay_shards == 2
+    assert cfg.replay_capacity == 100_000 and cfg.lr == 0.002  # preset below user keys
+    cfg, _ = _build_config("apex", None, [], {**flags, "resources": {"num_workers": 0}})
+    assert cfg.resources.num_workers == 0 and cfg.replay_capacity == 2_000_000  # DESIGN defaults
