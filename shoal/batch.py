@@ -33,6 +33,7 @@ class Col:
     PRIORITIES = "priorities"  # initial replay priorities computed on the rollout worker
     DISCOUNTS = "discounts"  # gamma ** k for a k-step transition (0 after termination is not folded in)
     VALID = "valid"  # False on next-step autoreset rows kept in time-major sequences (IMPALA / APPO)
+    ACTION_MASK = "action_mask"  # bool per action: legal actions when it was sampled (the learner masks the same)
 
 
 class Batch:
