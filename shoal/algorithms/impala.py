@@ -219,6 +219,7 @@ def setup_async(algo: Algorithm, loss_fn) -> None:
     algo.pending, algo.pending_rows = [], 0  # sequences waiting to fill a train batch
     algo.broadcast_at = 0  # thread.num_updates at the last broadcast
     algo.num_dropped_batches = 0
+    algo.learner_info = {}  # the last learner info drained from the thread
     algo.env_runners = algo.make_env_runners(ActorCriticPolicy, sequence_postprocess, cfg.fragment_length(),
                                              max_in_flight=cfg.max_requests_in_flight_per_worker)
     algo.broadcast_weights()
@@ -239,7 +240,11 @@ def take_train_batches(algo: Algorithm, batches: list[Batch]) -> list[Batch]:
 
 
 def drain_learner(algo: Algorithm, wait_s: float = 0.0) -> dict[str, float]:
-    """Count what the learner finished (waiting up to ``wait_s`` for a first result); the mean of its info."""
+    """Count what the learner finished (waiting up to ``wait_s`` for a first result).
+
+    Returns the mean learner info over those batches, or the last one reported when none
+    finished now, so every result row carries the same ``learner/...`` keys once learning began.
+    """
     infos = []
     while True:
         try:
@@ -249,7 +254,9 @@ def drain_learner(algo: Algorithm, wait_s: float = 0.0) -> dict[str, float]:
         wait_s = 0.0
         algo.counters["env_steps_trained"] += env_steps
         infos.append(info)
-    return {f"learner/{k}": float(np.mean([i[k] for i in infos if k in i])) for k in (infos[0] if infos else {})}
+    if infos:
+        algo.learner_info = {f"learner/{k}": float(np.mean([i[k] for i in infos if k in i])) for k in infos[0]}
+    return algo.learner_info
 
 
 def async_training_step(algo: Algorithm) -> dict[str, Any]:
