@@ -1,0 +1,181 @@
+"""Ape-X end to end: in-process runs, a dying learner thread, learning CartPole on Ray with
+2 rollout actors and 2 replay shards, killed shards and actors, and shard placement on a
+simulated two-node cluster. (The math is in test_dqn.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shoal.algorithms.apex import ApeXConfig
+from shoal.learn.threads import LearnerThreadError
+
+torch.set_num_threads(1)
+HERE = Path(__file__).resolve().parent
+
+
+def in_process_config(**kw) -> ApeXConfig:
+    base = dict(env="CartPole-v1", seed=0, min_time_s_per_iteration=0.0, learning_starts=256, train_batch_size=32,
+                training_intensity=2.0, rollout_fragment_length=16, target_network_update_freq=512,
+                model={"hiddens": [32]}, resources={"num_workers": 0, "num_envs_per_worker": 4, "num_replay_shards": 2})
+    return ApeXConfig(**{**base, **kw})
+
+
+def train_until(algo, done, max_iters: int, max_s: float, pause_s: float = 0.0) -> dict:
+    """``algo.train()`` until ``done(result)``, at most ``max_iters`` iterations / ``max_s`` seconds."""
+    t0, r = time.time(), {}
+    for _ in range(max_iters):
+        r = algo.train()
+        if done(r) or time.time() - t0 > max_s:
+            break
+        time.sleep(pause_s)
+    return r
+
+
+# ---- in-process (num_workers=0) ---------------------------------------------------------
+def test_num_workers_zero_trains_in_process():
+    algo = in_process_config().build()
+    try:
+        assert algo.env_runners.actor_ids == [0] and algo.shards.actor_ids == [0, 1]
+        r = train_until(algo, lambda r: r["env_steps_trained"] >= 256 and r["num_learner_updates"] >= 4, 400, 60, 0.01)
+        sizes = [s["size"] for s in algo.shards.foreach("stats")]
+        # every sampled step became one n-step transition in one of the two shards
+        assert sum(sizes) == r["env_steps_sampled"]
+        assert all(s > 0 for s in sizes), sizes  # the runner picks a random shard per batch
+        assert r["num_learner_updates"] >= 4 and r["env_steps_trained"] >= 256
+        # each update learns on one 32-row batch; updates not yet drained are counted later
+        assert r["env_steps_trained"] % 32 == 0 and r["env_steps_trained"] <= 32 * r["num_learner_updates"]
+        assert np.isfinite(r["learner/loss"])
+        assert r["num_replay_shard_restarts"] == 0 and r["num_worker_restarts"] == 0
+        assert 0.0 <= r["learner_busy_fraction"] <= 1.0
+        # sampled priorities were replaced by the learner's TD errors
+        assert sum(s["updated"] for s in algo.shards.foreach("stats")) > 0
+        # the driver's runner spreads the per-actor epsilons over its 4 envs
+        eps = algo.env_runners.actors[0].policy.epsilon
+        assert eps.shape == (4,) and eps[0] == pytest.approx(0.4) and np.all(np.diff(eps) < 0)
+    finally:
+        algo.stop()
+
+
+def test_a_dying_learner_thread_raises_in_train_with_its_traceback():
+    algo = in_process_config().build()
+
+    def broken_loss(module, batch, learner):
+        raise RuntimeError("injected Ape-X loss failure")
+
+    algo.learner.loss_fn = broken_loss
+    try:
+        with pytest.raises(LearnerThreadError, match="injected Ape-X loss failure") as info:
+            train_until(algo, lambda r: False, 2000, 60, 0.001)
+        msg = str(info.value)
+        assert "Traceback" in msg and "broken_loss" in msg, msg  # the thread's own frames
+        assert not algo.learner_thread.is_alive()
+    finally:
+        algo.stop()
+
+
+# ---- on Ray: 2 rollout actors, 2 replay shards ------------------------------------------
+@pytest.fixture(scope="module")
+def apex_on_ray(ray_cluster):
+    """One Ape-X run (the small-machine preset) shared by the Ray tests below, in file order:
+    learn first, then kill a replay shard, then a rollout actor."""
+    cfg = ApeXConfig(**{**ApeXConfig.small_machine_preset(), "env": "CartPole-v1", "seed": 0,
+                        "min_time_s_per_iteration": 1.0})
+    algo = cfg.build()
+    yield algo
+    algo.stop()
+
+
+@pytest.mark.ray
+@pytest.mark.learning
+def test_learns_cartpole_with_two_workers_and_two_shards(apex_on_ray):
+    import ray
+
+    algo = apex_on_ray
+    assert sorted(algo.env_runners.actor_ids) == [1, 2] and sorted(algo.shards.actor_ids) == [0, 1]
+    driver = ray.get_runtime_context().get_node_id()
+    assert set(algo.shards.node_ids().values()) == {driver}
+    # The preset reaches ~400 after ~22 s of training on a loaded machine; ask for 150 within 90 s.
+    r = train_until(algo, lambda r: r["episode_return_mean"] >= 150, 200, 90)
+    best = r["episode_return_mean"]
+    assert best >= 150, f"mean return {best:.1f} after {r['env_steps_sampled']} steps, {r['time_total_s']:.0f} s"
+    assert r["num_worker_restarts"] == 0 and r["num_replay_shard_restarts"] == 0
+    assert r["env_steps_trained"] > 0 and r["num_learner_updates"] * 256 >= r["env_steps_trained"]
+    # the target net is refreshed every 25,600 trained steps = every 100 updates of 256 rows (+-1: read racily)
+    assert abs(r["num_target_updates"] - r["num_learner_updates"] // 100) <= 1
+    sizes = [s["size"] for s in algo.shards.foreach("stats")]
+    assert all(s > 0 for s in sizes) and sum(sizes) <= r["env_steps_sampled"]
+
+
+@pytest.mark.ray
+def test_a_killed_replay_shard_is_recreated_empty_and_training_continues(apex_on_ray):
+    import ray
+
+    algo = apex_on_ray
+    r0 = algo.train()
+    assert r0["env_steps_sampled"] >= algo.config.learning_starts  # replay requests are being sent
+    before = {s: algo.shards.call(s, "stats")["size"] for s in (0, 1)}
+    old = algo.shards.actors[0]
+    ray.kill(old, no_restart=True)
+    r = train_until(algo, lambda r: r["num_replay_shard_restarts"] >= 1, 30, 60)
+    assert r["num_replay_shard_restarts"] == r0["num_replay_shard_restarts"] + 1
+    assert algo.shards.actors[0] is not old
+    # Keep training: the rollout actors got the new shard's handle and refill it.
+    trained = r["env_steps_trained"]
+    r = train_until(algo, lambda r: False, 3, 30)
+    after = {s: algo.shards.call(s, "stats")["size"] for s in (0, 1)}
+    assert r["env_steps_trained"] > trained
+    assert 0 < after[0] < min(before[0], after[1]), (before, after)  # refilled from empty, not restored
+    assert r["num_replay_shard_restarts"] == 1 and r["num_worker_restarts"] == 0
+
+
+@pytest.mark.ray
+def test_a_killed_rollout_actor_is_recreated_and_training_continues(apex_on_ray):
+    import ray
+
+    algo = apex_on_ray
+    r0 = algo.train()
+    old = algo.env_runners.actors[1]
+    ray.kill(old, no_restart=True)
+    r = train_until(algo, lambda r: r["num_worker_restarts"] >= 1, 30, 60)
+    assert r["num_worker_restarts"] == r0["num_worker_restarts"] + 1
+    assert algo.env_runners.actors[1] is not old
+    sizes0 = {s: algo.shards.call(s, "stats")["added"] for s in (0, 1)}
+    r2 = train_until(algo, lambda r: False, 3, 30)
+    assert r2["env_steps_sampled"] > r["env_steps_sampled"] and r2["env_steps_trained"] > r["env_steps_trained"]
+    # the recreated actor writes into the replay shards again (it got their handles on restart)
+    added = algo.env_runners.call(1, "sample_into_replay").env_steps
+    new_rows = 0
+    for _ in range(100):  # the actor's writes are fire-and-forget: give the shards a moment
+        new_rows = sum(algo.shards.call(s, "stats")["added"] for s in (0, 1)) - sum(sizes0.values())
+        if new_rows >= added:
+            break
+        time.sleep(0.1)
+    assert new_rows >= added > 0
+    assert algo.env_runners.call(1, "get_weights").keys() == algo.get_weights().keys()
+    assert r2["num_replay_shard_restarts"] == 1
+
+
+# ---- a simulated two-node cluster -------------------------------------------------------
+@pytest.mark.ray
+def test_replay_shards_land_on_the_drivers_node_in_a_two_node_cluster():
+    """In its own process: a ``ray.cluster_utils.Cluster`` needs its own Ray instance."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run([sys.executable, str(HERE / "apex_multinode.py")], capture_output=True, text=True,
+                          timeout=240, env=env, cwd=HERE.parent)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    out = json.loads(lines[-1])
+    assert out["num_nodes"] == 2
+    assert out["shard_nodes"] == [out["driver_node"]]  # preset: 0-CPU shards, pinned by node affinity
+    assert out["shard_nodes_with_cpus"] == [out["driver_node"]]  # 0.5-CPU shards: placement group on that node
+    assert out["env_steps_trained"] > 0  # it trains with rollout actors wherever they were placed
+    assert out["unpinned_config_ok"] is True
