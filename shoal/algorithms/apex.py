@@ -56,7 +56,7 @@ class ApeXConfig(DQNConfig):
     max_weight_sync_delay: int = Field(400, ge=1, description="Steps an actor samples before its weights are refreshed.")
     max_requests_in_flight_per_worker: int = Field(4, ge=1)
     max_replay_requests_in_flight_per_shard: int = Field(8, ge=1)
-    learner_queue_size: int = Field(16, ge=1)
+    learner_queue_size: int = Field(16, ge=1, description="Replayed batches waiting for the learner thread.")
     final_prioritized_replay_beta: float = Field(0.4, ge=0, le=1, description="Ape-X keeps beta fixed by default.")
     exploration_base: float = Field(0.4, gt=0, lt=1, description="Epsilon base of the per-actor schedule.")
     exploration_alpha: float = Field(7.0, ge=0, description="Epsilon exponent spread of the per-actor schedule.")
@@ -119,8 +119,6 @@ class ApeX(Algorithm):
         seed = cfg.seed
 
         def shard_ctor(i: int):
-            from shoal.replay import ReplayShard
-
             return (per_shard,), {"prioritized": True, "alpha": cfg.prioritized_replay_alpha, "beta": cfg.prioritized_replay_beta,
                                   "eps": cfg.prioritized_replay_eps, "seed": None if seed is None else seed + 7 * i}
 
@@ -141,12 +139,13 @@ class ApeX(Algorithm):
         self.shards.foreach("ping")  # wait until every actor is up, so iteration times measure training
         self.env_runners.foreach("set_shards", list(self.shards.proxies().values()))
         self.learner_thread = ReplayLearnerThread(
-            functools.partial(self._learn_on_batch), lambda: weights_to_numpy(self.learner.module.q),
+            self._learn_on_batch, lambda: weights_to_numpy(self.learner.module.q),
             queue_size=cfg.learner_queue_size)
         self.learner_thread.start()
         self.steps_since_sync = {i: 0 for i in ids}
         self.broadcast_weights()
         self.num_replay_batches_dropped = 0
+        self._replay_credit = 0
 
     def _learn_on_batch(self, batch):
         return learn_on_replay_batch(self.learner, batch, self.config, self.learn_state)
@@ -174,7 +173,7 @@ class ApeX(Algorithm):
                     self.steps_since_sync[i] = 0
         if self.counters["env_steps_sampled"] >= cfg.learning_starts:
             with self.timers.time("replay"):
-                n_req = max(1, round(collected / cfg.train_batch_size * cfg.training_intensity)) if collected else 0
+                n_req = self._replay_requests_due(collected)
                 for sid in self.rng.choice(self.shards.actor_ids, size=n_req):
                     self.shards.submit("sample", cfg.train_batch_size, actor_ids=[int(sid)])
                 for sid, batch in self.shards.fetch_ready(timeout_s=0.0):
@@ -193,6 +192,21 @@ class ApeX(Algorithm):
         result = super().train()
         result["learner_busy_fraction"] = self.learner_thread.busy_fraction()  # over this iteration
         return result
+
+    def _replay_requests_due(self, collected: int) -> int:
+        """``round(collected / batch * intensity)`` (at least 1) per round of results, as credit.
+
+        Requests that would overflow the learner queue (counting those in flight) wait as credit
+        for the next step instead of being dropped; credit is capped at two queues' worth.
+        """
+        cfg: ApeXConfig = self.config
+        if collected:
+            self._replay_credit += max(1, round(collected / cfg.train_batch_size * cfg.training_intensity))
+        self._replay_credit = min(self._replay_credit, 2 * cfg.learner_queue_size)
+        room = cfg.learner_queue_size - self.learner_thread.inqueue.qsize() - self.shards.num_in_flight()
+        n = max(0, min(self._replay_credit, room))
+        self._replay_credit -= n
+        return n
 
     def record_actor_rollouts(self, ready) -> int:
         """Count every actor's steps; report episodes only from the lowest-epsilon third."""
