@@ -1,0 +1,255 @@
+"""The LeagueBuilder API, the do-nothing NoLeagueBuilder, and builders chosen by name.
+
+How an algorithm drives a builder::
+
+    builder = make_league_builder(config.league)        # "alpha_star", {"type": ..., **kwargs}, an import path
+    for pid, spec in builder.initial_policies().items(): ...   # create one policy per entry
+    every iteration:
+        builder.record_results(match_results)            # per-match outcomes from the rollout actors
+        changes = builder.build(algo, result)            # LeagueChanges: apply in the order add, reset, freeze, remove
+        send builder.matchmaking().to_dict() to the rollout actors with the weights
+    checkpoint: state["league"] = builder.get_state(); on resume builder.set_state(state["league"])
+
+A match result is ``{"policies": (a, b), "winner": a | b | None, "match_type": str}``
+(``winner`` None is a draw; ``match_type`` may be left out). Results naming a policy the
+league no longer has (e.g. from an actor still on an older matchmaking) are dropped and
+counted.
+
+A policy spec is a plain dict: ``type`` ("main", "main_exploiter", "league_exploiter",
+"random", ...), ``trainable`` (learning or frozen), ``parent`` (the policy it was copied
+from, or None), ``created_iteration``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional, Union
+
+from shoal.errors import ConfigError
+from shoal.league.matchmaking import Matchmaking, MatchType, normalized
+from shoal.league.payoff import PayoffTable
+
+STATE_FORMAT = "shoal-league"
+
+
+def policy_spec(type_: str, trainable: bool, parent: Optional[str] = None,
+                created_iteration: int = 0) -> dict[str, Any]:
+    return {"type": type_, "trainable": bool(trainable), "parent": parent, "created_iteration": int(created_iteration)}
+
+
+@dataclass
+class LeagueChanges:
+    """What one ``build`` call asks of the algorithm, applied in this order:
+
+    1. ``add``: ``(new_id, from_id, trainable, spec)``: a new policy whose weights are a copy of
+       ``from_id``'s current weights (fresh random weights when ``from_id`` is None);
+    2. ``reset``: policies whose weights go back to a fresh random initialization;
+    3. ``freeze``: policies that stop learning (their learner is released);
+    4. ``remove``: policies that leave the league.
+    """
+
+    add: list[tuple[str, Optional[str], bool, dict[str, Any]]] = field(default_factory=list)
+    reset: list[str] = field(default_factory=list)
+    freeze: list[str] = field(default_factory=list)
+    remove: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.add or self.reset or self.freeze or self.remove)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"add": [list(a) for a in self.add], "reset": list(self.reset), "freeze": list(self.freeze),
+                "remove": list(self.remove)}
+
+
+class LeagueBuilder:
+    """Base class: the players, the payoff table and the match counts; subclasses decide
+    the initial players, when the league changes and who plays whom.
+
+    ``version`` goes up with every build that changes the players; the matchmaking's
+    probabilities may change after any build (win rates move), so send it every iteration.
+    """
+
+    name = ""
+
+    def __init__(self, payoff_decay: float = 1.0) -> None:
+        self.players: dict[str, dict[str, Any]] = {}
+        self.payoff = PayoffTable(decay=payoff_decay)
+        self.match_type_counts: dict[str, int] = {}
+        self.pair_type_counts: dict[str, dict[str, dict[str, int]]] = {}
+        self.dropped_results = 0
+        self.iteration = 0
+        self.version = 0
+
+    # ---- the API an algorithm calls ------------------------------------------------
+    def initial_policies(self) -> dict[str, dict[str, Any]]:
+        """The policies to create before the first iteration (id -> spec)."""
+        if not self.players:
+            for pid, spec in self._initial_players().items():
+                self.players[pid] = spec
+        return {pid: dict(spec) for pid, spec in self.players.items()}
+
+    def record_results(self, match_results: Iterable[dict[str, Any]]) -> None:
+        self.initial_policies()
+        for r in match_results:
+            a, b = r["policies"]
+            winner = r.get("winner")
+            if a not in self.players or b not in self.players:
+                self.dropped_results += 1
+                continue
+            if winner is not None and winner not in (a, b):
+                raise ValueError(f"match result {r!r}: the winner must be one of its policies or None (a draw)")
+            mt = r.get("match_type") or "unknown"
+            self.payoff.update(a, b, winner)
+            self.match_type_counts[mt] = self.match_type_counts.get(mt, 0) + 1
+            table = self.pair_type_counts.setdefault(mt, {})
+            for x, y in ((a, b), (b, a)) if a != b else ((a, a),):
+                row = table.setdefault(x, {})
+                row[y] = row.get(y, 0) + 1
+            self._on_result(a, b, winner)
+
+    def build(self, algorithm: Any, result: Optional[dict[str, Any]] = None) -> LeagueChanges:
+        """Called after every iteration; returns the changes the algorithm must apply."""
+        self.initial_policies()
+        self.iteration += 1
+        changes = self._build(algorithm, result or {})
+        if not changes.empty:
+            self.version += 1
+        return changes
+
+    def matchmaking(self) -> Matchmaking:
+        raise NotImplementedError
+
+    # ---- queries -------------------------------------------------------------------
+    def learning_policies(self) -> list[str]:
+        return [pid for pid, s in self.players.items() if s["trainable"]]
+
+    def frozen_policies(self) -> list[str]:
+        return [pid for pid, s in self.players.items() if not s["trainable"]]
+
+    def metrics(self) -> dict[str, float]:
+        """Scalars for the iteration result (stable names under ``league/``)."""
+        return {"league/players": len(self.players), "league/learning": len(self.learning_policies()),
+                "league/frozen": len(self.frozen_policies()),
+                "league/games_total": sum(self.match_type_counts.values()),
+                "league/dropped_results": self.dropped_results}
+
+    # ---- state ---------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        """Plain data (loads with ``torch.load(weights_only=True)``)."""
+        cls = type(self)
+        return {
+            "format": STATE_FORMAT,
+            "builder": f"{cls.__module__}:{cls.__qualname__}",
+            "players": {pid: dict(s) for pid, s in self.players.items()},
+            "payoff": self.payoff.get_state(),
+            "match_type_counts": dict(self.match_type_counts),
+            "pair_type_counts": {mt: {a: dict(r) for a, r in t.items()} for mt, t in self.pair_type_counts.items()},
+            "dropped_results": self.dropped_results,
+            "iteration": self.iteration,
+            "version": self.version,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError("not a league state (its 'format' is not 'shoal-league')")
+        self.players = {pid: dict(s) for pid, s in state["players"].items()}
+        self.payoff.set_state(state["payoff"])
+        self.match_type_counts = {k: int(v) for k, v in state["match_type_counts"].items()}
+        self.pair_type_counts = {mt: {a: {b: int(n) for b, n in r.items()} for a, r in t.items()}
+                                 for mt, t in state["pair_type_counts"].items()}
+        self.dropped_results = int(state["dropped_results"])
+        self.iteration = int(state["iteration"])
+        self.version = int(state["version"])
+
+    # ---- subclass hooks ------------------------------------------------------------
+    def _initial_players(self) -> dict[str, dict[str, Any]]:
+        raise NotImplementedError
+
+    def _on_result(self, a: str, b: str, winner: Optional[str]) -> None:
+        """Called for every recorded (not dropped) match result."""
+
+    def _build(self, algorithm: Any, result: dict[str, Any]) -> LeagueChanges:
+        return LeagueChanges()
+
+
+class NoLeagueBuilder(LeagueBuilder):
+    """A fixed set of learning policies that never changes: each plays every policy
+    (itself included) with equal probability. With the default one policy, "main", this
+    is plain self-play. Results are still recorded, so the report works."""
+
+    name = "no_league"
+
+    def __init__(self, policies: Union[list[str], tuple[str, ...]] = ("main",), payoff_decay: float = 1.0) -> None:
+        if not policies or len(set(policies)) != len(policies) or not all(isinstance(p, str) and p for p in policies):
+            raise ConfigError("no_league: 'policies' must be a non-empty list of distinct policy ids, "
+                              f"got {policies!r}.")
+        super().__init__(payoff_decay=payoff_decay)
+        self._ids = list(policies)
+
+    def _initial_players(self) -> dict[str, dict[str, Any]]:
+        return {pid: policy_spec("main", True) for pid in self._ids}
+
+    def matchmaking(self) -> Matchmaking:
+        ids = list(self.initial_policies())
+        uniform = normalized({pid: 1.0 for pid in ids})
+        return Matchmaking([MatchType("self_play", 1.0, dict(uniform), {pid: dict(uniform) for pid in ids})],
+                           version=self.version)
+
+
+# ---- choosing a builder in the config ---------------------------------------------------
+LEAGUE_BUILDERS: dict[str, str] = {
+    "no_league": "shoal.league.builder:NoLeagueBuilder",
+    "alpha_star": "shoal.league.alpha_star:AlphaStarLeagueBuilder",
+}
+
+
+def resolve_league_builder(name: str) -> type[LeagueBuilder]:
+    """A builder class from a registered name or an import path (``pkg.mod:Class``)."""
+    from shoal.config import import_path
+
+    target = LEAGUE_BUILDERS.get(name)
+    if target is None and ":" not in name and "." not in name:
+        close = difflib.get_close_matches(name, list(LEAGUE_BUILDERS), n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"Unknown league builder '{name}'.{hint} Use one of {', '.join(LEAGUE_BUILDERS)} "
+                          "or an import path such as 'my_pkg.my_module:MyLeagueBuilder'.")
+    try:
+        cls = import_path(target or name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ConfigError(f"League builder '{name}' cannot be imported ({e}). Use one of {', '.join(LEAGUE_BUILDERS)} "
+                          "or an import path 'package.module:Class'.") from None
+    if not (isinstance(cls, type) and issubclass(cls, LeagueBuilder)):
+        raise ConfigError(f"League builder '{name}' is {cls!r}, not a subclass of shoal.league.LeagueBuilder.")
+    return cls
+
+
+def make_league_builder(spec: Any = None) -> LeagueBuilder:
+    """A builder from a config value: None (no league), a name or import path, a dict
+    ``{"type": name_or_path, **kwargs}``, a LeagueBuilder class, or an instance (returned as is)."""
+    if isinstance(spec, LeagueBuilder):
+        return spec
+    if spec is None:
+        return NoLeagueBuilder()
+    kwargs: dict[str, Any] = {}
+    if isinstance(spec, dict):
+        kwargs = dict(spec)
+        if "type" not in kwargs:
+            raise ConfigError("A league builder given as a mapping needs a 'type' key: a name "
+                              f"({', '.join(LEAGUE_BUILDERS)}) or an import path; the other keys are its arguments.")
+        spec = kwargs.pop("type")
+    if isinstance(spec, type) and issubclass(spec, LeagueBuilder):
+        cls, name = spec, spec.__name__
+    elif isinstance(spec, str):
+        cls, name = resolve_league_builder(spec), spec
+    else:
+        raise ConfigError(f"A league builder is a name, an import path or a mapping with 'type'; got {spec!r}.")
+    try:
+        inspect.signature(cls).bind(**kwargs)
+    except TypeError as e:
+        params = [p for p in inspect.signature(cls).parameters if p not in ("self", "kwargs")]
+        raise ConfigError(f"Bad arguments for league builder '{name}': {e}. "
+                          f"It accepts: {', '.join(params) or 'none'}.") from None
+    return cls(**kwargs)
