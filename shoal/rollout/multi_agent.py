@@ -44,6 +44,8 @@ from shoal.rollout.env_runner import RolloutMetrics
 from shoal.rollout.policies import ActorCriticPolicy
 
 DEFAULT_SEQUENCE_LENGTH = 50
+_SPEC_KEYS = {"weights", "model", "agent", "trainable"}
+_LEAGUE_SPEC_KEYS = {"type", "parent", "created_iteration"}  # a league player's spec: metadata, ignored here
 _COLUMNS = (Col.OBS, Col.NEXT_OBS, Col.ACTIONS, Col.ACTION_LOGP, Col.REWARDS, Col.TERMINATEDS, Col.VALID, Col.ACTION_MASK)
 
 
@@ -61,6 +63,25 @@ class MaskedActorCriticPolicy(ActorCriticPolicy):
         dist = self.dist_cls(inputs)
         actions = dist.sample(self.generator) if explore else dist.deterministic()
         return actions.numpy(), {Col.ACTION_LOGP: dist.logp(actions).numpy(), Col.VF_PREDS: values.numpy()}
+
+
+class ActionMasked:
+    """``module`` with a batch's ``ACTION_MASK`` applied to its action logits (learner side).
+
+    Wrapping the module for one batch lets an unchanged single-agent loss (e.g.
+    ``shoal.algorithms.impala.impala_loss``) learn under the masks the actions were sampled
+    with: ``impala_loss(ActionMasked(module, batch[Col.ACTION_MASK]), batch, ...)``.
+    """
+
+    def __init__(self, module, mask: torch.Tensor) -> None:
+        self.module, self.mask, self.dist_cls = module, mask, module.dist_cls
+
+    def __call__(self, obs: torch.Tensor):
+        inputs, values = self.module(obs)
+        return masked_logits(inputs, self.mask), values
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.module.value(obs)
 
 
 def _is_weights(spec: Mapping) -> bool:
@@ -215,7 +236,8 @@ class MultiAgentEnvRunner:
             ``rollout_fragment_length``).
         worker_index: 0 in the driver, 1..N for remote actors (seeds differ per index).
         policies: ``{policy_id: spec}``; a spec is None (a new actor-critic from ``config.model``),
-            a dict of weights, ``{"weights": ..., "model": {overrides}, "agent": id_for_spaces}``,
+            a dict of weights, ``{"weights": ..., "model": {overrides}, "agent": id_for_spaces,
+            "trainable": bool}`` (a league player's spec fits: its other keys are ignored),
             ``"random"`` / ``"heuristic"`` (scripted, never trained) or a policy object with ``act``.
         policy_mapping_fn: ``(agent_id, episode) -> policy_id`` (picklable for remote actors);
             called once per agent when an episode starts.
@@ -280,6 +302,8 @@ class MultiAgentEnvRunner:
         if weights is not None:
             policy.set_weights(weights)
         self.policies[policy_id] = policy
+        if trainable is None and isinstance(spec, Mapping) and "trainable" in spec:
+            trainable = bool(spec["trainable"])
         trains = getattr(policy, "trainable", True) if trainable is None else trainable
         if trains:
             self.policies_to_train.add(policy_id)
@@ -322,10 +346,10 @@ class MultiAgentEnvRunner:
             if _is_weights(spec):
                 weights = spec
             else:
-                unknown = set(spec) - {"weights", "model", "agent"}
+                unknown = set(spec) - _SPEC_KEYS - _LEAGUE_SPEC_KEYS
                 if unknown:
                     raise ConfigError(f"policy {policy_id!r}: unknown spec keys {sorted(unknown)}; "
-                                      "allowed: weights, model, agent")
+                                      f"allowed: {sorted(_SPEC_KEYS | _LEAGUE_SPEC_KEYS)}")
                 weights, model, agent = spec.get("weights"), spec.get("model"), spec.get("agent", agent)
         elif spec is not None:
             raise ConfigError(f"policy {policy_id!r}: a spec is None, weights, a dict, 'random'/'heuristic' or a policy, "
@@ -571,5 +595,5 @@ class MultiAgentEnvRunner:
             env.close()
 
 
-__all__ = ["EpisodeInfo", "MaskedActorCriticPolicy", "Matchmaking", "MultiAgentEnvRunner", "MultiAgentRolloutMetrics",
+__all__ = ["ActionMasked", "EpisodeInfo", "MaskedActorCriticPolicy", "Matchmaking", "MultiAgentEnvRunner", "MultiAgentRolloutMetrics",
            "PolicyReturnWindows", "match_outcome"]
