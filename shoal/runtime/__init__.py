@@ -21,12 +21,13 @@ from shoal.runtime.local import ActorGroupBase, LocalActorGroup
 def make_actor_group(cls: type, num_actors: int, ctor: Callable[[int], tuple[tuple, dict]], *, remote: bool,
                      num_cpus: float = 1.0, num_gpus: float = 0.0, max_in_flight: int = 1, max_restarts: int = 100,
                      address: str | None = None, resource_wait_s: float = 30.0, name: str = "actor",
-                     first_index: int = 1, node: str | None = None) -> ActorGroupBase:
+                     first_index: int = 1, node: str | None = None, strategy: str = "PACK") -> ActorGroupBase:
     """Create ``num_actors`` instances of ``cls``; actor i gets ``cls(*args, **kwargs)`` from ``ctor(i)``.
 
     Indices start at ``first_index`` (rollout actors are 1..N; the driver's own runner is 0).
     ``node`` pins the group to a node: "driver" (this process's node, e.g. Ape-X replay
-    shards) or a Ray node id.
+    shards) or a Ray node id. ``strategy`` is the placement group's ("PACK", or "SPREAD" to
+    put the actors on as many nodes as can take them, e.g. learner shards).
     """
     if not remote:
         return LocalActorGroup(cls, num_actors, ctor, max_in_flight=max_in_flight, first_index=first_index)
@@ -36,7 +37,7 @@ def make_actor_group(cls: type, num_actors: int, ctor: Callable[[int], tuple[tup
     start(address)
     return RayActorGroup(cls, num_actors, ctor, num_cpus=num_cpus, num_gpus=num_gpus, max_in_flight=max_in_flight,
                          max_restarts=max_restarts, resource_wait_s=resource_wait_s, name=name, first_index=first_index,
-                         node=node)
+                         node=node, strategy=strategy)
 
 
 def start(address: str | None = None, **kwargs: Any) -> None:

@@ -46,8 +46,8 @@ class LocalActorGroup(ActorGroupBase):
     def actor_ids(self) -> list[int]:
         return list(self.actors)
 
-    def proxies(self) -> dict[int, Any]:
-        """In-process, the objects themselves stand in for fire-and-forget proxies."""
+    def proxies(self, wait: bool = False) -> dict[int, Any]:
+        """In-process, the objects themselves stand in for proxies (their calls always return)."""
         return dict(self.actors)
 
     def foreach(self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, wait: bool = True, **kwargs: Any) -> list[Any]:

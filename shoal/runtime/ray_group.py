@@ -28,7 +28,7 @@ class RayActorGroup(ActorGroupBase):
 
     def __init__(self, cls: type, num_actors: int, ctor: Callable[[int], tuple[tuple, dict]], *, num_cpus: float,
                  num_gpus: float = 0.0, max_in_flight: int = 1, max_restarts: int = 100, resource_wait_s: float = 30.0,
-                 name: str = "actor", first_index: int = 1, node: str | None = None) -> None:
+                 name: str = "actor", first_index: int = 1, node: str | None = None, strategy: str = "PACK") -> None:
         super().__init__()
         self.cls_name = cls.__name__
         self.remote_cls = ray.remote(cls)
@@ -42,7 +42,8 @@ class RayActorGroup(ActorGroupBase):
         # placement group (or, with no resources to reserve, each actor) is pinned there.
         self.node_id = ray.get_runtime_context().get_node_id() if node == "driver" else node
         self.pg = reserve([{"CPU": num_cpus, "GPU": num_gpus} for _ in self.ids],
-                          what=f"{num_actors} {name}s", wait_s=resource_wait_s, node_id=self.node_id)
+                          what=f"{num_actors} {name}s", wait_s=resource_wait_s, node_id=self.node_id,
+                          strategy=strategy)
         self.actors: dict[int, Any] = {i: self._create(i) for i in self.ids}
         self._in_flight: dict[Any, tuple[int, Any]] = {}  # ObjectRef -> (actor id, actor handle)
         self.num_restarts = 0
@@ -66,9 +67,10 @@ class RayActorGroup(ActorGroupBase):
     def put(self, obj: Any) -> Any:
         return ray.put(obj)
 
-    def proxies(self) -> dict[int, "ActorProxy"]:
-        """Picklable fire-and-forget handles other actors can call (``proxy.add(batch)``)."""
-        return {i: ActorProxy(h) for i, h in self.actors.items()}
+    def proxies(self, wait: bool = False) -> dict[int, "ActorProxy"]:
+        """Picklable handles other actors can call (``proxy.add(batch)``): fire-and-forget, or
+        with ``wait=True`` calls that block and return the result (raising if the actor died)."""
+        return {i: ActorProxy(h, wait=wait) for i, h in self.actors.items()}
 
     def node_ids(self) -> dict[int, str]:
         """Where each actor runs (Ray node ids)."""
@@ -180,14 +182,19 @@ class ActorProxy:
     """Calls a Ray actor's methods without waiting: ``proxy.method(*args)`` sends and returns nothing.
 
     Handed to other actors (e.g. Ape-X rollout actors writing into replay shards); a call to
-    a dead actor is lost, and the owner re-sends fresh proxies after a restart.
+    a dead actor is lost, and the owner re-sends fresh proxies after a restart. With
+    ``wait=True`` a call blocks and returns the result, as the in-process object would
+    (e.g. a policy learner pulling batches from its shard's replay actor).
     """
 
-    def __init__(self, handle: Any) -> None:
+    def __init__(self, handle: Any, wait: bool = False) -> None:
         self.handle = handle
+        self.wait = wait
 
     def __getattr__(self, method: str):
-        if method.startswith("__"):
+        if method.startswith("__") or method in ("handle", "wait"):
             raise AttributeError(method)
         remote_method = getattr(self.handle, method)
+        if self.wait:
+            return lambda *args, **kwargs: ray.get(remote_method.remote(*args, **kwargs))
         return lambda *args, **kwargs: remote_method.remote(*args, **kwargs) and None
