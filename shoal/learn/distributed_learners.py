@@ -1,0 +1,384 @@
+"""Distributed learners: learner shards, each one replay actor plus policy learner actors on its node.
+
+With G GPUs and at most P trainable policies, :func:`shard_plan` decides how many shards
+there are and how the GPUs are shared out (the arithmetic of DESIGN.md, "Distributed
+learners"). :class:`DistributedLearners` creates one replay actor per shard and, as
+policies are added, one policy learner actor in the first free slot of a shard, pinned to
+that shard's replay actor's node so batches move between them through the node's shared
+object store.
+
+A policy learner class is constructed as ``cls(policy_id, replay, *ctor_args, **ctor_kwargs)``
+where ``replay`` is its shard's replay actor; calls on it return their result (in-process the
+object itself, remotely a waiting proxy). It must have ``get_weights()`` and
+``set_weights(weights)``; a policy learner actor that dies is recreated from the latest
+weights the driver has seen from it (``get_weights``/``set_weights`` here keep them).
+:class:`PolicyLearner` is a minimal one (a :class:`~shoal.learn.Learner` and a loss);
+algorithms bring their own.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Hashable
+
+import numpy as np
+import torch
+
+from shoal import runtime
+from shoal.batch import Batch
+from shoal.errors import ConfigError
+from shoal.learn.learner import Learner, LossFn
+
+PolicyId = Hashable
+
+
+# ---- the arithmetic ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class ShardPlan:
+    num_shards: int
+    gpus_per_shard: float
+    gpus_per_policy: float
+    policies_per_shard: int
+    max_policies: int
+
+    def shard_capacities(self) -> list[int]:
+        """Slots per shard: the ``max_policies`` spread evenly, each at most ``policies_per_shard``."""
+        base, extra = divmod(self.max_policies, self.num_shards)
+        return [base + (1 if s < extra else 0) for s in range(self.num_shards)]
+
+
+def _ray_fraction(x: float) -> float:
+    """Ray takes resource amounts in steps of 1e-4; round down so the plan never asks for more."""
+    return math.floor(x * 1e4 + 1e-6) / 1e4
+
+
+def shard_plan(num_gpus: float, max_policies: int, num_shards: int | None = None) -> ShardPlan:
+    """Learner shards for ``num_gpus`` GPUs (G) and at most ``max_policies`` (P) trainable policies.
+
+    shards = min(G or P, P) unless given (a fractional G below 1 counts as one shard);
+    GPUs per shard = G // shards, or G / shards when that is 0 (a fraction above 1 is
+    floored); GPUs per policy = GPUs per shard / (P / shards), floored to whole GPUs above 1;
+    policies per shard = ceil(P / shards).
+    """
+    if isinstance(max_policies, bool) or not isinstance(max_policies, int) or max_policies < 1:
+        raise ConfigError(f"max_policies={max_policies!r}: the number of trainable policies must be an integer >= 1")
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, (int, float)) or not math.isfinite(num_gpus) \
+            or num_gpus < 0:
+        raise ConfigError(f"num_gpus={num_gpus!r}: the learners' GPUs must be a finite number >= 0")
+    if num_shards is None:
+        shards = min(max(1, int(num_gpus)) if num_gpus > 0 else max_policies, max_policies)
+    elif isinstance(num_shards, bool) or not isinstance(num_shards, int) or not 1 <= num_shards <= max_policies:
+        raise ConfigError(f"num_shards={num_shards!r}: the number of learner shards must be an integer between 1 "
+                          f"and max_policies={max_policies}")
+    else:
+        shards = num_shards
+    per_shard = float(num_gpus // shards) or num_gpus / shards
+    per_policy = per_shard / (max_policies / shards)
+    per_policy = float(math.floor(per_policy)) if per_policy > 1 else _ray_fraction(per_policy)
+    return ShardPlan(num_shards=shards, gpus_per_shard=_ray_fraction(per_shard), gpus_per_policy=per_policy,
+                     policies_per_shard=math.ceil(max_policies / shards), max_policies=max_policies)
+
+
+def num_to_replay(num_new: int, replay_ratio: float, carry: float = 0.0) -> tuple[int, float]:
+    """How many stored batches to mix with ``num_new`` new ones so that, in the long run, a
+    fraction ``replay_ratio`` of the batches learned on are replayed; returns (count, new carry).
+
+    ``replay_ratio`` 0 learns only on new batches, 0.5 on one replayed per new one; the
+    fractional remainder carries over to the next call.
+    """
+    want = num_new * replay_ratio / (1.0 - replay_ratio) + carry
+    k = int(math.floor(want + 1e-9))
+    return k, want - k
+
+
+# ---- the shard's replay actor ------------------------------------------------------------
+class BatchReplay:
+    """Per-policy replay of whole batches: new batches wait until a learner asks for them,
+    then join a ring of ``capacity`` batches from which older ones are replayed.
+
+    ``replay(policy_id)`` returns the oldest waiting new batch concatenated with replayed
+    ones (see :func:`num_to_replay`), or None when nothing is waiting. With ``replay_ratio``
+    1 it returns one stored batch (new batches go straight to the ring). At most
+    ``capacity`` new batches wait; older waiting ones move to the ring unlearned.
+    """
+
+    def __init__(self, capacity: int = 10, replay_ratio: float = 0.0, seed: int | None = None) -> None:
+        if capacity < 1:
+            raise ConfigError(f"replay capacity={capacity}: the replay buffer must hold at least 1 batch")
+        if not 0.0 <= replay_ratio <= 1.0:
+            raise ConfigError(f"replay_ratio={replay_ratio}: must be between 0 (only new batches) "
+                              "and 1 (only replayed ones)")
+        self.capacity, self.replay_ratio = capacity, replay_ratio
+        self.rng = np.random.default_rng(seed)
+        self.new: dict[PolicyId, deque[Batch]] = {}
+        self.stored: dict[PolicyId, deque[Batch]] = {}
+        self.carry: dict[PolicyId, float] = {}
+        self.counts: dict[PolicyId, dict[str, int]] = {}
+
+    def _count(self, policy_id: PolicyId, key: str, n: int = 1) -> None:
+        c = self.counts.setdefault(policy_id, {"added": 0, "learned_new": 0, "replayed": 0})
+        c[key] += n
+
+    def add_batch(self, policy_id: PolicyId, batch: Batch) -> None:
+        waiting = self.new.setdefault(policy_id, deque())
+        stored = self.stored.setdefault(policy_id, deque(maxlen=self.capacity))
+        self._count(policy_id, "added")
+        if self.replay_ratio >= 1.0:
+            stored.append(batch)
+            return
+        waiting.append(batch)
+        if len(waiting) > self.capacity:
+            stored.append(waiting.popleft())
+
+    def replay(self, policy_id: PolicyId) -> Batch | None:
+        stored = self.stored.get(policy_id)
+        if self.replay_ratio >= 1.0:
+            if not stored:
+                return None
+            self._count(policy_id, "replayed")
+            return stored[int(self.rng.integers(len(stored)))]
+        waiting = self.new.get(policy_id)
+        if not waiting:
+            return None
+        batch = waiting.popleft()
+        k, self.carry[policy_id] = num_to_replay(1, self.replay_ratio, self.carry.get(policy_id, 0.0))
+        old = [stored[int(i)] for i in self.rng.integers(len(stored), size=k)] if stored and k else []
+        stored.append(batch)
+        self._count(policy_id, "learned_new")
+        self._count(policy_id, "replayed", len(old))
+        return Batch.concat([batch, *old]) if old else batch
+
+    def remove_policy(self, policy_id: PolicyId) -> None:
+        for d in (self.new, self.stored, self.carry, self.counts):
+            d.pop(policy_id, None)
+
+    def stats(self) -> dict[PolicyId, dict[str, int]]:
+        return {pid: {**c, "waiting": len(self.new.get(pid, ())), "stored": len(self.stored.get(pid, ()))}
+                for pid, c in self.counts.items()}
+
+
+# ---- a minimal policy learner ------------------------------------------------------------
+class PolicyLearner:
+    """One policy's learner: ``make_module()`` and ``loss_fn`` in a :class:`Learner`.
+
+    ``learn_on_batch(batch)`` takes one gradient step on the whole batch; ``learn()`` first
+    asks the shard's replay actor for this policy's next batch (None when there is none).
+    """
+
+    def __init__(self, policy_id: PolicyId, replay: Any, make_module: Callable[[], torch.nn.Module], loss_fn: LossFn,
+                 lr: float = 1e-3, grad_clip: float | None = None, torch_threads: int = 1,
+                 seed: int | None = None) -> None:
+        torch.set_num_threads(torch_threads)
+        if seed is not None:
+            torch.manual_seed(seed)
+        self.policy_id, self.replay = policy_id, replay
+        self.learner = Learner(make_module(), loss_fn, lr=lr, grad_clip=grad_clip)
+
+    def learn_on_batch(self, batch: Batch) -> dict[str, float]:
+        stats = self.learner.update_minibatch(batch.to_torch(self.learner.device))
+        return {k: float(v) for k, v in stats.items()} | {"num_updates": self.learner.num_updates,
+                                                          "rows": len(batch)}
+
+    def learn(self) -> dict[str, float] | None:
+        batch = self.replay.replay(self.policy_id)
+        return None if batch is None else self.learn_on_batch(batch)
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return self.learner.get_weights()
+
+    def set_weights(self, weights: dict) -> None:
+        self.learner.set_weights(weights)
+
+    def num_updates(self) -> int:
+        return self.learner.num_updates
+
+
+# ---- the shards ----------------------------------------------------------------------------
+class DistributedLearners:
+    """Learner shards: ``plan.num_shards`` replay actors and up to ``plan.max_policies`` policy
+    learner actors, each on its shard's replay actor's node.
+
+    ``remote=False`` keeps everything as plain objects in this process (same interface).
+    Replay actors are spread over the cluster's nodes (a SPREAD placement group); each
+    policy learner actor reserves ``policy_num_cpus`` CPUs and ``plan.gpus_per_policy`` GPUs
+    on its shard's node.
+    """
+
+    def __init__(self, policy_learner_cls: type, replay_cls: type, plan: ShardPlan, *, remote: bool,
+                 replay_kwargs: dict | None = None, replay_num_cpus: float = 0.0, policy_num_cpus: float = 1.0,
+                 max_in_flight: int = 1, max_restarts: int = 100, resource_wait_s: float = 30.0,
+                 address: str | None = None) -> None:
+        self.policy_learner_cls, self.plan, self.remote = policy_learner_cls, plan, remote
+        self.policy_num_cpus, self.max_in_flight = policy_num_cpus, max_in_flight
+        self.max_restarts, self.resource_wait_s, self.address = max_restarts, resource_wait_s, address
+        self.replay_num_cpus = replay_num_cpus
+        self.replays = runtime.make_actor_group(
+            replay_cls, plan.num_shards, lambda i: ((), dict(replay_kwargs or {})), remote=remote,
+            num_cpus=replay_num_cpus, max_restarts=max_restarts, address=address, resource_wait_s=resource_wait_s,
+            name="learner shard replay actor", first_index=0, strategy="SPREAD")
+        self.replay_nodes: dict[int, str | None] = self.replays.node_ids() if remote else {}
+        self.slots: list[list[PolicyId | None]] = [[None] * c for c in plan.shard_capacities()]
+        self.where: dict[PolicyId, tuple[int, int]] = {}
+        self.groups: dict[PolicyId, Any] = {}
+        self.weights: dict[PolicyId, Any] = {}  # the latest weights seen from each policy's learner
+        self._restarts_of_removed = 0
+
+    # ---- slots ---------------------------------------------------------------------------
+    @property
+    def policy_ids(self) -> list[PolicyId]:
+        return list(self.where)
+
+    def num_free_slots(self) -> int:
+        return sum(s.count(None) for s in self.slots)
+
+    def add_policy(self, policy_id: PolicyId, ctor_args: tuple = (), ctor_kwargs: dict | None = None, *,
+                   weights: Any = None) -> tuple[int, int]:
+        """Create ``policy_id``'s learner actor in the first free slot; returns (shard, slot).
+
+        ``weights``, when given, are set on the new learner (e.g. a snapshot's parent's).
+        """
+        if policy_id in self.where:
+            raise ValueError(f"policy {policy_id!r} already has a learner (shard {self.where[policy_id][0]})")
+        free = next(((s, j) for s, row in enumerate(self.slots) for j, p in enumerate(row) if p is None), None)
+        if free is None:
+            raise ConfigError(
+                f"cannot add policy {policy_id!r}: the league is full, all {self.plan.max_policies} learner slots "
+                f"({self.plan.num_shards} shards, capacities {self.plan.shard_capacities()}) hold trainable policies "
+                f"{self.policy_ids}. Remove (or freeze) a policy first, or raise the maximum number of trainable "
+                "policies.")
+        shard, slot = free
+        group = self._make_group(policy_id, shard, ctor_args, dict(ctor_kwargs or {}))
+        self.slots[shard][slot] = policy_id
+        self.where[policy_id], self.groups[policy_id] = (shard, slot), group
+        if weights is not None:
+            self.set_weights(policy_id, weights)
+        else:
+            self.weights[policy_id] = self._call(policy_id, "get_weights")
+        return shard, slot
+
+    def _make_group(self, policy_id: PolicyId, shard: int, args: tuple, kwargs: dict):
+        def ctor(_i: int) -> tuple[tuple, dict]:  # looked up at each (re)start: a restarted replay actor's new handle
+            return (policy_id, self.replays.proxies(wait=True)[shard], *args), kwargs
+
+        group = runtime.make_actor_group(
+            self.policy_learner_cls, 1, ctor, remote=self.remote, num_cpus=self.policy_num_cpus,
+            num_gpus=self.plan.gpus_per_policy, max_in_flight=self.max_in_flight, max_restarts=self.max_restarts,
+            address=self.address, resource_wait_s=self.resource_wait_s, name=f"policy learner {policy_id!r}",
+            first_index=0, node=self.replay_nodes.get(shard))
+        group.on_restart = lambda: [("set_weights", (self.weights[policy_id],))]
+        return group
+
+    def remove_policy(self, policy_id: PolicyId) -> Any:
+        """Stop ``policy_id``'s learner, free its slot and drop its replay data; returns its latest weights."""
+        shard, slot = self._where(policy_id)
+        group = self.groups.pop(policy_id)
+        self._restarts_of_removed += group.num_restarts
+        group.stop()
+        self.slots[shard][slot] = None
+        del self.where[policy_id]
+        self.replays.foreach("remove_policy", policy_id, actor_ids=[shard])
+        return self.weights.pop(policy_id, None)
+
+    def _where(self, policy_id: PolicyId) -> tuple[int, int]:
+        if policy_id not in self.where:
+            raise KeyError(f"policy {policy_id!r} has no learner; trainable policies: {self.policy_ids}")
+        return self.where[policy_id]
+
+    # ---- actors ---------------------------------------------------------------------------
+    def get_replay_actor(self, policy_id: PolicyId) -> Any:
+        """The replay actor of ``policy_id``'s shard; its calls return their results."""
+        return self.replays.proxies(wait=True)[self._where(policy_id)[0]]
+
+    def replay_proxies(self) -> dict[PolicyId, Any]:
+        """Fire-and-forget handles, per policy, for rollout actors to ``add_batch(policy_id, batch)``
+        straight into the policy's shard (fetch again after a replay actor restarts)."""
+        proxies = self.replays.proxies()
+        return {pid: proxies[shard] for pid, (shard, _) in self.where.items()}
+
+    def get_policy_actor(self, policy_id: PolicyId) -> Any:
+        """The current learner actor of ``policy_id``; its calls return their results."""
+        self._where(policy_id)
+        return self.groups[policy_id].proxies(wait=True)[0]
+
+    def _call(self, policy_id: PolicyId, method: str, *args: Any) -> Any:
+        group = self.groups[policy_id]
+        for _ in range(2):  # a dead actor is recreated (with the latest weights) and asked once more
+            out = group.foreach(method, *args)
+            if out:
+                return out[0]
+        raise RuntimeError(f"policy learner {policy_id!r} failed twice on {method}(); last failure: "
+                           f"{getattr(group, 'last_failure', None)}")
+
+    def call(self, policy_id: PolicyId, method: str, *args: Any) -> Any:
+        """Call ``method`` on ``policy_id``'s learner and wait for the result."""
+        self._where(policy_id)
+        return self._call(policy_id, method, *args)
+
+    def submit(self, policy_id: PolicyId, method: str, *args: Any) -> bool:
+        """Send ``method`` to ``policy_id``'s learner unless ``max_in_flight`` requests are open."""
+        self._where(policy_id)
+        return self.groups[policy_id].submit(method, *args) > 0
+
+    def num_in_flight(self, policy_id: PolicyId | None = None) -> int:
+        ids = [policy_id] if policy_id is not None else list(self.groups)
+        return sum(self.groups[p].num_in_flight() for p in ids)
+
+    def fetch_ready(self, timeout_s: float = 0.0) -> list[tuple[PolicyId, Any]]:
+        """Results of the submitted requests that are done, as (policy id, result), waiting at
+        most ``timeout_s`` for the first one. A learner that died is recreated meanwhile."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            out = [(pid, r) for pid, g in list(self.groups.items()) for _, r in g.fetch_ready(0.0)]
+            if out or time.monotonic() >= deadline or not self.num_in_flight():
+                return out
+            time.sleep(0.002)
+
+    # ---- weights ----------------------------------------------------------------------------
+    def get_weights(self, policy_ids: list[PolicyId] | None = None) -> dict[PolicyId, Any]:
+        """Fetch the learners' current weights (and keep them for recreating a learner that dies)."""
+        for pid in self.policy_ids if policy_ids is None else policy_ids:
+            self._where(pid)
+            self.weights[pid] = self._call(pid, "get_weights")
+        return {pid: self.weights[pid] for pid in (self.policy_ids if policy_ids is None else policy_ids)}
+
+    def set_weights(self, policy_id: PolicyId, weights: Any) -> None:
+        self._where(policy_id)
+        self.weights[policy_id] = weights
+        self._call(policy_id, "set_weights", weights)
+
+    # ---- resources and health -------------------------------------------------------------------
+    def resource_bundles(self) -> list[dict[str, float]]:
+        """Every shard's reservation: its replay actor, then one bundle per policy slot."""
+        out: list[dict[str, float]] = []
+        for cap in self.plan.shard_capacities():
+            out.append({"CPU": self.replay_num_cpus, "GPU": 0.0})
+            out.extend({"CPU": self.policy_num_cpus, "GPU": self.plan.gpus_per_policy} for _ in range(cap))
+        return out
+
+    def node_ids(self) -> dict[str, dict]:
+        """Where the actors run (Ray node ids; empty in-process): {"replay": {shard: node}, "policies": {id: node}}."""
+        if not self.remote:
+            return {"replay": {}, "policies": {}}
+        return {"replay": self.replays.node_ids(),
+                "policies": {pid: g.node_ids()[0] for pid, g in self.groups.items()}}
+
+    def replay_stats(self) -> dict[PolicyId, dict[str, int]]:
+        """Per-policy replay counters from every shard (a replay actor that died is recreated, empty)."""
+        out: dict[PolicyId, dict[str, int]] = {}
+        for stats in self.replays.foreach("stats"):
+            out.update(stats)
+        return out
+
+    @property
+    def num_restarts(self) -> int:
+        return self._restarts_of_removed + self.replays.num_restarts + sum(g.num_restarts for g in self.groups.values())
+
+    def stop(self) -> None:
+        for group in self.groups.values():
+            group.stop()
+        self.groups.clear()
+        self.replays.stop()

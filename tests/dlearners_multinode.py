@@ -1,0 +1,79 @@
+"""Distributed learners on a simulated three-node Ray cluster: do policy learners sit beside their replay actor?
+
+Also the small regression module and loss the distributed-learner tests train (Ray workers
+import them from here). Run by ``tests/test_distributed_learners.py`` in a fresh Python
+process (a ``ray.cluster_utils.Cluster`` needs its own Ray instance); prints one JSON line:
+each shard's replay node, each policy's shard and node, and one learning step per policy.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+import torch
+
+from shoal.batch import Batch, Col
+
+TRUE_W = np.array([1.0, -2.0, 0.5, 3.0], dtype=np.float32)
+
+
+def make_module() -> torch.nn.Module:
+    return torch.nn.Linear(4, 1)
+
+
+def mse_loss(module: torch.nn.Module, batch: dict, learner) -> tuple[torch.Tensor, dict]:
+    err = module(batch[Col.OBS]).squeeze(-1) - batch[Col.REWARDS]
+    loss = (err**2).mean()
+    return loss, {"loss": loss.detach()}
+
+
+def regression_batch(n: int = 32, seed: int = 0) -> Batch:
+    """Rows of a noiseless linear regression: rewards = obs @ TRUE_W."""
+    obs = np.random.default_rng(seed).normal(size=(n, 4)).astype(np.float32)
+    return Batch({Col.OBS: obs, Col.REWARDS: obs @ TRUE_W})
+
+
+def main() -> dict:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from shoal.learn.distributed_learners import BatchReplay, DistributedLearners, PolicyLearner, shard_plan
+
+    torch.set_num_threads(1)
+    t0 = time.time()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    for _ in range(2):
+        cluster.add_node(num_cpus=1)
+    ray.init(address=cluster.address, include_dashboard=False, logging_level="WARNING")
+    out: dict = {"cluster_start_s": round(time.time() - t0, 1)}
+    try:
+        cluster.wait_for_nodes()
+        out["num_nodes"] = len([n for n in ray.nodes() if n["Alive"]])
+        plan = shard_plan(0, 6, num_shards=3)  # 3 shards x 2 slots; 0.2 + 2 x 0.3 CPUs per shard fits a 1-CPU node
+        dl = DistributedLearners(PolicyLearner, BatchReplay, plan, remote=True, replay_kwargs={"capacity": 4},
+                                 replay_num_cpus=0.2, policy_num_cpus=0.3, resource_wait_s=60.0,
+                                 address=cluster.address)
+        try:
+            for k in range(6):
+                dl.add_policy(f"p{k}", (make_module, mse_loss), {"lr": 0.05, "seed": k})
+            nodes = dl.node_ids()
+            out["replay_nodes"] = {str(s): n for s, n in nodes["replay"].items()}
+            out["policies"] = {pid: {"shard": dl.where[pid][0], "node": n} for pid, n in nodes["policies"].items()}
+            for pid in dl.policy_ids:
+                dl.get_replay_actor(pid).add_batch(pid, regression_batch(seed=1))
+            out["learned"] = {pid: dl.call(pid, "learn") is not None for pid in dl.policy_ids}
+        finally:
+            dl.stop()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    out["total_s"] = round(time.time() - t0, 1)
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(main()), flush=True)
+    sys.exit(0)
