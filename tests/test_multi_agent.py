@@ -239,6 +239,8 @@ def test_policies_added_removed_and_weights_synced_at_runtime():
     new = [m for m in metrics.matches if m["episode_id"] > running]
     assert new and all(set(m["policies"]) == {"main", "main_v1"} for m in new)
     assert all(m["policies"] == ("main", "main") for m in metrics.matches if m["episode_id"] <= running)
+    with pytest.raises(ValueError, match="still names 'main_v1'"):
+        runner.remove_policy("main_v1")
     runner.set_matchmaking([{"policies": ["main"]}])
     runner.remove_policy("main_v1")  # games that use it are abandoned and restart with the new mapping
     assert "main_v1" not in runner.policies

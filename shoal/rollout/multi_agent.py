@@ -285,13 +285,10 @@ class MultiAgentEnvRunner:
         self._streams: dict[tuple, list] = defaultdict(list)  # (env, agent, policy) -> rows not yet in a sequence
         self._ready: dict[str, list[list]] = defaultdict(list)  # policy -> full sequences
         self._open: list[dict[str, list]] = [{} for _ in self.envs]  # agent -> transition waiting for its next obs
-        self._episodes: list[EpisodeInfo] = []
-        self._to_act: list[dict] = []
         self._metrics = MultiAgentRolloutMetrics(worker_index=worker_index)
-        for i, env in enumerate(self.envs):
-            self._episodes.append(None)
-            self._to_act.append(env.reset(seed=None if self.seed is None else self.seed + i))
-            self._episodes[i] = self._new_episode(i)
+        self._to_act: list[dict] = [env.reset(seed=None if self.seed is None else self.seed + i)
+                                    for i, env in enumerate(self.envs)]
+        self._episodes: list[EpisodeInfo] = [self._new_episode(i) for i in range(self.num_envs)]
         self._eval_envs: list[MultiAgentEnvAdapter] = []
 
     # ---- policies -----------------------------------------------------------------------------
@@ -314,6 +311,8 @@ class MultiAgentEnvRunner:
         """Drop a policy; games it is playing are abandoned (not reported) and restart with a new mapping."""
         if policy_id not in self.policies:
             raise KeyError(f"unknown policy {policy_id!r}; known: {sorted(self.policies)}")
+        if isinstance(self._mapping, Matchmaking) and policy_id in self._mapping.policy_ids():
+            raise ValueError(f"the matchmaking still names {policy_id!r}; set new matchmaking before removing it")
         del self.policies[policy_id]
         self.policies_to_train.discard(policy_id)
         self._ready.pop(policy_id, None)
