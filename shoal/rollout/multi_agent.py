@@ -370,7 +370,7 @@ class MultiAgentEnvRunner:
 
     # ---- mapping -------------------------------------------------------------------------------
     def set_policy_mapping_fn(self, fn: Callable[[str, EpisodeInfo], str]) -> None:
-        """Use ``fn`` for episodes that start from now on."""
+        """Use ``fn`` for episodes that start from now on; it may set ``episode.user_data["match_type"]``."""
         self._mapping = _FnMapping(fn)
 
     def set_matchmaking(self, data: Any) -> None:
