@@ -23,7 +23,9 @@ def start(address: str | None = None, num_cpus: int | None = None, **kwargs) -> 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         init_kwargs = dict(
-            address=address,
+            # "local" always starts a fresh instance: with None, Ray would join whatever cluster was
+            # started last on this machine (another user's, or a test's simulated one).
+            address=address or "local",
             include_dashboard=False,
             logging_level=logging.WARNING,
             log_to_driver=True,
