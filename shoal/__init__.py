@@ -22,6 +22,7 @@ _LAZY = {
     "APPOConfig": ("shoal.algorithms.appo", "APPOConfig"),
     "APPO": ("shoal.algorithms.appo", "APPO"),
     "DDPPOConfig": ("shoal.algorithms.ddppo", "DDPPOConfig"), "DDPPO": ("shoal.algorithms.ddppo", "DDPPO"),
+    "AlphaStarConfig": ("shoal.algorithms.alpha_star", "AlphaStarConfig"), "AlphaStar": ("shoal.algorithms.alpha_star", "AlphaStar"),
     "Algorithm": ("shoal.algorithms.base", "Algorithm"),
     "train": ("shoal.trainer", "train"),
     "Stop": ("shoal.trainer", "Stop"),

@@ -20,6 +20,8 @@ REGISTRY: dict[str, tuple[str, str, str, str]] = {
              "Asynchronous PPO: IMPALA's machinery with a clipped surrogate on V-trace advantages and a target network."),
     "ddppo": ("shoal.algorithms.ddppo", "DDPPO", "DDPPOConfig",
               "Decentralized distributed PPO: every worker samples and trains; gradients all-reduced with torch.distributed."),
+    "alpha_star": ("shoal.algorithms.alpha_star", "AlphaStar", "AlphaStarConfig",
+                   "AlphaStar league self-play on APPO: PettingZoo games, league builder, learner shards with batch replay."),
 }
 
 

@@ -40,7 +40,7 @@ class Algorithm:
             np.random.seed(seed)
             torch.manual_seed(seed)
         self.rng = np.random.default_rng(seed)
-        self.env_info = env_info(config.env, config.env_config)  # fails early on a bad env
+        self.env_info = self.describe_env()  # fails early on a bad env
         self.iteration = 0
         self.counters: dict[str, float] = {k: 0 for k in COUNTERS}
         self.episodes = EpisodeWindow(100)
@@ -53,6 +53,10 @@ class Algorithm:
         self.setup()
 
     # ---- for subclasses -------------------------------------------------------------------
+    def describe_env(self):
+        """The env's spaces and spec facts (Gymnasium); multi-agent algorithms check their own env instead."""
+        return env_info(self.config.env, self.config.env_config)
+
     def setup(self) -> None:
         raise NotImplementedError
 

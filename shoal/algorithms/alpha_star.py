@@ -1,0 +1,332 @@
+"""AlphaStar: league self-play on APPO with distributed learners.
+
+Reads in order: config, loss, the two actor classes, training_step. Reuses APPO's loss and
+target network (functions and a small class), the multi-agent runner, the league builders
+and the learner shards; nothing here subclasses another algorithm.
+
+The data flow:
+
+- Rollout actors (:class:`LeagueRolloutActor`, a MultiAgentEnvRunner) play the games the
+  league's matchmaking data asks for and put each learning policy's sequences straight
+  into that policy's shard replay actor (``add_batch``); the driver only gets metrics and
+  match outcomes back.
+- Policy learner actors (:class:`APPOPolicyLearner`) pull a mix of new and replayed batches
+  from their shard (``replay_ratio``, ``replay_buffer_capacity`` batches), learn with the
+  APPO loss under the stored action masks, and return their new weights.
+- The driver keeps ``max_requests_in_flight_per_worker`` requests open to every rollout
+  actor and every policy learner, collects what is ready and never waits on one actor.
+  New weights go to the rollout actors with the matchmaking data in one object-store put.
+- After every iteration the league builder sees the match results and the result dict and
+  may add (a learner in the first free shard slot, weights copied from the parent), reset,
+  freeze (learner released, the policy keeps playing) or remove policies.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Union
+
+import numpy as np
+import torch
+from pydantic import Field, model_validator
+
+from shoal.algorithms.appo import APPOConfig, TargetNetwork, appo_loss
+from shoal.algorithms.base import Algorithm
+from shoal.algorithms.impala import WAIT_S
+from shoal.batch import Batch, Col
+from shoal.config import EnvSpec, ResourcesConfig
+from shoal.envs.multi_agent import make_multi_agent_env
+from shoal.league import make_league_builder
+from shoal.learn import Learner
+from shoal.learn.distributed_learners import BatchReplay, DistributedLearners, shard_plan
+from shoal.models import build_actor_critic
+from shoal.rollout.multi_agent import ActionMasked, MultiAgentEnvRunner, PolicyReturnWindows
+from shoal.runtime import make_actor_group
+
+
+# ---- config -----------------------------------------------------------------------------
+class AlphaStarResourcesConfig(ResourcesConfig):
+    num_learner_shards: Optional[int] = Field(None, ge=1, description="Learner shards; None: one per GPU, or one per policy without GPUs.")
+    num_cpus_per_learner: float = Field(1.0, ge=0, description="CPUs each policy learner actor reserves (remote runs).")
+
+
+class AlphaStarConfig(APPOConfig):
+    algo = "alpha_star"
+
+    env: EnvSpec = Field("pettingzoo.classic:tictactoe_v3", description="A PettingZoo env: import path, module or callable.")
+    resources: AlphaStarResourcesConfig = Field(default_factory=AlphaStarResourcesConfig)
+    league: Union[str, dict[str, Any], None] = Field(
+        "alpha_star", description="League builder: a name (alpha_star, no_league), an import path, or {type: ..., **kwargs}.")
+    replay_ratio: float = Field(0.0, ge=0, le=1, description="Fraction of learned batches that are replayed ones.")
+    replay_buffer_capacity: int = Field(10, ge=1, description="Batches each policy's replay keeps (and new ones that may wait).")
+    max_num_policies_to_train: int = Field(4, ge=1, description="Learner slots over all shards: the most learning policies at once.")
+    learner_idle_sleep_s: float = Field(0.01, ge=0, description="A remote learner with nothing to learn waits this long before answering.")
+
+    @model_validator(mode="after")
+    def _league(self):
+        builder = make_league_builder(self.league)  # raises ConfigError naming what is wrong
+        learning = sum(1 for s in builder.initial_policies().values() if s["trainable"])
+        if learning > self.max_num_policies_to_train:
+            raise ValueError(f"the league starts with {learning} learning policies but max_num_policies_to_train is "
+                             f"{self.max_num_policies_to_train}; raise it or configure fewer learning players")
+        n = self.resources.num_learner_shards
+        if n is not None and n > self.max_num_policies_to_train:
+            raise ValueError(f"resources.num_learner_shards ({n}) must not exceed max_num_policies_to_train "
+                             f"({self.max_num_policies_to_train})")
+        return self
+
+
+# ---- loss -------------------------------------------------------------------------------
+class _MaskedTarget:
+    """APPO's target network seen through the batch's action masks (its logits masked like the learner's)."""
+
+    def __init__(self, target: TargetNetwork, mask: torch.Tensor) -> None:
+        self.target, self.mask = target, mask
+
+    def for_module(self, module: ActionMasked) -> ActionMasked:
+        return ActionMasked(self.target.for_module(module.module), self.mask)
+
+
+def masked_appo_loss(module, batch: dict, learner: Learner, config: AlphaStarConfig, target: TargetNetwork):
+    """APPO's loss with the current and the target network's logits masked by ``ACTION_MASK``."""
+    mask = batch[Col.ACTION_MASK]
+    return appo_loss(ActionMasked(module, mask), batch, learner, config, _MaskedTarget(target, mask))
+
+
+# ---- the actors -------------------------------------------------------------------------
+class APPOPolicyLearner:
+    """One policy's APPO learner on its shard's replay actor: ``learn()`` pulls up to
+    ``train_batch_size`` rows (new plus replayed), runs ``num_sgd_iter`` updates and returns
+    the stats and new weights, or None when nothing was waiting."""
+
+    def __init__(self, policy_id: str, replay: Any, config: AlphaStarConfig, obs_space, action_space,
+                 idle_sleep_s: float = 0.0) -> None:
+        torch.set_num_threads(config.resources.torch_threads)
+        self.policy_id, self.replay, self.config, self.idle_sleep_s = policy_id, replay, config, idle_sleep_s
+        module = build_actor_critic(obs_space, action_space, config.model)
+        self.learner = Learner(module, self._loss, lr=config.lr, grad_clip=config.grad_clip)
+        self.learner.extra_state["kl_coeff"] = config.kl_coeff if config.use_kl_loss else 0.0
+        self.target = TargetNetwork(self.learner, config.target_update_frequency)
+
+    def _loss(self, module, batch: dict, learner: Learner):
+        return masked_appo_loss(module, batch, learner, self.config, self.target)
+
+    def learn(self) -> Optional[dict[str, Any]]:
+        batches, rows = [], 0
+        while rows < self.config.train_batch_size:
+            b = self.replay.replay(self.policy_id)
+            if b is None:
+                break
+            batches.append(b)
+            rows += len(b)
+        if not batches:
+            if self.idle_sleep_s:
+                time.sleep(self.idle_sleep_s)
+            return None
+        tensors = Batch.concat(batches).to_torch(self.learner.device)
+        for _ in range(self.config.num_sgd_iter):
+            stats = self.learner.update_minibatch(tensors)
+        return {"rows": rows, "stats": {k: float(v) for k, v in stats.items()}, "weights": self.get_weights()}
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return self.learner.get_weights()
+
+    def set_weights(self, weights: dict) -> None:
+        self.learner.set_weights(weights)
+        self.target.set_state({"module": self.learner.module.state_dict(), "updated_at": self.learner.num_updates})
+
+
+class LeagueRolloutActor(MultiAgentEnvRunner):
+    """A MultiAgentEnvRunner that stores each learning policy's batch in that policy's shard replay."""
+
+    def __init__(self, config, worker_index: int, policies: dict, matchmaking: Any, replay: dict) -> None:
+        trainable = [pid for pid, s in policies.items() if s.get("trainable")]
+        super().__init__(config, worker_index, policies, matchmaking=matchmaking, policies_to_train=trainable)
+        self.replay = dict(replay)
+
+    def sample_and_store(self):
+        batches, metrics = self.sample()
+        for pid, batch in batches.items():
+            if pid in self.replay:
+                self.replay[pid].add_batch(pid, batch)
+        return metrics
+
+    def sync(self, msg: dict[str, Any]) -> None:
+        """One message per broadcast: new weights, matchmaking, learning ids, replay handles, removals."""
+        self.set_weights(msg["weights"], matchmaking=msg["matchmaking"])
+        self.set_policies_to_train([p for p in msg["train"] if p in self.policies])
+        self.replay = dict(msg["replay"])
+        for pid in msg.get("remove", ()):
+            if pid in self.policies:
+                self.remove_policy(pid)
+
+
+# ---- algorithm --------------------------------------------------------------------------
+class AlphaStar(Algorithm):
+    config_cls = AlphaStarConfig
+
+    def describe_env(self):
+        env = make_multi_agent_env(self.config.env, self.config.env_config)  # fails early on a bad env
+        agent = env.possible_agents[0]
+        self.obs_space, self.action_space = env.observation_space(agent), env.action_space(agent)
+        env.close()
+        return None
+
+    def setup(self) -> None:
+        cfg, res = self.config, self.config.resources
+        remote = res.num_workers > 0
+        self.league = make_league_builder(cfg.league)
+        self.returns = PolicyReturnWindows(100)
+        plan = shard_plan(res.num_gpus, cfg.max_num_policies_to_train, res.num_learner_shards)
+        self.learners = DistributedLearners(
+            APPOPolicyLearner, BatchReplay, plan, remote=remote, max_in_flight=cfg.max_requests_in_flight_per_worker,
+            replay_kwargs={"capacity": cfg.replay_buffer_capacity, "replay_ratio": cfg.replay_ratio, "seed": cfg.seed},
+            policy_num_cpus=res.num_cpus_per_learner, max_restarts=res.max_worker_restarts,
+            resource_wait_s=res.resource_wait_s, address=res.address)
+        self.weights: dict[str, dict] = {}  # every policy's latest weights (driver copy)
+        self._changed: dict[str, dict] = {}  # weights not yet sent to the rollout actors
+        self._removed: list[str] = []
+        for pid, spec in self.league.initial_policies().items():
+            self._add(pid, self._fresh_weights(pid), spec["trainable"])
+        self._changed.clear()
+        self._matches_this_iter = 0
+        self.env_runners = make_actor_group(
+            LeagueRolloutActor, max(res.num_workers, 1), lambda i: ((cfg, i, self._specs(), self._mm(), self._replay()), {}),
+            remote=remote, num_cpus=res.num_cpus_per_worker, max_in_flight=cfg.max_requests_in_flight_per_worker,
+            max_restarts=res.max_worker_restarts, address=res.address, resource_wait_s=res.resource_wait_s,
+            name="rollout actor", first_index=1 if remote else 0)
+        self.env_runners.on_restart = lambda: [("sync", (self._message(full=True),))]
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def _fresh_weights(self, pid: str) -> dict:
+        seed = None if self.config.seed is None else self.config.seed + len(self.weights) + 1
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            module = build_actor_critic(self.obs_space, self.action_space, self.config.model)
+        return {k: v.detach().numpy().copy() for k, v in module.state_dict().items()}
+
+    def _add(self, pid: str, weights: dict, trainable: bool) -> None:
+        self.weights[pid] = self._changed[pid] = weights
+        if trainable:
+            self.learners.add_policy(pid, (self.config, self.obs_space, self.action_space, self._idle_sleep()),
+                                     weights=weights)
+
+    def _idle_sleep(self) -> float:
+        return self.config.learner_idle_sleep_s if self.config.resources.num_workers > 0 else 0.0
+
+    def _specs(self) -> dict[str, dict]:
+        learning = set(self.learners.policy_ids)
+        return {pid: {"weights": w, "trainable": pid in learning} for pid, w in self.weights.items()}
+
+    def _mm(self) -> dict:
+        return self.league.matchmaking().to_dict()
+
+    def _replay(self) -> dict:
+        return self.learners.replay_proxies()
+
+    def _message(self, full: bool = False) -> dict[str, Any]:
+        return {"weights": dict(self.weights if full else self._changed), "matchmaking": self._mm(),
+                "train": list(self.learners.policy_ids), "replay": self._replay(), "remove": list(self._removed)}
+
+    def get_weights(self, policy_ids=None) -> dict[str, dict]:
+        return {pid: self.weights[pid] for pid in (policy_ids or self.weights)}
+
+    def broadcast(self) -> None:
+        """One put: the changed weights, the matchmaking, who learns, where to store batches, who left."""
+        ref = self.env_runners.put(self._message())
+        self.env_runners.foreach("sync", ref, wait=False)
+        self._changed, self._removed = {}, []
+
+    # ---- the execution plan ------------------------------------------------------------------
+    def training_step(self) -> dict[str, Any]:
+        with self.timers.time("sample"):
+            self.env_runners.submit("sample_and_store")
+            metrics = [m for _, m in self.env_runners.fetch_ready(WAIT_S)]
+            self.record_rollouts(metrics)
+            for m in metrics:
+                self.returns.add(m)
+                self.league.record_results(m.matches)
+                self._matches_this_iter += len(m.matches)
+        with self.timers.time("learn"):
+            for pid in self.learners.policy_ids:
+                self.learners.submit(pid, "learn")
+            stats: dict[str, Any] = {}
+            for pid, out in self.learners.fetch_ready(WAIT_S):
+                if out is None or pid not in self.weights:
+                    continue
+                self.counters["env_steps_trained"] += out["rows"]
+                self.weights[pid] = self._changed[pid] = self.learners.weights[pid] = out["weights"]
+                stats.update({f"learner/{pid}/{k}": v for k, v in out["stats"].items()})
+        with self.timers.time("sync"):
+            if self._changed:
+                self.broadcast()
+        return stats
+
+    def train(self) -> dict[str, Any]:
+        self._matches_this_iter = 0
+        result = super().train()
+        with self.timers.time("league"):
+            self.apply_league_changes(self.league.build(self, result))
+            self.broadcast()  # the matchmaking's win-rate weights move every iteration
+        result.update(self.returns.metrics())
+        result.update(self.league.metrics())
+        result.update({"num_policies": len(self.weights), "num_learning_policies": len(self.learners.policy_ids),
+                       "num_matches_this_iter": self._matches_this_iter,
+                       "num_learner_restarts": self.learners.num_restarts})
+        return result
+
+    def apply_league_changes(self, changes) -> None:
+        for new_id, from_id, trainable, _spec in changes.add:
+            self._add(new_id, self.weights[from_id] if from_id else self._fresh_weights(new_id), trainable)
+        for pid in changes.reset:
+            self.weights[pid] = self._changed[pid] = self._fresh_weights(pid)
+            if pid in self.learners.policy_ids:
+                self.learners.set_weights(pid, self.weights[pid])
+        for pid in changes.freeze:
+            if pid in self.learners.policy_ids:
+                self.learners.remove_policy(pid)
+        for pid in changes.remove:
+            if pid in self.learners.policy_ids:
+                self.learners.remove_policy(pid)
+            self.weights.pop(pid, None)
+            self._changed.pop(pid, None)
+            self._removed.append(pid)
+
+    # ---- evaluation ------------------------------------------------------------------------------
+    def evaluate_vs(self, opponent: str = "random", num_games: int = 100, policy_id: str = "main",
+                    num_envs: int = 16) -> dict[str, float]:
+        """Greedy win rate of ``policy_id`` against "random", "heuristic" or another policy, half as first player."""
+        ids = [policy_id] + ([opponent] if opponent in self.weights else [])
+        runner = MultiAgentEnvRunner(self.config, 999, {p: {"weights": self.weights[p], "trainable": False} for p in ids},
+                                     matchmaking=[{"policies": [policy_id]}], num_envs=1)
+        try:
+            return runner.evaluate_vs(policy_id, opponent, num_games, num_envs=num_envs)
+        finally:
+            runner.stop()
+
+    def evaluate(self, num_episodes: Optional[int] = None, render: bool = False) -> dict[str, float]:
+        out = self.evaluate_vs("random", num_episodes or self.config.evaluation.evaluation_num_episodes)
+        return {"win_rate_vs_random": out["win_rate"], "num_episodes": out["games"]}
+
+    # ---- state -------------------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), "league": self.league.get_state(),
+                "weights": {pid: {k: torch.from_numpy(np.asarray(v)) for k, v in w.items()} for pid, w in self.weights.items()}}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continue the checkpoint's league: its players, their weights, who learns."""
+        super().set_state(state)
+        self.league.set_state(state["league"])
+        before = set(self.weights)
+        for pid in list(self.learners.policy_ids):
+            self.learners.remove_policy(pid)
+        self.weights, self._changed = {}, {}
+        for pid, spec in self.league.players.items():
+            self._add(pid, {k: v.numpy() for k, v in state["weights"][pid].items()}, spec["trainable"])
+        self._removed = sorted(before - set(self.weights))
+        self.broadcast()
+
+    def stop(self) -> None:
+        self.learners.stop()
+        super().stop()
