@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 
 from shoal.batch import Batch, Col
 from shoal.errors import ConfigError
@@ -43,7 +42,9 @@ def _non_negative(name: str, value: Any, strict: bool = False) -> float:
     return value
 
 
-def _to_tensor(name: str, array: np.ndarray) -> torch.Tensor:
+def _to_tensor(name: str, array: np.ndarray):
+    import torch  # only for checkpoints: replay shard actors start without paying torch's import
+
     try:
         return torch.from_numpy(np.ascontiguousarray(array).copy())
     except TypeError as e:
@@ -158,7 +159,7 @@ class ReplayBuffer:
         size = int(state["size"])
         columns = {}
         for k, t in state["columns"].items():
-            a = t.numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+            a = t.numpy() if hasattr(t, "numpy") else np.asarray(t)
             if len(a) != size:
                 raise ValueError(f"replay state column '{k}' has {len(a)} rows, expected {size}")
             col = np.zeros((self.capacity,) + a.shape[1:], dtype=a.dtype)
@@ -244,7 +245,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def get_state(self) -> dict[str, Any]:
         state = super().get_state()
-        state.update(priorities=torch.from_numpy(self.priorities().copy()), max_priority=self.max_priority,
+        state.update(priorities=_to_tensor("priorities", self.priorities()), max_priority=self.max_priority,
                      alpha=self.alpha, beta=self.beta, eps=self.eps)
         return state
 
