@@ -202,6 +202,28 @@ def algos() -> None:
     out.print(table)
 
 
+@app.command()
+def league(
+    run_dir: Path = typer.Argument(..., help="Run directory (or checkpoint) of a league run, e.g. `shoal train alpha_star`."),
+) -> None:
+    """Show a league: players, match counts, the win-rate table; writes league_report.* and a heatmap PNG there."""
+    from shoal.league.report import format_league_report, write_league_report
+
+    try:
+        if not run_dir.exists():
+            from shoal.errors import CheckpointError
+
+            raise CheckpointError(f"'{run_dir}' does not exist; give the run directory `shoal train` wrote.")
+        report = write_league_report(run_dir)
+    except ShoalError as e:
+        _fail(e)
+    out.print(format_league_report(report), highlight=False, soft_wrap=True)
+    for kind, path in report["files"].items():
+        out.print(f"{kind}: {path}", highlight=False)
+    if report.get("heatmap_message"):
+        out.print(report["heatmap_message"], highlight=False)
+
+
 def main() -> None:
     try:
         app()

@@ -1,0 +1,180 @@
+"""AlphaStar: config validation, the masked APPO loss, the in-process league loop with its
+checkpoint round trip, learning tic-tac-toe, two Ray rollout actors, and `shoal league`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from shoal.algorithms import get_config_class
+from shoal.algorithms.alpha_star import AlphaStar, AlphaStarConfig, masked_appo_loss, APPOPolicyLearner
+from shoal.batch import Col
+from shoal.cli import app
+from shoal.errors import ConfigError
+from shoal.learn.distributed_learners import BatchReplay
+from shoal.rollout.multi_agent import MultiAgentEnvRunner
+
+TTT = "pettingzoo.classic:tictactoe_v3"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+# A league that changes fast: snapshots after a few games at a low win rate.
+FAST_LEAGUE = {"type": "alpha_star", "seed": 0, "win_rate_threshold": 0.3, "min_games_for_snapshot": 5,
+               "win_rate_window": 20}
+
+
+def small(**kw) -> AlphaStarConfig:
+    base = dict(env=TTT, seed=0, rollout_fragment_length=8, train_batch_size=128, min_time_s_per_iteration=0.0,
+                min_env_steps_per_iteration=300, league=FAST_LEAGUE, model={"hiddens": [32]})
+    cfg = AlphaStarConfig(**{**base, **kw})
+    cfg.resources.num_envs_per_worker = 8
+    return cfg
+
+
+def test_config_checks_the_league_and_the_learner_slots():
+    assert get_config_class("alpha_star") is AlphaStarConfig
+    with pytest.raises(ConfigError, match="alpha_sta"):
+        AlphaStarConfig(env=TTT, league="alpha_sta")
+    with pytest.raises(ConfigError, match="num_main_exploitrs"):
+        AlphaStarConfig(env=TTT, league={"type": "alpha_star", "num_main_exploitrs": 2})
+    with pytest.raises(ConfigError, match="max_num_policies_to_train"):
+        AlphaStarConfig(env=TTT, league={"type": "alpha_star", "num_main_exploiters": 3}, max_num_policies_to_train=4)
+    with pytest.raises(ConfigError, match="replay_ratio"):
+        AlphaStarConfig(env=TTT, replay_ratio=1.5)
+    with pytest.raises(ConfigError, match="num_learner_shards"):
+        AlphaStarConfig(env=TTT, league="no_league", max_num_policies_to_train=2, resources={"num_learner_shards": 3})
+    cfg = AlphaStarConfig(env=TTT, league="no_league", max_num_policies_to_train=1)
+    assert AlphaStarConfig.from_dict(cfg.to_dict()).league == "no_league"
+
+
+def test_masked_appo_loss_is_on_policy_under_the_stored_masks():
+    cfg = small(train_batch_size=64)
+    runner = MultiAgentEnvRunner(cfg, 0, {"main": None}, ticks_per_sample=24)
+    batch = runner.sample()[0]["main"]
+    env = runner.envs[0]
+    replay = BatchReplay(capacity=4)
+    learner = APPOPolicyLearner("main", replay, cfg, env.observation_space("player_1"), env.action_space("player_1"))
+    learner.set_weights(runner.policies["main"].get_weights())
+    tensors = batch.to_torch()
+    loss, stats = masked_appo_loss(learner.learner.module, tensors, learner.learner, cfg, learner.target)
+    assert torch.isfinite(loss)
+    assert float(stats["mean_rho"]) == pytest.approx(1.0, abs=1e-5)  # behaviour = target = current, same masks
+    assert float(stats["kl"]) == pytest.approx(0.0, abs=1e-6)  # the target's logits are masked the same way
+    assert float(stats["clip_fraction"]) == 0.0
+    assert learner.learn() is None  # nothing stored yet
+    replay.add_batch("main", batch)
+    out = learner.learn()
+    assert out["rows"] == len(batch) and set(out["weights"]) == set(learner.get_weights())
+    assert learner.learner.num_updates == cfg.num_sgd_iter
+
+
+def test_in_process_league_grows_and_a_checkpoint_continues_the_same_league(tmp_path):
+    algo = small().build()
+    try:
+        assert algo.env_runners.actor_ids == [0]  # num_workers=0: everything in the driver
+        results = [algo.train() for _ in range(6)]
+        r = results[-1]
+        for key in ("env_steps_sampled", "env_steps_trained", "num_policies", "league/players", "league/games_total",
+                    "policy_return_mean/main", "num_matches_this_iter", "episode_return_mean"):
+            assert key in r, key
+        assert r["env_steps_trained"] > 0 and r["league/games_total"] > 0
+        assert r["num_policies"] > 4, "a snapshot should have joined the league"  # main, 2 exploiters, random_0
+        assert r["num_learning_policies"] == 3  # snapshots are frozen: no new learners
+        frozen = [p for p, s in algo.league.players.items() if not s["trainable"] and s["parent"]]
+        assert frozen and all(p in algo.weights for p in frozen)
+        runner = algo.env_runners.actors[0]
+        assert set(runner.policies) == set(algo.weights)
+        assert runner.policies_to_train == set(algo.learners.policy_ids)
+        # every policy's weights are the same in the rollout actor as in the driver
+        for pid, w in algo.weights.items():
+            got = runner.policies[pid].get_weights()
+            assert all(np.allclose(got[k], w[k]) for k in w)
+        path = algo.save(tmp_path / "ckpt")
+        players, weights = dict(algo.league.players), {p: dict(w) for p, w in algo.weights.items()}
+        payoff = algo.league.payoff.get_state()
+    finally:
+        algo.stop()
+    restored = AlphaStar.from_checkpoint(path)
+    try:
+        assert restored.league.players == players
+        assert restored.league.payoff.get_state() == payoff
+        assert set(restored.weights) == set(weights)
+        for pid, w in weights.items():
+            assert all(np.allclose(restored.weights[pid][k], w[k]) for k in w)
+        assert set(restored.learners.policy_ids) == {p for p, s in players.items() if s["trainable"]}
+        assert set(restored.env_runners.actors[0].policies) == set(weights)
+        r = restored.train()
+        assert r["iteration"] == 7 and r["league/games_total"] > 0
+    finally:
+        restored.stop()
+
+
+@pytest.mark.learning
+def test_main_beats_the_uniform_random_player_at_tic_tac_toe():
+    data = yaml.safe_load((EXAMPLES / "alpha_star_tictactoe.yaml").read_text())
+    data.pop("algo", None)
+    data.pop("stop", None)
+    cfg = AlphaStarConfig(**data)
+    algo = cfg.build()
+    t0 = time.perf_counter()
+    evals = []
+    try:
+        while time.perf_counter() - t0 < 80:
+            r = algo.train()
+            if r["iteration"] % 3 == 0:
+                evals.append(algo.evaluate_vs("random", 200))
+                if evals[-1]["win_rate"] >= 0.9:
+                    break
+        ev = evals[-1]
+        assert ev["games"] == 200 and abs(ev["win_rate_first"] - ev["win_rate_second"]) < 0.5
+        assert ev["win_rate"] >= 0.9, ([e["win_rate"] for e in evals], r["env_steps_sampled"])
+    finally:
+        algo.stop()
+
+
+@pytest.mark.ray
+def test_two_ray_rollout_actors_train_the_league_and_checkpoint(ray_cluster, tmp_path):
+    cfg = small(resources={"num_workers": 2, "num_cpus_per_worker": 0.25, "num_envs_per_worker": 8,
+                           "num_cpus_per_learner": 0.25}, min_env_steps_per_iteration=400)
+    algo = cfg.build()
+    try:
+        assert algo.env_runners.actor_ids == [1, 2]
+        results = []
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 60 and (len(results) < 2 or results[-1]["env_steps_trained"] == 0):
+            results.append(algo.train())
+        assert len(results) >= 2 and results[-1]["env_steps_trained"] > 0
+        assert results[-1]["league/games_total"] > 0 and results[-1]["num_policies"] >= 4
+        path = algo.save(tmp_path / "ckpt")
+        players = dict(algo.league.players)
+    finally:
+        algo.stop()
+    restored = AlphaStar.from_checkpoint(path, overrides={"resources": {"num_workers": 0}})
+    try:
+        assert restored.league.players == players
+        assert restored.train()["league/games_total"] > 0
+    finally:
+        restored.stop()
+
+
+def test_shoal_league_prints_the_report_and_writes_the_heatmap(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "runs"
+    r = runner.invoke(app, ["train", "alpha_star", "--env", TTT, "--stop-iters", "2", "--out", str(out), "-q",
+                            "--seed", "0", "--envs-per-worker", "8", "--set", "rollout_fragment_length=8",
+                            "--set", "train_batch_size=128", "--set", "min_time_s_per_iteration=0",
+                            "--set", "min_env_steps_per_iteration=300"])
+    assert r.exit_code == 0, r.output
+    run_dir = next(out.iterdir())
+    r = runner.invoke(app, ["league", str(run_dir)])
+    assert r.exit_code == 0, r.output
+    assert "main" in r.output and "main_exploiter_0" in r.output and "league_exploiter_0" in r.output
+    assert (run_dir / "league_win_rates.png").is_file() or "matplotlib" in r.output
+    empty = tmp_path / "not_a_league"
+    empty.mkdir()
+    r = runner.invoke(app, ["league", str(empty)])
+    assert r.exit_code == 2 and "error" in r.output.lower()
