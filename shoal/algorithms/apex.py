@@ -55,8 +55,9 @@ class ApeXConfig(DQNConfig):
     worker_side_prioritization: bool = Field(True)
     max_weight_sync_delay: int = Field(400, ge=1, description="Steps an actor samples before its weights are refreshed.")
     max_requests_in_flight_per_worker: int = Field(4, ge=1)
-    max_replay_requests_in_flight_per_shard: int = Field(8, ge=1)
-    learner_queue_size: int = Field(16, ge=1, description="Replayed batches waiting for the learner thread.")
+    max_replay_requests_in_flight_per_shard: int = Field(16, ge=1)
+    learner_queue_size: int = Field(64, ge=1, description="Replayed batches waiting for the learner thread; with the "
+                                    "requests in flight it bounds how far replay runs ahead of learning.")
     final_prioritized_replay_beta: float = Field(0.4, ge=0, le=1, description="Ape-X keeps beta fixed by default.")
     exploration_base: float = Field(0.4, gt=0, lt=1, description="Epsilon base of the per-actor schedule.")
     exploration_alpha: float = Field(7.0, ge=0, description="Epsilon exponent spread of the per-actor schedule.")
@@ -75,7 +76,7 @@ class ApeXConfig(DQNConfig):
                           "num_replay_shards": 2, "replay_shard_cpus": 0.0},
             "rollout_fragment_length": 64, "replay_capacity": 100_000, "learning_starts": 5_000, "train_batch_size": 256,
             "target_network_update_freq": 25_600, "training_intensity": 8.0, "lr": 1e-3,
-            "max_requests_in_flight_per_worker": 1,
+            "max_requests_in_flight_per_worker": 1, "max_replay_requests_in_flight_per_shard": 32,
         }
 
 
