@@ -139,16 +139,20 @@ def test_main_beats_the_uniform_random_player_at_tic_tac_toe():
 @pytest.mark.ray
 def test_two_ray_rollout_actors_train_the_league_and_checkpoint(ray_cluster, tmp_path):
     cfg = small(resources={"num_workers": 2, "num_cpus_per_worker": 0.25, "num_envs_per_worker": 8,
-                           "num_cpus_per_learner": 0.25}, min_env_steps_per_iteration=400)
+                           "num_cpus_per_learner": 0.25}, min_env_steps_per_iteration=400,
+                league={**FAST_LEAGUE, "num_main_exploiters": 0, "num_league_exploiters": 0})
+    t0 = time.perf_counter()
     algo = cfg.build()
+    print(f"built in {time.perf_counter() - t0:.1f} s")
     try:
         assert algo.env_runners.actor_ids == [1, 2]
         results = []
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < 60 and (len(results) < 2 or results[-1]["env_steps_trained"] == 0):
             results.append(algo.train())
+            print(f"iteration {len(results)} at {time.perf_counter() - t0:.1f} s: {results[-1]['env_steps_trained']} trained")
         assert len(results) >= 2 and results[-1]["env_steps_trained"] > 0
-        assert results[-1]["league/games_total"] > 0 and results[-1]["num_policies"] >= 4
+        assert results[-1]["league/games_total"] > 0 and results[-1]["num_policies"] >= 2
         path = algo.save(tmp_path / "ckpt")
         players = dict(algo.league.players)
     finally:

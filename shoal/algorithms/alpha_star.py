@@ -312,7 +312,7 @@ class AlphaStar(Algorithm):
     # ---- state -------------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
         return {**super().get_state(), "league": self.league.get_state(),
-                "weights": {pid: {k: torch.from_numpy(np.asarray(v)) for k, v in w.items()} for pid, w in self.weights.items()}}
+                "weights": {pid: {k: torch.from_numpy(np.array(v)) for k, v in w.items()} for pid, w in self.weights.items()}}
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Continue the checkpoint's league: its players, their weights, who learns."""
