@@ -182,3 +182,23 @@ def test_shoal_league_prints_the_report_and_writes_the_heatmap(tmp_path):
     empty.mkdir()
     r = runner.invoke(app, ["league", str(empty)])
     assert r.exit_code == 2 and "error" in r.output.lower()
+
+
+@pytest.mark.learning
+def test_multi_agent_appo_four_independent_cartpoles_each_reach_150():
+    cfg = AlphaStarConfig(env="multi_cartpole:MultiCartPole", seed=0, league="multi_cartpole:IndependentPolicies",
+                          max_num_policies_to_train=4, gamma=0.98, lr=1e-3, rollout_fragment_length=32,
+                          train_batch_size=512, num_sgd_iter=4, entropy_coeff=0.01, min_time_s_per_iteration=1.0,
+                          resources={"num_envs_per_worker": 16})
+    algo = cfg.build()
+    try:
+        assert sorted(algo.learners.policy_ids) == ["p0", "p1", "p2", "p3"]
+        t0, r = time.perf_counter(), {}
+        while time.perf_counter() - t0 < 85:
+            r = algo.train()
+            rets = [r.get(f"policy_return_mean/p{i}", 0.0) for i in range(4)]
+            if min(rets) >= 150 or r["env_steps_sampled"] > 200_000:
+                break
+        assert min(rets) >= 150 and r["env_steps_sampled"] <= 200_000, (rets, r["env_steps_sampled"])
+    finally:
+        algo.stop()
