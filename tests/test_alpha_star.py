@@ -37,12 +37,15 @@ def small(**kw) -> AlphaStarConfig:
 
 def test_config_checks_the_league_and_the_learner_slots():
     assert get_config_class("alpha_star") is AlphaStarConfig
-    with pytest.raises(ConfigError, match="alpha_sta"):
+    with pytest.raises(ConfigError, match="league: .*alpha_sta"):
         AlphaStarConfig(env=TTT, league="alpha_sta")
     with pytest.raises(ConfigError, match="num_main_exploitrs"):
         AlphaStarConfig(env=TTT, league={"type": "alpha_star", "num_main_exploitrs": 2})
     with pytest.raises(ConfigError, match="max_num_policies_to_train"):
         AlphaStarConfig(env=TTT, league={"type": "alpha_star", "num_main_exploiters": 3}, max_num_policies_to_train=4)
+    with pytest.raises(ConfigError, match="max_learning_policies"):
+        AlphaStarConfig(env=TTT, league={"type": "alpha_star", "keep_training_prob": 0.5})
+    AlphaStarConfig(env=TTT, league={"type": "alpha_star", "keep_training_prob": 0.5, "max_learning_policies": 4})
     with pytest.raises(ConfigError, match="replay_ratio"):
         AlphaStarConfig(env=TTT, replay_ratio=1.5)
     with pytest.raises(ConfigError, match="num_learner_shards"):

@@ -36,6 +36,7 @@ from shoal.algorithms.impala import WAIT_S
 from shoal.batch import Batch, Col
 from shoal.config import EnvSpec, ResourcesConfig
 from shoal.envs.multi_agent import make_multi_agent_env
+from shoal.errors import ConfigError
 from shoal.league import make_league_builder
 from shoal.learn import Learner
 from shoal.learn.distributed_learners import BatchReplay, DistributedLearners, shard_plan
@@ -64,8 +65,17 @@ class AlphaStarConfig(APPOConfig):
 
     @model_validator(mode="after")
     def _league(self):
-        builder = make_league_builder(self.league)  # raises ConfigError naming what is wrong
+        try:
+            builder = make_league_builder(self.league)
+        except ConfigError as e:
+            raise ConfigError(f"Invalid AlphaStarConfig: league: {e}") from None
         learning = sum(1 for s in builder.initial_policies().values() if s["trainable"])
+        league_cfg = getattr(builder, "config", None)
+        if getattr(league_cfg, "keep_training_prob", 0) > 0 and \
+                (league_cfg.max_learning_policies or 10**9) > self.max_num_policies_to_train:
+            raise ValueError("with league.keep_training_prob > 0 exploiter snapshots keep learning: set "
+                             f"league.max_learning_policies to at most max_num_policies_to_train "
+                             f"({self.max_num_policies_to_train}) so the learner slots never run out")
         if learning > self.max_num_policies_to_train:
             raise ValueError(f"the league starts with {learning} learning policies but max_num_policies_to_train is "
                              f"{self.max_num_policies_to_train}; raise it or configure fewer learning players")
