@@ -136,7 +136,8 @@ class APPOPolicyLearner:
         tensors = Batch.concat(batches).to_torch(self.learner.device)
         for _ in range(self.config.num_sgd_iter):
             stats = self.learner.update_minibatch(tensors)
-        return {"rows": rows, "stats": {k: float(v) for k, v in stats.items()}, "weights": self.get_weights()}
+        stats = {k: float(v) for k, v in stats.items()} | {"num_updates": self.learner.num_updates}
+        return {"rows": rows, "stats": stats, "weights": self.get_weights()}
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return self.learner.get_weights()
@@ -200,6 +201,7 @@ class AlphaStar(Algorithm):
             self._add(pid, self._fresh_weights(pid), spec["trainable"])
         self._changed.clear()
         self._matches_this_iter = 0
+        self._learner_stats: dict[str, float] = {}
         self.env_runners = make_actor_group(
             LeagueRolloutActor, max(res.num_workers, 1), lambda i: ((cfg, i, self._specs(), self._mm(), self._replay()), {}),
             remote=remote, num_cpus=res.num_cpus_per_worker, max_in_flight=cfg.max_requests_in_flight_per_worker,
@@ -261,7 +263,7 @@ class AlphaStar(Algorithm):
         with self.timers.time("learn"):
             for pid in self.learners.policy_ids:
                 self.learners.submit(pid, "learn")
-            stats: dict[str, Any] = {}
+            stats = self._learner_stats  # the last stats of every learner: stable result columns
             for pid, out in self.learners.fetch_ready(WAIT_S):
                 if out is None or pid not in self.weights:
                     continue
@@ -271,7 +273,7 @@ class AlphaStar(Algorithm):
         with self.timers.time("sync"):
             if self._changed:
                 self.broadcast()
-        return stats
+        return dict(stats)
 
     def train(self) -> dict[str, Any]:
         self._matches_this_iter = 0
@@ -301,6 +303,7 @@ class AlphaStar(Algorithm):
                 self.learners.remove_policy(pid)
             self.weights.pop(pid, None)
             self._changed.pop(pid, None)
+            self._learner_stats = {k: v for k, v in self._learner_stats.items() if not k.startswith(f"learner/{pid}/")}
             self._removed.append(pid)
 
     # ---- evaluation ------------------------------------------------------------------------------
