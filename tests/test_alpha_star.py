@@ -181,6 +181,8 @@ def test_shoal_league_prints_the_report_and_writes_the_heatmap(tmp_path):
     assert r.exit_code == 0, r.output
     assert "main" in r.output and "main_exploiter_0" in r.output and "league_exploiter_0" in r.output
     assert (run_dir / "league_win_rates.png").is_file() or "matplotlib" in r.output
+    r = runner.invoke(app, ["evaluate", str(run_dir), "--episodes", "10"])  # main vs the random player
+    assert r.exit_code == 0 and "over 10 greedy episodes" in " ".join(r.output.split()), r.output
     empty = tmp_path / "not_a_league"
     empty.mkdir()
     r = runner.invoke(app, ["league", str(empty)])

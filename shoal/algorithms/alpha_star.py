@@ -319,8 +319,12 @@ class AlphaStar(Algorithm):
             runner.stop()
 
     def evaluate(self, num_episodes: Optional[int] = None, render: bool = False) -> dict[str, float]:
+        """Main against the uniform random player (two-player games); its return is +1 win, 0 draw, -1 loss."""
         out = self.evaluate_vs("random", num_episodes or self.config.evaluation.evaluation_num_episodes)
-        return {"win_rate_vs_random": out["win_rate"], "num_episodes": out["games"]}
+        mean = out["win_rate"] - out["loss_rate"]
+        std = float(np.sqrt(max(0.0, out["win_rate"] + out["loss_rate"] - mean ** 2)))
+        return {"episode_return_mean": mean, "episode_return_std": std, "episode_len_mean": out["mean_length"],
+                "num_episodes": out["games"], "win_rate_vs_random": out["win_rate"], "draw_rate_vs_random": out["draw_rate"]}
 
     # ---- state -------------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
