@@ -140,7 +140,7 @@ def test_main_beats_the_uniform_random_player_at_tic_tac_toe():
 
 
 @pytest.mark.ray
-def test_two_ray_rollout_actors_train_the_league_and_checkpoint(ray_cluster, tmp_path):
+def test_two_ray_rollout_actors_train_the_league_survive_dead_actors_and_checkpoint(ray_cluster, tmp_path):
     cfg = small(resources={"num_workers": 2, "num_cpus_per_worker": 0.25, "num_envs_per_worker": 8,
                            "num_cpus_per_learner": 0.25}, min_env_steps_per_iteration=400,
                 league={**FAST_LEAGUE, "num_main_exploiters": 0, "num_league_exploiters": 0})
@@ -156,6 +156,22 @@ def test_two_ray_rollout_actors_train_the_league_and_checkpoint(ray_cluster, tmp
             print(f"iteration {len(results)} at {time.perf_counter() - t0:.1f} s: {results[-1]['env_steps_trained']} trained")
         assert len(results) >= 2 and results[-1]["env_steps_trained"] > 0
         assert results[-1]["league/games_total"] > 0 and results[-1]["num_policies"] >= 2
+        # fault injection: a rollout actor and main's policy learner die; both come back in sync
+        import ray
+
+        old_runner = algo.env_runners.actors[1]
+        ray.kill(old_runner, no_restart=True)
+        ray.kill(algo.learners.get_policy_actor("main").handle, no_restart=True)
+        trained, t1 = results[-1]["env_steps_trained"], time.perf_counter()
+        while time.perf_counter() - t1 < 90:
+            r = algo.train()
+            if r["num_worker_restarts"] >= 1 and r["num_learner_restarts"] >= 1 and r["env_steps_trained"] > trained:
+                break
+        assert r["num_worker_restarts"] == 1 and r["num_learner_restarts"] == 1, r
+        assert r["env_steps_trained"] > trained and algo.env_runners.actors[1] is not old_runner
+        got = algo.env_runners.call(1, "get_weights")  # after the last broadcast: the driver's weights
+        assert set(got) == set(algo.weights)
+        assert all(np.allclose(got["main"][k], algo.weights["main"][k]) for k in got["main"])
         path = algo.save(tmp_path / "ckpt")
         players = dict(algo.league.players)
     finally:
