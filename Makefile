@@ -26,8 +26,16 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
+	$(PIP) install -q -e ".[bench]"
 	$(PY) benchmarks/sampling.py
 	$(PY) benchmarks/ppo_cartpole.py --seeds 3
+	$(PY) benchmarks/replay.py
+	$(PY) benchmarks/apex_cartpole.py
+	$(PY) benchmarks/impala_cartpole.py
+	$(PY) benchmarks/appo_cartpole.py
+	$(PY) benchmarks/ddppo_scaling.py
+	$(PY) benchmarks/multi_device_learner.py
+	$(PY) benchmarks/league_connect4.py --budget-s 900
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info
