@@ -150,6 +150,10 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
                 reason = stop.reached(result)
                 if ckpt_dir is not None and (algo.iteration % checkpoint_every == 0 or reason):
                     last_ckpt = save_numbered()
+                    log_extras = getattr(algo, "log_tensorboard_extras", None)  # e.g. the league's tables and heatmap
+                    tb = next((w.w for w in writers if isinstance(w, TensorBoardWriter) and w.w is not None), None)
+                    if log_extras is not None and tb is not None:
+                        log_extras(tb, int(result.get("env_steps_sampled", algo.iteration)))
                 if reason:
                     break
     except KeyboardInterrupt:

@@ -197,6 +197,12 @@ def test_shoal_league_prints_the_report_and_writes_the_heatmap(tmp_path):
     assert r.exit_code == 0, r.output
     assert "main" in r.output and "main_exploiter_0" in r.output and "league_exploiter_0" in r.output
     assert (run_dir / "league_win_rates.png").is_file() or "matplotlib" in r.output
+    # The same figures reach TensorBoard at each checkpoint: the report as text, the heatmap as an image.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir), size_guidance={"images": 0, "tensors": 0})
+    events.Reload()
+    assert "league/win_rates" in events.Tags()["images"] and "league/report/text_summary" in events.Tags()["tensors"]
     r = runner.invoke(app, ["evaluate", str(run_dir), "--episodes", "10"])  # main vs the random player
     assert r.exit_code == 0 and "over 10 greedy episodes" in " ".join(r.output.split()), r.output
     empty = tmp_path / "not_a_league"

@@ -234,6 +234,12 @@ class AlphaStar(Algorithm):
     def _mm(self) -> dict:
         return self.league.matchmaking().to_dict()
 
+    def log_tensorboard_extras(self, writer, step: int) -> None:
+        """The league's tables and win-rate heatmap in TensorBoard (the trainer calls this at checkpoints)."""
+        from shoal.league.report import add_league_to_tensorboard, league_report
+
+        add_league_to_tensorboard(writer, league_report(self.league), step)
+
     def _replay(self) -> dict:
         return self.learners.replay_proxies()
 
