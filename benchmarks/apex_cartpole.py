@@ -22,10 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _spawn import run_child
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = 450.0
@@ -120,20 +121,9 @@ def main() -> None:
         print(json.dumps(child(args.seed, config, args.spawn_time or time.time(), args.budget_s)), flush=True)
         return
 
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--seed", str(args.seed),
-           "--budget-s", str(args.budget_s)] + (["--config", config] if config else [])
     log(f"seed {args.seed}: starting a fresh process ({args.config or 'small-machine preset'})")
-    spawn_time = time.time()  # immediately before the spawn: interpreter start and imports count
-    proc = subprocess.Popen(cmd + ["--spawn-time", repr(spawn_time)], stdout=subprocess.PIPE, text=True, cwd=REPO)
-    try:
-        stdout, _ = proc.communicate(timeout=args.budget_s + 120)  # hard stop if an iteration hangs
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        stdout = ""
-    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
-    run = json.loads(lines[-1]) if proc.returncode == 0 and lines else \
-        {"solved": False, "error": f"child exited with code {proc.returncode}"}
+    run = run_child(__file__, ["--child", "--seed", str(args.seed), "--budget-s", str(args.budget_s)]
+                    + (["--config", config] if config else []), args.budget_s + 120)
     keys = ("solved", "seconds_to_solve", "env_steps_to_solve", "sampled_env_steps_per_s", "trained_env_steps_per_s",
             "learner_busy_fraction")
     print(json.dumps({"benchmark": "apex_cartpole", **{k: run.get(k) for k in keys},

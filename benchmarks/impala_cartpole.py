@@ -21,10 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _spawn import run_child
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = 450.0
@@ -77,20 +78,8 @@ def child(algo_name: str, seed: int, config: str, spawn_time: float, max_seconds
 
 # ---- parent: one fresh process per seed -----------------------------------------------------
 def run_seed(algo_name: str, seed: int, config: str, max_seconds: float) -> dict:
-    spawn_time = time.time()  # immediately before the spawn: interpreter start and imports count
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--algo", algo_name, "--child", str(seed),
-           "--max-seconds", str(max_seconds), "--config", config, "--spawn-time", repr(spawn_time)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO)
-    try:
-        stdout, _ = proc.communicate(timeout=max_seconds + 120)  # hard stop if an iteration hangs
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        return {"seed": seed, "solved": False, "error": "child timed out"}
-    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"seed": seed, "solved": False, "error": f"child exited with code {proc.returncode}"}
-    return json.loads(lines[-1])
+    args = ["--algo", algo_name, "--child", str(seed), "--max-seconds", str(max_seconds), "--config", config]
+    return {"seed": seed, **run_child(__file__, args, max_seconds + 120)}
 
 
 def median(rows: list[dict], key: str):

@@ -19,10 +19,11 @@ import argparse
 import json
 import math
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _spawn import run_child
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "examples" / "ppo_cartpole.yaml"
@@ -79,22 +80,8 @@ def child(seed: int, config: str | None, spawn_time: float, max_seconds: float) 
 
 # ---- parent: one fresh process per seed -----------------------------------------------------
 def run_seed(seed: int, config: str | None, max_seconds: float) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(seed), "--max-seconds", str(max_seconds)]
-    if config is not None:
-        cmd += ["--config", config]
-    spawn_time = time.time()  # immediately before the spawn: interpreter start and imports count
-    cmd += ["--spawn-time", repr(spawn_time)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO)
-    try:
-        stdout, _ = proc.communicate(timeout=max_seconds + 120)  # hard stop if an iteration hangs
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        return {"seed": seed, "solved": False, "error": "child timed out"}
-    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"seed": seed, "solved": False, "error": f"child exited with code {proc.returncode}"}
-    return json.loads(lines[-1])
+    args = ["--child", str(seed), "--max-seconds", str(max_seconds)] + (["--config", config] if config is not None else [])
+    return {"seed": seed, **run_child(__file__, args, max_seconds + 120)}
 
 
 def main() -> None:
