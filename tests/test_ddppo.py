@@ -77,7 +77,7 @@ def test_config_defaults_derive_the_batch_and_round_trip():
     assert DDPPOConfig.from_dict(d) == cfg
     preset = load_yaml(PRESET)
     preset.pop("stop")
-    assert DDPPOConfig.from_dict(preset).worker_batch_size() == 4096
+    assert DDPPOConfig.from_dict(preset).worker_batch_size() == 128 * 64  # envs x fragment per worker
 
 
 # ---- the gradient all-reduce -----------------------------------------------------------------
