@@ -53,6 +53,7 @@ class ApeXConfig(DQNConfig):
     training_intensity: float = Field(1.0, gt=0, description="Replayed env steps per sampled env step.")
     prioritized_replay: bool = Field(True)
     worker_side_prioritization: bool = Field(True)
+    min_time_s_per_iteration: float = Field(1.0, ge=0, description="Asynchronous: one result (and row) per second, not per step.")
     max_weight_sync_delay: int = Field(400, ge=1, description="Steps an actor samples before its weights are refreshed.")
     max_requests_in_flight_per_worker: int = Field(4, ge=1)
     max_replay_requests_in_flight_per_shard: int = Field(16, ge=1)
