@@ -57,12 +57,14 @@ class BackgroundLearnerThread(threading.Thread):
             while not self.stopped.is_set():
                 self.step()
         except BaseException as e:  # noqa: BLE001 - recorded and re-raised in the driver by check()
+            self.error_traceback = traceback.format_exc()  # before ``error``: check() reads both
             self.error = e
-            self.error_traceback = traceback.format_exc()
 
     def check(self) -> None:
         """Raise in the caller's thread if the learner thread has died."""
         if self.error is not None:
+            if threading.current_thread() is not self:
+                self.join(1.0)  # it is on its way out; let it finish so callers see a dead thread
             raise LearnerThreadError(
                 f"The learner thread '{self.name}' died with {type(self.error).__name__}: {self.error}\n"
                 f"Its traceback:\n{self.error_traceback}"
