@@ -247,7 +247,7 @@ def test_get_weights_is_consistent_while_training(threads):
     t.start()
     reads = 0
     while t.num_updates < 200 and reads < 2000:
-        with t.lock:  # the same lock the thread holds across an update
+        with t.hold():  # the same lock the thread holds across an update
             before = learner.num_updates
             w = t.get_weights()
             assert learner.num_updates == before

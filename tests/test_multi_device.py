@@ -204,7 +204,7 @@ def test_get_weights_while_training_never_sees_a_half_applied_step(threads):
         t.add(make_batch(i, rows=8))
     snapshots = []
     while t.num_updates < 160:
-        with t.lock:  # the lock every step holds: between two steps, never inside one
+        with t.hold():  # the lock every step holds: between two steps, never inside one
             snapshots.append((learner.num_updates, t.get_weights()))
     drain(t.outqueue, 4)
     assert len({n for n, _ in snapshots}) > 5  # the reads interleaved with many updates

@@ -30,6 +30,7 @@ import queue
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from typing import Any, Mapping
 
 import numpy as np
@@ -169,6 +170,7 @@ class LearnerThread(BackgroundLearnerThread):
         self.outqueue: queue.Queue = queue.Queue()
         # Held by every update and by get_weights(), so weights are never read half-written.
         self.lock = threading.RLock()
+        self.readers_waiting = 0  # get_weights() calls waiting for the lock; a step yields to them
         self.timers = WindowTimers(TIMER_NAMES)
         self.queue_sizes: deque[int] = deque(maxlen=100)
         self.num_updates = 0
@@ -196,12 +198,29 @@ class LearnerThread(BackgroundLearnerThread):
     def get_weights(self, policy_id=None) -> dict[str, np.ndarray]:
         """A copy of the current weights (of ``policy_id``; of every policy, keyed by id, when
         it is None in a multi-agent thread). Safe to call while the thread trains."""
-        with self.lock:
+        with self.hold():
             if not self.multi_agent:
                 return self.learners[None].get_weights()
             if policy_id is None:
                 return {pid: ln.get_weights() for pid, ln in self.learners.items()}
             return self.learners[policy_id].get_weights()
+
+    @contextmanager
+    def hold(self):
+        """Hold the learner's lock (between two SGD steps) to read or replace its state; the
+        thread yields to a waiting holder after its current step."""
+        self.readers_waiting += 1
+        try:
+            with self.lock:
+                yield
+        finally:
+            self.readers_waiting -= 1
+
+    def yield_to_readers(self) -> None:
+        """Between two steps: if a reader waits for the lock, drop the GIL so it gets the lock
+        (otherwise this thread re-takes it at once and a broadcast can wait many steps)."""
+        if self.readers_waiting:
+            time.sleep(0)
 
     def stats(self) -> dict[str, float]:
         """Queue-size window, phase timers, idle fraction (since the last call) and update count."""
@@ -247,6 +266,7 @@ class LearnerThread(BackgroundLearnerThread):
             for pid, tensors in slot.tensors.items():
                 slot.stats.add(self.learners[pid].update_minibatch(tensors), self._prefix(pid))
             self.num_updates += 1
+        self.yield_to_readers()
         slot.ttl -= 1
         if slot.ttl == 0:
             self._ring[self._idx] = None

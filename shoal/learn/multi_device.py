@@ -260,6 +260,7 @@ class MultiDeviceLearnerThread(LearnerThread):
                 for pid, shards in stack.shards.items():
                     self.towers[pid].update(shards, stats, self._prefix(pid))
                 self.num_updates += 1
+            self.yield_to_readers()
         env_steps, agent_steps = stack.env_steps, stack.agent_steps
         stack.shards = {}
         self.idle_stacks.put(stack)
