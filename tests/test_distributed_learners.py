@@ -213,7 +213,15 @@ def test_ray_learner_restarts_from_latest_weights_and_slots_stay_on_the_shard_no
         latest = dl.get_weights(["a"])["a"]  # the driver has now seen these
         assert dl.call("a", "learn")["num_updates"] == 2  # ... and the actor moves on past them
         assert not _same(dl.call("a", "get_weights"), latest)
-        ray.kill(dl.get_policy_actor("a").handle, no_restart=True)
+        dead = dl.get_policy_actor("a").handle
+        ray.kill(dead, no_restart=True)
+        deadline = time.time() + 30
+        while time.time() < deadline:  # ray.kill is asynchronous: a call right after it may still reach the old actor
+            try:
+                ray.get(dead.__ray_ready__.remote(), timeout=5)
+                time.sleep(0.1)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                break
         assert _same(dl.call("a", "get_weights"), latest)  # recreated, then given the latest weights
         assert dl.num_restarts == 1
         assert dl.call("a", "num_updates") == 0  # a fresh actor ...
