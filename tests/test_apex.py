@@ -130,7 +130,8 @@ def test_a_killed_replay_shard_is_recreated_empty_and_training_continues(apex_on
     assert algo.shards.actors[0] is not old
     # Keep training: the rollout actors got the new shard's handle and refill it.
     trained = r["env_steps_trained"]
-    r = train_until(algo, lambda r: False, 3, 30)
+    # A recreated shard starts a fresh process (seconds on a loaded machine) before the adds reach it.
+    r = train_until(algo, lambda r: algo.shards.call(0, "stats")["size"] > 0 and r["env_steps_trained"] > trained, 60, 60)
     after = {s: algo.shards.call(s, "stats")["size"] for s in (0, 1)}
     assert r["env_steps_trained"] > trained
     assert 0 < after[0] < min(before[0], after[1]), (before, after)  # refilled from empty, not restored
