@@ -192,7 +192,9 @@ def test_replicas_stay_identical_and_a_checkpoint_restores_them(ray_cluster, tmp
         for _ in range(3):
             r = algo.train()
         assert r["world_size"] == 2 and r["num_regroups"] == 0
-        assert r["env_steps_trained"] == r["env_steps_sampled"] > 3 * 200
+        # The driver gathers what has finished without waiting for a straggler, so an iteration may hold one
+        # worker's round (4 envs x 32 steps, a little fewer after resets) or both: at least 3 rounds' worth.
+        assert r["env_steps_trained"] == r["env_steps_sampled"] >= 3 * 100
         assert r["allreduce_ms_per_minibatch"] > 0
         weights = algo.env_runners.foreach("get_weights")
         optim = algo.env_runners.foreach("get_optimizer_state")
