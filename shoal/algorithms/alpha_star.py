@@ -43,6 +43,7 @@ from shoal.learn.distributed_learners import BatchReplay, DistributedLearners, s
 from shoal.models import build_actor_critic
 from shoal.rollout.multi_agent import ActionMasked, MultiAgentEnvRunner, PolicyReturnWindows
 from shoal.runtime import make_actor_group
+from shoal.runtime.process import configure_process
 
 
 # ---- config -----------------------------------------------------------------------------
@@ -111,7 +112,7 @@ class APPOPolicyLearner:
 
     def __init__(self, policy_id: str, replay: Any, config: AlphaStarConfig, obs_space, action_space,
                  idle_sleep_s: float = 0.0) -> None:
-        torch.set_num_threads(config.resources.torch_threads)
+        configure_process(config.resources)
         self.policy_id, self.replay, self.config, self.idle_sleep_s = policy_id, replay, config, idle_sleep_s
         module = build_actor_critic(obs_space, action_space, config.model)
         self.learner = Learner(module, self._loss, lr=config.lr, grad_clip=config.grad_clip)

@@ -22,6 +22,7 @@ from shoal.errors import CheckpointError, ConfigError
 from shoal.logging.metrics import EpisodeWindow, Timers
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
 from shoal.runtime import make_actor_group
+from shoal.runtime.process import configure_process
 
 COUNTERS = ("env_steps_sampled", "env_steps_trained", "time_total_s")
 
@@ -33,7 +34,7 @@ class Algorithm:
         if not isinstance(config, self.config_cls):
             raise ConfigError(f"{type(self).__name__} needs a {self.config_cls.__name__}, got {type(config).__name__}.")
         self.config = config
-        torch.set_num_threads(config.resources.torch_threads)
+        configure_process(config.resources)
         seed = config.seed
         if seed is not None:
             random.seed(seed)

@@ -25,6 +25,7 @@ import torch
 from shoal.batch import Batch, Col
 from shoal.envs.make import make_env, make_vec_env
 from shoal.models.catalog import preprocess_obs
+from shoal.runtime.process import configure_process
 
 
 @dataclass
@@ -89,7 +90,7 @@ class EnvRunner:
 
     def __init__(self, config, worker_index: int, policy_cls, postprocess: Callable[[Fragment], Batch] = fragment_to_batch,
                  rollout_fragment_length: int = 64, num_envs: int | None = None) -> None:
-        torch.set_num_threads(config.resources.torch_threads)
+        configure_process(config.resources)
         self.config = config
         self.worker_index = worker_index
         self.num_envs = num_envs or config.resources.num_envs_per_worker

@@ -42,6 +42,7 @@ from shoal.errors import ConfigError
 from shoal.models.distributions import masked_logits
 from shoal.rollout.env_runner import RolloutMetrics
 from shoal.rollout.policies import ActorCriticPolicy
+from shoal.runtime.process import configure_process
 
 DEFAULT_SEQUENCE_LENGTH = 50
 _SPEC_KEYS = {"weights", "model", "agent", "trainable"}
@@ -254,7 +255,7 @@ class MultiAgentEnvRunner:
                  policies_to_train: list[str] | None = None, collect_all_policies: bool = False,
                  rollout_fragment_length: int | None = None, ticks_per_sample: int | None = None,
                  num_envs: int | None = None) -> None:
-        torch.set_num_threads(config.resources.torch_threads)
+        configure_process(config.resources)
         self.config, self.worker_index = config, worker_index
         frag = config.rollout_fragment_length
         self.T = rollout_fragment_length or (frag if isinstance(frag, int) else DEFAULT_SEQUENCE_LENGTH)

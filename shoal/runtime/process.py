@@ -1,0 +1,54 @@
+"""Per-process settings every worker, learner and driver applies when it starts.
+
+- ``torch.set_num_threads(resources.torch_threads)``: with one thread per process on a
+  small machine, processes do not fight over cores (2 threads on 2 cores made a small update
+  step 50-100x slower).
+- ``resources.retain_freed_memory``: glibc's malloc hands large blocks (>= 128 KB at first)
+  back to the kernel when they are freed, so every minibatch's activations and gradients
+  are fresh pages, each touched page a page fault. Fixed thresholds keep freed memory for
+  reuse. Measured on the 2-core VM, a DD-PPO worker (4096-row minibatches): about 2,500
+  to 29,000 page faults/s and 1-8% of its time in the kernel before, about 30-300 and 0%
+  after; 1-worker throughput went from 35.7k to 40.3k env steps/s (median of 3).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+
+import torch
+
+log = logging.getLogger("shoal.runtime")
+
+M_TRIM_THRESHOLD = -1  # glibc mallopt parameters (malloc.h)
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's own upper bound for the dynamic threshold
+TRIM_THRESHOLD_BYTES = 128 << 20
+
+_retained = False
+
+
+def retain_freed_memory() -> bool:
+    """Make glibc keep freed blocks below 32 MB for reuse. True if applied (now or before); False without glibc."""
+    global _retained
+    if _retained:
+        return True
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to tune
+        return False
+    ok = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
+    if not ok:
+        log.debug("mallopt refused the thresholds; malloc keeps its defaults")
+    _retained = ok
+    return ok
+
+
+def configure_process(resources) -> None:
+    """Apply a ResourcesConfig's per-process settings (threads, memory) to this process."""
+    torch.set_num_threads(resources.torch_threads)
+    if getattr(resources, "retain_freed_memory", False):
+        retain_freed_memory()
