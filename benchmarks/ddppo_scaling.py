@@ -1,7 +1,7 @@
 """DD-PPO scaling on CartPole-v1: env steps/s with 1 and 2 workers, and time to a mean return of 450.
 
-Throughput: each worker does the same work per round (the preset's 64 envs x 64 steps, 8
-epochs of 2048-row minibatches, one gradient all-reduce per minibatch), so with perfect
+Throughput: each worker does the same work per round (the preset's 128 envs x 64 steps, 8
+epochs of one 8192-row minibatch, one gradient all-reduce per minibatch), so with perfect
 scaling 2 workers sample and train twice the env steps per second of 1. The 1- and 2-worker
 runs alternate (``--repeats`` times each, medians reported) so that load from other
 processes on a shared machine hits both alike; each run discards its first

@@ -14,14 +14,14 @@ def _sum_loss(module, batch, learner):
     return (module.weight * batch["x"]).sum(), {}
 
 
-def reduce_rank(rank: int, world: int, port: int, xs: list, out) -> None:
+def reduce_rank(rank: int, world: int, port: int, xs: list, spin: bool, out) -> None:
     """One rank: gradient of sum(w * x_rank) all-reduced; put (rank, grad, weight after an SGD-free Adam step)."""
     torch.set_num_threads(1)
     init_process_group("gloo", ("127.0.0.1", port), rank, world, timeout_s=20)
     module = torch.nn.Linear(2, 1, bias=False)
     with torch.no_grad():
         module.weight.copy_(torch.tensor([[0.5, -0.5]]))
-    learner = DistributedLearner(module, _sum_loss, lr=0.1)
+    learner = DistributedLearner(module, _sum_loss, lr=0.1, spin_wait=spin)
     learner.compute_gradients({"x": torch.tensor([xs[rank]])})
     learner.reduce_gradients()
     grad = module.weight.grad.clone()
@@ -30,7 +30,7 @@ def reduce_rank(rank: int, world: int, port: int, xs: list, out) -> None:
     destroy_process_group()
 
 
-def dying_peer_rank(rank: int, world: int, port: int, out) -> None:
+def dying_peer_rank(rank: int, world: int, port: int, spin: bool, out) -> None:
     """Rank 1 joins and exits at once; rank 0's all-reduce must fail fast with CollectiveError."""
     torch.set_num_threads(1)
     init_process_group("gloo", ("127.0.0.1", port), rank, world, timeout_s=10)
@@ -38,7 +38,7 @@ def dying_peer_rank(rank: int, world: int, port: int, out) -> None:
         return  # the process ends: its sockets close
     time.sleep(1.0)
     module = torch.nn.Linear(2, 1, bias=False)
-    learner = DistributedLearner(module, _sum_loss, lr=0.1)
+    learner = DistributedLearner(module, _sum_loss, lr=0.1, spin_wait=spin)
     learner.compute_gradients({"x": torch.tensor([[1.0, 1.0]])})
     t0 = time.perf_counter()
     try:

@@ -40,6 +40,7 @@ def _optimizer_equal(a: dict, b: dict) -> bool:
     ({"train_batch_size": 4096}, "train_batch_size", "rollout_fragment_length x resources.num_envs_per_worker"),
     ({"rollout_fragment_length": "auto"}, "rollout_fragment_length", "integer"),
     ({"minibatch_size": 4096}, "minibatch_size", "= 512"),
+    ({"collective_wait": "busy"}, "collective_wait", "auto, spin, block"),
 ])
 def test_config_rules_fail_naming_the_key(overrides, key, allowed):
     with pytest.raises(ConfigError) as info:
@@ -128,11 +129,12 @@ def _spawn(target, world: int, *args):
     return procs, out
 
 
-def test_all_reduce_averages_gradients_over_two_processes():
+@pytest.mark.parametrize("spin", [False, True], ids=["block", "spin"])
+def test_all_reduce_averages_gradients_over_two_processes(spin):
     import ddppo_helpers
 
     # loss_r = sum(w * x_r): rank 0's gradient is [1, 2], rank 1's [3, 6]; the mean is [2, 4].
-    procs, out = _spawn(ddppo_helpers.reduce_rank, 2, [[1.0, 2.0], [3.0, 6.0]])
+    procs, out = _spawn(ddppo_helpers.reduce_rank, 2, [[1.0, 2.0], [3.0, 6.0]], spin)
     results = sorted(out.get(timeout=60) for _ in procs)
     for p in procs:
         p.join(timeout=30)
@@ -144,10 +146,11 @@ def test_all_reduce_averages_gradients_over_two_processes():
     assert n0 == n1 == 1
 
 
-def test_a_dead_peer_makes_the_all_reduce_fail_fast_with_a_collective_error():
+@pytest.mark.parametrize("spin", [False, True], ids=["block", "spin"])
+def test_a_dead_peer_makes_the_all_reduce_fail_fast_with_a_collective_error(spin):
     import ddppo_helpers
 
-    procs, out = _spawn(ddppo_helpers.dying_peer_rank, 2)
+    procs, out = _spawn(ddppo_helpers.dying_peer_rank, 2, spin)
     kind, elapsed, *msg = out.get(timeout=60)
     for p in procs:
         p.join(timeout=30)
@@ -178,6 +181,11 @@ def test_worker_in_process_samples_trains_and_hands_over_its_state():
 
 def test_mean_stats_averages_each_key_over_the_workers_that_report_it():
     assert mean_stats([{"a": 1.0, "b": 4.0}, {"a": 3.0}]) == {"a": 2.0, "b": 4.0}
+    # Workers poll for all-reduce results when each has a CPU of its own (gloo), else they sleep.
+    assert cfg.collective_wait == "auto" and cfg.spin_wait()
+    assert not DDPPOConfig(env="CartPole-v1", resources={"num_cpus_per_worker": 0.5}).spin_wait()
+    assert not DDPPOConfig(env="CartPole-v1", collective_wait="block").spin_wait()
+    assert DDPPOConfig(env="CartPole-v1", collective_wait="spin", resources={"num_cpus_per_worker": 0.5}).spin_wait()
     assert mean_stats([]) == {}
 
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional, Union
 
 import numpy as np
-import torch
 from pydantic import Field, field_validator, model_validator
 
 from shoal.algorithms.base import Algorithm
@@ -40,6 +39,7 @@ from shoal.models import build_actor_critic
 from shoal.rollout import ActorCriticPolicy
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
 from shoal.runtime import make_actor_group
+from shoal.runtime.process import configure_process
 
 log = logging.getLogger("shoal.ddppo")
 
@@ -76,6 +76,9 @@ class DDPPOConfig(PPOConfig):
     torch_distributed_backend: str = Field("gloo", description="gloo (CPUs), nccl (GPUs) or mpi (if torch was built with it).")
     keep_local_weights_in_sync: bool = Field(True, description="Copy worker 0's weights to the driver every round (for evaluate/checkpoints).")
     torch_distributed_timeout_s: float = Field(60.0, gt=0, description="Rendezvous and collective timeout: how soon survivors notice a dead peer.")
+    collective_wait: str = Field("auto", description="How a worker waits for each gradient all-reduce: spin (poll, yielding the "
+                                 "CPU: no wake-up delay), block (sleep), or auto (spin on gloo when each worker reserves "
+                                 "at least one CPU, else block).")
     resources: DDPPOResourcesConfig = Field(default_factory=DDPPOResourcesConfig)
 
     @field_validator("torch_distributed_backend")
@@ -85,6 +88,13 @@ class DDPPOConfig(PPOConfig):
             raise ValueError(f"must be one of {', '.join(BACKENDS)}")
         if not backend_available(v):
             raise ValueError(f"this torch build has no '{v}' backend; use gloo")
+        return v
+
+    @field_validator("collective_wait")
+    @classmethod
+    def _collective_wait(cls, v: str) -> str:
+        if v not in ("auto", "spin", "block"):
+            raise ValueError("must be one of auto, spin, block")
         return v
 
     @field_validator("batch_mode")
@@ -112,6 +122,12 @@ class DDPPOConfig(PPOConfig):
             raise ValueError("torch_distributed_backend 'nccl' needs GPUs: set resources.num_gpus_per_worker > 0, or use gloo")
         return self
 
+    def spin_wait(self) -> bool:
+        """Whether workers poll for all-reduce results (see ``collective_wait``)."""
+        if self.collective_wait != "auto":
+            return self.collective_wait == "spin"
+        return self.torch_distributed_backend == "gloo" and self.resources.num_cpus_per_worker >= 1
+
     def worker_batch_size(self) -> int:
         return self.fragment_length() * self.resources.num_envs_per_worker
 
@@ -132,15 +148,16 @@ class RoundResult:
 
 def make_learner(config: DDPPOConfig, obs_space, action_space, cls=Learner, device="cpu") -> Learner:
     module = build_actor_critic(obs_space, action_space, config.model)
+    extra = {"spin_wait": config.spin_wait()} if issubclass(cls, DistributedLearner) else {}
     return cls(module, functools.partial(ppo_loss, config=config), lr=config.lr, grad_clip=config.grad_clip,
-               lr_schedule=config.lr_schedule, device=device)
+               lr_schedule=config.lr_schedule, device=device, **extra)
 
 
 class DDPPOWorker:
     """One replica: an EnvRunner and a DistributedLearner; a member of the process group."""
 
     def __init__(self, config: DDPPOConfig, worker_index: int) -> None:
-        torch.set_num_threads(config.resources.torch_threads)
+        configure_process(config.resources)
         self.config, self.worker_index = config, worker_index
         postprocess = functools.partial(gae_postprocess, gamma=config.gamma, gae_lambda=config.gae_lambda)
         self.runner = EnvRunner(config, worker_index, ActorCriticPolicy, postprocess, config.fragment_length())
