@@ -181,12 +181,20 @@ def test_worker_in_process_samples_trains_and_hands_over_its_state():
 
 def test_mean_stats_averages_each_key_over_the_workers_that_report_it():
     assert mean_stats([{"a": 1.0, "b": 4.0}, {"a": 3.0}]) == {"a": 2.0, "b": 4.0}
-    # Workers poll for all-reduce results when each has a CPU of its own (gloo), else they sleep.
+    assert mean_stats([]) == {}
+
+
+def test_workers_poll_for_the_all_reduce_only_with_a_cpu_of_their_own():
+    cfg = DDPPOConfig(env="CartPole-v1")  # gloo, 1 CPU per worker
     assert cfg.collective_wait == "auto" and cfg.spin_wait()
     assert not DDPPOConfig(env="CartPole-v1", resources={"num_cpus_per_worker": 0.5}).spin_wait()
     assert not DDPPOConfig(env="CartPole-v1", collective_wait="block").spin_wait()
     assert DDPPOConfig(env="CartPole-v1", collective_wait="spin", resources={"num_cpus_per_worker": 0.5}).spin_wait()
-    assert mean_stats([]) == {}
+    worker = DDPPOWorker(DDPPOConfig(**{**SMALL, "resources": {"num_workers": 1, "num_envs_per_worker": 4}}), 1)
+    try:
+        assert worker.learner.spin_wait  # the config reaches the learner
+    finally:
+        worker.stop()
 
 
 # ---- on local Ray ------------------------------------------------------------------------------
