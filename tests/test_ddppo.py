@@ -219,13 +219,16 @@ def test_replicas_stay_identical_and_a_checkpoint_restores_them(ray_cluster, tmp
         assert _optimizer_equal(optim[0], optim[1])
         assert _equal(algo.get_weights(), weights[0])  # the driver's copy (keep_local_weights_in_sync)
         path = algo.save(tmp_path / "ckpt")
-        rounds = algo.rounds
+        # Gathering does not wait for stragglers, so 3 iterations are 2 or 3 group rounds; the
+        # checkpoint holds worker 0's count (its in-flight round finishes before it answers).
+        rounds = algo.env_runners.foreach("get_sync_state", actor_ids=sorted(algo.env_runners.actor_ids)[:1])[0]["rounds"]
+        assert rounds >= 2 and algo.rounds <= rounds
     finally:
         algo.stop()
     restored = Algorithm.from_checkpoint(path)
     try:
         assert isinstance(restored, DDPPO) and restored.env_runners is None
-        assert _equal(restored.get_weights(), weights[0]) and restored.rounds == rounds == 3
+        assert _equal(restored.get_weights(), weights[0]) and restored.rounds == rounds
         assert restored.evaluate(num_episodes=2)["num_episodes"] == 2
         assert restored.env_runners is None  # evaluating started no worker
         restored.train()  # the workers start from the checkpoint's learner state

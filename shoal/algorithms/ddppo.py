@@ -144,6 +144,7 @@ class RoundResult:
     stats: dict[str, float] = field(default_factory=dict)
     weights: Optional[dict] = None  # rank 0's, when the driver keeps a copy
     error: Optional[str] = None  # the collective failed: the group must be re-formed
+    rounds: int = 0  # rounds the group has trained, counted by this worker after this one
 
 
 def make_learner(config: DDPPOConfig, obs_space, action_space, cls=Learner, device="cpu") -> Learner:
@@ -194,7 +195,7 @@ class DDPPOWorker:
         stats.update(allreduce_ms_per_minibatch=1000.0 * (self.learner.allreduce_s - reduce_s) / n,
                      learn_time_s=time.perf_counter() - t0, sample_time_s=metrics.sample_time_s)
         keep = cfg.keep_local_weights_in_sync and self.rank == 0
-        return RoundResult(metrics, len(batch), stats, weights if keep else None)
+        return RoundResult(metrics, len(batch), stats, weights if keep else None, rounds=self.rounds)
 
     def get_sync_state(self) -> dict[str, Any]:
         return {"learner": self.learner.get_state(), "rounds": self.rounds}
@@ -258,7 +259,8 @@ class DDPPO(Algorithm):
             self.record_rollouts([r.metrics for r in results])
             done = [r for r in results if r.error is None]
             self.counters["env_steps_trained"] += sum(r.env_steps_trained for r in done)
-            self.rounds += 1 if done else 0
+            # The workers' count: an iteration may gather one worker's round and the next its peer's.
+            self.rounds = max([self.rounds] + [r.rounds for r in done])
             for r in results:
                 if r.error is not None:
                     log.warning("DD-PPO round failed (%s); re-forming the group", r.error.splitlines()[0][:200])
