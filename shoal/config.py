@@ -62,6 +62,9 @@ class ModelConfig(Section):
     activation: str = Field("tanh", description="tanh, relu or elu.")
     vf_share_layers: bool = Field(False, description="Share the hidden layers between policy and value heads.")
     init_log_std: float = Field(0.0, description="Initial log std of the diagonal Gaussian (Box actions).")
+    conv_filters: list[list[int]] = Field(
+        default_factory=list, description="Conv layers [out_channels, kernel, stride] (no padding) before the MLPs, "
+        "for image-like (H, W, C) Box observations; empty: MLPs only.")
 
     @field_validator("activation")
     @classmethod
@@ -69,6 +72,15 @@ class ModelConfig(Section):
         allowed = ("tanh", "relu", "elu")
         if v not in allowed:
             raise ValueError(f"activation must be one of {', '.join(allowed)}")
+        return v
+
+    @field_validator("conv_filters")
+    @classmethod
+    def _conv_triples(cls, v: list[list[int]]) -> list[list[int]]:
+        for i, f in enumerate(v):
+            if len(f) != 3 or any(x < 1 for x in f):
+                raise ValueError(f"conv_filters[{i}] is {f}; each layer is [out_channels, kernel, stride], "
+                                 "three positive integers")
         return v
 
 
