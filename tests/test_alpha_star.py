@@ -50,6 +50,8 @@ def test_config_checks_the_league_and_the_learner_slots():
         AlphaStarConfig(env=TTT, replay_ratio=1.5)
     with pytest.raises(ConfigError, match="num_learner_shards"):
         AlphaStarConfig(env=TTT, league="no_league", max_num_policies_to_train=2, resources={"num_learner_shards": 3})
+    with pytest.raises(ConfigError, match="remote_learners: true needs Ray"):
+        AlphaStarConfig(env=TTT, resources={"remote_learners": True})
     cfg = AlphaStarConfig(env=TTT, league="no_league", max_num_policies_to_train=1)
     assert AlphaStarConfig.from_dict(cfg.to_dict()).league == "no_league"
 
@@ -182,6 +184,27 @@ def test_two_ray_rollout_actors_train_the_league_survive_dead_actors_and_checkpo
         assert restored.train()["league/games_total"] > 0
     finally:
         restored.stop()
+
+
+@pytest.mark.ray
+def test_a_ray_rollout_actor_feeds_learners_in_the_driver(ray_cluster):
+    """remote_learners: false — the actor samples in its own process, its batches come back to the
+    driver's replays and learners, and the new weights reach the actor."""
+    cfg = small(resources={"num_workers": 1, "num_cpus_per_worker": 0.25, "num_envs_per_worker": 8,
+                           "remote_learners": False}, league={**FAST_LEAGUE, "num_main_exploiters": 0})
+    algo = cfg.build()
+    try:
+        assert algo.env_runners.actor_ids == [1] and not algo.learners.remote
+        assert algo.env_runners.call(1, "sample_and_store") is not None  # no replay handles: nothing stored remotely
+        results = [algo.train() for _ in range(3)]
+        assert results[-1]["env_steps_trained"] > 0 and results[-1]["league/games_total"] > 0
+        stats = algo.learners.replay_stats()
+        assert stats["main"]["learned_new"] > 0 and stats["main"]["added"] >= stats["main"]["learned_new"]
+        algo.broadcast()
+        got = algo.env_runners.call(1, "get_weights")
+        assert all(np.allclose(got["main"][k], algo.weights["main"][k]) for k in got["main"])
+    finally:
+        algo.stop()
 
 
 def test_shoal_league_prints_the_report_and_writes_the_heatmap(tmp_path):

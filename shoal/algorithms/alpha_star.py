@@ -50,6 +50,13 @@ from shoal.runtime.process import configure_process
 class AlphaStarResourcesConfig(ResourcesConfig):
     num_learner_shards: Optional[int] = Field(None, ge=1, description="Learner shards; None: one per GPU, or one per policy without GPUs.")
     num_cpus_per_learner: float = Field(1.0, ge=0, description="CPUs each policy learner actor reserves (remote runs).")
+    remote_learners: Optional[bool] = Field(
+        None, description="Learner shards as Ray actors. None: when num_workers > 0. False with remote rollout actors: "
+        "the learners and their replays stay in the driver and the actors send their batches back to it (on a "
+        "small machine, one rollout process beside a learning driver).")
+
+    def learners_remote(self) -> bool:
+        return self.num_workers > 0 if self.remote_learners is None else self.remote_learners
 
 
 class AlphaStarConfig(APPOConfig):
@@ -81,6 +88,9 @@ class AlphaStarConfig(APPOConfig):
             raise ValueError(f"the league starts with {learning} learning policies but max_num_policies_to_train is "
                              f"{self.max_num_policies_to_train}; raise it or configure fewer learning players")
         n = self.resources.num_learner_shards
+        if self.resources.remote_learners and self.resources.num_workers == 0:
+            raise ValueError("resources.remote_learners: true needs Ray, i.e. resources.num_workers >= 1 "
+                             "(num_workers: 0 keeps everything in the driver)")
         if n is not None and n > self.max_num_policies_to_train:
             raise ValueError(f"resources.num_learner_shards ({n}) must not exceed max_num_policies_to_train "
                              f"({self.max_num_policies_to_train})")
@@ -163,6 +173,10 @@ class LeagueRolloutActor(MultiAgentEnvRunner):
                 self.replay[pid].add_batch(pid, batch)
         return metrics
 
+    def sample_and_return(self):
+        """For learners in the driver (``resources.remote_learners: false``): the batches come back with the metrics."""
+        return self.sample()
+
     def sync(self, msg: dict[str, Any]) -> None:
         """One message per broadcast: new weights, matchmaking, learning ids, replay handles, removals."""
         self.set_weights(msg["weights"], matchmaking=msg["matchmaking"])
@@ -187,11 +201,13 @@ class AlphaStar(Algorithm):
     def setup(self) -> None:
         cfg, res = self.config, self.config.resources
         remote = res.num_workers > 0
+        # Remote rollout actors with learners in the driver: the batches travel back with the metrics.
+        self._driver_stores = remote and not res.learners_remote()
         self.league = make_league_builder(cfg.league)
         self.returns = PolicyReturnWindows(100)
         plan = shard_plan(res.num_gpus, cfg.max_num_policies_to_train, res.num_learner_shards)
         self.learners = DistributedLearners(
-            APPOPolicyLearner, BatchReplay, plan, remote=remote, max_in_flight=cfg.max_requests_in_flight_per_worker,
+            APPOPolicyLearner, BatchReplay, plan, remote=res.learners_remote(), max_in_flight=cfg.max_requests_in_flight_per_worker,
             replay_kwargs={"capacity": cfg.replay_buffer_capacity, "replay_ratio": cfg.replay_ratio, "seed": cfg.seed},
             policy_num_cpus=res.num_cpus_per_learner, max_restarts=res.max_worker_restarts,
             resource_wait_s=res.resource_wait_s, address=res.address)
@@ -226,7 +242,7 @@ class AlphaStar(Algorithm):
                                      weights=weights)
 
     def _idle_sleep(self) -> float:
-        return self.config.learner_idle_sleep_s if self.config.resources.num_workers > 0 else 0.0
+        return self.config.learner_idle_sleep_s if self.config.resources.learners_remote() else 0.0
 
     def _specs(self) -> dict[str, dict]:
         learning = set(self.learners.policy_ids)
@@ -242,7 +258,7 @@ class AlphaStar(Algorithm):
         add_league_to_tensorboard(writer, league_report(self.league), step)
 
     def _replay(self) -> dict:
-        return self.learners.replay_proxies()
+        return {} if self._driver_stores else self.learners.replay_proxies()
 
     def _message(self, full: bool = False) -> dict[str, Any]:
         return {"weights": dict(self.weights if full else self._changed), "matchmaking": self._mm(),
@@ -260,8 +276,17 @@ class AlphaStar(Algorithm):
     # ---- the execution plan ------------------------------------------------------------------
     def training_step(self) -> dict[str, Any]:
         with self.timers.time("sample"):
-            self.env_runners.submit("sample_and_store")
-            metrics = [m for _, m in self.env_runners.fetch_ready(WAIT_S)]
+            if self._driver_stores:
+                self.env_runners.submit("sample_and_return")
+                metrics = []
+                for _, (batches, m) in self.env_runners.fetch_ready(WAIT_S):
+                    metrics.append(m)
+                    for pid, batch in batches.items():
+                        if pid in self.learners.policy_ids:
+                            self.learners.get_replay_actor(pid).add_batch(pid, batch)
+            else:
+                self.env_runners.submit("sample_and_store")
+                metrics = [m for _, m in self.env_runners.fetch_ready(WAIT_S)]
             self.record_rollouts(metrics)
             for m in metrics:
                 self.returns.add(m)
