@@ -106,7 +106,20 @@ def test_fragment_starting_with_a_reset_row():
     np.testing.assert_allclose(adv, [0.0, 1 + 1.8 - 1.0], rtol=1e-6)
 
 
-@pytest.mark.parametrize("clips", [(1.0, 1.0), (None, None), (0.8, 2.0)])
+def test_lambda_scales_the_traces():
+    # On-policy, lambda 0.5: c_t = 0.5, so vs_t = V_t + delta_t + d * 0.5 * (vs_{t+1} - V_{t+1}).
+    vs, adv = run([0, 0], [0.9, 0.9], [1, 2], [0.5, 1.0], 3.0, lambda_=0.5)
+    # delta1 = 2 + 0.9*3 - 1 = 3.7 -> vs1 = 4.7
+    # delta0 = 1 + 0.9*1 - 0.5 = 1.4 -> vs0 = 0.5 + 1.4 + 0.9*0.5*3.7 = 3.565
+    np.testing.assert_allclose(vs, [3.565, 4.7], rtol=1e-6)
+    # A_t = r_t + d * vs_{t+1} - V_t: 1 + 0.9*4.7 - 0.5 = 4.73; 2 + 2.7 - 1 = 3.7
+    np.testing.assert_allclose(adv, [4.73, 3.7], rtol=1e-6)
+    # lambda 0 leaves one-step TD targets: vs_t = r_t + d V_{t+1}
+    vs0, _ = run([0, 0], [0.9, 0.9], [1, 2], [0.5, 1.0], 3.0, lambda_=0.0)
+    np.testing.assert_allclose(vs0, [1.9, 4.7], rtol=1e-6)
+
+
+@pytest.mark.parametrize("clips", [(1.0, 1.0, 1.0), (None, None, 1.0), (0.8, 2.0, 1.0), (1.0, 1.0, 0.7)])
 def test_matches_the_per_step_reference_on_random_sequences(clips):
     rng = np.random.default_rng(0)
     T, B = 7, 5
@@ -117,7 +130,7 @@ def test_matches_the_per_step_reference_on_random_sequences(clips):
     values = rng.normal(size=(T, B))
     bootstrap = rng.normal(size=B)
     valid = rng.random((T, B)) > 0.2
-    kw = dict(clip_rho_threshold=clips[0], clip_pg_rho_threshold=clips[1])
+    kw = dict(clip_rho_threshold=clips[0], clip_pg_rho_threshold=clips[1], lambda_=clips[2])
     out = vtrace(*(torch.tensor(x) for x in (log_rhos, discounts, rewards, values, bootstrap, valid)), **kw)
     vs_ref, adv_ref = vtrace_reference(log_rhos, discounts, rewards, values, bootstrap, valid, **kw)
     np.testing.assert_allclose(out.vs.numpy(), vs_ref, rtol=1e-5, atol=1e-5)

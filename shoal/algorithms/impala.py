@@ -43,6 +43,7 @@ class IMPALAConfig(AlgorithmConfig):
     train_batch_size: int = Field(500, ge=1, description="Rows (env steps, whole sequences) per learner update.")
     vtrace_clip_rho_threshold: Optional[float] = Field(1.0, gt=0, description="V-trace rho-bar; None disables the clip.")
     vtrace_clip_pg_rho_threshold: Optional[float] = Field(1.0, gt=0, description="V-trace pg-rho-bar; None disables the clip.")
+    vtrace_lambda: float = Field(1.0, gt=0, le=1, description="V-trace's lambda: scales the traces c_t (1: the paper's main form).")
     vf_loss_coeff: float = Field(0.5, ge=0)
     entropy_coeff: float = Field(0.01, ge=0)
     num_sgd_iter: int = Field(1, ge=1, description="Times the learner learns on each train batch.")
@@ -149,7 +150,7 @@ def vtrace_for(u: Unroll, target_logp: torch.Tensor, config: IMPALAConfig) -> VT
     """V-trace with ``target_logp`` as the target policy (the current network for IMPALA)."""
     return vtrace(target_logp.detach() - u.behaviour_logp, u.discounts, u.rewards, u.values.detach(), u.bootstrap.detach(),
                   u.valid, clip_rho_threshold=config.vtrace_clip_rho_threshold,
-                  clip_pg_rho_threshold=config.vtrace_clip_pg_rho_threshold)
+                  clip_pg_rho_threshold=config.vtrace_clip_pg_rho_threshold, lambda_=config.vtrace_lambda)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

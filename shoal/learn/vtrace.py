@@ -3,7 +3,7 @@
 Everything is time-major, shape ``(T, B)``: T steps of B sequences. For step t of a sequence
 
     rho_t   = min(rho_bar, pi(a_t | x_t) / mu(a_t | x_t))       (clip_rho_threshold)
-    c_t     = min(1, pi(a_t | x_t) / mu(a_t | x_t))
+    c_t     = lambda * min(1, pi(a_t | x_t) / mu(a_t | x_t))    (lambda: vtrace_lambda, 1 in the paper's main form)
     delta_t = m_t * rho_t * (r_t + d_t * V(x_{t+1}) - V(x_t))
     vs_t    = V(x_t) + delta_t + d_t * c_t * (vs_{t+1} - V(x_{t+1}))
     A_t     = m_t * min(rho_pg_bar, pi/mu) * (r_t + d_t * vs_{t+1} - V(x_t))   (clip_pg_rho_threshold)
@@ -37,7 +37,8 @@ class VTraceReturns:
 
 def vtrace(log_rhos: torch.Tensor, discounts: torch.Tensor, rewards: torch.Tensor, values: torch.Tensor,
            bootstrap_value: torch.Tensor, valid: torch.Tensor | None = None, *,
-           clip_rho_threshold: float | None = 1.0, clip_pg_rho_threshold: float | None = 1.0) -> VTraceReturns:
+           clip_rho_threshold: float | None = 1.0, clip_pg_rho_threshold: float | None = 1.0,
+           lambda_: float = 1.0) -> VTraceReturns:
     """V-trace targets and advantages; no gradient flows through them.
 
     Args:
@@ -47,12 +48,14 @@ def vtrace(log_rhos: torch.Tensor, discounts: torch.Tensor, rewards: torch.Tenso
         bootstrap_value: (B,) value of the observation after the last step.
         valid: (T, B) bool or 0/1 mask of real transitions; None means all valid.
         clip_rho_threshold / clip_pg_rho_threshold: rho-bar and pg-rho-bar; None disables a clip.
+        lambda_: scales the traces ``c_t`` (the paper's lambda variant); below 1 the targets lean
+            on the value function sooner, trading bias for less variance, like GAE's lambda.
     """
     with torch.no_grad():
         log_rhos, discounts, rewards, values = (x.float() for x in (log_rhos, discounts, rewards, values))
         rhos = torch.exp(log_rhos)
         clipped = rhos.clamp(max=clip_rho_threshold) if clip_rho_threshold is not None else rhos
-        cs = rhos.clamp(max=1.0)
+        cs = lambda_ * rhos.clamp(max=1.0)
         mask = torch.ones_like(rewards) if valid is None else valid.to(rewards.dtype)
         discounts = discounts * mask  # a masked step neither bootstraps nor passes anything back
         next_values = torch.cat([values[1:], bootstrap_value.float().unsqueeze(0)], dim=0)
@@ -72,7 +75,7 @@ def vtrace(log_rhos: torch.Tensor, discounts: torch.Tensor, rewards: torch.Tenso
 
 def vtrace_reference(log_rhos, discounts, rewards, values, bootstrap_value, valid=None, *,
                      clip_rho_threshold: float | None = 1.0,
-                     clip_pg_rho_threshold: float | None = 1.0) -> tuple[np.ndarray, np.ndarray]:
+                     clip_pg_rho_threshold: float | None = 1.0, lambda_: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """The same quantities from the paper's sum form, one step at a time in plain Python (for tests).
 
     vs_t = V(x_t) + sum_{k >= t} (prod_{i=t}^{k-1} d_i c_i) * delta_k
@@ -97,7 +100,7 @@ def vtrace_reference(log_rhos, discounts, rewards, values, bootstrap_value, vali
                 rho_clipped = min(clip_rho_threshold, rho) if clip_rho_threshold is not None else rho
                 delta = mask[k, b] * rho_clipped * (rewards[k, b] + discounts[k, b] * value(k + 1, b) - values[k, b])
                 total += weight * delta
-                weight *= discounts[k, b] * min(1.0, rho)
+                weight *= discounts[k, b] * lambda_ * min(1.0, rho)
             vs[t, b] = values[t, b] + total
     for b in range(B):
         for t in range(T):
