@@ -118,6 +118,23 @@ def test_in_process_league_grows_and_a_checkpoint_continues_the_same_league(tmp_
         restored.stop()
 
 
+def test_policy_learners_follow_the_lr_schedule_over_sampled_env_steps():
+    algo = small(lr=0.5, lr_schedule=[[0, 1e-3], [1200, 0.0]], league="no_league", max_num_policies_to_train=1).build()
+    try:
+        lrs, steps = [], []
+        for _ in range(5):
+            r = algo.train()
+            lrs.append(r["learner/main/lr"])
+            steps.append(r["env_steps_sampled"])
+        # the lr a learner used comes from the env steps sampled before that learn call: linear from 1e-3 to 0
+        assert lrs[0] < 1e-3 and all(a >= b for a, b in zip(lrs, lrs[1:])), lrs
+        assert lrs[-1] == 0.0 and steps[-1] > 1200
+        # learned at no more env steps than the iteration ended with, so no lower than the schedule there (not 0.5)
+        assert 1e-3 * max(0.0, 1 - steps[0] / 1200) - 1e-12 <= lrs[0] < 1e-3
+    finally:
+        algo.stop()
+
+
 @pytest.mark.learning
 def test_main_beats_the_uniform_random_player_at_tic_tac_toe():
     data = yaml.safe_load((EXAMPLES / "alpha_star_tictactoe.yaml").read_text())

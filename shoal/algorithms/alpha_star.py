@@ -125,14 +125,17 @@ class APPOPolicyLearner:
         configure_process(config.resources)
         self.policy_id, self.replay, self.config, self.idle_sleep_s = policy_id, replay, config, idle_sleep_s
         module = build_actor_critic(obs_space, action_space, config.model)
-        self.learner = Learner(module, self._loss, lr=config.lr, grad_clip=config.grad_clip)
+        self.learner = Learner(module, self._loss, lr=config.lr, grad_clip=config.grad_clip, lr_schedule=config.lr_schedule)
         self.learner.extra_state["kl_coeff"] = config.kl_coeff if config.use_kl_loss else 0.0
         self.target = TargetNetwork(self.learner, config.target_update_frequency)
 
     def _loss(self, module, batch: dict, learner: Learner):
         return masked_appo_loss(module, batch, learner, self.config, self.target)
 
-    def learn(self) -> Optional[dict[str, Any]]:
+    def learn(self, env_steps: Optional[int] = None) -> Optional[dict[str, Any]]:
+        """``env_steps``: the run's sampled env steps, which move ``lr_schedule`` along."""
+        if env_steps is not None:
+            self.learner.set_env_steps(env_steps)
         batches, rows = [], 0
         while rows < self.config.train_batch_size:
             b = self.replay.replay(self.policy_id)
@@ -147,7 +150,7 @@ class APPOPolicyLearner:
         tensors = Batch.concat(batches).to_torch(self.learner.device)
         for _ in range(self.config.num_sgd_iter):
             stats = self.learner.update_minibatch(tensors)
-        stats = {k: float(v) for k, v in stats.items()} | {"num_updates": self.learner.num_updates}
+        stats = {k: float(v) for k, v in stats.items()} | {"num_updates": self.learner.num_updates, "lr": self.learner.lr}
         return {"rows": rows, "stats": stats, "weights": self.get_weights()}
 
     def get_weights(self) -> dict[str, np.ndarray]:
@@ -294,7 +297,7 @@ class AlphaStar(Algorithm):
                 self._matches_this_iter += len(m.matches)
         with self.timers.time("learn"):
             for pid in self.learners.policy_ids:
-                self.learners.submit(pid, "learn")
+                self.learners.submit(pid, "learn", self.counters["env_steps_sampled"])
             stats = self._learner_stats  # the last stats of every learner: stable result columns
             for pid, out in self.learners.fetch_ready(WAIT_S):
                 if out is None or pid not in self.weights:
