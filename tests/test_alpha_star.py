@@ -101,6 +101,7 @@ def test_in_process_league_grows_and_a_checkpoint_continues_the_same_league(tmp_
         path = algo.save(tmp_path / "ckpt")
         players, weights = dict(algo.league.players), {p: dict(w) for p, w in algo.weights.items()}
         payoff = algo.league.payoff.get_state()
+        main_learner = algo.learners.call("main", "get_state")["learner"]
     finally:
         algo.stop()
     restored = AlphaStar.from_checkpoint(path)
@@ -112,6 +113,11 @@ def test_in_process_league_grows_and_a_checkpoint_continues_the_same_league(tmp_
             assert all(np.allclose(restored.weights[pid][k], w[k]) for k in w)
         assert set(restored.learners.policy_ids) == {p for p, s in players.items() if s["trainable"]}
         assert set(restored.env_runners.actors[0].policies) == set(weights)
+        # the learners continue with their optimizer state (Adam moments, step) and update count
+        got = restored.learners.call("main", "get_state")["learner"]
+        assert got["num_updates"] == main_learner["num_updates"] > 0
+        moments, saved = got["optimizer"]["state"], main_learner["optimizer"]["state"]
+        assert moments and all(torch.equal(moments[i]["exp_avg"], saved[i]["exp_avg"]) for i in saved)
         r = restored.train()
         assert r["iteration"] == 7 and r["league/games_total"] > 0
     finally:

@@ -160,6 +160,14 @@ class APPOPolicyLearner:
         self.learner.set_weights(weights)
         self.target.set_state({"module": self.learner.module.state_dict(), "updated_at": self.learner.num_updates})
 
+    def get_state(self) -> dict[str, Any]:
+        """For checkpoints: the module with its optimizer (Adam moments), update count and target network."""
+        return {"learner": self.learner.get_state(), "target": self.target.get_state()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.learner.set_state(state["learner"])
+        self.target.set_state(state["target"])
+
 
 class LeagueRolloutActor(MultiAgentEnvRunner):
     """A MultiAgentEnvRunner that stores each learning policy's batch in that policy's shard replay."""
@@ -364,10 +372,11 @@ class AlphaStar(Algorithm):
     # ---- state -------------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
         return {**super().get_state(), "league": self.league.get_state(),
-                "weights": {pid: {k: torch.from_numpy(np.array(v)) for k, v in w.items()} for pid, w in self.weights.items()}}
+                "weights": {pid: {k: torch.from_numpy(np.array(v)) for k, v in w.items()} for pid, w in self.weights.items()},
+                "learners": {pid: self.learners.call(pid, "get_state") for pid in self.learners.policy_ids}}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Continue the checkpoint's league: its players, their weights, who learns."""
+        """Continue the checkpoint's league: its players, their weights, who learns, the learners' optimizers."""
         super().set_state(state)
         self.league.set_state(state["league"])
         before = set(self.weights)
@@ -376,6 +385,10 @@ class AlphaStar(Algorithm):
         self.weights, self._changed = {}, {}
         for pid, spec in self.league.players.items():
             self._add(pid, {k: v.numpy() for k, v in state["weights"][pid].items()}, spec["trainable"])
+        for pid, learner_state in state.get("learners", {}).items():  # optimizer and target network too
+            if pid in self.learners.policy_ids:
+                self.learners.call(pid, "set_state", learner_state)
+                self.weights[pid] = self._changed[pid] = self.learners.get_weights([pid])[pid]
         self._removed = sorted(before - set(self.weights))
         self.broadcast()
 
