@@ -141,6 +141,28 @@ def test_policy_learners_follow_the_lr_schedule_over_sampled_env_steps():
         algo.stop()
 
 
+@pytest.mark.parametrize("interval", [1, 10**6])
+def test_weights_reach_the_rollout_actors_every_broadcast_interval_learner_results(interval):
+    algo = small(league="no_league", max_num_policies_to_train=1, broadcast_interval=interval).build()
+    try:
+        runner = algo.env_runners.actors[0]
+
+        def in_sync() -> bool:
+            got = runner.policies["main"].get_weights()
+            return all(np.array_equal(got[k], v) for k, v in algo.weights["main"].items())
+
+        learned = 0
+        for _ in range(10):
+            algo.training_step()
+            learned += bool(algo._learner_stats)
+            assert in_sync() == (interval == 1) or not learned, (interval, learned)
+        assert learned
+        algo.train()  # an iteration's end always broadcasts (the league's changes go with the weights)
+        assert in_sync()
+    finally:
+        algo.stop()
+
+
 @pytest.mark.learning
 def test_main_beats_the_uniform_random_player_at_tic_tac_toe():
     data = yaml.safe_load((EXAMPLES / "alpha_star_tictactoe.yaml").read_text())

@@ -229,6 +229,7 @@ class AlphaStar(Algorithm):
             self._add(pid, self._fresh_weights(pid), spec["trainable"])
         self._changed.clear()
         self._matches_this_iter = 0
+        self._learned_since_broadcast = 0
         self._learner_stats: dict[str, float] = {}
         self.env_runners = make_actor_group(
             LeagueRolloutActor, max(res.num_workers, 1), lambda i: ((cfg, i, self._specs(), self._mm(), self._replay()), {}),
@@ -283,6 +284,7 @@ class AlphaStar(Algorithm):
         ref = self.env_runners.put(self._message())
         self.env_runners.foreach("sync", ref, wait=False)
         self._changed, self._removed = {}, []
+        self._learned_since_broadcast = 0
 
     # ---- the execution plan ------------------------------------------------------------------
     def training_step(self) -> dict[str, Any]:
@@ -313,8 +315,10 @@ class AlphaStar(Algorithm):
                 self.counters["env_steps_trained"] += out["rows"]
                 self.weights[pid] = self._changed[pid] = self.learners.weights[pid] = out["weights"]
                 stats.update({f"learner/{pid}/{k}": v for k, v in out["stats"].items()})
+                self._learned_since_broadcast += 1
         with self.timers.time("sync"):
-            if self._changed:
+            # every `broadcast_interval` learner results (the league's changes go out after each iteration anyway)
+            if self._changed and self._learned_since_broadcast >= self.config.broadcast_interval:
                 self.broadcast()
         return dict(stats)
 
