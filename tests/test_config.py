@@ -266,3 +266,21 @@ def test_round_trip_with_fragment_length_and_derived_train_batch():
     c3 = cfg(rollout_fragment_length=100, train_batch_size=400, minibatch_size=100, resources={"num_envs_per_worker": 4})
     assert c3.to_dict()["train_batch_size"] == 400
     assert PPOConfig.from_dict(c3.to_dict()) == c3
+
+
+def test_every_example_config_validates():
+    """The presets in examples/ stay in step with the configs (the algorithm is the file name's prefix)."""
+    from pathlib import Path
+
+    import yaml
+
+    from shoal.algorithms import REGISTRY, get_config_class
+
+    examples = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
+    assert len(examples) >= 8
+    for path in examples:
+        algo = max((a for a in REGISTRY if path.stem.startswith(a + "_")), key=len)
+        data = yaml.safe_load(path.read_text())
+        data.pop("stop", None)
+        data.pop("algo", None)
+        get_config_class(algo)(**data)
