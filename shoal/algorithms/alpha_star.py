@@ -169,6 +169,13 @@ class APPOPolicyLearner:
         self.target.set_state(state["target"])
 
 
+def store_batches(batches: dict[str, Batch], replay: dict[str, Any]) -> None:
+    """Each learning policy's batch into its shard replay (``replay``: policy id -> replay actor or proxy)."""
+    for pid, batch in batches.items():
+        if pid in replay:
+            replay[pid].add_batch(pid, batch)
+
+
 class LeagueRolloutActor(MultiAgentEnvRunner):
     """A MultiAgentEnvRunner that stores each learning policy's batch in that policy's shard replay."""
 
@@ -179,9 +186,7 @@ class LeagueRolloutActor(MultiAgentEnvRunner):
 
     def sample_and_store(self):
         batches, metrics = self.sample()
-        for pid, batch in batches.items():
-            if pid in self.replay:
-                self.replay[pid].add_batch(pid, batch)
+        store_batches(batches, self.replay)
         return metrics
 
     def sample_and_return(self):
@@ -291,12 +296,10 @@ class AlphaStar(Algorithm):
         with self.timers.time("sample"):
             if self._driver_stores:
                 self.env_runners.submit("sample_and_return")
-                metrics = []
+                metrics, replay = [], self.learners.replay_proxies()
                 for _, (batches, m) in self.env_runners.fetch_ready(WAIT_S):
                     metrics.append(m)
-                    for pid, batch in batches.items():
-                        if pid in self.learners.policy_ids:
-                            self.learners.get_replay_actor(pid).add_batch(pid, batch)
+                    store_batches(batches, replay)
             else:
                 self.env_runners.submit("sample_and_store")
                 metrics = [m for _, m in self.env_runners.fetch_ready(WAIT_S)]
