@@ -77,6 +77,36 @@ def test_masked_appo_loss_is_on_policy_under_the_stored_masks():
     assert learner.learner.num_updates == cfg.num_sgd_iter
 
 
+def test_policy_learner_minibatches_are_whole_sequences_covering_the_batch_each_pass():
+    with pytest.raises(ConfigError, match=r"minibatch_size \(20\) must be a multiple of rollout_fragment_length \(8\)"):
+        small(minibatch_size=20)
+    with pytest.raises(ConfigError, match="larger than train_batch_size"):
+        small(minibatch_size=256)
+    cfg = small(train_batch_size=64, minibatch_size=24, num_sgd_iter=3)  # 3 sequences of T=8 per step
+    runner = MultiAgentEnvRunner(cfg, 0, {"main": None}, ticks_per_sample=24)
+    batch = runner.sample()[0]["main"]
+    env = runner.envs[0]
+    replay = BatchReplay(capacity=4)
+    learner = APPOPolicyLearner("main", replay, cfg, env.observation_space("player_1"), env.action_space("player_1"))
+    rows = len(batch)
+    seqs = rows // 8
+    assert rows % 8 == 0 and seqs > 3
+    chunks = learner._minibatches(rows)
+    assert len(chunks) == -(-seqs // 3) and all(len(c) == 24 for c in chunks[:-1])
+    for c in chunks:  # each minibatch is whole sequences: runs of T consecutive rows starting at a multiple of T
+        runs = c.reshape(-1, 8)
+        assert torch.equal(runs - runs[:, :1], torch.arange(8).expand_as(runs)) and bool((runs[:, 0] % 8 == 0).all())
+    assert sorted(torch.cat(chunks).tolist()) == list(range(rows))  # every row once per pass
+    assert not torch.equal(torch.cat(chunks), torch.cat(learner._minibatches(rows)))  # a fresh order each pass
+    replay.add_batch("main", batch)
+    out = learner.learn()
+    assert out["rows"] == rows and np.isfinite(out["stats"]["policy_loss"])
+    assert learner.learner.num_updates == 3 * -(-seqs // 3)  # num_sgd_iter passes of ceil(seqs / 3) steps
+    # without minibatch_size a pass is one step on the whole batch
+    assert APPOPolicyLearner("main", replay, small(), env.observation_space("player_1"),
+                             env.action_space("player_1"))._minibatches(rows) == [None]
+
+
 def test_in_process_league_grows_and_a_checkpoint_continues_the_same_league(tmp_path):
     algo = small().build()
     try:

@@ -70,6 +70,10 @@ class AlphaStarConfig(APPOConfig):
     replay_buffer_capacity: int = Field(10, ge=1, description="Batches each policy's replay keeps (and new ones that may wait).")
     max_num_policies_to_train: int = Field(4, ge=1, description="Learner slots over all shards: the most learning policies at once.")
     learner_idle_sleep_s: float = Field(0.01, ge=0, description="A remote learner with nothing to learn waits this long before answering.")
+    minibatch_size: Optional[int] = Field(
+        None, ge=1, description="Rows per SGD step of a policy learner, whole sequences (a multiple of "
+        "rollout_fragment_length); each of the num_sgd_iter passes shuffles the sequences. None: one step on the "
+        "whole train batch per pass.")
 
     @model_validator(mode="after")
     def _league(self):
@@ -87,6 +91,13 @@ class AlphaStarConfig(APPOConfig):
         if learning > self.max_num_policies_to_train:
             raise ValueError(f"the league starts with {learning} learning policies but max_num_policies_to_train is "
                              f"{self.max_num_policies_to_train}; raise it or configure fewer learning players")
+        T = self.fragment_length()
+        if self.minibatch_size is not None and self.minibatch_size % T:
+            raise ValueError(f"minibatch_size ({self.minibatch_size}) must be a multiple of rollout_fragment_length "
+                             f"({T}): minibatches are whole V-trace sequences, e.g. {max(T, self.minibatch_size // T * T)}")
+        if self.minibatch_size is not None and self.minibatch_size > self.train_batch_size:
+            raise ValueError(f"minibatch_size ({self.minibatch_size}) is larger than train_batch_size "
+                             f"({self.train_batch_size}); lower it or leave it unset (one step on the whole batch)")
         n = self.resources.num_learner_shards
         if self.resources.remote_learners and self.resources.num_workers == 0:
             raise ValueError("resources.remote_learners: true needs Ray, i.e. resources.num_workers >= 1 "
@@ -128,6 +139,7 @@ class APPOPolicyLearner:
         self.learner = Learner(module, self._loss, lr=config.lr, grad_clip=config.grad_clip, lr_schedule=config.lr_schedule)
         self.learner.extra_state["kl_coeff"] = config.kl_coeff if config.use_kl_loss else 0.0
         self.target = TargetNetwork(self.learner, config.target_update_frequency)
+        self.rng = np.random.default_rng(None if config.seed is None else [config.seed, *policy_id.encode()])
 
     def _loss(self, module, batch: dict, learner: Learner):
         return masked_appo_loss(module, batch, learner, self.config, self.target)
@@ -148,10 +160,23 @@ class APPOPolicyLearner:
                 time.sleep(self.idle_sleep_s)
             return None
         tensors = Batch.concat(batches).to_torch(self.learner.device)
+        acc: dict[str, list[torch.Tensor]] = {}
         for _ in range(self.config.num_sgd_iter):
-            stats = self.learner.update_minibatch(tensors)
-        stats = {k: float(v) for k, v in stats.items()} | {"num_updates": self.learner.num_updates, "lr": self.learner.lr}
+            for idx in self._minibatches(rows):
+                mb = tensors if idx is None else {k: v[idx] for k, v in tensors.items()}
+                for k, v in self.learner.update_minibatch(mb).items():
+                    acc.setdefault(k, []).append(v.detach())
+        stats = {k: float(torch.stack(v).float().mean()) for k, v in acc.items()} | {"num_updates": self.learner.num_updates, "lr": self.learner.lr}
         return {"rows": rows, "stats": stats, "weights": self.get_weights()}
+
+    def _minibatches(self, rows: int) -> list[Optional[torch.Tensor]]:
+        """Row indices of one pass's minibatches: whole sequences in a fresh random order (``[None]``: the whole batch)."""
+        T, size = self.config.fragment_length(), self.config.minibatch_size
+        if size is None or size >= rows:
+            return [None]
+        order = torch.from_numpy(self.rng.permutation(rows // T))
+        per = size // T
+        return [(seqs[:, None] * T + torch.arange(T)).reshape(-1) for seqs in order.split(per)]
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return self.learner.get_weights()
