@@ -166,7 +166,8 @@ class APPOPolicyLearner:
                 mb = tensors if idx is None else {k: v[idx] for k, v in tensors.items()}
                 for k, v in self.learner.update_minibatch(mb).items():
                     acc.setdefault(k, []).append(v.detach())
-        stats = {k: float(torch.stack(v).float().mean()) for k, v in acc.items()} | {"num_updates": self.learner.num_updates, "lr": self.learner.lr}
+        stats = {k: float(torch.stack(v).float().mean()) for k, v in acc.items()}
+        stats |= {"num_updates": self.learner.num_updates, "lr": self.learner.lr}
         return {"rows": rows, "stats": stats, "weights": self.get_weights()}
 
     def _minibatches(self, rows: int) -> list[Optional[torch.Tensor]]:
