@@ -18,6 +18,7 @@ from shoal.batch import Col
 from shoal.cli import app
 from shoal.errors import ConfigError
 from shoal.learn.distributed_learners import BatchReplay
+from shoal.learn.learner import minibatch_indices
 from shoal.rollout.multi_agent import MultiAgentEnvRunner
 
 TTT = "pettingzoo.classic:tictactoe_v3"
@@ -91,20 +92,20 @@ def test_policy_learner_minibatches_are_whole_sequences_covering_the_batch_each_
     rows = len(batch)
     seqs = rows // 8
     assert rows % 8 == 0 and seqs > 3
-    chunks = learner._minibatches(rows)
+    chunks = minibatch_indices(rows, cfg.minibatch_size, learner.rng, sequence_length=8)
     assert len(chunks) == -(-seqs // 3) and all(len(c) == 24 for c in chunks[:-1])
     for c in chunks:  # each minibatch is whole sequences: runs of T consecutive rows starting at a multiple of T
         runs = c.reshape(-1, 8)
         assert torch.equal(runs - runs[:, :1], torch.arange(8).expand_as(runs)) and bool((runs[:, 0] % 8 == 0).all())
     assert sorted(torch.cat(chunks).tolist()) == list(range(rows))  # every row once per pass
-    assert not torch.equal(torch.cat(chunks), torch.cat(learner._minibatches(rows)))  # a fresh order each pass
+    again = minibatch_indices(rows, 24, learner.rng, sequence_length=8)
+    assert not torch.equal(torch.cat(chunks), torch.cat(again))  # a fresh order each pass
     replay.add_batch("main", batch)
     out = learner.learn()
     assert out["rows"] == rows and np.isfinite(out["stats"]["policy_loss"])
     assert learner.learner.num_updates == 3 * -(-seqs // 3)  # num_sgd_iter passes of ceil(seqs / 3) steps
     # without minibatch_size a pass is one step on the whole batch
-    assert APPOPolicyLearner("main", replay, small(), env.observation_space("player_1"),
-                             env.action_space("player_1"))._minibatches(rows) == [None]
+    assert minibatch_indices(rows, rows, learner.rng, sequence_length=8) == [None]
 
 
 def test_in_process_league_grows_and_a_checkpoint_continues_the_same_league(tmp_path):

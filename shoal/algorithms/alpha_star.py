@@ -159,25 +159,11 @@ class APPOPolicyLearner:
             if self.idle_sleep_s:
                 time.sleep(self.idle_sleep_s)
             return None
-        tensors = Batch.concat(batches).to_torch(self.learner.device)
-        acc: dict[str, list[torch.Tensor]] = {}
-        for _ in range(self.config.num_sgd_iter):
-            for idx in self._minibatches(rows):
-                mb = tensors if idx is None else {k: v[idx] for k, v in tensors.items()}
-                for k, v in self.learner.update_minibatch(mb).items():
-                    acc.setdefault(k, []).append(v.detach())
-        stats = {k: float(torch.stack(v).float().mean()) for k, v in acc.items()}
-        stats |= {"num_updates": self.learner.num_updates, "lr": self.learner.lr}
+        cfg = self.config
+        stats = self.learner.update(Batch.concat(batches), cfg.num_sgd_iter, cfg.minibatch_size or rows, self.rng,
+                                    sequence_length=cfg.fragment_length())
+        stats["num_updates"] = self.learner.num_updates
         return {"rows": rows, "stats": stats, "weights": self.get_weights()}
-
-    def _minibatches(self, rows: int) -> list[Optional[torch.Tensor]]:
-        """Row indices of one pass's minibatches: whole sequences in a fresh random order (``[None]``: the whole batch)."""
-        T, size = self.config.fragment_length(), self.config.minibatch_size
-        if size is None or size >= rows:
-            return [None]
-        order = torch.from_numpy(self.rng.permutation(rows // T))
-        per = size // T
-        return [(seqs[:, None] * T + torch.arange(T)).reshape(-1) for seqs in order.split(per)]
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return self.learner.get_weights()

@@ -20,6 +20,30 @@ from shoal.errors import ConfigError
 from shoal.rollout.policies import load_numpy_weights, weights_to_numpy
 
 
+def minibatch_indices(n: int, minibatch_size: int, rng: np.random.Generator, num_minibatches: int | None = None,
+                      sequence_length: int = 1) -> list[torch.Tensor | None]:
+    """One epoch's minibatches over ``n`` rows: index tensors in a fresh random order.
+
+    With ``sequence_length`` L > 1 the rows are sequences of L laid out one after another
+    (``n`` a multiple of L) and each minibatch is whole sequences: ``minibatch_size // L`` of
+    them, shuffled as units. A single minibatch of sequences is ``[None]``: the batch as it is.
+    ``num_minibatches`` instead splits every epoch into that many near-equal minibatches.
+    """
+    if sequence_length > 1:
+        if num_minibatches is None and minibatch_size >= n:
+            return [None]
+        order = torch.from_numpy(rng.permutation(n // sequence_length))
+        per = max(1, minibatch_size // sequence_length)
+        seqs = order.split(per) if num_minibatches is None else torch.tensor_split(order, num_minibatches)
+        return [(s[:, None] * sequence_length + torch.arange(sequence_length)).reshape(-1) for s in seqs]
+    order = torch.from_numpy(rng.permutation(n))
+    if num_minibatches is None:
+        return [order[start : start + minibatch_size] for start in range(0, n, minibatch_size)]
+    # fewer rows than minibatches (a pathological batch) repeats rows rather than leave one empty
+    return list(torch.tensor_split(order.repeat(-(-num_minibatches // n)) if n < num_minibatches else order,
+                                   num_minibatches))
+
+
 class PiecewiseSchedule:
     """Piecewise-linear in env steps: ``[(0, 1e-3), (100_000, 0.0)]``; flat outside the points."""
 
@@ -104,25 +128,19 @@ class Learner:
         return stats
 
     def update(self, batch: Batch, num_epochs: int, minibatch_size: int, rng: np.random.Generator,
-               num_minibatches: int | None = None) -> dict[str, float]:
+               num_minibatches: int | None = None, sequence_length: int = 1) -> dict[str, float]:
         """``num_epochs`` passes of shuffled minibatch SGD over ``batch``; mean stats.
 
         ``num_minibatches`` fixes how many (near-equal) minibatches each epoch has, whatever
         ``len(batch)``: data-parallel replicas must take the same number of steps.
+        ``sequence_length``: see :func:`minibatch_indices`.
         """
         tensors = batch.to_torch(self.device)
-        n = len(batch)
         acc: dict[str, list[torch.Tensor]] = {}
         self.module.train()
         for _ in range(num_epochs):
-            order = torch.from_numpy(rng.permutation(n)).to(self.device)
-            if num_minibatches is None:
-                chunks = [order[start : start + minibatch_size] for start in range(0, n, minibatch_size)]
-            else:  # fewer rows than minibatches (a pathological batch) repeats rows rather than leave one empty
-                chunks = torch.tensor_split(order.repeat(-(-num_minibatches // n)) if n < num_minibatches else order,
-                                            num_minibatches)
-            for idx in chunks:
-                mb = {k: v[idx] for k, v in tensors.items()}
+            for idx in minibatch_indices(len(batch), minibatch_size, rng, num_minibatches, sequence_length):
+                mb = tensors if idx is None else {k: v[idx.to(self.device)] for k, v in tensors.items()}
                 for k, v in self.update_minibatch(mb).items():
                     acc.setdefault(k, []).append(v.detach())
         self.module.eval()
