@@ -40,14 +40,18 @@ def _run(threads: int, retain: bool) -> tuple[int, int, int]:
     return int(out[0]), int(out[1]), int(out[2])
 
 
+# Page-fault counts are ratios of two runs of the same 100 steps in one process: load on the
+# machine may add faults to both, so no test holds a count against a fixed limit.
+
+
 def test_retained_memory_removes_the_page_faults_of_every_minibatch():
     before, after, threads = _run(2, retain=True)
-    assert before >= 3000, before  # glibc's defaults: freed activations go back to the kernel, then fault back in
-    assert after < 1000 and after * 5 < before, (before, after)  # 100 more steps reuse the retained blocks (a few hundred faults at most, once)
+    assert before >= 100 * 10, before  # glibc's defaults: freed activations go back to the kernel, then fault back in
+    assert after * 5 < before, (before, after)  # the same 100 steps reuse the retained blocks: a fifth of the faults at most
     assert threads == 2  # and the thread count was applied
 
 
 def test_retained_memory_is_on_by_default_and_can_be_switched_off():
     assert ResourcesConfig().retain_freed_memory is True
     before, after, threads = _run(1, retain=False)
-    assert threads == 1 and after > 1000, after  # switched off: malloc keeps its defaults and the faults go on
+    assert threads == 1 and after * 2 > before, (before, after)  # switched off: malloc keeps its defaults, the faults go on
