@@ -233,6 +233,27 @@ def test_trains_in_process_and_checkpoints_round_trip(cls, tmp_path):
         restored.stop()
 
 
+def test_appo_adapts_the_kl_coefficient_once_per_learner_result():
+    """A train batch is 4 sample rounds: most training steps drain nothing, and those must leave
+    the coefficient alone (before: it moved on every step, from the last stale KL)."""
+    start = 1.0
+    algo = small_config(APPOConfig, use_kl_loss=True, kl_coeff=start, kl_target=1e-9,
+                        train_batch_size=4 * T * N).build()  # any KL above 2e-9 grows the coefficient 1.5x
+    try:
+        steps = 0
+        r = {}
+        while r.get("num_learner_results", 0) < 4 and steps < 2000:
+            r = algo.train()
+            steps += 1
+        k = r["num_learner_results"]
+        assert k >= 4 and steps > k, (k, steps)
+        coeff = r["learner/kl_coeff"]
+        assert start * 0.5 ** k <= coeff <= start * 1.5 ** k, (coeff, k)
+        assert coeff != start  # it did adapt
+    finally:
+        algo.stop()
+
+
 @pytest.mark.parametrize("cls", [IMPALAConfig, APPOConfig])
 def test_two_fake_learner_devices(cls):
     extra = {"target_update_frequency": 1} if cls is APPOConfig else {}

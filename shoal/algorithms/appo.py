@@ -152,12 +152,15 @@ class APPO(Algorithm):
         return self.thread.get_weights()
 
     def training_step(self) -> dict[str, Any]:
-        metrics = async_training_step(self)
-        if self.config.use_kl_loss and "learner/kl" in metrics:
-            extra = self.learner.extra_state  # read by the learner thread; one float assignment
-            extra["kl_coeff"] = update_kl_coeff(extra["kl_coeff"], metrics["learner/kl"], self.config.kl_target)
+        metrics = async_training_step(self, on_learner_result=self._adapt_kl_coeff)
         metrics["learner/kl_coeff"] = self.learner.extra_state["kl_coeff"]
         return metrics
+
+    def _adapt_kl_coeff(self, info: dict[str, float]) -> None:
+        """Post-update, once per learner result: move the KL coefficient towards ``kl_target``."""
+        if self.config.use_kl_loss and "kl" in info:
+            extra = self.learner.extra_state  # read by the learner thread; one float assignment
+            extra["kl_coeff"] = update_kl_coeff(extra["kl_coeff"], info["kl"], self.config.kl_target)
 
     def train(self) -> dict[str, Any]:
         return {**super().train(), **self.thread.stats()}

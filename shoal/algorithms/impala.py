@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import queue
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -220,7 +220,8 @@ def setup_async(algo: Algorithm, loss_fn) -> None:
     algo.pending, algo.pending_rows = [], 0  # sequences waiting to fill a train batch
     algo.broadcast_at = 0  # thread.num_updates at the last broadcast
     algo.num_dropped_batches = 0
-    algo.learner_info = {}  # the last learner info drained from the thread
+    algo.learner_info = {}  # the mean info of the last results drained from the thread (a report)
+    algo.num_learner_results = 0  # train batches the learner has finished
     algo.env_runners = algo.make_env_runners(ActorCriticPolicy, sequence_postprocess, cfg.fragment_length(),
                                              max_in_flight=cfg.max_requests_in_flight_per_worker)
     algo.broadcast_weights()
@@ -240,11 +241,13 @@ def take_train_batches(algo: Algorithm, batches: list[Batch]) -> list[Batch]:
     return out
 
 
-def drain_learner(algo: Algorithm, wait_s: float = 0.0) -> dict[str, float]:
-    """Count what the learner finished (waiting up to ``wait_s`` for a first result).
+def drain_learner(algo: Algorithm, wait_s: float = 0.0) -> list[dict[str, float]]:
+    """Count what the learner finished (waiting up to ``wait_s`` for a first result); the new
+    results' infos, one per train batch, oldest first (empty when nothing finished now).
 
-    Returns the mean learner info over those batches, or the last one reported when none
-    finished now, so every result row carries the same ``learner/...`` keys once learning began.
+    ``algo.learner_info`` keeps the mean over the latest results, so every result row carries
+    the same ``learner/...`` keys once learning began; it is a report, never an input: a
+    post-update step (APPO's KL adaptation) must run once per info returned here.
     """
     infos = []
     while True:
@@ -256,12 +259,17 @@ def drain_learner(algo: Algorithm, wait_s: float = 0.0) -> dict[str, float]:
         algo.counters["env_steps_trained"] += env_steps
         infos.append(info)
     if infos:
+        algo.num_learner_results += len(infos)
         algo.learner_info = {f"learner/{k}": float(np.mean([i[k] for i in infos if k in i])) for k in infos[0]}
-    return algo.learner_info
+    return infos
 
 
-def async_training_step(algo: Algorithm) -> dict[str, Any]:
-    """Sample (K requests in flight per actor), queue train batches, drain the learner, broadcast."""
+def async_training_step(algo: Algorithm, on_learner_result: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    """Sample (K requests in flight per actor), queue train batches, drain the learner, broadcast.
+
+    ``on_learner_result(info)`` runs once per train batch the learner finished (a post-update
+    step such as APPO's KL adaptation), never on a step that drained nothing.
+    """
     cfg: IMPALAConfig = algo.config
     if algo.thread.ident is None:
         algo.thread.start()
@@ -276,13 +284,16 @@ def async_training_step(algo: Algorithm) -> dict[str, Any]:
             if not algo.thread.add(batch, env_steps=int(batch[Col.VALID].sum())):
                 algo.num_dropped_batches += 1
     with algo.timers.time("drain"):
-        metrics = drain_learner(algo, wait_s=0.0 if ready else WAIT_S)  # nothing sampled: wait here, do not spin
+        for info in drain_learner(algo, wait_s=0.0 if ready else WAIT_S):  # nothing sampled: wait here, do not spin
+            if on_learner_result is not None:
+                on_learner_result(info)
     with algo.timers.time("sync"):
         if algo.thread.num_updates - algo.broadcast_at >= cfg.broadcast_interval:
             algo.broadcast_at = algo.thread.num_updates
             algo.broadcast_weights()
     algo.thread.check()
-    return {**metrics, "num_dropped_batches": algo.num_dropped_batches}
+    return {**algo.learner_info, "num_dropped_batches": algo.num_dropped_batches,
+            "num_learner_results": algo.num_learner_results}
 
 
 def async_state(algo: Algorithm) -> dict[str, Any]:
