@@ -249,6 +249,34 @@ def test_policies_added_removed_and_weights_synced_at_runtime():
     assert metrics.matches and all(m["policies"] == ("main", "main") for m in metrics.matches)
 
 
+def _chained_rows(batch, T):
+    """Rows whose episode runs on into the next row of their sequence although the next row does
+    not start where they ended (V-trace would discount across the gap as one trajectory)."""
+    obs, nxt = batch[Col.OBS].reshape(-1, T, batch[Col.OBS].shape[-1]), batch[Col.NEXT_OBS].reshape(-1, T, batch[Col.OBS].shape[-1])
+    valid, term = batch[Col.VALID].reshape(-1, T), batch[Col.TERMINATEDS].reshape(-1, T)
+    return [(s, t) for s in range(len(obs)) for t in range(T - 1)
+            if valid[s, t] and not term[s, t] and valid[s, t + 1] and not np.array_equal(nxt[s, t], obs[s, t + 1])]
+
+
+def test_removing_a_policy_ends_the_opponents_streams_like_a_truncation():
+    from shoal.batch import Batch
+
+    T = 4
+    runner = MultiAgentEnvRunner(config(num_envs=8, rollout_fragment_length=T), 0, {"main": None, "opp": None},
+                                 matchmaking=[{"policies": ["main", "opp"]}], policies_to_train=["main"], ticks_per_sample=3)
+    batches = [runner.sample()[0].get("main")]  # every game is under way, main has moved once or twice
+    had_rows = [len(runner._streams.get((i, a, "main"), ())) for i in range(8) for a in runner.agents]
+    assert any(had_rows)  # some games leave main's rows waiting in a stream
+    runner.set_matchmaking([{"policies": ["main"]}])
+    runner.remove_policy("opp")  # abandons all 8 games
+    runner.ticks_per_sample = 24
+    batches += [runner.sample()[0]["main"] for _ in range(2)]
+    batch = Batch.concat([b for b in batches if b is not None])
+    assert _chained_rows(batch, T) == []
+    # each abandoned game's last row of main is followed by a masked row holding its next observation
+    assert (~batch[Col.VALID]).sum() >= sum(1 for n in had_rows if n)
+
+
 def test_policy_return_windows():
     _, metrics = play([0, 2, 4, 6], [1, 3, 5], games=3, T=4)
     windows = PolicyReturnWindows()

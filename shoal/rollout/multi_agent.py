@@ -89,6 +89,13 @@ def _is_weights(spec: Mapping) -> bool:
     return bool(spec) and all(isinstance(v, (np.ndarray, torch.Tensor)) for v in spec.values())
 
 
+def _reset_row(last: tuple) -> tuple:
+    """The masked row that ends a stream's episode without termination (like a single-agent reset
+    row): it holds ``last``'s next observation, which V-trace bootstraps from."""
+    _, next_obs, action, _, _, _, _, mask = last
+    return (next_obs, next_obs, np.zeros_like(action), 0.0, 0.0, False, False, np.ones_like(mask))
+
+
 # ---- episodes and matchmaking -----------------------------------------------------------------
 @dataclass
 class EpisodeInfo:
@@ -321,9 +328,7 @@ class MultiAgentEnvRunner:
             del self._streams[key]
         for i, ep in enumerate(self._episodes):
             if policy_id in ep.policies.values():
-                self._open[i].clear()
-                self._to_act[i] = self.envs[i].reset()
-                self._episodes[i] = self._new_episode(i)
+                self._abandon_episode(i)
 
     def set_policies_to_train(self, policy_ids) -> None:
         unknown = set(policy_ids) - set(self.policies)
@@ -474,11 +479,29 @@ class MultiAgentEnvRunner:
             mask = np.ones(int(space.n), dtype=bool) if isinstance(space, gym.spaces.Discrete) else np.ones(1, dtype=bool)
         stream = self._streams[(i, agent, pid)]
         stream.append((obs, next_obs, action, logp, reward, terminated, True, mask))
-        if truncated:  # like a single-agent reset row: masked, holds the final observation to bootstrap from
-            stream.append((next_obs, next_obs, np.zeros_like(action), 0.0, 0.0, False, False, np.ones_like(mask)))
+        if truncated:
+            stream.append(_reset_row(stream[-1]))
+        self._cut_sequences(stream, pid)
+
+    def _cut_sequences(self, stream: list, pid: str) -> None:
         while len(stream) >= self.T:
             self._ready[pid].append(stream[:self.T])
             del stream[:self.T]
+
+    def _abandon_episode(self, i: int) -> None:
+        """End env copy ``i``'s game unreported and start a new one; for every player's stream the
+        game ends like a truncation (its pending move, whose outcome never comes, is dropped), so
+        V-trace bootstraps from the last decision's next observation instead of running on into the
+        next game."""
+        ep = self._episodes[i]
+        for agent, pid in ep.policies.items():
+            stream = self._streams.get((i, agent, pid))
+            if stream and stream[-1][6] and not stream[-1][5]:  # a valid row the game did not terminate
+                stream.append(_reset_row(stream[-1]))
+                self._cut_sequences(stream, pid)
+        self._open[i].clear()
+        self._to_act[i] = self.envs[i].reset()
+        self._episodes[i] = self._new_episode(i)
 
     def _finish_episode(self, i: int) -> None:
         ep = self._episodes[i]
