@@ -155,6 +155,28 @@ def test_in_process_league_grows_and_a_checkpoint_continues_the_same_league(tmp_
         restored.stop()
 
 
+def test_exploiter_snapshots_that_keep_learning_take_the_slot_a_freeze_frees():
+    """keep_training_prob > 0 with max_learning_policies == max_num_policies_to_train: once the league
+    is at its cap, a build freezes the oldest learning snapshot and adds a new one in the same changes."""
+    league = {**FAST_LEAGUE, "keep_training_prob": 1.0, "max_learning_policies": 4}
+    algo = small(league=league, max_num_policies_to_train=4).build()
+    try:
+        def exploiter_snapshots():
+            return [p for p, s in algo.league.players.items() if s["parent"] and s["type"] != "main"]
+
+        for _ in range(40):
+            r = algo.train()
+            if len(exploiter_snapshots()) >= 3:
+                break
+        snaps = exploiter_snapshots()
+        assert len(snaps) >= 3, snaps
+        learning = algo.league.learning_policies()
+        assert len(learning) == 4 and set(algo.learners.policy_ids) == set(learning)
+        assert r["num_learning_policies"] == 4 and sum(not algo.league.players[p]["trainable"] for p in snaps) >= 2
+    finally:
+        algo.stop()
+
+
 def test_policy_learners_follow_the_lr_schedule_over_sampled_env_steps():
     algo = small(lr=0.5, lr_schedule=[[0, 1e-3], [1200, 0.0]], league="no_league", max_num_policies_to_train=1).build()
     try:

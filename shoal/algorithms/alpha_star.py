@@ -351,22 +351,24 @@ class AlphaStar(Algorithm):
         return result
 
     def apply_league_changes(self, changes) -> None:
-        for new_id, from_id, trainable, _spec in changes.add:
-            self._add(new_id, self.weights[from_id] if from_id else self._fresh_weights(new_id), trainable)
-        for pid in changes.reset:
-            self.weights[pid] = self._changed[pid] = self._fresh_weights(pid)
-            if pid in self.learners.policy_ids:
-                self.learners.set_weights(pid, self.weights[pid])
-        for pid in changes.freeze:
+        """Freezes and removals first, so the learner slots they free can take this build's
+        additions (a full league would refuse them); a snapshot copies its parent's weights as
+        they were before any reset in the same build."""
+        parents = {new_id: self.weights[from_id] for new_id, from_id, _, _ in changes.add if from_id}
+        for pid in [*changes.freeze, *changes.remove]:
             if pid in self.learners.policy_ids:
                 self.learners.remove_policy(pid)
         for pid in changes.remove:
-            if pid in self.learners.policy_ids:
-                self.learners.remove_policy(pid)
             self.weights.pop(pid, None)
             self._changed.pop(pid, None)
             self._learner_stats = {k: v for k, v in self._learner_stats.items() if not k.startswith(f"learner/{pid}/")}
             self._removed.append(pid)
+        for new_id, _, trainable, _spec in changes.add:
+            self._add(new_id, parents.get(new_id) or self._fresh_weights(new_id), trainable)
+        for pid in changes.reset:
+            self.weights[pid] = self._changed[pid] = self._fresh_weights(pid)
+            if pid in self.learners.policy_ids:
+                self.learners.set_weights(pid, self.weights[pid])
 
     # ---- evaluation ------------------------------------------------------------------------------
     def evaluate_vs(self, opponent: str = "random", num_games: int = 100, policy_id: str = "main",

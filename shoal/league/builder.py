@@ -6,7 +6,7 @@ How an algorithm drives a builder::
     for pid, spec in builder.initial_policies().items(): ...   # create one policy per entry
     every iteration:
         builder.record_results(match_results)            # per-match outcomes from the rollout actors
-        changes = builder.build(algo, result)            # LeagueChanges: apply in the order add, reset, freeze, remove
+        changes = builder.build(algo, result)            # LeagueChanges: freeze and remove, then add, then reset
         send builder.matchmaking().to_dict() to the rollout actors with the weights
     checkpoint: state["league"] = builder.get_state(); on resume builder.set_state(state["league"])
 
@@ -43,11 +43,12 @@ def policy_spec(type_: str, trainable: bool, parent: Optional[str] = None,
 class LeagueChanges:
     """What one ``build`` call asks of the algorithm, applied in this order:
 
-    1. ``add``: ``(new_id, from_id, trainable, spec)``: a new policy whose weights are a copy of
-       ``from_id``'s current weights (fresh random weights when ``from_id`` is None);
-    2. ``reset``: policies whose weights go back to a fresh random initialization;
-    3. ``freeze``: policies that stop learning (their learner is released);
-    4. ``remove``: policies that leave the league.
+    1. ``freeze``: policies that stop learning (their learner is released);
+    2. ``remove``: policies that leave the league;
+    3. ``add``: ``(new_id, from_id, trainable, spec)``: a new policy whose weights are a copy of
+       ``from_id``'s weights as they were before this build's changes (fresh random weights when
+       ``from_id`` is None); it may take a learner slot that step 1 or 2 freed;
+    4. ``reset``: policies whose weights go back to a fresh random initialization.
     """
 
     add: list[tuple[str, Optional[str], bool, dict[str, Any]]] = field(default_factory=list)
