@@ -36,6 +36,29 @@ def regression_batch(n: int = 32, seed: int = 0) -> Batch:
     return Batch({Col.OBS: obs, Col.REWARDS: obs @ TRUE_W})
 
 
+class DeviceProbe:
+    """A policy learner that only reports the device it was given and what that resolves to in its process."""
+
+    def __init__(self, policy_id, replay, device: str = "cpu") -> None:
+        self.device = device
+
+    def where(self) -> dict:
+        import os
+
+        import ray
+
+        from shoal import runtime
+
+        return {"spec": self.device, "resolved": runtime.assigned_cuda_device(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+                "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    def get_weights(self) -> dict:
+        return {}
+
+    def set_weights(self, weights) -> None:
+        pass
+
+
 def main() -> dict:
     import ray
     from ray.cluster_utils import Cluster
@@ -44,9 +67,11 @@ def main() -> dict:
 
     torch.set_num_threads(1)
     t0 = time.time()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    # Each node declares 2 (fake) GPUs: Ray assigns them to actors and sets CUDA_VISIBLE_DEVICES, which is
+    # all the device check below needs; nothing runs on them.
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 2})
     for _ in range(2):
-        cluster.add_node(num_cpus=1)
+        cluster.add_node(num_cpus=1, num_gpus=2)
     ray.init(address=cluster.address, include_dashboard=False, logging_level="WARNING")
     out: dict = {"cluster_start_s": round(time.time() - t0, 1)}
     try:
@@ -65,6 +90,15 @@ def main() -> dict:
             for pid in dl.policy_ids:
                 dl.get_replay_actor(pid).add_batch(pid, regression_batch(seed=1))
             out["learned"] = {pid: dl.call(pid, "learn") is not None for pid in dl.policy_ids}
+        finally:
+            dl.stop()
+        # Remote learners with GPUs train on the GPU Ray assigned to their actor: one shard, 2 GPUs, 1 per policy.
+        dl = DistributedLearners(DeviceProbe, BatchReplay, shard_plan(2, 2, num_shards=1), remote=True,
+                                 policy_num_cpus=0.1, resource_wait_s=60.0, address=cluster.address)
+        try:
+            for pid in ("g0", "g1"):
+                dl.add_policy(pid)
+            out["gpu_learners"] = {pid: dl.call(pid, "where") for pid in dl.policy_ids}
         finally:
             dl.stop()
     finally:

@@ -78,6 +78,12 @@ def test_masked_appo_loss_is_on_policy_under_the_stored_masks():
     assert learner.learner.num_updates == cfg.num_sgd_iter
 
 
+def test_gpus_asked_for_without_cuda_are_a_config_error_at_build(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="cuda:0 but torch sees no CUDA device"):
+        small(resources={"num_gpus": 1}).build()
+
+
 def test_policy_learner_minibatches_are_whole_sequences_covering_the_batch_each_pass():
     with pytest.raises(ConfigError, match=r"minibatch_size \(20\) must be a multiple of rollout_fragment_length \(8\)"):
         small(minibatch_size=20)
@@ -119,6 +125,7 @@ def test_in_process_league_grows_and_a_checkpoint_continues_the_same_league(tmp_
             assert key in r, key
         assert r["env_steps_trained"] > 0 and r["league/games_total"] > 0
         assert r["num_policies"] > 4, "a snapshot should have joined the league"  # main, 2 exploiters, random_0
+        assert r["learner/main/device"] == "cpu"  # no GPUs: the shard slot's device
         assert r["num_learning_policies"] == 3  # snapshots are frozen: no new learners
         frozen = [p for p, s in algo.league.players.items() if not s["trainable"] and s["parent"]]
         assert frozen and all(p in algo.weights for p in frozen)

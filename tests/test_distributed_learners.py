@@ -134,6 +134,48 @@ def test_batch_replay_waiting_batches_are_bounded_and_ratio_one_only_replays():
         BatchReplay(replay_ratio=1.5)
 
 
+# ---- devices ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("gpus, policies, shards, expect", [
+    (0, 3, None, ["cpu", "cpu", "cpu"]),
+    (2, 4, None, ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]),  # 2 shards x 2 slots, half a GPU each
+    (4, 10, None, ["cuda:0"] * 3 + ["cuda:1"] * 3 + ["cuda:2"] * 2 + ["cuda:3"] * 2),
+    (8, 3, 2, ["cuda:0", "cuda:2", "cuda:4"]),  # 4 GPUs per shard, 2 per policy: a slot starts at its own GPUs
+    (1, 4, 2, ["cuda:0"] * 4),  # one GPU shared by both shards
+])
+def test_each_slot_trains_on_the_gpu_its_shard_was_given(gpus, policies, shards, expect):
+    plan = shard_plan(gpus, policies, shards)
+    got = [plan.slot_device(s, j) for s, cap in enumerate(plan.shard_capacities()) for j in range(cap)]
+    assert got == expect
+
+
+class _DeviceRecorder(PolicyLearner):
+    def __init__(self, policy_id, replay, *args, device="cpu", **kwargs):
+        self.given_device = device  # recorded, not resolved: this machine has no GPU
+        super().__init__(policy_id, replay, *args, **kwargs)
+
+
+def test_in_process_learners_get_their_slots_device_and_a_missing_gpu_is_a_config_error():
+    dl = DistributedLearners(_DeviceRecorder, BatchReplay, shard_plan(2, 4), remote=False)
+    for p in "abcd":
+        dl.add_policy(p, *CTOR)
+    assert [dl.get_policy_actor(p).given_device for p in "abcd"] == ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]
+    dl.stop()
+    from shoal.learn.distributed_learners import resolve_learner_device
+
+    assert str(resolve_learner_device("cpu")) == "cpu"
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="cuda:1 but torch sees no CUDA device"):
+            resolve_learner_device("cuda:1")
+
+
+@pytest.mark.parametrize("gpu_id, visible, index", [
+    (3, "3", 0), ("5", "2,5", 1), (1, None, 1), (2, "", 2), (4, "0,1", 4)])
+def test_a_ray_assigned_gpu_id_maps_to_its_torch_index(gpu_id, visible, index):
+    from shoal.runtime import cuda_index
+
+    assert cuda_index(gpu_id, visible) == index
+
+
 # ---- slots, in-process -------------------------------------------------------------------------
 def test_slots_first_free_full_error_remove_and_reuse_in_process():
     dl = DistributedLearners(PolicyLearner, BatchReplay, shard_plan(0, 5, num_shards=2), remote=False)
@@ -257,3 +299,7 @@ def test_policy_learners_sit_on_their_replay_actors_node_in_a_three_node_cluster
         assert p["node"] == replay[str(p["shard"])], pid
     assert sorted(p["shard"] for p in out["policies"].values()) == [0, 0, 1, 1, 2, 2]
     assert all(out["learned"].values())
+    gpu = out["gpu_learners"]  # each GPU learner: its own GPU id, which torch sees as cuda:0 in its process
+    assert {p["spec"] for p in gpu.values()} == {"assigned-gpu"}
+    assert sorted(p["gpu_ids"][0] for p in gpu.values()) == ["0", "1"]
+    assert all(p["visible"] == p["gpu_ids"][0] and p["resolved"] == "cuda:0" for p in gpu.values()), gpu

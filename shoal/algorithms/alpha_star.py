@@ -39,7 +39,7 @@ from shoal.envs.multi_agent import make_multi_agent_env
 from shoal.errors import ConfigError
 from shoal.league import make_league_builder
 from shoal.learn import Learner
-from shoal.learn.distributed_learners import BatchReplay, DistributedLearners, shard_plan
+from shoal.learn.distributed_learners import BatchReplay, DistributedLearners, resolve_learner_device, shard_plan
 from shoal.models import build_actor_critic
 from shoal.rollout.multi_agent import ActionMasked, MultiAgentEnvRunner, PolicyReturnWindows
 from shoal.runtime import make_actor_group
@@ -132,11 +132,12 @@ class APPOPolicyLearner:
     the stats and new weights, or None when nothing was waiting."""
 
     def __init__(self, policy_id: str, replay: Any, config: AlphaStarConfig, obs_space, action_space,
-                 idle_sleep_s: float = 0.0) -> None:
+                 idle_sleep_s: float = 0.0, device: str = "cpu") -> None:
         configure_process(config.resources)
         self.policy_id, self.replay, self.config, self.idle_sleep_s = policy_id, replay, config, idle_sleep_s
         module = build_actor_critic(obs_space, action_space, config.model)
-        self.learner = Learner(module, self._loss, lr=config.lr, grad_clip=config.grad_clip, lr_schedule=config.lr_schedule)
+        self.learner = Learner(module, self._loss, lr=config.lr, grad_clip=config.grad_clip, lr_schedule=config.lr_schedule,
+                               device=resolve_learner_device(device))
         self.learner.extra_state["kl_coeff"] = config.kl_coeff if config.use_kl_loss else 0.0
         self.target = TargetNetwork(self.learner, config.target_update_frequency)
         self.rng = np.random.default_rng(None if config.seed is None else [config.seed, *policy_id.encode()])
@@ -162,7 +163,7 @@ class APPOPolicyLearner:
         cfg = self.config
         stats = self.learner.update(Batch.concat(batches), cfg.num_sgd_iter, cfg.minibatch_size or rows, self.rng,
                                     sequence_length=cfg.fragment_length())
-        stats["num_updates"] = self.learner.num_updates
+        stats.update(num_updates=self.learner.num_updates, device=str(self.learner.device))
         return {"rows": rows, "stats": stats, "weights": self.get_weights()}
 
     def get_weights(self) -> dict[str, np.ndarray]:

@@ -7,9 +7,11 @@ policies are added, one policy learner actor in the first free slot of a shard, 
 that shard's replay actor's node so batches move between them through the node's shared
 object store.
 
-A policy learner class is constructed as ``cls(policy_id, replay, *ctor_args, **ctor_kwargs)``
-where ``replay`` is its shard's replay actor; calls on it return their result (in-process the
-object itself, remotely a waiting proxy). It must have ``get_weights()`` and
+A policy learner class is constructed as ``cls(policy_id, replay, *ctor_args, device=...,
+**ctor_kwargs)`` where ``replay`` is its shard's replay actor; calls on it return their result
+(in-process the object itself, remotely a waiting proxy), and ``device`` is where it must train:
+its shard slot's GPU (``cuda:k``; for a Ray actor the GPU Ray assigned it) or "cpu" (resolve it
+with :func:`resolve_learner_device`). It must have ``get_weights()`` and
 ``set_weights(weights)``; a policy learner actor that dies is recreated from the latest
 weights the driver has seen from it (``get_weights``/``set_weights`` here keep them).
 :class:`PolicyLearner` is a minimal one (a :class:`~shoal.learn.Learner` and a loss);
@@ -49,6 +51,29 @@ class ShardPlan:
         """Slots per shard: the ``max_policies`` spread evenly, each at most ``policies_per_shard``."""
         base, extra = divmod(self.max_policies, self.num_shards)
         return [base + (1 if s < extra else 0) for s in range(self.num_shards)]
+
+    def slot_device(self, shard: int, slot: int) -> str:
+        """The device of the policy learner in ``slot`` of ``shard`` when the shards live in this
+        process: "cpu" without GPUs, else ``cuda:k``, the GPUs dealt out as the plan shares them
+        (shard s starts at GPU s x gpus_per_shard, its slots follow at gpus_per_policy each).
+        Remote learners use the GPU Ray assigned to their actor instead (:data:`ASSIGNED_GPU`)."""
+        if self.gpus_per_policy <= 0:
+            return "cpu"
+        return f"cuda:{math.floor(shard * self.gpus_per_shard + slot * self.gpus_per_policy + 1e-6)}"
+
+
+ASSIGNED_GPU = "assigned-gpu"  # a remote policy learner's device: the GPU its Ray actor was given
+
+
+def resolve_learner_device(spec: str) -> torch.device:
+    """A policy learner's device from its spec ("cpu", "cuda:k" or :data:`ASSIGNED_GPU`), checked."""
+    if spec == ASSIGNED_GPU:
+        spec = runtime.assigned_cuda_device()
+    device = torch.device(spec)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"a policy learner was given {spec} but torch sees no CUDA device in this process; "
+                          "set resources.num_gpus=0 to learn on the CPU")
+    return device
 
 
 def _ray_fraction(x: float) -> float:
@@ -171,12 +196,12 @@ class PolicyLearner:
 
     def __init__(self, policy_id: PolicyId, replay: Any, make_module: Callable[[], torch.nn.Module], loss_fn: LossFn,
                  lr: float = 1e-3, grad_clip: float | None = None, torch_threads: int = 1,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, device: str = "cpu") -> None:
         torch.set_num_threads(torch_threads)
         if seed is not None:
             torch.manual_seed(seed)
         self.policy_id, self.replay = policy_id, replay
-        self.learner = Learner(make_module(), loss_fn, lr=lr, grad_clip=grad_clip)
+        self.learner = Learner(make_module(), loss_fn, lr=lr, grad_clip=grad_clip, device=resolve_learner_device(device))
 
     def learn_on_batch(self, batch: Batch) -> dict[str, float]:
         stats = self.learner.update_minibatch(batch.to_torch(self.learner.device))
@@ -251,7 +276,8 @@ class DistributedLearners:
                 f"{self.policy_ids}. Remove (or freeze) a policy first, or raise the maximum number of trainable "
                 "policies.")
         shard, slot = free
-        group = self._make_group(policy_id, shard, ctor_args, dict(ctor_kwargs or {}))
+        device = ASSIGNED_GPU if self.remote and self.plan.gpus_per_policy > 0 else self.plan.slot_device(shard, slot)
+        group = self._make_group(policy_id, shard, ctor_args, {**(ctor_kwargs or {}), "device": device})
         self.slots[shard][slot] = policy_id
         self.where[policy_id], self.groups[policy_id] = (shard, slot), group
         if weights is not None:

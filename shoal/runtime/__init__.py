@@ -47,6 +47,31 @@ def start(address: str | None = None, **kwargs: Any) -> None:
     _start(address, **kwargs)
 
 
+def cuda_index(gpu_id: int | str, visible: str | None) -> int:
+    """The torch index (``cuda:k``) of the physical GPU ``gpu_id`` that Ray assigned to this process.
+
+    Ray normally sets ``CUDA_VISIBLE_DEVICES`` (``visible``) to the assigned ids, so torch numbers
+    them from 0 in that order; with it unset (Ray told not to set it) the id is the index itself.
+    """
+    if visible:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        if str(gpu_id) in ids:
+            return ids.index(str(gpu_id))
+    return int(gpu_id)
+
+
+def assigned_cuda_device() -> str:
+    """``cuda:k`` for the first GPU Ray assigned to this actor (it must have reserved one)."""
+    import os
+
+    import ray
+
+    ids = ray.get_gpu_ids() if ray.is_initialized() else []
+    if not ids:
+        raise RuntimeError("this process was given no GPU by Ray: reserve one (num_gpus > 0) for the actor")
+    return f"cuda:{cuda_index(ids[0], os.environ.get('CUDA_VISIBLE_DEVICES'))}"
+
+
 def shutdown() -> None:
     import sys
 
@@ -56,4 +81,5 @@ def shutdown() -> None:
         _shutdown()
 
 
-__all__ = ["make_actor_group", "start", "shutdown", "ActorGroupBase", "LocalActorGroup"]
+__all__ = ["make_actor_group", "start", "shutdown", "cuda_index", "assigned_cuda_device", "ActorGroupBase",
+           "LocalActorGroup"]
