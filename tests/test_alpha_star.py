@@ -78,6 +78,23 @@ def test_masked_appo_loss_is_on_policy_under_the_stored_masks():
     assert learner.learner.num_updates == cfg.num_sgd_iter
 
 
+def test_policy_learner_adapts_the_kl_coefficient_once_per_learn_call():
+    cfg = small(train_batch_size=64, use_kl_loss=True, kl_coeff=1.0, kl_target=1e-9, num_sgd_iter=2)
+    runner = MultiAgentEnvRunner(cfg, 0, {"main": None}, ticks_per_sample=24)
+    env = runner.envs[0]
+    replay = BatchReplay(capacity=4)
+    learner = APPOPolicyLearner("main", replay, cfg, env.observation_space("player_1"), env.action_space("player_1"))
+    coeffs = [learner.learner.extra_state["kl_coeff"]]
+    assert learner.learn() is None and learner.learner.extra_state["kl_coeff"] == 1.0  # nothing learned: unchanged
+    for _ in range(3):
+        replay.add_batch("main", runner.sample()[0]["main"])
+        out = learner.learn()
+        coeffs.append(out["stats"]["kl_coeff"])
+    ratios = [b / a for a, b in zip(coeffs, coeffs[1:])]
+    assert all(r in (0.5, 1.5) for r in ratios), coeffs  # one adaptation step per learner result
+    assert learner.get_state()["learner"]["extra"]["kl_coeff"] == coeffs[-1]  # and it is checkpointed
+
+
 def test_gpus_asked_for_without_cuda_are_a_config_error_at_build(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="cuda:0 but torch sees no CUDA device"):

@@ -33,6 +33,7 @@ from pydantic import Field, model_validator
 from shoal.algorithms.appo import APPOConfig, TargetNetwork, appo_loss
 from shoal.algorithms.base import Algorithm
 from shoal.algorithms.impala import WAIT_S
+from shoal.algorithms.ppo import update_kl_coeff
 from shoal.batch import Batch, Col
 from shoal.config import EnvSpec, ResourcesConfig
 from shoal.envs.multi_agent import make_multi_agent_env
@@ -163,7 +164,10 @@ class APPOPolicyLearner:
         cfg = self.config
         stats = self.learner.update(Batch.concat(batches), cfg.num_sgd_iter, cfg.minibatch_size or rows, self.rng,
                                     sequence_length=cfg.fragment_length())
-        stats.update(num_updates=self.learner.num_updates, device=str(self.learner.device))
+        extra = self.learner.extra_state
+        if cfg.use_kl_loss:  # once per learner result, like APPO's
+            extra["kl_coeff"] = update_kl_coeff(extra["kl_coeff"], stats["kl"], cfg.kl_target)
+        stats.update(num_updates=self.learner.num_updates, kl_coeff=extra["kl_coeff"], device=str(self.learner.device))
         return {"rows": rows, "stats": stats, "weights": self.get_weights()}
 
     def get_weights(self) -> dict[str, np.ndarray]:
