@@ -29,3 +29,8 @@ class ResourceError(ShoalError):
 
 class WorkerError(ShoalError):
     """A rollout actor kept failing past the allowed number of restarts."""
+
+
+class ActorLostError(RuntimeError):
+    """A call to another actor failed because that actor died (raised by the runtime's waiting
+    proxies). Not a user error: the caller reports it so its owner can recreate the actor."""

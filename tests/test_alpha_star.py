@@ -309,6 +309,36 @@ def test_two_ray_rollout_actors_train_the_league_survive_dead_actors_and_checkpo
 
 
 @pytest.mark.ray
+def test_a_dead_shard_replay_actor_is_recreated_and_its_learner_and_actors_move_to_it(ray_cluster):
+    import ray
+
+    cfg = small(resources={"num_workers": 1, "num_cpus_per_worker": 0.25, "num_envs_per_worker": 8,
+                           "num_cpus_per_learner": 0.25}, league={**FAST_LEAGUE, "num_main_exploiters": 0,
+                                                                  "num_league_exploiters": 0})
+    algo = cfg.build()
+    try:
+        r, t0 = {}, time.perf_counter()
+        while r.get("env_steps_trained", 0) == 0 and time.perf_counter() - t0 < 60:
+            r = algo.train()
+        assert r["env_steps_trained"] > 0 and r["num_replay_actor_restarts"] == 0
+        shard = algo.learners.where["main"][0]
+        dead = algo.learners.replays.actors[shard]
+        ray.kill(dead, no_restart=True)
+        trained, t1 = r["env_steps_trained"], time.perf_counter()
+        while time.perf_counter() - t1 < 90:
+            r = algo.train()
+            if r["num_replay_actor_restarts"] >= 1 and r["env_steps_trained"] > trained + 1000:
+                break
+        assert r["num_replay_actor_restarts"] == 1 and r["env_steps_trained"] > trained + 1000, r
+        assert r["num_learner_restarts"] == 0  # the learner was handed the new replay actor, not crash-looped
+        assert algo.learners.replays.actors[shard] is not dead
+        stats = algo.learners.replay_stats()["main"]  # the new (empty at first) replay actor: the rollout actor
+        assert stats["added"] > 0 and stats["learned_new"] > 0  # writes into it and the learner pulls from it
+    finally:
+        algo.stop()
+
+
+@pytest.mark.ray
 def test_a_ray_rollout_actor_feeds_learners_in_the_driver(ray_cluster):
     """remote_learners: false — the actor samples in its own process, its batches come back to the
     driver's replays and learners, and the new weights reach the actor."""

@@ -37,10 +37,11 @@ from shoal.algorithms.ppo import update_kl_coeff
 from shoal.batch import Batch, Col
 from shoal.config import EnvSpec, ResourcesConfig
 from shoal.envs.multi_agent import make_multi_agent_env
-from shoal.errors import ConfigError
+from shoal.errors import ActorLostError, ConfigError
 from shoal.league import make_league_builder
 from shoal.learn import Learner
-from shoal.learn.distributed_learners import BatchReplay, DistributedLearners, resolve_learner_device, shard_plan
+from shoal.learn.distributed_learners import (REPLAY_LOST, BatchReplay, DistributedLearners, resolve_learner_device,
+                                              shard_plan)
 from shoal.models import build_actor_critic
 from shoal.rollout.multi_agent import ActionMasked, MultiAgentEnvRunner, PolicyReturnWindows
 from shoal.runtime import make_actor_group
@@ -146,13 +147,17 @@ class APPOPolicyLearner:
     def _loss(self, module, batch: dict, learner: Learner):
         return masked_appo_loss(module, batch, learner, self.config, self.target)
 
-    def learn(self, env_steps: Optional[int] = None) -> Optional[dict[str, Any]]:
-        """``env_steps``: the run's sampled env steps, which move ``lr_schedule`` along."""
+    def learn(self, env_steps: Optional[int] = None) -> Union[dict[str, Any], str, None]:
+        """``env_steps``: the run's sampled env steps, which move ``lr_schedule`` along. Returns
+        :data:`REPLAY_LOST` when the shard's replay actor died under it."""
         if env_steps is not None:
             self.learner.set_env_steps(env_steps)
         batches, rows = [], 0
         while rows < self.config.train_batch_size:
-            b = self.replay.replay(self.policy_id)
+            try:
+                b = self.replay.replay(self.policy_id)
+            except ActorLostError:  # the shard's replay actor died: the driver recreates it and calls set_replay
+                return REPLAY_LOST
             if b is None:
                 break
             batches.append(b)
@@ -169,6 +174,10 @@ class APPOPolicyLearner:
             extra["kl_coeff"] = update_kl_coeff(extra["kl_coeff"], stats["kl"], cfg.kl_target)
         stats.update(num_updates=self.learner.num_updates, kl_coeff=extra["kl_coeff"], device=str(self.learner.device))
         return {"rows": rows, "stats": stats, "weights": self.get_weights()}
+
+    def set_replay(self, replay: Any) -> None:
+        """The shard's replay actor was recreated: pull from the new one."""
+        self.replay = replay
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return self.learner.get_weights()
@@ -253,6 +262,7 @@ class AlphaStar(Algorithm):
         self._matches_this_iter = 0
         self._learned_since_broadcast = 0
         self._learner_stats: dict[str, float] = {}
+        self._replay_restarts_sent = 0  # replay actor restarts whose new handles the rollout actors have
         self.env_runners = make_actor_group(
             LeagueRolloutActor, max(res.num_workers, 1), lambda i: ((cfg, i, self._specs(), self._mm(), self._replay()), {}),
             remote=remote, num_cpus=res.num_cpus_per_worker, max_in_flight=cfg.max_requests_in_flight_per_worker,
@@ -303,6 +313,7 @@ class AlphaStar(Algorithm):
 
     def broadcast(self) -> None:
         """One put: the changed weights, the matchmaking, who learns, where to store batches, who left."""
+        self._replay_restarts_sent = self.learners.num_replay_restarts
         ref = self.env_runners.put(self._message())
         self.env_runners.foreach("sync", ref, wait=False)
         self._changed, self._removed = {}, []
@@ -337,8 +348,11 @@ class AlphaStar(Algorithm):
                 stats.update({f"learner/{pid}/{k}": v for k, v in out["stats"].items()})
                 self._learned_since_broadcast += 1
         with self.timers.time("sync"):
-            # every `broadcast_interval` learner results (the league's changes go out after each iteration anyway)
-            if self._changed and self._learned_since_broadcast >= self.config.broadcast_interval:
+            # every `broadcast_interval` learner results (the league's changes go out after each iteration anyway),
+            # and at once when a replay actor was recreated: the rollout actors must write to the new one
+            replay_restarts = self.learners.num_replay_restarts
+            if replay_restarts != self._replay_restarts_sent or \
+                    (self._changed and self._learned_since_broadcast >= self.config.broadcast_interval):
                 self.broadcast()
         return dict(stats)
 
@@ -346,13 +360,15 @@ class AlphaStar(Algorithm):
         self._matches_this_iter = 0
         result = super().train()
         with self.timers.time("league"):
+            self.learners.check_replays()  # a recreated replay actor's handle goes out with this broadcast
             self.apply_league_changes(self.league.build(self, result))
             self.broadcast()  # the matchmaking's win-rate weights move every iteration
         result.update(self.returns.metrics())
         result.update(self.league.metrics())
         result.update({"num_policies": len(self.weights), "num_learning_policies": len(self.learners.policy_ids),
                        "num_matches_this_iter": self._matches_this_iter,
-                       "num_learner_restarts": self.learners.num_restarts})
+                       "num_learner_restarts": self.learners.num_restarts,
+                       "num_replay_actor_restarts": self.learners.num_replay_restarts})
         return result
 
     def apply_league_changes(self, changes) -> None:

@@ -11,9 +11,13 @@ A policy learner class is constructed as ``cls(policy_id, replay, *ctor_args, de
 **ctor_kwargs)`` where ``replay`` is its shard's replay actor; calls on it return their result
 (in-process the object itself, remotely a waiting proxy), and ``device`` is where it must train:
 its shard slot's GPU (``cuda:k``; for a Ray actor the GPU Ray assigned it) or "cpu" (resolve it
-with :func:`resolve_learner_device`). It must have ``get_weights()`` and
-``set_weights(weights)``; a policy learner actor that dies is recreated from the latest
-weights the driver has seen from it (``get_weights``/``set_weights`` here keep them).
+with :func:`resolve_learner_device`). It must have ``get_weights()``,
+``set_weights(weights)`` and ``set_replay(replay)``; a policy learner actor that dies is
+recreated from the latest weights the driver has seen from it (``get_weights``/``set_weights``
+here keep them). A replay actor that dies is recreated empty and its learners get the new
+handle through ``set_replay``; a learner whose replay call fails meanwhile returns
+:data:`REPLAY_LOST` from the request, which :meth:`DistributedLearners.fetch_ready` turns into
+that check instead of a learner crash.
 :class:`PolicyLearner` is a minimal one (a :class:`~shoal.learn.Learner` and a loss);
 algorithms bring their own.
 """
@@ -32,7 +36,7 @@ import torch
 
 from shoal import runtime
 from shoal.batch import Batch
-from shoal.errors import ConfigError
+from shoal.errors import ActorLostError, ConfigError
 from shoal.learn.learner import Learner, LossFn
 
 PolicyId = Hashable
@@ -63,6 +67,9 @@ class ShardPlan:
 
 
 ASSIGNED_GPU = "assigned-gpu"  # a remote policy learner's device: the GPU its Ray actor was given
+# What a policy learner's learn() returns when its shard's replay actor died under it (an
+# ActorLostError from the replay proxy): DistributedLearners then recreates the replay actor.
+REPLAY_LOST = "replay actor lost"
 
 
 def resolve_learner_device(spec: str) -> torch.device:
@@ -144,6 +151,9 @@ class BatchReplay:
         self.carry: dict[PolicyId, float] = {}
         self.counts: dict[PolicyId, dict[str, int]] = {}
 
+    def ping(self) -> bool:
+        return True
+
     def _count(self, policy_id: PolicyId, key: str, n: int = 1) -> None:
         c = self.counts.setdefault(policy_id, {"added": 0, "learned_new": 0, "replayed": 0})
         c[key] += n
@@ -208,9 +218,15 @@ class PolicyLearner:
         return {k: float(v) for k, v in stats.items()} | {"num_updates": self.learner.num_updates,
                                                           "rows": len(batch)}
 
-    def learn(self) -> dict[str, float] | None:
-        batch = self.replay.replay(self.policy_id)
+    def learn(self) -> dict[str, float] | str | None:
+        try:
+            batch = self.replay.replay(self.policy_id)
+        except ActorLostError:
+            return REPLAY_LOST
         return None if batch is None else self.learn_on_batch(batch)
+
+    def set_replay(self, replay: Any) -> None:
+        self.replay = replay
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return self.learner.get_weights()
@@ -246,6 +262,7 @@ class DistributedLearners:
             num_cpus=replay_num_cpus, max_restarts=max_restarts, address=address, resource_wait_s=resource_wait_s,
             name="learner shard replay actor", first_index=0, strategy="SPREAD")
         self.replay_nodes: dict[int, str | None] = self.replays.node_ids() if remote else {}
+        self._replay_actors = dict(self.replays.actors)  # the replay actor each shard's learners were given
         self.slots: list[list[PolicyId | None]] = [[None] * c for c in plan.shard_capacities()]
         self.where: dict[PolicyId, tuple[int, int]] = {}
         self.groups: dict[PolicyId, Any] = {}
@@ -359,6 +376,9 @@ class DistributedLearners:
         deadline = time.monotonic() + timeout_s
         while True:
             out = [(pid, r) for pid, g in list(self.groups.items()) for _, r in g.fetch_ready(0.0)]
+            if any(isinstance(r, str) and r == REPLAY_LOST for _, r in out):
+                self.check_replays()
+                out = [(pid, r) for pid, r in out if not (isinstance(r, str) and r == REPLAY_LOST)]
             if out or time.monotonic() >= deadline or not self.num_in_flight():
                 return out
             time.sleep(0.002)
@@ -399,9 +419,28 @@ class DistributedLearners:
             out.update(stats)
         return out
 
+    def check_replays(self) -> list[int]:
+        """Recreate every replay actor that died (empty: its batches are gone) and hand the new
+        one to its shard's learners; returns the shards whose replay actor was recreated.
+        Rollout actors need the new handles too: see :meth:`replay_proxies`."""
+        self.replays.foreach("ping")  # a call to a dead actor fails, and the group recreates it
+        lost = [s for s, actor in self.replays.actors.items() if actor is not self._replay_actors.get(s)]
+        if lost:
+            proxies = self.replays.proxies(wait=True)
+            for shard in lost:
+                self._replay_actors[shard] = self.replays.actors[shard]
+                for pid in [p for p, (s, _) in self.where.items() if s == shard]:
+                    self._call(pid, "set_replay", proxies[shard])
+        return lost
+
     @property
     def num_restarts(self) -> int:
-        return self._restarts_of_removed + self.replays.num_restarts + sum(g.num_restarts for g in self.groups.values())
+        """Policy learner actors recreated (replay actors are counted apart: :attr:`num_replay_restarts`)."""
+        return self._restarts_of_removed + sum(g.num_restarts for g in self.groups.values())
+
+    @property
+    def num_replay_restarts(self) -> int:
+        return self.replays.num_restarts
 
     def stop(self) -> None:
         for group in self.groups.values():

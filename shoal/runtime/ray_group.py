@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from shoal.errors import WorkerError
+from shoal.errors import ActorLostError, WorkerError
 from shoal.runtime.cluster import release, reserve
 from shoal.runtime.local import ActorGroupBase
 
@@ -184,7 +184,8 @@ class ActorProxy:
     Handed to other actors (e.g. Ape-X rollout actors writing into replay shards); a call to
     a dead actor is lost, and the owner re-sends fresh proxies after a restart. With
     ``wait=True`` a call blocks and returns the result, as the in-process object would
-    (e.g. a policy learner pulling batches from its shard's replay actor).
+    (e.g. a policy learner pulling batches from its shard's replay actor); a call to an actor
+    that died raises :class:`~shoal.errors.ActorLostError`.
     """
 
     def __init__(self, handle: Any, wait: bool = False) -> None:
@@ -196,5 +197,10 @@ class ActorProxy:
             raise AttributeError(method)
         remote_method = getattr(self.handle, method)
         if self.wait:
-            return lambda *args, **kwargs: ray.get(remote_method.remote(*args, **kwargs))
+            def call(*args, **kwargs):
+                try:
+                    return ray.get(remote_method.remote(*args, **kwargs))
+                except ray.exceptions.RayActorError as e:
+                    raise ActorLostError(f"{method}() on a dead actor: {type(e).__name__}") from None
+            return call
         return lambda *args, **kwargs: remote_method.remote(*args, **kwargs) and None
