@@ -454,3 +454,11 @@ def test_metrics():
     assert m["league/games_total"] == 22 and m["league/snapshots"] == 1
     assert m["league/win_rate/main_exploiter_0"] == pytest.approx(0.1)
     assert "league/win_rate/main" not in m  # its window starts afresh after the snapshot
+    # main's strength figure (the best checkpoint's metric): its 3 wins over frozen random_0; games against the
+    # learning main exploiter and itself do not count, and the snapshot does not reset it
+    assert m["league/main_win_rate_vs_frozen"] == 1.0 and AlphaStarLeagueBuilder.best_metric in m
+    b = scripted_league()
+    b.record_results(games("main", "main_v1", wins_b=1, match_type="main"))  # a loss to its frozen snapshot
+    again = alpha_star(payoff_decay=1.0, win_rate_window=10, min_games_for_snapshot=10)
+    again.set_state(b.get_state())
+    assert again.metrics()["league/main_win_rate_vs_frozen"] == pytest.approx(0.75)

@@ -98,6 +98,9 @@ class AlphaStarLeagueConfig(Section):
 
 class AlphaStarLeagueBuilder(LeagueBuilder):
     name = "alpha_star"
+    # Unlike the recent win rates that decide snapshots, this window is never reset: it follows
+    # main's strength against the frozen league (random players and main's own snapshots).
+    best_metric = "league/main_win_rate_vs_frozen"
 
     def __init__(self, **kwargs: Any) -> None:
         try:
@@ -109,6 +112,7 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
         c = self.config
         self.seed = int(c.seed) if c.seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
         self.windows: dict[str, list[float]] = {}
+        self.main_vs_frozen: list[float] = []  # main's last win_rate_window results against frozen players
         self.snapshot_counts: dict[str, int] = {}
 
     # ---- players -------------------------------------------------------------------
@@ -123,11 +127,16 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
     def _on_result(self, a: str, b: str, winner: Optional[str]) -> None:
         if a == b:
             return
-        for me in (a, b):
+        n = self.config.win_rate_window
+        for me, other in ((a, b), (b, a)):
+            outcome = 0.5 if winner is None else float(winner == me)
             if self.players[me]["trainable"]:
                 w = self.windows.setdefault(me, [])
-                w.append(0.5 if winner is None else float(winner == me))
-                del w[:-self.config.win_rate_window]
+                w.append(outcome)
+                del w[:-n]
+            if me == MAIN and not self.players[other]["trainable"]:
+                self.main_vs_frozen.append(outcome)
+                del self.main_vs_frozen[:-n]
 
     def recent_win_rate(self, pid: str) -> Optional[float]:
         w = self.windows.get(pid)
@@ -227,6 +236,8 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
     def metrics(self) -> dict[str, float]:
         out = super().metrics()
         out["league/snapshots"] = sum(self.snapshot_counts.values())
+        if self.main_vs_frozen:
+            out[self.best_metric] = float(np.mean(self.main_vs_frozen))
         for pid in self.learning_policies():
             wr = self.recent_win_rate(pid)
             if wr is not None:
@@ -236,6 +247,7 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
     def get_state(self) -> dict[str, Any]:
         state = super().get_state()
         state.update(seed=self.seed, windows={p: list(w) for p, w in self.windows.items()},
+                     main_vs_frozen=list(self.main_vs_frozen),
                      snapshot_counts=dict(self.snapshot_counts), config=self.config.model_dump())
         return state
 
@@ -243,4 +255,5 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
         super().set_state(state)
         self.seed = int(state["seed"])
         self.windows = {p: [float(x) for x in w] for p, w in state["windows"].items()}
+        self.main_vs_frozen = [float(x) for x in state.get("main_vs_frozen", [])]
         self.snapshot_counts = {p: int(n) for p, n in state["snapshot_counts"].items()}

@@ -74,6 +74,9 @@ class LeagueBuilder:
     """
 
     name = ""
+    # A key of metrics() that rises with the league's main policy's strength: the algorithm's
+    # "best" checkpoint follows it. None: the league has no such figure (the algorithm decides).
+    best_metric: Optional[str] = None
 
     def __init__(self, payoff_decay: float = 1.0) -> None:
         self.players: dict[str, dict[str, Any]] = {}
