@@ -255,19 +255,38 @@ def test_appo_adapts_the_kl_coefficient_once_per_learner_result():
 
 
 @pytest.mark.parametrize("cls", [IMPALAConfig, APPOConfig])
-def test_two_fake_learner_devices(cls):
+def test_two_fake_learner_devices_give_the_one_device_gradient_on_masked_sequences(cls, fragments):
+    """The algorithm's own V-trace loss on real sequences with reset rows, and far fewer valid rows
+    on one device's shard than on the other's: the averaged gradient must still be the batch's."""
+    from shoal.batch import Batch
+
+    _, _, batches, weights = fragments
+    batch = Batch.concat(batches[:2])  # 6 sequences of T: 3 per device
+    valid = batch[Col.VALID].copy()
+    valid[2:2 * T - 3] = False  # most of the first device's first two sequences are masked
+    batch.data[Col.VALID] = valid
+    half = len(batch) // 2
+    assert valid[:half].sum() < 0.6 * valid[half:].sum()
     extra = {"target_update_frequency": 1} if cls is APPOConfig else {}
-    algo = small_config(cls, num_learner_devices=2, fake_devices=True, **extra).build()
+    one = small_config(cls, train_batch_size=len(batch), grad_clip=None, **extra).build()
+    two = small_config(cls, train_batch_size=len(batch), grad_clip=None, num_learner_devices=2, fake_devices=True,
+                       **extra).build()
     try:
-        assert type(algo.thread).__name__ == "MultiDeviceLearnerThread"
-        before = algo.get_weights()
-        for _ in range(50):
-            if algo.train()["env_steps_trained"] > 0 and algo.thread.num_updates >= 2:
-                break
-        assert algo.thread.num_updates >= 2
-        assert any(not np.array_equal(v, before[k]) for k, v in algo.get_weights().items())
+        assert type(one.thread).__name__ == "LearnerThread" and type(two.thread).__name__ == "MultiDeviceLearnerThread"
+        infos = []
+        for algo in (one, two):
+            with algo.thread.lock:
+                algo.learner.set_weights(weights)
+            algo.thread.start()
+            assert algo.thread.add(batch)
+            infos.append(algo.thread.outqueue.get(timeout=30)[2])
+        for (name, p1), p2 in zip(one.learner.module.named_parameters(), two.learner.module.parameters()):
+            torch.testing.assert_close(p2.grad, p1.grad, rtol=1e-5, atol=1e-7, msg=name)
+        for k in ("policy_loss", "vf_loss", "entropy", "mean_rho"):
+            assert infos[1][k] == pytest.approx(infos[0][k], rel=1e-5, abs=1e-7), k
     finally:
-        algo.stop()
+        one.stop()
+        two.stop()
 
 
 def test_a_dying_learner_thread_surfaces_in_train():

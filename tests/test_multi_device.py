@@ -255,3 +255,13 @@ def test_master_must_be_on_the_first_device():
         MultiDeviceLearnerThread(make_learner(), ["cuda:0", "cpu"])
     with pytest.raises(ConfigError, match="num_multi_gpu_tower_stacks"):
         MultiDeviceLearnerThread(make_learner(), FAKE2, num_multi_gpu_tower_stacks=0)
+
+
+def test_shard_weights_are_shares_of_the_valid_rows():
+    from shoal.learn.multi_device import shard_weights
+
+    v = np.array([1, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0], dtype=bool)
+    shards = [Batch({Col.VALID: v[:4]}), Batch({Col.VALID: v[4:8]}), Batch({Col.VALID: v[8:]})]
+    assert shard_weights(shards) == pytest.approx([1 / 7, 4 / 7, 2 / 7])
+    assert shard_weights([Batch({Col.OBS: np.zeros((n, 2))}) for n in (3, 1)]) == [0.75, 0.25]  # no mask: rows
+    assert shard_weights([Batch({Col.VALID: np.zeros(2, bool)})] * 2) == [0.5, 0.5]  # nothing valid: equal

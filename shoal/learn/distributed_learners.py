@@ -211,7 +211,8 @@ class PolicyLearner:
         if seed is not None:
             torch.manual_seed(seed)
         self.policy_id, self.replay = policy_id, replay
-        self.learner = Learner(make_module(), loss_fn, lr=lr, grad_clip=grad_clip, device=resolve_learner_device(device))
+        self.learner = Learner(make_module(), loss_fn, lr=lr, grad_clip=grad_clip,
+                               device=resolve_learner_device(device))
 
     def learn_on_batch(self, batch: Batch) -> dict[str, float]:
         stats = self.learner.update_minibatch(batch.to_torch(self.learner.device))

@@ -115,7 +115,9 @@ class _Timed:
 
 
 class StatsMean:
-    """Accumulates loss statistics (tensors or floats) over SGD passes; ``mean()`` syncs once."""
+    """Accumulates loss statistics (tensors or floats) over SGD passes without leaving their
+    device (a copy to the host would wait for the device to finish); ``mean()`` copies all the
+    means of one device to the host at once, one sync per device."""
 
     def __init__(self) -> None:
         self.values: dict[str, list] = {}
@@ -123,10 +125,18 @@ class StatsMean:
     def add(self, stats: Mapping[str, Any], prefix: str = "") -> None:
         for k, v in stats.items():
             v = v.detach().float() if isinstance(v, torch.Tensor) else torch.tensor(float(v))
-            self.values.setdefault(prefix + k, []).append(v.cpu() if v.device.type != "cpu" else v)
+            self.values.setdefault(prefix + k, []).append(v)
 
     def mean(self) -> dict[str, float]:
-        return {k: float(torch.stack(v).mean()) for k, v in self.values.items()}
+        by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
+        for k, v in self.values.items():
+            m = torch.stack([x.to(v[0].device, non_blocking=True) for x in v]).mean()
+            by_device.setdefault(m.device, []).append((k, m))
+        out: dict[str, float] = {}
+        for items in by_device.values():
+            host = torch.stack([m for _, m in items]).cpu().tolist()
+            out.update({k: x for (k, _), x in zip(items, host)})
+        return {k: out[k] for k in self.values}
 
 
 def count_steps(batch, env_steps: int | None) -> tuple[int, int]:

@@ -16,8 +16,16 @@ Pipeline (all inside one process):
   optimizer step once. Then the stack goes back to idle and ``(env_steps, agent_steps,
   info)`` onto the out-queue.
 
-Because the shards have equal rows and the losses are means, the averaged gradient equals
-the gradient of the whole batch on one device: N devices make the same update as one.
+The towers' gradients are averaged with weights: each shard's share of the batch's valid
+rows (``Col.VALID``; of its rows when there is no such column). The losses are means over the
+valid rows, so that weighted sum is exactly the gradient of the whole batch on one device,
+however unevenly the masked (autoreset) rows fall on the shards: N devices make the same update
+as one. The loss statistics are combined with the same weights.
+
+On CUDA devices each replica runs its forward/backward on its own stream and nothing copies
+to the host between towers (the statistics stay on the device until the stack is done), so
+the towers' kernels overlap; the master device waits for the replicas' streams before it
+averages.
 
 A batch must split evenly: its rows must be a multiple of ``len(devices) * rows_per_unit``
 (``rows_per_unit`` keeps whole sequences together, e.g. T for IMPALA's time-major rows), or
@@ -37,11 +45,13 @@ import copy
 import queue
 import threading
 from collections.abc import Callable
+from contextlib import contextmanager
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import torch
 
-from shoal.batch import Batch
+from shoal.batch import Batch, Col
 from shoal.errors import ConfigError
 from shoal.learn.learner import Learner
 from shoal.learn.learner_thread import LearnerThread, StatsMean, _positive, _Timed, put_stop, wait_get
@@ -60,6 +70,14 @@ class _TowerView:
         return getattr(self._master, name)
 
 
+def shard_weights(shards: Sequence[Batch]) -> list[float]:
+    """Each shard's share of the batch: of its ``Col.VALID`` rows when the batch has that column
+    (losses are masked means over them), else of its rows. Equal shares when nothing is valid."""
+    counts = [float(np.count_nonzero(b[Col.VALID])) if Col.VALID in b else float(len(b)) for b in shards]
+    total = sum(counts)
+    return [c / total for c in counts] if total > 0 else [1.0 / len(shards)] * len(shards)
+
+
 class _Towers:
     """One policy's master Learner plus a replica module per extra device."""
 
@@ -70,40 +88,54 @@ class _Towers:
         self.modules = [learner.module, *replicas]
         self.views = [learner, *(_TowerView(learner, m, d) for m, d in zip(replicas, devices[1:]))]
         self.params = [[p for p in m.parameters() if p.requires_grad] for m in self.modules]
+        # A compute stream per CUDA replica (the master computes on its device's current stream).
+        self.streams = [None] + [torch.cuda.Stream(device=d) if d.type == "cuda" else None for d in devices[1:]]
 
-    def update(self, shards: list[dict], stats: StatsMean, prefix: str = "") -> None:
-        """One SGD step on the shards (one per device); adds every tower's loss stats to ``stats``.
+    def update(self, shards: list[dict], weights: Sequence[float], stats: StatsMean, prefix: str = "") -> None:
+        """One SGD step on the shards (one per device, ``weights`` their shares of the batch);
+        adds the towers' weighted loss stats to ``stats``.
 
         The replicas take the master's weights first, so a master changed from outside between
         steps (``set_state`` after a restore, under the thread's lock) is what every tower uses.
         """
         self.sync_replicas()
-        for module, view, params, shard in zip(self.modules, self.views, self.params, shards):
-            for p in params:
-                p.grad = None
-            loss, tower_stats = self.learner.loss_fn(module, shard, view)
-            loss.backward()
-            stats.add(tower_stats, prefix)
-        self._average_gradients()
+        dev0 = self.devices[0]
+        combined: dict[str, torch.Tensor] = {}
+        for module, view, params, shard, w, stream in zip(self.modules, self.views, self.params, shards, weights,
+                                                          self.streams):
+            with _on_stream(stream, view.device):
+                for p in params:
+                    p.grad = None
+                loss, tower_stats = self.learner.loss_fn(module, shard, view)
+                loss.backward()
+            for k, v in tower_stats.items():
+                v = v.detach().float() if isinstance(v, torch.Tensor) else torch.tensor(float(v))
+                v = v.to(dev0, non_blocking=True) * w
+                combined[k] = v if k not in combined else combined[k] + v
+        for stream in self.streams:
+            if stream is not None:
+                torch.cuda.current_stream(dev0).wait_stream(stream)
+        stats.add(combined, prefix)
+        self._average_gradients(weights)
         self.learner.reduce_gradients()
         norm = self.learner.apply_gradients()
         if norm is not None:
             stats.add({"grad_norm": norm}, prefix)
 
-    def _average_gradients(self) -> None:
-        n = len(self.modules)
-        if n == 1:
+    def _average_gradients(self, weights: Sequence[float]) -> None:
+        if len(self.modules) == 1:
             return
         dev0 = self.devices[0]
         for j, master in enumerate(self.params[0]):
-            grads = [ps[j].grad for ps in self.params[1:] if ps[j].grad is not None]
+            grads = [(w, ps[j].grad) for w, ps in zip(weights[1:], self.params[1:]) if ps[j].grad is not None]
             if master.grad is None:
                 if not grads:
                     continue  # a parameter the loss does not use
                 master.grad = torch.zeros_like(master)
-            for g in grads:
-                master.grad.add_(g.to(dev0, non_blocking=True))
-            master.grad.div_(n)
+            else:
+                master.grad.mul_(weights[0])
+            for w, g in grads:
+                master.grad.add_(g.to(dev0, non_blocking=True), alpha=w)
 
     @torch.no_grad()
     def sync_replicas(self) -> None:
@@ -115,13 +147,26 @@ class _Towers:
                 r.copy_(m, non_blocking=True)
 
 
-class _Stack:
-    """Per policy, one dict of tensors per device; plus the step counts of the batch."""
+@contextmanager
+def _on_stream(stream, device: torch.device):
+    """Run the block on ``stream`` (after the device's current stream, e.g. the replica's weight
+    copy); without a stream (CPU, or the master) on the current one."""
+    if stream is None:
+        yield
+        return
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        yield
 
-    __slots__ = ("shards", "env_steps", "agent_steps")
+
+class _Stack:
+    """Per policy, one dict of tensors per device and the shards' weights; plus the step counts."""
+
+    __slots__ = ("shards", "weights", "env_steps", "agent_steps")
 
     def __init__(self) -> None:
         self.shards: dict[Any, list[dict]] = {}
+        self.weights: dict[Any, list[float]] = {}
         self.env_steps = self.agent_steps = 0
 
 
@@ -144,7 +189,9 @@ class _Loader(BackgroundLearnerThread):
             return
         batch, stack.env_steps, stack.agent_steps = item
         with _Timed(owner.timers, "learner_load"):
-            stack.shards = {pid: owner.load_shards(pid, b) for pid, b in owner._per_policy(batch)}
+            for pid, b in owner._per_policy(batch):
+                shards = owner.split(pid, b)
+                stack.shards[pid], stack.weights[pid] = owner.load_shards(shards), shard_weights(shards)
         owner.ready_stacks.put(stack)
 
 
@@ -227,9 +274,10 @@ class MultiDeviceLearnerThread(LearnerThread):
         size = len(batch) // d
         return [batch.slice(i * size, (i + 1) * size) for i in range(d)]
 
-    def load_shards(self, pid, batch: Batch) -> list[dict]:
+    def load_shards(self, shards: Sequence[Batch]) -> list[dict]:
+        """Shard i onto device i (on CUDA through a copy stream of this loader thread)."""
         out = []
-        for device, shard in zip(self.devices, self.split(pid, batch)):
+        for i, (device, shard) in enumerate(zip(self.devices, shards)):
             if device.type != "cuda":
                 out.append(shard.to_torch(device))
                 continue
@@ -237,8 +285,10 @@ class MultiDeviceLearnerThread(LearnerThread):
             with torch.cuda.stream(stream):
                 tensors = {k: t.pin_memory().to(device, non_blocking=True) for k, t in shard.to_torch("cpu").items()}
             stream.synchronize()
-            for t in tensors.values():  # the learner uses them on its own stream: keep them alive for it
-                t.record_stream(torch.cuda.current_stream(device))
+            compute = [torch.cuda.current_stream(device), *(t.streams[i] for t in self.towers.values() if t.streams[i])]
+            for t in tensors.values():  # the towers use them on their own streams: keep them alive for those
+                for c in compute:
+                    t.record_stream(c)
             out.append(tensors)
         return out
 
@@ -258,11 +308,11 @@ class MultiDeviceLearnerThread(LearnerThread):
         for _ in range(self.num_sgd_iter):
             with self.lock, _Timed(self.timers, "learner_grad"):
                 for pid, shards in stack.shards.items():
-                    self.towers[pid].update(shards, stats, self._prefix(pid))
+                    self.towers[pid].update(shards, stack.weights[pid], stats, self._prefix(pid))
                 self.num_updates += 1
             self.yield_to_readers()
         env_steps, agent_steps = stack.env_steps, stack.agent_steps
-        stack.shards = {}
+        stack.shards, stack.weights = {}, {}
         self.idle_stacks.put(stack)
         self.outqueue.put((env_steps, agent_steps, stats.mean()))
 
