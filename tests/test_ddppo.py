@@ -218,11 +218,19 @@ def test_replicas_stay_identical_and_a_checkpoint_restores_them(ray_cluster, tmp
         assert _equal(weights[0], weights[1])  # compared exactly, tensor by tensor
         assert _optimizer_equal(optim[0], optim[1])
         assert _equal(algo.get_weights(), weights[0])  # the driver's copy (keep_local_weights_in_sync)
-        path = algo.save(tmp_path / "ckpt")
-        # Gathering does not wait for stragglers, so 3 iterations are 2 or 3 group rounds; the
-        # checkpoint holds worker 0's count (its in-flight round finishes before it answers).
-        rounds = algo.env_runners.foreach("get_sync_state", actor_ids=sorted(algo.env_runners.actor_ids)[:1])[0]["rounds"]
-        assert rounds >= 2 and algo.rounds <= rounds
+        # The awkward moment for a save: the first worker is mid-round, waiting in its all-reduce for a
+        # peer that has no round yet (the driver has not sent it the next one).
+        group = algo.env_runners
+        first, second = sorted(group.actor_ids)
+        while group.num_in_flight():
+            group.fetch_ready(timeout_s=1.0)
+        rounds = group.foreach("get_sync_state", actor_ids=[second])[0]["rounds"]
+        assert rounds >= 2 and algo.rounds <= rounds  # 3 iterations are 2 or 3 group rounds (no waiting for stragglers)
+        group.submit("sample_and_train", actor_ids=[first])
+        path = algo.save(tmp_path / "ckpt")  # answered by the worker that is not mid-round
+        for _ in range(2):
+            r = algo.train()
+        assert r["num_failed_rounds"] == 0 and r["num_regroups"] == 0  # no round ran into the collective timeout
     finally:
         algo.stop()
     restored = Algorithm.from_checkpoint(path)

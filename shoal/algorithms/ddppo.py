@@ -238,13 +238,35 @@ class DDPPO(Algorithm):
         self._members: dict[int, Any] = {}  # actor handles at the last group formation
         self._formed_restarts = 0
         self._round_failed = False
+        self._stash: list[RoundResult] = []  # rounds gathered while answering a driver call, for the next step
 
     def get_weights(self) -> dict[str, np.ndarray]:
         if self.env_runners is not None and not self.config.keep_local_weights_in_sync:
-            weights = self.env_runners.foreach("get_weights", actor_ids=sorted(self.env_runners.actor_ids)[:1])
-            if weights:
-                return weights[0]
+            weights = self._ask_settled_worker("get_weights")
+            if weights is not None:
+                return weights
         return self.local.get_weights()
+
+    def _ask_settled_worker(self, method: str) -> Any:
+        """Call ``method`` on a member that is not mid-round, whose state is the group's after its
+        last round; None when no member can answer (the caller falls back to the driver's copy).
+
+        A call queued behind a round in flight would wait for that round, and the round waits in
+        its all-reduces for peers that get no new round while the driver waits here: it would only
+        end with the collective timeout, as a failed round. When every member is mid-round, they
+        are all in the same one, so this waits for those rounds (kept for the next training step).
+        """
+        group = self.env_runners
+        deadline = time.monotonic() + 2 * self.config.torch_distributed_timeout_s + 30
+        while True:
+            members = [i for i in sorted(group.actor_ids) if group.actors.get(i) is self._members.get(i)]
+            settled = [i for i in members if not group.num_in_flight(i)]
+            if settled:
+                out = group.foreach(method, actor_ids=settled[:1])
+                return out[0] if out else None
+            if not members or not group.num_in_flight() or time.monotonic() > deadline:
+                return None
+            self._stash.extend(r for _, r in group.fetch_ready(timeout_s=0.05))
 
     def training_step(self) -> dict[str, Any]:
         with self.timers.time("regroup"):
@@ -276,12 +298,14 @@ class DDPPO(Algorithm):
                 "num_failed_rounds": self.num_failed_rounds, "world_size": len(self.env_runners)}
 
     def _gather(self) -> list[RoundResult]:
-        """What has finished, without waiting for stragglers (at least one result, unless a worker died)."""
+        """What has finished, without waiting for stragglers (at least one result, unless a worker died),
+        after the rounds gathered meanwhile by a driver call."""
         restarts = self.env_runners.num_restarts
-        ready = []
+        ready, self._stash = list(self._stash), []
+        ready += [r for _, r in self.env_runners.fetch_ready(timeout_s=0.0)]
         while not ready and self.env_runners.num_in_flight() and self.env_runners.num_restarts == restarts:
-            ready = self.env_runners.fetch_ready(timeout_s=0.05)
-        return [r for _, r in ready]
+            ready = [r for _, r in self.env_runners.fetch_ready(timeout_s=0.05)]
+        return ready
 
     # ---- the process group ----------------------------------------------------------------
     def _start_workers(self) -> None:
@@ -336,11 +360,11 @@ class DDPPO(Algorithm):
         return {"learner": self.local.get_state(), "rounds": self.rounds}
 
     def _sync_state(self) -> dict[str, Any]:
-        """The group's learner state (from the first worker), or the driver's before the workers start."""
+        """The group's learner state (from a member not mid-round), or the driver's before the workers start."""
         if self.env_runners is not None:
-            state = self.env_runners.foreach("get_sync_state", actor_ids=sorted(self.env_runners.actor_ids)[:1])
-            if state:
-                return state[0]
+            state = self._ask_settled_worker("get_sync_state")
+            if state is not None:
+                return state
         return self._local_state()
 
     # ---- state ------------------------------------------------------------------------------
