@@ -263,11 +263,31 @@ def test_main_beats_the_uniform_random_player_at_tic_tac_toe():
         algo.stop()
 
 
+def _check_match_types(league) -> None:
+    """Every match type was played, about as often as its published probability, by the right players."""
+    counts = league.match_type_counts
+    n = sum(counts.values())
+    assert n >= 300 and set(counts) == {"league_exploiter", "main_exploiter", "main"}, counts
+    for mt, p in (("league_exploiter", 0.33), ("main_exploiter", 0.33), ("main", 0.34)):
+        assert abs(counts[mt] / n - p) < 0.1, (mt, counts)  # 0.1 is over 4 standard deviations at n = 300
+    players = league.players
+    opponents_ok = {  # match type -> (its learning home's type, what the home may play)
+        "league_exploiter": ("league_exploiter", lambda away: not players[away]["trainable"]),
+        "main_exploiter": ("main_exploiter", lambda away: players[away]["type"] == "main"),
+        "main": ("main", lambda away: away == "main" or not players[away]["trainable"]),
+    }
+    for mt, table in league.pair_type_counts.items():
+        home_type, ok = opponents_ok[mt]
+        for home, row in table.items():
+            if players[home]["type"] == home_type and players[home]["trainable"]:
+                assert all(ok(away) for away in row), (mt, home, row)
+
+
 @pytest.mark.ray
 def test_two_ray_rollout_actors_train_the_league_survive_dead_actors_and_checkpoint(ray_cluster, tmp_path):
     cfg = small(resources={"num_workers": 2, "num_cpus_per_worker": 0.25, "num_envs_per_worker": 8,
                            "num_cpus_per_learner": 0.25}, min_env_steps_per_iteration=400,
-                league={**FAST_LEAGUE, "num_main_exploiters": 0, "num_league_exploiters": 0})
+                league=FAST_LEAGUE)  # the whole league: main, a main exploiter, a league exploiter
     t0 = time.perf_counter()
     algo = cfg.build()
     print(f"built in {time.perf_counter() - t0:.1f} s")
@@ -279,7 +299,8 @@ def test_two_ray_rollout_actors_train_the_league_survive_dead_actors_and_checkpo
             results.append(algo.train())
             print(f"iteration {len(results)} at {time.perf_counter() - t0:.1f} s: {results[-1]['env_steps_trained']} trained")
         assert len(results) >= 2 and results[-1]["env_steps_trained"] > 0
-        assert results[-1]["league/games_total"] > 0 and results[-1]["num_policies"] >= 2
+        assert results[-1]["league/games_total"] > 0 and results[-1]["num_policies"] >= 4
+        assert set(algo.learners.policy_ids) >= {"main", "main_exploiter_0", "league_exploiter_0"}
         # fault injection: a rollout actor and main's policy learner die; both come back in sync
         import ray
 
@@ -296,6 +317,9 @@ def test_two_ray_rollout_actors_train_the_league_survive_dead_actors_and_checkpo
         got = algo.env_runners.call(1, "get_weights")  # after the last broadcast: the driver's weights
         assert set(got) == set(algo.weights)
         assert all(np.allclose(got["main"][k], algo.weights["main"][k]) for k in got["main"])
+        while sum(algo.league.match_type_counts.values()) < 300:  # ~50 games an iteration
+            algo.train()
+        _check_match_types(algo.league)
         path = algo.save(tmp_path / "ckpt")
         players = dict(algo.league.players)
     finally:
