@@ -73,8 +73,9 @@ def _print_summary(s, stop) -> None:
     else:
         target = f" (target {stop.reward:g} not reached)" if stop.reward is not None else ""
         head = f"[yellow]Stopped on {s.stop_reason}[/]: mean return {ret:.1f}{target}"
+    best = f"{s.best_value:.4g}" if math.isfinite(s.best_value) else "- (never reported)"
     out.print(f"{head} after {steps:,} env steps, {r.get('iteration', 0)} iterations, "
-              f"{r.get('time_total_s', 0):.1f} s training ({s.wall_s:.1f} s wall). Best mean return {s.best_return:.1f}.",
+              f"{r.get('time_total_s', 0):.1f} s training ({s.wall_s:.1f} s wall). Best {s.best_metric} {best}.",
               highlight=False)
     if s.run_dir:
         out.print(f"Run directory: {s.run_dir}", highlight=False)

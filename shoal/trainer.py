@@ -56,11 +56,33 @@ class TrainSummary:
     result: dict[str, Any]
     stop_reason: str | None  # reward / env_steps / time / iterations / interrupted
     solved: bool
-    best_return: float
+    best_return: float  # the highest episode_return_mean of this session
     wall_s: float
     last_checkpoint: Path | None = None
     best_checkpoint: Path | None = None
     results: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    best_metric: str = "episode_return_mean"  # the algorithm's Algorithm.best_metric: what picked best_checkpoint
+    best_value: float = math.nan  # its best value this session (NaN: never reported)
+
+
+class BestMetric:
+    """The best value of an algorithm's ``best_metric`` so far; ``offer`` says when a result beats it."""
+
+    def __init__(self, algo) -> None:
+        self.metric, self.mode = algo.best_metric, algo.best_metric_mode
+        if self.mode not in ("max", "min"):
+            raise ConfigError(f"{type(algo).__name__}.best_metric_mode is {self.mode!r}; it must be 'max' or 'min'.")
+        self.value = math.nan
+
+    def offer(self, result: dict[str, Any]) -> bool:
+        """Take ``result``'s value if it is better; a missing, non-numeric or NaN value never is."""
+        v = result.get(self.metric)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            return False
+        if math.isnan(self.value) or (v > self.value if self.mode == "max" else v < self.value):
+            self.value = float(v)
+            return True
+        return False
 
 
 def _as_stop(stop: Stop | dict | None) -> Stop:
@@ -113,6 +135,7 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
             "stop": stop.model_dump(), "checkpoint_every": checkpoint_every, "keep_checkpoints": keep_checkpoints}))
     writers = [JsonlWriter(run_dir / "results.jsonl"), CsvWriter(run_dir / "progress.csv"), TensorBoardWriter(run_dir)] if run_dir else []
     ckpt_dir = run_dir / "checkpoints" if run_dir else None
+    best = BestMetric(algo)
     best_return, best_state, best_meta, best_iter, saved_best_iter = -math.inf, None, None, None, None
     results: list[dict[str, Any]] = []
     last_ckpt = None
@@ -134,7 +157,7 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
         return p
 
     try:
-        with ProgressDisplay(title, stop, enabled=progress) as display:
+        with ProgressDisplay(title, stop, enabled=progress, best_metric=best.metric) as display:
             while True:
                 result = algo.train()
                 results.append(result)
@@ -142,11 +165,14 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
                     w.write(result)
                 ret = result.get("episode_return_mean", math.nan)
                 if math.isfinite(ret) and ret > best_return:
-                    best_return, best_iter = ret, algo.iteration
+                    best_return = ret
+                if best.offer(result):
+                    best_iter = algo.iteration
                     if ckpt_dir is not None:
                         best_state = copy.deepcopy(algo.get_state())
-                        best_meta = algo.checkpoint_meta(episode_return_mean=ret)
-                display.update(result, time.perf_counter() - t_start)
+                        best_meta = algo.checkpoint_meta(best_metric=best.metric, best_value=best.value,
+                                                         episode_return_mean=ret)
+                display.update(result, time.perf_counter() - t_start, best=best.value)
                 reason = stop.reached(result)
                 if ckpt_dir is not None and (algo.iteration % checkpoint_every == 0 or reason):
                     last_ckpt = save_numbered()
@@ -170,7 +196,7 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
         solved=stop.reward is not None and reason == "reward", best_return=best_return,
         wall_s=time.perf_counter() - t_start, last_checkpoint=last_ckpt,
         best_checkpoint=(ckpt_dir / "best") if ckpt_dir is not None and (ckpt_dir / "best").exists() else None,
-        results=results,
+        results=results, best_metric=best.metric, best_value=best.value,
     )
 
 

@@ -30,6 +30,17 @@ COUNTERS = ("env_steps_sampled", "env_steps_trained", "time_total_s")
 class Algorithm:
     config_cls: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
 
+    best_metric: ClassVar[str] = "episode_return_mean"
+    """The result key that picks a run's ``checkpoints/best`` (what ``shoal evaluate RUN_DIR`` loads).
+
+    The mean return suits single-agent training. In a zero-sum self-play league it stays near
+    0 however well the players play, so a league names a figure that grows with skill instead
+    (e.g. main's win rate against a fixed opponent). Iterations whose result lacks the key,
+    or holds NaN, never become the best."""
+    best_metric_mode: ClassVar[str] = "max"
+    """``"max"``: higher values of ``best_metric`` are better; ``"min"``: lower ones (e.g. a
+    time to reach a goal)."""
+
     def __init__(self, config: AlgorithmConfig) -> None:
         if not isinstance(config, self.config_cls):
             raise ConfigError(f"{type(self).__name__} needs a {self.config_cls.__name__}, got {type(config).__name__}.")

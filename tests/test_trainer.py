@@ -1,0 +1,92 @@
+"""The training loop (shoal.trainer): the best checkpoint by the algorithm's own metric, and resume."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from shoal import train
+from shoal.algorithms import REGISTRY
+from shoal.algorithms.ppo import PPO, PPOConfig
+from shoal.cli import app
+from shoal.logging.progress import ProgressDisplay
+from shoal.trainer import Stop
+
+SMALL = dict(train_batch_size=256, minibatch_size=128, num_sgd_iter=1, resources={"num_envs_per_worker": 2})
+SCORES = {1: math.nan, 2: 5.0, 3: 3.0}  # iteration 4 reports no score at all
+
+
+class ScoredPPOConfig(PPOConfig):
+    algo = "scored_ppo"
+
+
+class ScoredPPO(PPO):
+    """PPO whose best checkpoint is picked by a made-up ``fake/score``, not by the mean return."""
+
+    config_cls = ScoredPPOConfig
+    best_metric = "fake/score"
+
+    def train(self):
+        result = super().train()
+        if self.iteration in SCORES:
+            result["fake/score"] = SCORES[self.iteration]
+        return result
+
+
+class LowScoredPPO(ScoredPPO):
+    best_metric_mode = "min"
+
+
+@pytest.fixture
+def scored_ppo(monkeypatch):
+    """Registers ``scored_ppo`` so that ``config.build()`` and the CLI find ScoredPPO."""
+    def register(cls):
+        monkeypatch.setitem(REGISTRY, "scored_ppo", (__name__, cls.__name__, "ScoredPPOConfig", "PPO with a fake score."))
+    register(ScoredPPO)
+    return register
+
+
+@pytest.mark.parametrize("cls, best_iter, best_value", [(ScoredPPO, 2, 5.0), (LowScoredPPO, 3, 3.0)])
+def test_best_checkpoint_follows_the_algorithms_best_metric(scored_ppo, tmp_path, cls, best_iter, best_value):
+    scored_ppo(cls)
+    cfg = ScoredPPOConfig(env="CartPole-v1", seed=0, **SMALL)
+    summary = train(cfg, {"iterations": 4}, out=tmp_path, checkpoint_every=2, progress=False)
+    assert summary.best_metric == "fake/score" and summary.best_value == best_value
+    meta = json.loads((summary.best_checkpoint / "meta.json").read_text())
+    assert meta["iteration"] == best_iter  # NaN (iteration 1) and missing (4) never win
+    assert meta["best_metric"] == "fake/score" and meta["best_value"] == best_value
+    returns = [r["episode_return_mean"] for r in summary.results]
+    assert summary.best_return == max(r for r in returns if math.isfinite(r))  # the return is still tracked
+
+
+def test_cli_summary_names_the_best_metric(scored_ppo, tmp_path):
+    r = CliRunner().invoke(app, ["train", "scored_ppo", "--env", "CartPole-v1", "--stop-iters", "3", "--out", str(tmp_path),
+                                 "-q", "--seed", "0", "--envs-per-worker", "2", "--set", "train_batch_size=256",
+                                 "--set", "minibatch_size=128", "--set", "num_sgd_iter=1"])
+    assert r.exit_code == 0, r.output
+    assert "Best fake/score 5." in " ".join(r.output.split())
+
+
+def test_an_unknown_best_metric_mode_is_a_clear_error(scored_ppo, tmp_path, monkeypatch):
+    from shoal.errors import ConfigError
+
+    monkeypatch.setattr(ScoredPPO, "best_metric_mode", "highest")
+    with pytest.raises(ConfigError, match="best_metric_mode is 'highest'; it must be 'max' or 'min'"):
+        train(ScoredPPOConfig(env="CartPole-v1", **SMALL), {"iterations": 1}, out=None, progress=False)
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_progress_display_shows_the_best_metric(terminal):
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=terminal, width=200)
+    result = {"iteration": 3, "env_steps_sampled": 300, "episode_return_mean": 0.01, "time_total_s": 2.0}
+    with ProgressDisplay("league", Stop(iterations=9), console=console, best_metric="league/win_rate/main") as d:
+        d.update(result, 2.5, best=0.8125)
+        assert "best league/win_rate/main 0.8125" in d.status.plain
+    if not terminal:
+        assert "best league/win_rate/main 0.8125" in buf.getvalue()
