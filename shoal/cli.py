@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from shoal.errors import ShoalError
+from shoal.errors import ConfigError, ShoalError
 
 app = typer.Typer(
     name="shoal",
@@ -62,6 +62,21 @@ def _build_config(algo: str, config_file: Optional[Path], sets: List[str], flags
     return cfg_cls(**data), yaml_stop
 
 
+def _reward_threshold(cfg) -> Optional[float]:
+    """The env's reward threshold (its Gymnasium spec's), or None when it has none.
+
+    A multi-agent (PettingZoo) env is no Gymnasium env and has none; a bad env spec also
+    gives None here, since building the algorithm reports it with the algorithm's own check.
+    """
+    from shoal.envs import env_info
+    from shoal.errors import EnvError
+
+    try:
+        return env_info(cfg.env, cfg.env_config).reward_threshold
+    except EnvError:
+        return None
+
+
 def _print_summary(s, stop) -> None:
     r = s.result
     steps = r.get("env_steps_sampled", 0)
@@ -92,7 +107,8 @@ def train(
     seed: Optional[int] = typer.Option(None, "--seed", help="Random seed; with 0 workers the run is reproducible."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML file of config keys; may hold a `stop:` mapping (reward, env_steps, time_s, iterations)."),
     set_: List[str] = typer.Option([], "--set", "-s", help="Override a config key: --set lr=0.001 --set resources.num_workers=2 (repeatable; dotted keys reach sections)."),
-    stop_reward: Optional[float] = typer.Option(None, "--stop-reward", help="Stop when the mean return of the last 100 episodes reaches R (default: the env's reward threshold, if it has one)."),
+    stop_reward: Optional[float] = typer.Option(None, "--stop-reward", help="Stop when the mean return of the last 100 episodes reaches R. Default: the env's reward threshold, if it has one, also beside other --stop-* criteria (the first criterion met stops the run)."),
+    no_stop_reward: bool = typer.Option(False, "--no-stop-reward", help="No reward criterion: neither the env's reward threshold nor a config file's stop.reward."),
     stop_steps: Optional[int] = typer.Option(None, "--stop-steps", help="Stop after N sampled env steps."),
     stop_time: Optional[float] = typer.Option(None, "--stop-time", help="Stop after SECONDS of training."),
     stop_iters: Optional[int] = typer.Option(None, "--stop-iters", help="Stop after N iterations."),
@@ -104,21 +120,22 @@ def train(
 ) -> None:
     """Train an algorithm; writes runs/<algo>_<env>_<timestamp>/ with results, TensorBoard events and checkpoints."""
     try:
-        from shoal.envs import env_info
-        from shoal.trainer import Stop, _as_stop, train as run_train
+        from shoal.trainer import _as_stop, train as run_train
 
         cfg, yaml_stop = _build_config(algo, config, set_, {
             "env": env, "seed": seed,
             "resources": {"num_workers": workers, "num_envs_per_worker": envs_per_worker, "address": address},
         })
+        if no_stop_reward and stop_reward is not None:
+            raise ConfigError(f"--stop-reward {stop_reward:g} and --no-stop-reward contradict each other; give one of them.")
         stop_d = {**yaml_stop, **{k: v for k, v in zip(STOP_KEYS, (stop_reward, stop_steps, stop_time, stop_iters)) if v is not None}}
+        if no_stop_reward:
+            stop_d.pop("reward", None)
+        elif stop_d.get("reward") is None:
+            stop_d["reward"] = _reward_threshold(cfg)
         stop = _as_stop(stop_d)  # a bad value is a ConfigError (exit 2), not a traceback
         if stop.is_empty():
-            threshold = env_info(cfg.env, cfg.env_config).reward_threshold
-            if threshold is not None:
-                stop = Stop(reward=threshold)
-            else:
-                err.print("No stop criterion and the env has no reward threshold: training until Ctrl-C.")
+            err.print("No stop criterion and no reward threshold: training until Ctrl-C.")
         summary = run_train(cfg, stop, out=out_dir, checkpoint_every=checkpoint_every,
                             keep_checkpoints=keep_checkpoints, progress=not quiet)
     except ShoalError as e:

@@ -187,3 +187,36 @@ def test_apex_cli_uses_the_small_machine_preset_only_without_resources():
     assert cfg.replay_capacity == 100_000 and cfg.lr == 0.002  # preset below user keys
     cfg, _ = _build_config("apex", None, [], {**flags, "resources": {"num_workers": 0}})
     assert cfg.resources.num_workers == 0 and cfg.replay_capacity == 2_000_000  # DESIGN defaults
+
+
+def stop_of(out):
+    """The stop criteria a run recorded in run.yaml (the only run directory under ``out``)."""
+    import yaml
+
+    (d,) = list(out.iterdir())
+    return yaml.safe_load((d / "run.yaml").read_text())["stop"]
+
+
+def test_given_stop_criteria_keep_the_envs_reward_threshold(tmp_path):
+    r = invoke("train", "ppo", "--env", "CartPole-v1", "--stop-iters", 1, "--out", tmp_path / "a", "-q", *SMALL)
+    assert r.exit_code == 0, r.output
+    assert stop_of(tmp_path / "a") == {"reward": 475.0, "env_steps": None, "time_s": None, "iterations": 1}
+    assert "target 475 not reached" in flat(r.output)
+    p = tmp_path / "c.yaml"
+    p.write_text("env: CartPole-v1\nstop:\n  iterations: 1\n")
+    r = invoke("train", "ppo", "-c", p, "--out", tmp_path / "b", "-q", *SMALL)
+    assert r.exit_code == 0, r.output
+    assert stop_of(tmp_path / "b")["reward"] == 475.0 and stop_of(tmp_path / "b")["iterations"] == 1
+
+
+def test_no_stop_reward_drops_the_threshold(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("env: CartPole-v1\nstop:\n  reward: 100\n  iterations: 1\n")
+    r = invoke("train", "ppo", "-c", p, "--no-stop-reward", "--out", tmp_path / "a", "-q", *SMALL)
+    assert r.exit_code == 0, r.output
+    assert stop_of(tmp_path / "a") == {"reward": None, "env_steps": None, "time_s": None, "iterations": 1}
+    r = invoke("train", "ppo", "--env", "CartPole-v1", "--stop-reward", 100, "--no-stop-reward", "--out", tmp_path / "b")
+    assert_user_error(r, "--stop-reward", "--no-stop-reward")
+    assert not (tmp_path / "b").exists()
+    help_text = flat(invoke("train", "--help").output)
+    assert "--no-stop-reward" in help_text and "first criterion met" in help_text
