@@ -199,6 +199,11 @@ def resume(
         given = {k: v for k, v in zip(STOP_KEYS, (stop_reward, stop_steps, stop_time, stop_iters)) if v is not None}
         overrides = {"resources": {"num_workers": workers}} if workers is not None else None
         summary = run_resume(run_dir, stop=given or None, overrides=overrides, progress=not quiet)
+        if summary.already_met:
+            flag = {"reward": "--stop-reward", "env_steps": "--stop-steps", "time": "--stop-time", "iterations": "--stop-iters"}
+            out.print(f"Nothing to train: {run_dir} at {summary.last_checkpoint.name} already meets its stop criterion "
+                      f"{summary.stop_detail}. Give a larger {flag[summary.stop_reason]} to go on.", highlight=False)
+            return
         import yaml
 
         stop = Stop(**(yaml.safe_load((run_dir / "run.yaml").read_text()) or {}).get("stop", {}))

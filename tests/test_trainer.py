@@ -90,3 +90,59 @@ def test_progress_display_shows_the_best_metric(terminal):
         assert "best league/win_rate/main 0.8125" in d.status.plain
     if not terminal:
         assert "best league/win_rate/main 0.8125" in buf.getvalue()
+
+
+@pytest.fixture
+def two_iteration_run(tmp_path):
+    cfg = PPOConfig(env="CartPole-v1", seed=0, **SMALL)
+    summary = train(cfg, {"iterations": 2}, out=tmp_path / "runs", checkpoint_every=1, progress=False)
+    return summary.run_dir
+
+
+def forbid_building(monkeypatch):
+    """Any attempt to restore (build) the algorithm fails the test: an already-met run starts nothing."""
+    from shoal.algorithms.base import Algorithm
+
+    def fail(*a, **k):
+        raise AssertionError("resume built the algorithm although its stop criterion was already met")
+    monkeypatch.setattr(Algorithm, "from_checkpoint", fail)
+
+
+def rows(run_dir):
+    return [json.loads(line)["iteration"] for line in (run_dir / "results.jsonl").read_text().splitlines()]
+
+
+def test_resume_with_a_criterion_already_met_trains_nothing(two_iteration_run, monkeypatch):
+    from shoal.trainer import resume
+
+    run_dir = two_iteration_run
+    forbid_building(monkeypatch)
+    s = resume(run_dir, progress=False)  # run.yaml still says: stop after 2 iterations
+    assert s.already_met and s.stop_reason == "iterations" and s.results == []
+    assert s.stop_detail == "iterations 2 >= 2"
+    assert s.last_checkpoint.name == "checkpoint_000002"
+    s = resume(run_dir, stop={"iterations": 5, "reward": 5}, progress=False)  # CartPole returns are above 5 at once
+    assert s.already_met and s.stop_reason == "reward" and s.solved
+    assert s.stop_detail.startswith("mean return ") and s.stop_detail.endswith(" >= 5")
+    assert float(s.stop_detail.split()[2]) == pytest.approx(s.result["episode_return_mean"], abs=0.05)
+    assert rows(run_dir) == [1, 2] and len(list((run_dir / "checkpoints").glob("checkpoint_*"))) == 2
+
+
+def test_resume_reads_older_checkpoints_without_the_figures_in_meta(two_iteration_run, monkeypatch):
+    from shoal.trainer import resume
+
+    meta_file = two_iteration_run / "checkpoints" / "checkpoint_000002" / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    meta_file.write_text(json.dumps({k: v for k, v in meta.items() if k not in ("time_total_s", "episode_return_mean")}))
+    forbid_building(monkeypatch)
+    s = resume(two_iteration_run, stop={"time_s": meta["time_total_s"] / 2}, progress=False)
+    assert s.already_met and s.stop_reason == "time" and s.stop_detail.startswith("training time ")
+
+
+def test_resume_cli_says_which_criterion_is_met(two_iteration_run, monkeypatch):
+    forbid_building(monkeypatch)
+    r = CliRunner().invoke(app, ["resume", str(two_iteration_run), "-q"])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "already meets its stop criterion iterations 2 >= 2" in text and "--stop-iters" in text
+    assert rows(two_iteration_run) == [1, 2]

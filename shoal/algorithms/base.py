@@ -206,11 +206,19 @@ class Algorithm:
         self.episodes.set_state(state["episodes"])
 
     def checkpoint_meta(self, **extra: Any) -> dict[str, Any]:
-        """meta.json content: what rebuilds the algorithm (algo, config) plus readable facts."""
+        """meta.json content: what rebuilds the algorithm (algo, config) plus readable facts.
+
+        The facts include every figure a stop criterion reads, so ``shoal resume`` can tell a
+        criterion already met without building the algorithm (or starting its actors).
+        """
         from shoal import __version__
 
+        ret = self.episodes.metrics()["episode_return_mean"]
         return {"algo": self.config.algo, "shoal_version": __version__, "iteration": self.iteration,
-                "env_steps_sampled": int(self.counters["env_steps_sampled"]), "config": self.config.to_dict(), **extra}
+                "env_steps_sampled": int(self.counters["env_steps_sampled"]),
+                "time_total_s": float(self.counters["time_total_s"]),
+                "episode_return_mean": ret if math.isfinite(ret) else None,
+                "config": self.config.to_dict(), **extra}
 
     def save(self, path: str | Path) -> Path:
         """Write a checkpoint directory atomically; returns its path."""
