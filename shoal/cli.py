@@ -36,7 +36,7 @@ def _fail(e: ShoalError) -> None:
 
 
 def _build_config(algo: str, config_file: Optional[Path], sets: List[str], flags: dict[str, Any]):
-    """defaults < YAML file < --set < explicit flags. Returns (config, stop-from-yaml)."""
+    """defaults < YAML file < --set < explicit flags. Returns (config, stop-from-yaml, preset note or None)."""
     from shoal.algorithms import get_config_class
     from shoal.config import deep_merge, load_yaml, parse_set_overrides
 
@@ -54,12 +54,45 @@ def _build_config(algo: str, config_file: Optional[Path], sets: List[str], flags
     if res:
         data = deep_merge(data, {"resources": res})
     preset = getattr(cfg_cls, "small_machine_preset", None)
+    note = None
     if preset is not None and "resources" not in data:
         # No resources given at all: start from the algorithm's small-machine preset (e.g. Ape-X).
+        note = _preset_note(cfg_cls, preset(), data)
         data = deep_merge(preset(), data)
     if "env" not in data:
         raise ShoalError(f"No env given: pass --env (e.g. --env CartPole-v1) or set `env:` in a config file.")
-    return cfg_cls(**data), yaml_stop
+    return cfg_cls(**data), yaml_stop, note
+
+
+def _preset_note(cfg_cls, preset: dict[str, Any], given: dict[str, Any]) -> str:
+    """One line: the preset is used, the settings it changes from the defaults, and how to opt out.
+
+    A preset key the user also gave is left out (the user's value wins), and so is one whose
+    value is the default anyway: what remains is exactly what the preset changes.
+    """
+    user = _dotted(given)
+    changes = [f"{k}={v}" for k, v in _dotted(preset).items() if k not in user and v != _default(cfg_cls, k)]
+    return (f"No resources given: starting from {cfg_cls.__name__}.small_machine_preset(), which changes "
+            f"{', '.join(changes) or 'nothing'} from the defaults. Give any resources setting (--workers, "
+            "--envs-per-worker, --set resources.KEY=VALUE or a `resources:` section) to start from the defaults instead.")
+
+
+def _dotted(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"resources": {"num_workers": 2}}`` -> ``{"resources.num_workers": 2}``."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_dotted(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def _default(model, dotted: str) -> Any:
+    """The default of a dotted config key (``resources.num_workers``), reaching into sections."""
+    head, _, rest = dotted.partition(".")
+    value = model.model_fields[head].get_default(call_default_factory=True)
+    return _default(type(value), rest) if rest else value
 
 
 def _reward_threshold(cfg) -> Optional[float]:
@@ -122,7 +155,7 @@ def train(
     try:
         from shoal.trainer import _as_stop, train as run_train
 
-        cfg, yaml_stop = _build_config(algo, config, set_, {
+        cfg, yaml_stop, preset_note = _build_config(algo, config, set_, {
             "env": env, "seed": seed,
             "resources": {"num_workers": workers, "num_envs_per_worker": envs_per_worker, "address": address},
         })
@@ -134,10 +167,12 @@ def train(
         elif stop_d.get("reward") is None:
             stop_d["reward"] = _reward_threshold(cfg)
         stop = _as_stop(stop_d)  # a bad value is a ConfigError (exit 2), not a traceback
+        if preset_note:
+            err.print(preset_note, highlight=False, soft_wrap=True)
         if stop.is_empty():
             err.print("No stop criterion and no reward threshold: training until Ctrl-C.")
         summary = run_train(cfg, stop, out=out_dir, checkpoint_every=checkpoint_every,
-                            keep_checkpoints=keep_checkpoints, progress=not quiet)
+                            keep_checkpoints=keep_checkpoints, progress=not quiet, config_note=preset_note)
     except ShoalError as e:
         _fail(e)
     _print_summary(summary, stop)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import math
 import shutil
+import textwrap
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -135,13 +136,15 @@ def new_run_dir(out: str | Path, config: AlgorithmConfig) -> Path:
 
 def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str | Path | None = "runs",
           checkpoint_every: int = 10, keep_checkpoints: int = 3, progress: bool = True,
-          _algo=None, _run_dir: Path | None = None) -> TrainSummary:
+          config_note: str | None = None, _algo=None, _run_dir: Path | None = None) -> TrainSummary:
     """Train until a stop criterion is met; returns a :class:`TrainSummary`.
 
     With ``out`` set, a run directory ``<out>/<algo>_<env>_<timestamp>/`` gets config.yaml,
     results.jsonl, progress.csv, TensorBoard events and ``checkpoints/`` (every
     ``checkpoint_every`` iterations, the last ``keep_checkpoints`` kept, plus ``best``).
     ``out=None`` trains without writing anything. Ctrl-C stops cleanly after saving.
+    ``config_note`` leads config.yaml as a YAML comment (e.g. the CLI's word that a preset set
+    some keys), so the file tells where its values came from and still loads as it is.
     """
     stop = _as_stop(stop)
     if checkpoint_every < 1 or keep_checkpoints < 1:
@@ -151,7 +154,8 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
     run_dir = _run_dir
     if run_dir is None and out is not None:
         run_dir = new_run_dir(out, config)
-        (run_dir / "config.yaml").write_text(config.to_yaml())
+        comment = "".join(f"# {line}\n" for line in textwrap.wrap(config_note or "", 100, break_on_hyphens=False))
+        (run_dir / "config.yaml").write_text(comment + config.to_yaml())
     if run_dir is not None:
         (run_dir / "run.yaml").write_text(yaml.safe_dump({
             "stop": stop.model_dump(), "checkpoint_every": checkpoint_every, "keep_checkpoints": keep_checkpoints}))
