@@ -151,6 +151,12 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
         raise ConfigError("checkpoint_every and keep_checkpoints must be at least 1.")
     t_start = time.perf_counter()
     algo = _algo or config.build()
+    try:
+        algo.start_actors()  # a cluster too small for the run fails here, before the run directory is written
+    except BaseException:
+        if _algo is None:
+            algo.stop()
+        raise
     run_dir = _run_dir
     if run_dir is None and out is not None:
         run_dir = new_run_dir(out, config)

@@ -21,7 +21,7 @@ from shoal.envs import env_info
 from shoal.errors import CheckpointError, ConfigError
 from shoal.logging.metrics import EpisodeWindow, Timers
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
-from shoal.runtime import make_actor_group
+from shoal.runtime import LazyActorGroup, make_actor_group
 from shoal.runtime.process import configure_process
 
 COUNTERS = ("env_steps_sampled", "env_steps_trained", "time_total_s")
@@ -86,21 +86,37 @@ class Algorithm:
         ``max_in_flight`` bounds the asynchronous requests per actor; ``runner_cls`` is an
         EnvRunner subclass for algorithms whose actors do more (e.g. Ape-X's push to replay).
         A recreated actor gets the last broadcast weights and whatever ``self.restart_calls()`` adds.
+
+        The group is lazy (:class:`~shoal.runtime.lazy.LazyActorGroup`): the actors, and Ray,
+        start with the first call that needs them (``start_actors()``, the first ``train()``),
+        so an algorithm restored only to evaluate or save starts neither; they start with the
+        latest weights broadcast and the state ``on_restart`` gives a recreated actor.
         """
         res = self.config.resources
         remote = res.num_workers > 0
+        n, first = max(res.num_workers, 1), 1 if remote else 0
 
         def ctor(i: int):
             return (self.config, i, policy_cls, postprocess, fragment_length), {}
 
-        group = make_actor_group(
-            runner_cls, max(res.num_workers, 1), ctor, remote=remote, num_cpus=res.num_cpus_per_worker,
+        group = LazyActorGroup(lambda: make_actor_group(
+            runner_cls, n, ctor, remote=remote, num_cpus=res.num_cpus_per_worker,
             max_in_flight=max_in_flight, max_restarts=res.max_worker_restarts, address=res.address,
-            resource_wait_s=res.resource_wait_s, name="rollout actor", first_index=1 if remote else 0,
-        )
+            resource_wait_s=res.resource_wait_s, name="rollout actor", first_index=first,
+        ), n, first_index=first, max_in_flight=max_in_flight)
         group.on_restart = lambda: ([("set_weights", (self._weights_ref,))] if self._weights_ref is not None else []) \
             + self.restart_calls()
         return group
+
+    def start_actors(self) -> None:
+        """Create the rollout actors now rather than on the first call that needs them.
+
+        ``train()`` calls it before its clock starts, so iteration times leave out starting Ray
+        and the actors; ``shoal.train`` calls it before writing the run directory, so a cluster
+        too small for the run fails before anything is written.
+        """
+        if self.env_runners is not None:
+            self.env_runners.start()
 
     def restart_calls(self) -> list[tuple[str, tuple]]:
         """Extra (method, args) calls that re-sync a recreated rollout actor (global vars, replay shards...)."""
@@ -130,6 +146,7 @@ class Algorithm:
     def train(self) -> dict[str, Any]:
         """Run ``training_step()`` until the per-iteration minimums are met; one result dict."""
         cfg = self.config
+        self.start_actors()
         t0 = time.perf_counter()
         sampled0 = self.counters["env_steps_sampled"]
         trained0 = self.counters["env_steps_trained"]
