@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from shoal.errors import ConfigError, ShoalError
+from shoal.errors import ConfigError, EnvError, ShoalError
 
 app = typer.Typer(
     name="shoal",
@@ -102,7 +102,6 @@ def _reward_threshold(cfg) -> Optional[float]:
     gives None here, since building the algorithm reports it with the algorithm's own check.
     """
     from shoal.envs import env_info
-    from shoal.errors import EnvError
 
     try:
         return env_info(cfg.env, cfg.env_config).reward_threshold

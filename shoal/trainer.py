@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 import shutil
 import textwrap
 import time
@@ -100,7 +101,7 @@ class BestMetric:
     def offer(self, result: dict[str, Any]) -> bool:
         """Take ``result``'s value if it is better; a missing, non-numeric or NaN value never is."""
         v = result.get(self.metric)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
             return False
         if math.isnan(self.value) or (v > self.value if self.mode == "max" else v < self.value):
             self.value = float(v)
@@ -223,7 +224,8 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
         if _algo is None:
             algo.stop()
     return TrainSummary(
-        run_dir=run_dir, result=result, stop_reason=reason, stop_detail=stop.explain(result) if result else None,
+        run_dir=run_dir, result=result, stop_reason=reason,
+        stop_detail=stop.explain(result) if reason not in (None, "interrupted") else None,
         solved=stop.reward is not None and reason == "reward", best_return=best_return,
         wall_s=time.perf_counter() - t_start, last_checkpoint=last_ckpt,
         best_checkpoint=(ckpt_dir / "best") if ckpt_dir is not None and (ckpt_dir / "best").exists() else None,

@@ -146,3 +146,15 @@ def test_resume_cli_says_which_criterion_is_met(two_iteration_run, monkeypatch):
     text = " ".join(r.output.split())
     assert "already meets its stop criterion iterations 2 >= 2" in text and "--stop-iters" in text
     assert rows(two_iteration_run) == [1, 2]
+
+
+def test_best_metric_takes_numpy_scalars_and_ignores_what_is_not_a_number():
+    import numpy as np
+
+    from shoal.trainer import BestMetric
+
+    best = BestMetric(ScoredPPO.__new__(ScoredPPO))  # only the class attributes are read
+    offers = [{"fake/score": math.nan}, {"fake/score": np.float32(2.5)}, {"fake/score": True}, {"fake/score": "9"},
+              {}, {"fake/score": np.int64(2)}, {"fake/score": 3}]
+    assert [best.offer(r) for r in offers] == [False, True, False, False, False, False, True]
+    assert best.value == 3.0
