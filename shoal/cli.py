@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from shoal.errors import ShoalError
+from shoal.errors import ConfigError, EnvError, ShoalError
 
 app = typer.Typer(
     name="shoal",
@@ -36,7 +36,7 @@ def _fail(e: ShoalError) -> None:
 
 
 def _build_config(algo: str, config_file: Optional[Path], sets: List[str], flags: dict[str, Any]):
-    """defaults < YAML file < --set < explicit flags. Returns (config, stop-from-yaml)."""
+    """defaults < YAML file < --set < explicit flags. Returns (config, stop-from-yaml, preset note or None)."""
     from shoal.algorithms import get_config_class
     from shoal.config import deep_merge, load_yaml, parse_set_overrides
 
@@ -54,12 +54,59 @@ def _build_config(algo: str, config_file: Optional[Path], sets: List[str], flags
     if res:
         data = deep_merge(data, {"resources": res})
     preset = getattr(cfg_cls, "small_machine_preset", None)
+    note = None
     if preset is not None and "resources" not in data:
         # No resources given at all: start from the algorithm's small-machine preset (e.g. Ape-X).
+        note = _preset_note(cfg_cls, preset(), data)
         data = deep_merge(preset(), data)
     if "env" not in data:
         raise ShoalError(f"No env given: pass --env (e.g. --env CartPole-v1) or set `env:` in a config file.")
-    return cfg_cls(**data), yaml_stop
+    return cfg_cls(**data), yaml_stop, note
+
+
+def _preset_note(cfg_cls, preset: dict[str, Any], given: dict[str, Any]) -> str:
+    """One line: the preset is used, the settings it changes from the defaults, and how to opt out.
+
+    A preset key the user also gave is left out (the user's value wins), and so is one whose
+    value is the default anyway: what remains is exactly what the preset changes.
+    """
+    user = _dotted(given)
+    changes = [f"{k}={v}" for k, v in _dotted(preset).items() if k not in user and v != _default(cfg_cls, k)]
+    return (f"No resources given: starting from {cfg_cls.__name__}.small_machine_preset(), which changes "
+            f"{', '.join(changes) or 'nothing'} from the defaults. Give any resources setting (--workers, "
+            "--envs-per-worker, --set resources.KEY=VALUE or a `resources:` section) to start from the defaults instead.")
+
+
+def _dotted(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"resources": {"num_workers": 2}}`` -> ``{"resources.num_workers": 2}``."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_dotted(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def _default(model, dotted: str) -> Any:
+    """The default of a dotted config key (``resources.num_workers``), reaching into sections."""
+    head, _, rest = dotted.partition(".")
+    value = model.model_fields[head].get_default(call_default_factory=True)
+    return _default(type(value), rest) if rest else value
+
+
+def _reward_threshold(cfg) -> Optional[float]:
+    """The env's reward threshold (its Gymnasium spec's), or None when it has none.
+
+    A multi-agent (PettingZoo) env is no Gymnasium env and has none; a bad env spec also
+    gives None here, since building the algorithm reports it with the algorithm's own check.
+    """
+    from shoal.envs import env_info
+
+    try:
+        return env_info(cfg.env, cfg.env_config).reward_threshold
+    except EnvError:
+        return None
 
 
 def _print_summary(s, stop) -> None:
@@ -73,8 +120,9 @@ def _print_summary(s, stop) -> None:
     else:
         target = f" (target {stop.reward:g} not reached)" if stop.reward is not None else ""
         head = f"[yellow]Stopped on {s.stop_reason}[/]: mean return {ret:.1f}{target}"
+    best = f"{s.best_value:.4g}" if math.isfinite(s.best_value) else "- (never reported)"
     out.print(f"{head} after {steps:,} env steps, {r.get('iteration', 0)} iterations, "
-              f"{r.get('time_total_s', 0):.1f} s training ({s.wall_s:.1f} s wall). Best mean return {s.best_return:.1f}.",
+              f"{r.get('time_total_s', 0):.1f} s training ({s.wall_s:.1f} s wall). Best {s.best_metric} {best}.",
               highlight=False)
     if s.run_dir:
         out.print(f"Run directory: {s.run_dir}", highlight=False)
@@ -91,7 +139,8 @@ def train(
     seed: Optional[int] = typer.Option(None, "--seed", help="Random seed; with 0 workers the run is reproducible."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML file of config keys; may hold a `stop:` mapping (reward, env_steps, time_s, iterations)."),
     set_: List[str] = typer.Option([], "--set", "-s", help="Override a config key: --set lr=0.001 --set resources.num_workers=2 (repeatable; dotted keys reach sections)."),
-    stop_reward: Optional[float] = typer.Option(None, "--stop-reward", help="Stop when the mean return of the last 100 episodes reaches R (default: the env's reward threshold, if it has one)."),
+    stop_reward: Optional[float] = typer.Option(None, "--stop-reward", help="Stop when the mean return of the last 100 episodes reaches R. Default: the env's reward threshold, if it has one, also beside other --stop-* criteria (the first criterion met stops the run)."),
+    no_stop_reward: bool = typer.Option(False, "--no-stop-reward", help="No reward criterion: neither the env's reward threshold nor a config file's stop.reward."),
     stop_steps: Optional[int] = typer.Option(None, "--stop-steps", help="Stop after N sampled env steps."),
     stop_time: Optional[float] = typer.Option(None, "--stop-time", help="Stop after SECONDS of training."),
     stop_iters: Optional[int] = typer.Option(None, "--stop-iters", help="Stop after N iterations."),
@@ -103,23 +152,26 @@ def train(
 ) -> None:
     """Train an algorithm; writes runs/<algo>_<env>_<timestamp>/ with results, TensorBoard events and checkpoints."""
     try:
-        from shoal.envs import env_info
-        from shoal.trainer import Stop, _as_stop, train as run_train
+        from shoal.trainer import _as_stop, train as run_train
 
-        cfg, yaml_stop = _build_config(algo, config, set_, {
+        cfg, yaml_stop, preset_note = _build_config(algo, config, set_, {
             "env": env, "seed": seed,
             "resources": {"num_workers": workers, "num_envs_per_worker": envs_per_worker, "address": address},
         })
+        if no_stop_reward and stop_reward is not None:
+            raise ConfigError(f"--stop-reward {stop_reward:g} and --no-stop-reward contradict each other; give one of them.")
         stop_d = {**yaml_stop, **{k: v for k, v in zip(STOP_KEYS, (stop_reward, stop_steps, stop_time, stop_iters)) if v is not None}}
+        if no_stop_reward:
+            stop_d.pop("reward", None)
+        elif stop_d.get("reward") is None:
+            stop_d["reward"] = _reward_threshold(cfg)
         stop = _as_stop(stop_d)  # a bad value is a ConfigError (exit 2), not a traceback
+        if preset_note:
+            err.print(preset_note, highlight=False, soft_wrap=True)
         if stop.is_empty():
-            threshold = env_info(cfg.env, cfg.env_config).reward_threshold
-            if threshold is not None:
-                stop = Stop(reward=threshold)
-            else:
-                err.print("No stop criterion and the env has no reward threshold: training until Ctrl-C.")
+            err.print("No stop criterion and no reward threshold: training until Ctrl-C.")
         summary = run_train(cfg, stop, out=out_dir, checkpoint_every=checkpoint_every,
-                            keep_checkpoints=keep_checkpoints, progress=not quiet)
+                            keep_checkpoints=keep_checkpoints, progress=not quiet, config_note=preset_note)
     except ShoalError as e:
         _fail(e)
     _print_summary(summary, stop)
@@ -181,6 +233,11 @@ def resume(
         given = {k: v for k, v in zip(STOP_KEYS, (stop_reward, stop_steps, stop_time, stop_iters)) if v is not None}
         overrides = {"resources": {"num_workers": workers}} if workers is not None else None
         summary = run_resume(run_dir, stop=given or None, overrides=overrides, progress=not quiet)
+        if summary.already_met:
+            flag = {"reward": "--stop-reward", "env_steps": "--stop-steps", "time": "--stop-time", "iterations": "--stop-iters"}
+            out.print(f"Nothing to train: {run_dir} at {summary.last_checkpoint.name} already meets its stop criterion "
+                      f"{summary.stop_detail}. Give a larger {flag[summary.stop_reason]} to go on.", highlight=False)
+            return
         import yaml
 
         stop = Stop(**(yaml.safe_load((run_dir / "run.yaml").read_text()) or {}).get("stop", {}))

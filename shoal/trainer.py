@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 import shutil
+import textwrap
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -35,19 +37,35 @@ class Stop(BaseModel):
     iterations: Optional[int] = Field(None, ge=1)
 
     def reached(self, r: dict[str, Any]) -> str | None:
-        ret = r.get("episode_return_mean")
-        if self.reward is not None and ret is not None and math.isfinite(ret) and ret >= self.reward:
-            return "reward"
-        if self.env_steps is not None and r["env_steps_sampled"] >= self.env_steps:
-            return "env_steps"
-        if self.time_s is not None and r["time_total_s"] >= self.time_s:
-            return "time"
-        if self.iterations is not None and r["iteration"] >= self.iterations:
-            return "iterations"
+        """The first criterion result ``r`` meets (reward, env_steps, time, iterations), or None."""
+        met = self._first_met(r)
+        return met[0] if met else None
+
+    def explain(self, r: dict[str, Any]) -> str | None:
+        """The first criterion ``r`` meets, with its figures, e.g. ``"iterations 4 >= 4"``; or None."""
+        met = self._first_met(r)
+        return met[1] if met else None
+
+    def _first_met(self, r: dict[str, Any]) -> tuple[str, str] | None:
+        checks = (  # reason, words, result value, target, format of the value
+            ("reward", "mean return", r.get("episode_return_mean"), self.reward, ".1f"),
+            ("env_steps", "env steps", r.get("env_steps_sampled"), self.env_steps, ","),
+            ("time", "training time", r.get("time_total_s"), self.time_s, ".1f"),
+            ("iterations", "iterations", r.get("iteration"), self.iterations, ""),
+        )
+        for reason, words, value, target, spec in checks:
+            if target is not None and value is not None and math.isfinite(value) and value >= target:
+                unit = " s" if reason == "time" else ""
+                return reason, f"{words} {value:{spec}}{unit} >= {_number(target)}{unit}"
         return None
 
     def is_empty(self) -> bool:
         return all(v is None for v in self.model_dump().values())
+
+
+def _number(x: float) -> str:
+    """475.0 -> '475', 1000000 -> '1,000,000', 0.5 -> '0.5'."""
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
 
 
 @dataclass
@@ -56,11 +74,39 @@ class TrainSummary:
     result: dict[str, Any]
     stop_reason: str | None  # reward / env_steps / time / iterations / interrupted
     solved: bool
-    best_return: float
+    best_return: float  # the highest episode_return_mean of this session
     wall_s: float
     last_checkpoint: Path | None = None
     best_checkpoint: Path | None = None
-    results: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    results: list[dict[str, Any]] = field(default_factory=list, repr=False)  # this session's iterations
+    stop_detail: str | None = None  # the criterion met, with its figures: "iterations 4 >= 4"
+    best_metric: str = "episode_return_mean"  # the algorithm's Algorithm.best_metric: what picked best_checkpoint
+    best_value: float = math.nan  # its best value this session (NaN: never reported)
+
+    @property
+    def already_met(self) -> bool:
+        """``resume`` found a stop criterion met at the checkpoint and trained nothing."""
+        return not self.results and self.stop_reason not in (None, "interrupted")
+
+
+class BestMetric:
+    """The best value of an algorithm's ``best_metric`` so far; ``offer`` says when a result beats it."""
+
+    def __init__(self, algo) -> None:
+        self.metric, self.mode = algo.best_metric, algo.best_metric_mode
+        if self.mode not in ("max", "min"):
+            raise ConfigError(f"{type(algo).__name__}.best_metric_mode is {self.mode!r}; it must be 'max' or 'min'.")
+        self.value = math.nan
+
+    def offer(self, result: dict[str, Any]) -> bool:
+        """Take ``result``'s value if it is better; a missing, non-numeric or NaN value never is."""
+        v = result.get(self.metric)
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+            return False
+        if math.isnan(self.value) or (v > self.value if self.mode == "max" else v < self.value):
+            self.value = float(v)
+            return True
+        return False
 
 
 def _as_stop(stop: Stop | dict | None) -> Stop:
@@ -91,28 +137,38 @@ def new_run_dir(out: str | Path, config: AlgorithmConfig) -> Path:
 
 def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str | Path | None = "runs",
           checkpoint_every: int = 10, keep_checkpoints: int = 3, progress: bool = True,
-          _algo=None, _run_dir: Path | None = None) -> TrainSummary:
+          config_note: str | None = None, _algo=None, _run_dir: Path | None = None) -> TrainSummary:
     """Train until a stop criterion is met; returns a :class:`TrainSummary`.
 
     With ``out`` set, a run directory ``<out>/<algo>_<env>_<timestamp>/`` gets config.yaml,
     results.jsonl, progress.csv, TensorBoard events and ``checkpoints/`` (every
     ``checkpoint_every`` iterations, the last ``keep_checkpoints`` kept, plus ``best``).
     ``out=None`` trains without writing anything. Ctrl-C stops cleanly after saving.
+    ``config_note`` leads config.yaml as a YAML comment (e.g. the CLI's word that a preset set
+    some keys), so the file tells where its values came from and still loads as it is.
     """
     stop = _as_stop(stop)
     if checkpoint_every < 1 or keep_checkpoints < 1:
         raise ConfigError("checkpoint_every and keep_checkpoints must be at least 1.")
     t_start = time.perf_counter()
     algo = _algo or config.build()
+    try:
+        algo.start_actors()  # a cluster too small for the run fails here, before the run directory is written
+    except BaseException:
+        if _algo is None:
+            algo.stop()
+        raise
     run_dir = _run_dir
     if run_dir is None and out is not None:
         run_dir = new_run_dir(out, config)
-        (run_dir / "config.yaml").write_text(config.to_yaml())
+        comment = "".join(f"# {line}\n" for line in textwrap.wrap(config_note or "", 100, break_on_hyphens=False))
+        (run_dir / "config.yaml").write_text(comment + config.to_yaml())
     if run_dir is not None:
         (run_dir / "run.yaml").write_text(yaml.safe_dump({
             "stop": stop.model_dump(), "checkpoint_every": checkpoint_every, "keep_checkpoints": keep_checkpoints}))
     writers = [JsonlWriter(run_dir / "results.jsonl"), CsvWriter(run_dir / "progress.csv"), TensorBoardWriter(run_dir)] if run_dir else []
     ckpt_dir = run_dir / "checkpoints" if run_dir else None
+    best = BestMetric(algo)
     best_return, best_state, best_meta, best_iter, saved_best_iter = -math.inf, None, None, None, None
     results: list[dict[str, Any]] = []
     last_ckpt = None
@@ -134,7 +190,7 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
         return p
 
     try:
-        with ProgressDisplay(title, stop, enabled=progress) as display:
+        with ProgressDisplay(title, stop, enabled=progress, best_metric=best.metric) as display:
             while True:
                 result = algo.train()
                 results.append(result)
@@ -142,11 +198,13 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
                     w.write(result)
                 ret = result.get("episode_return_mean", math.nan)
                 if math.isfinite(ret) and ret > best_return:
-                    best_return, best_iter = ret, algo.iteration
+                    best_return = ret
+                if best.offer(result):
+                    best_iter = algo.iteration
                     if ckpt_dir is not None:
                         best_state = copy.deepcopy(algo.get_state())
-                        best_meta = algo.checkpoint_meta(episode_return_mean=ret)
-                display.update(result, time.perf_counter() - t_start)
+                        best_meta = algo.checkpoint_meta(best_metric=best.metric, best_value=best.value)
+                display.update(result, time.perf_counter() - t_start, best=best.value)
                 reason = stop.reached(result)
                 if ckpt_dir is not None and (algo.iteration % checkpoint_every == 0 or reason):
                     last_ckpt = save_numbered()
@@ -167,10 +225,11 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
             algo.stop()
     return TrainSummary(
         run_dir=run_dir, result=result, stop_reason=reason,
+        stop_detail=stop.explain(result) if reason not in (None, "interrupted") else None,
         solved=stop.reward is not None and reason == "reward", best_return=best_return,
         wall_s=time.perf_counter() - t_start, last_checkpoint=last_ckpt,
         best_checkpoint=(ckpt_dir / "best") if ckpt_dir is not None and (ckpt_dir / "best").exists() else None,
-        results=results,
+        results=results, best_metric=best.metric, best_value=best.value,
     )
 
 
@@ -191,6 +250,13 @@ def resume(run_dir: str | Path, stop: Stop | dict | None = None, overrides: dict
     if stop is not None:
         merged = {**saved_stop.model_dump(), **{k: v for k, v in _as_stop(stop).model_dump().items() if v is not None}}
         saved_stop = _as_stop(merged)
+    at = checkpoint_progress(latest[-1])
+    reason = saved_stop.reached(at)
+    if reason:  # nothing to do: say so, without building the algorithm or starting actors
+        best = run_dir / "checkpoints" / "best"
+        return TrainSummary(run_dir=run_dir, result=at, stop_reason=reason, solved=reason == "reward",
+                            best_return=math.nan, wall_s=0.0, last_checkpoint=latest[-1],
+                            best_checkpoint=best if best.is_dir() else None, stop_detail=saved_stop.explain(at))
     algo = Algorithm.from_checkpoint(latest[-1], overrides=overrides)
     try:
         truncate_results(run_dir, algo.iteration)
@@ -198,6 +264,25 @@ def resume(run_dir: str | Path, stop: Stop | dict | None = None, overrides: dict
                      keep_checkpoints=settings.get("keep_checkpoints", 3), progress=progress, _algo=algo, _run_dir=run_dir)
     finally:
         algo.stop()
+
+
+def checkpoint_progress(path: Path) -> dict[str, Any]:
+    """What stop criteria read (iteration, env steps, training time, mean return) at a checkpoint.
+
+    From meta.json; a checkpoint written before meta.json held them all is read from state.pt.
+    """
+    from shoal.logging.metrics import EpisodeWindow
+
+    meta = ckpt.read_meta(path)
+    if "time_total_s" not in meta:
+        state, meta = ckpt.load_checkpoint(path)
+        window = EpisodeWindow()
+        window.set_state(state["episodes"])
+        meta = {**meta, "time_total_s": state["counters"]["time_total_s"],
+                "episode_return_mean": window.metrics()["episode_return_mean"]}
+    ret = meta.get("episode_return_mean")
+    return {"iteration": meta["iteration"], "env_steps_sampled": meta["env_steps_sampled"],
+            "time_total_s": meta["time_total_s"], "episode_return_mean": math.nan if ret is None else ret}
 
 
 def load(path: str | Path, **overrides: Any):

@@ -182,8 +182,80 @@ def test_apex_cli_uses_the_small_machine_preset_only_without_resources():
     from shoal.cli import _build_config
 
     flags = {"env": "CartPole-v1", "seed": None, "resources": {"num_workers": None, "num_envs_per_worker": None, "address": None}}
-    cfg, _ = _build_config("apex", None, ["lr=0.002"], flags)
+    cfg, _, note = _build_config("apex", None, ["lr=0.002"], flags)
+    assert "small_machine_preset" in note
     assert cfg.resources.num_workers == 2 and cfg.resources.num_replay_shards == 2
     assert cfg.replay_capacity == 100_000 and cfg.lr == 0.002  # preset below user keys
-    cfg, _ = _build_config("apex", None, [], {**flags, "resources": {"num_workers": 0}})
+    cfg, _, note = _build_config("apex", None, [], {**flags, "resources": {"num_workers": 0}})
+    assert note is None
     assert cfg.resources.num_workers == 0 and cfg.replay_capacity == 2_000_000  # DESIGN defaults
+
+
+def stop_of(out):
+    """The stop criteria a run recorded in run.yaml (the only run directory under ``out``)."""
+    import yaml
+
+    (d,) = list(out.iterdir())
+    return yaml.safe_load((d / "run.yaml").read_text())["stop"]
+
+
+def test_given_stop_criteria_keep_the_envs_reward_threshold(tmp_path):
+    r = invoke("train", "ppo", "--env", "CartPole-v1", "--stop-iters", 1, "--out", tmp_path / "a", "-q", *SMALL)
+    assert r.exit_code == 0, r.output
+    assert stop_of(tmp_path / "a") == {"reward": 475.0, "env_steps": None, "time_s": None, "iterations": 1}
+    assert "target 475 not reached" in flat(r.output)
+    p = tmp_path / "c.yaml"
+    p.write_text("env: CartPole-v1\nstop:\n  iterations: 1\n")
+    r = invoke("train", "ppo", "-c", p, "--out", tmp_path / "b", "-q", *SMALL)
+    assert r.exit_code == 0, r.output
+    assert stop_of(tmp_path / "b")["reward"] == 475.0 and stop_of(tmp_path / "b")["iterations"] == 1
+
+
+def test_no_stop_reward_drops_the_threshold(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("env: CartPole-v1\nstop:\n  reward: 100\n  iterations: 1\n")
+    r = invoke("train", "ppo", "-c", p, "--no-stop-reward", "--out", tmp_path / "a", "-q", *SMALL)
+    assert r.exit_code == 0, r.output
+    assert stop_of(tmp_path / "a") == {"reward": None, "env_steps": None, "time_s": None, "iterations": 1}
+    r = invoke("train", "ppo", "--env", "CartPole-v1", "--stop-reward", 100, "--no-stop-reward", "--out", tmp_path / "b")
+    assert_user_error(r, "--stop-reward", "--no-stop-reward")
+    assert not (tmp_path / "b").exists()
+    help_text = flat(invoke("train", "--help").output)
+    assert "--no-stop-reward" in help_text and "first criterion met" in help_text
+
+
+def test_apex_preset_is_announced_and_recorded_in_config_yaml(tmp_path, monkeypatch):
+    import yaml
+
+    from shoal.algorithms.apex import ApeXConfig
+
+    # A test-sized preset (in-process, tiny replay) so that the run takes a second; the mechanism is the same.
+    preset = {"resources": {"num_workers": 0, "num_envs_per_worker": 2, "num_replay_shards": 1},
+              "n_step": 3, "learning_starts": 64, "replay_capacity": 1000, "rollout_fragment_length": 8,
+              "min_time_s_per_iteration": 0.0, "lr": 0.002}
+    monkeypatch.setattr(ApeXConfig, "small_machine_preset", classmethod(lambda cls: preset))
+    r = invoke("train", "apex", "--env", "CartPole-v1", "--stop-iters", 1, "--set", "lr=0.01", "--out", tmp_path / "a", "-q")
+    assert r.exit_code == 0, r.output
+    (note,) = [line for line in r.output.splitlines() if "small_machine_preset" in line]  # one line
+    changed = ("resources.num_envs_per_worker=2", "resources.num_replay_shards=1",
+               "learning_starts=64", "replay_capacity=1000", "rollout_fragment_length=8", "min_time_s_per_iteration=0.0")
+    for kv in changed:
+        assert kv in note, kv
+    assert "n_step" not in note and "num_workers" not in note  # the preset's value is the default: no change
+    assert "lr=" not in note  # the user's --set lr wins over the preset
+    assert "--workers" in note and "resources" in note  # how to opt out
+    (run,) = list((tmp_path / "a").iterdir())
+    text = (run / "config.yaml").read_text()
+    assert text.startswith("#") and "small_machine_preset" in text.split("\nalgo:")[0]
+    for kv in changed:
+        assert kv in text.split("\nalgo:")[0], kv
+    cfg = yaml.safe_load(text)
+    assert cfg["resources"]["num_replay_shards"] == 1 and cfg["lr"] == 0.01 and cfg["replay_capacity"] == 1000
+
+    # The recorded config trains again as it is, and, holding resources, without the preset.
+    r = invoke("train", "apex", "-c", run / "config.yaml", "--stop-iters", 1, "--out", tmp_path / "b", "-q")
+    assert r.exit_code == 0, r.output
+    assert "small_machine_preset" not in r.output
+    (run_b,) = list((tmp_path / "b").iterdir())
+    assert yaml.safe_load((run_b / "config.yaml").read_text()) == cfg
+    assert not (run_b / "config.yaml").read_text().startswith("#")

@@ -110,11 +110,34 @@ def test_env_that_always_raises_ends_the_run_with_its_error(ray_cluster):
 
 
 def test_more_actors_than_cpus_fails_at_once_with_advice(ray_cluster):
-    t0 = time.perf_counter()
-    with pytest.raises(ResourceError, match="num_cpus_per_worker") as info:
-        PPOConfig(env="CartPole-v1", resources={"num_workers": 3}, **SMALL).build()
-    assert time.perf_counter() - t0 < 10
-    assert "3 CPUs" in str(info.value) and "2 in total" in str(info.value)
+    algo = PPOConfig(env="CartPole-v1", resources={"num_workers": 3}, **SMALL).build()  # actors start when needed
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(ResourceError, match="num_cpus_per_worker") as info:
+            algo.train()
+        assert time.perf_counter() - t0 < 10
+        assert "3 CPUs" in str(info.value) and "2 in total" in str(info.value)
+    finally:
+        algo.stop()
+
+
+def test_restored_algorithm_starts_its_actors_with_the_restored_weights(ray_cluster, tmp_path):
+    from shoal import Algorithm
+
+    cfg = PPOConfig(env="CartPole-v1", seed=5, resources={"num_workers": 2, "num_envs_per_worker": 2}, **SMALL)
+    with cfg.build() as algo:
+        first = algo.train()
+        path = algo.save(tmp_path / "ck")
+        saved = algo.get_weights()
+    with Algorithm.from_checkpoint(path) as restored:
+        restored.evaluate(num_episodes=1)
+        restored.save(tmp_path / "again")
+        assert not restored.env_runners.created  # neither evaluating nor saving needed the actors
+        for w in restored.env_runners.foreach("get_weights"):  # creates them: they hold the restored weights
+            assert _weights_equal(w, saved)
+        r = restored.train()
+        assert r["iteration"] == 2 and r["env_steps_sampled"] > first["env_steps_sampled"]
+        assert sorted(restored.env_runners.actor_ids) == [1, 2] and r["num_worker_restarts"] == 0
 
 
 def test_fractional_cpus_let_more_actors_than_cores_run(ray_cluster):

@@ -21,7 +21,7 @@ from shoal.envs import env_info
 from shoal.errors import CheckpointError, ConfigError
 from shoal.logging.metrics import EpisodeWindow, Timers
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
-from shoal.runtime import make_actor_group
+from shoal.runtime import LazyActorGroup, make_actor_group
 from shoal.runtime.process import configure_process
 
 COUNTERS = ("env_steps_sampled", "env_steps_trained", "time_total_s")
@@ -29,6 +29,17 @@ COUNTERS = ("env_steps_sampled", "env_steps_trained", "time_total_s")
 
 class Algorithm:
     config_cls: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
+
+    best_metric: ClassVar[str] = "episode_return_mean"
+    """The result key that picks a run's ``checkpoints/best`` (what ``shoal evaluate RUN_DIR`` loads).
+
+    The mean return suits single-agent training. In a zero-sum self-play league it stays near
+    0 however well the players play, so a league names a figure that grows with skill instead
+    (e.g. main's win rate against a fixed opponent). Iterations whose result lacks the key,
+    or holds NaN, never become the best."""
+    best_metric_mode: ClassVar[str] = "max"
+    """``"max"``: higher values of ``best_metric`` are better; ``"min"``: lower ones (e.g. a
+    time to reach a goal)."""
 
     def __init__(self, config: AlgorithmConfig) -> None:
         if not isinstance(config, self.config_cls):
@@ -75,21 +86,37 @@ class Algorithm:
         ``max_in_flight`` bounds the asynchronous requests per actor; ``runner_cls`` is an
         EnvRunner subclass for algorithms whose actors do more (e.g. Ape-X's push to replay).
         A recreated actor gets the last broadcast weights and whatever ``self.restart_calls()`` adds.
+
+        The group is lazy (:class:`~shoal.runtime.lazy.LazyActorGroup`): the actors, and Ray,
+        start with the first call that needs them (``start_actors()``, the first ``train()``),
+        so an algorithm restored only to evaluate or save starts neither; they start with the
+        latest weights broadcast and the state ``on_restart`` gives a recreated actor.
         """
         res = self.config.resources
         remote = res.num_workers > 0
+        n, first = max(res.num_workers, 1), 1 if remote else 0
 
         def ctor(i: int):
             return (self.config, i, policy_cls, postprocess, fragment_length), {}
 
-        group = make_actor_group(
-            runner_cls, max(res.num_workers, 1), ctor, remote=remote, num_cpus=res.num_cpus_per_worker,
+        group = LazyActorGroup(lambda: make_actor_group(
+            runner_cls, n, ctor, remote=remote, num_cpus=res.num_cpus_per_worker,
             max_in_flight=max_in_flight, max_restarts=res.max_worker_restarts, address=res.address,
-            resource_wait_s=res.resource_wait_s, name="rollout actor", first_index=1 if remote else 0,
-        )
+            resource_wait_s=res.resource_wait_s, name="rollout actor", first_index=first,
+        ), n, first_index=first, max_in_flight=max_in_flight)
         group.on_restart = lambda: ([("set_weights", (self._weights_ref,))] if self._weights_ref is not None else []) \
             + self.restart_calls()
         return group
+
+    def start_actors(self) -> None:
+        """Create the rollout actors now rather than on the first call that needs them.
+
+        ``train()`` calls it before its clock starts, so iteration times leave out starting Ray
+        and the actors; ``shoal.train`` calls it before writing the run directory, so a cluster
+        too small for the run fails before anything is written.
+        """
+        if self.env_runners is not None:
+            self.env_runners.start()
 
     def restart_calls(self) -> list[tuple[str, tuple]]:
         """Extra (method, args) calls that re-sync a recreated rollout actor (global vars, replay shards...)."""
@@ -119,6 +146,7 @@ class Algorithm:
     def train(self) -> dict[str, Any]:
         """Run ``training_step()`` until the per-iteration minimums are met; one result dict."""
         cfg = self.config
+        self.start_actors()
         t0 = time.perf_counter()
         sampled0 = self.counters["env_steps_sampled"]
         trained0 = self.counters["env_steps_trained"]
@@ -195,11 +223,19 @@ class Algorithm:
         self.episodes.set_state(state["episodes"])
 
     def checkpoint_meta(self, **extra: Any) -> dict[str, Any]:
-        """meta.json content: what rebuilds the algorithm (algo, config) plus readable facts."""
+        """meta.json content: what rebuilds the algorithm (algo, config) plus readable facts.
+
+        The facts include every figure a stop criterion reads, so ``shoal resume`` can tell a
+        criterion already met without building the algorithm (or starting its actors).
+        """
         from shoal import __version__
 
+        ret = self.episodes.metrics()["episode_return_mean"]
         return {"algo": self.config.algo, "shoal_version": __version__, "iteration": self.iteration,
-                "env_steps_sampled": int(self.counters["env_steps_sampled"]), "config": self.config.to_dict(), **extra}
+                "env_steps_sampled": int(self.counters["env_steps_sampled"]),
+                "time_total_s": float(self.counters["time_total_s"]),
+                "episode_return_mean": ret if math.isfinite(ret) else None,
+                "config": self.config.to_dict(), **extra}
 
     def save(self, path: str | Path) -> Path:
         """Write a checkpoint directory atomically; returns its path."""

@@ -22,9 +22,11 @@ def _fmt(v: float | None, spec: str = ",.0f") -> str:
 
 
 class ProgressDisplay:
-    def __init__(self, title: str, stop, console: Console | None = None, enabled: bool = True, plain_every_s: float = 5.0) -> None:
+    def __init__(self, title: str, stop, console: Console | None = None, enabled: bool = True, plain_every_s: float = 5.0,
+                 best_metric: str = "episode_return_mean") -> None:
         self.console = console or Console(stderr=True)
         self.stop = stop
+        self.best_metric = best_metric  # the result key that picks checkpoints/best; its best value is shown
         self.title = title
         self.enabled = enabled
         self.live_mode = enabled and self.console.is_terminal
@@ -54,7 +56,8 @@ class ProgressDisplay:
             self._live.__exit__(*exc)
             self._live = None
 
-    def update(self, r: dict[str, Any], wall_s: float) -> None:
+    def update(self, r: dict[str, Any], wall_s: float, best: float | None = None) -> None:
+        """Show result ``r``; ``best`` is the best value of ``best_metric`` so far (None or NaN: none yet)."""
         if not self.enabled:
             return
         steps, ret, t = r.get("env_steps_sampled", 0), r.get("episode_return_mean"), r.get("time_total_s", 0.0)
@@ -67,8 +70,9 @@ class ProgressDisplay:
                          text=f"{_fmt(ret, '.1f')}" + (f" / {stop.reward:g}" if stop.reward is not None else ""))
         self.bars.update(self.tasks["time"], completed=t,
                          text=f"{t:.1f} s" + (f" / {stop.time_s:g} s" if stop.time_s else ""))
+        best_text = f"best {self.best_metric} {_fmt(best, '.4g')}"
         self.status = Text(f"iter {r.get('iteration', 0)}  |  {_fmt(sps)} steps/s  |  "
-                           f"{r.get('episodes_total', 0):,} episodes  |  restarts {r.get('num_worker_restarts', 0)}")
+                           f"{r.get('episodes_total', 0):,} episodes  |  {best_text}  |  restarts {r.get('num_worker_restarts', 0)}")
         if self._live is not None:
             self._live.update(Group(Text(self.title, style="bold"), self.bars, self.status))
         else:
@@ -77,4 +81,4 @@ class ProgressDisplay:
                 self._last_plain = now
                 self.console.print(
                     f"iter {r.get('iteration', 0):>5}  steps {_fmt(steps):>11}  return {_fmt(ret, '.1f'):>7}  "
-                    f"{_fmt(sps):>9} steps/s  {t:7.1f} s", highlight=False)
+                    f"{_fmt(sps):>9} steps/s  {t:7.1f} s  {best_text}", highlight=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -36,22 +37,45 @@ class JsonlWriter:
 
 
 class CsvWriter:
-    """Columns are fixed by the first row written (or the existing header when resuming)."""
+    """One column per scalar metric seen so far (the existing header when resuming).
+
+    A row that brings new metrics (evaluation results, a league's new players) extends the
+    header: the file is rewritten once with the wider header, earlier rows getting empty
+    cells, so no metric is ever dropped and every row has as many cells as the header.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.columns: list[str] | None = None
+        self.columns: list[str] = []
         if path.exists() and path.stat().st_size:
             with open(path, newline="") as f:
-                self.columns = next(csv.reader(f), None)
+                self.columns = next(csv.reader(f), None) or []
         self.f = open(path, "a", newline="", buffering=1)
         self.w = csv.writer(self.f)
 
     def write(self, result: dict[str, Any]) -> None:
-        if self.columns is None:
-            self.columns = [k for k, v in result.items() if isinstance(v, (int, float, str, bool)) or v is None]
-            self.w.writerow(self.columns)
+        new = [k for k, v in result.items()
+               if k not in self.columns and (isinstance(v, (int, float, str, bool)) or v is None)]
+        if new:
+            self._extend(new)
         self.w.writerow(["" if _clean(result.get(c)) is None else result.get(c) for c in self.columns])
+
+    def _extend(self, new: list[str]) -> None:
+        """Rewrite the file with ``new`` columns appended to the header (rare: once per new metric set)."""
+        self.f.close()
+        rows = []
+        if self.path.exists() and self.path.stat().st_size:
+            with open(self.path, newline="") as f:
+                rows = list(csv.reader(f))[1:]
+        self.columns = self.columns + new
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(self.columns)
+            w.writerows(r + [""] * (len(self.columns) - len(r)) for r in rows)
+        os.replace(tmp, self.path)
+        self.f = open(self.path, "a", newline="", buffering=1)
+        self.w = csv.writer(self.f)
 
     def close(self) -> None:
         self.f.close()

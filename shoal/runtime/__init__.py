@@ -8,13 +8,16 @@ when ``remote=False`` and a Ray-backed group otherwise; both have the same inter
   pattern (at most ``max_in_flight`` requests per actor; collect only what is ready);
 - ``put(obj)``: one object-store put whose reference every actor can take;
 - restarts of dead actors, re-synced by ``on_restart``; ``num_restarts`` and
-  ``num_dropped_requests`` counters.
+  ``num_dropped_requests`` counters;
+- ``start()``: the actors exist from construction on, except in a :class:`LazyActorGroup`
+  (``runtime/lazy.py``), which creates them on the first call that needs them.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
+from shoal.runtime.lazy import LazyActorGroup
 from shoal.runtime.local import ActorGroupBase, LocalActorGroup
 
 
@@ -82,4 +85,4 @@ def shutdown() -> None:
 
 
 __all__ = ["make_actor_group", "start", "shutdown", "cuda_index", "assigned_cuda_device", "ActorGroupBase",
-           "LocalActorGroup"]
+           "LocalActorGroup", "LazyActorGroup"]

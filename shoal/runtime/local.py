@@ -29,6 +29,10 @@ class ActorGroupBase:
     def put(self, obj: Any) -> Any:
         return obj
 
+    def start(self) -> "ActorGroupBase":
+        """The actors exist from construction on; a lazy group creates them here."""
+        return self
+
 
 class LocalActorGroup(ActorGroupBase):
     def __init__(self, cls: type, num_actors: int, ctor: Callable[[int], tuple[tuple, dict]], max_in_flight: int = 1,
