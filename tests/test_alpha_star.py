@@ -201,6 +201,23 @@ def test_exploiter_snapshots_that_keep_learning_take_the_slot_a_freeze_frees():
         algo.stop()
 
 
+@pytest.mark.parametrize("evaluation, metric", [
+    ({}, "league/main_win_rate_vs_frozen"),
+    ({"evaluation_interval": 1, "evaluation_num_episodes": 20}, "evaluation/win_rate_vs_random")])
+def test_the_best_checkpoint_follows_mains_strength_not_the_zero_sum_return(tmp_path, evaluation, metric):
+    import json
+
+    from shoal.trainer import train
+
+    summary = train(small(evaluation=evaluation), {"iterations": 4}, out=tmp_path, progress=False)
+    assert summary.best_metric == metric
+    values = [r[metric] for r in summary.results if metric in r]
+    assert values and summary.best_value == max(values)
+    meta = json.loads((summary.best_checkpoint / "meta.json").read_text())
+    assert meta["best_metric"] == metric and meta["best_value"] == max(values)
+    assert meta["iteration"] == next(r["iteration"] for r in summary.results if r.get(metric) == max(values))
+
+
 def test_policy_learners_follow_the_lr_schedule_over_sampled_env_steps():
     algo = small(lr=0.5, lr_schedule=[[0, 1e-3], [1200, 0.0]], league="no_league", max_num_policies_to_train=1).build()
     try:

@@ -44,7 +44,7 @@ from shoal.learn.distributed_learners import (REPLAY_LOST, BatchReplay, Distribu
                                               shard_plan)
 from shoal.models import build_actor_critic
 from shoal.rollout.multi_agent import ActionMasked, MultiAgentEnvRunner, PolicyReturnWindows
-from shoal.runtime import make_actor_group
+from shoal.runtime import LazyActorGroup, make_actor_group
 from shoal.runtime.process import configure_process
 
 
@@ -263,14 +263,28 @@ class AlphaStar(Algorithm):
         self._learned_since_broadcast = 0
         self._learner_stats: dict[str, float] = {}
         self._replay_restarts_sent = 0  # replay actor restarts whose new handles the rollout actors have
-        self.env_runners = make_actor_group(
-            LeagueRolloutActor, max(res.num_workers, 1), lambda i: ((cfg, i, self._specs(), self._mm(), self._replay()), {}),
+        n, first = max(res.num_workers, 1), 1 if remote else 0
+        # Lazy, like every algorithm's rollout actors: a run restored only to evaluate starts none.
+        self.env_runners = LazyActorGroup(lambda: make_actor_group(
+            LeagueRolloutActor, n, lambda i: ((cfg, i, self._specs(), self._mm(), self._replay()), {}),
             remote=remote, num_cpus=res.num_cpus_per_worker, max_in_flight=cfg.max_requests_in_flight_per_worker,
             max_restarts=res.max_worker_restarts, address=res.address, resource_wait_s=res.resource_wait_s,
-            name="rollout actor", first_index=1 if remote else 0)
+            name="rollout actor", first_index=first), n, first_index=first, max_in_flight=cfg.max_requests_in_flight_per_worker)
         self.env_runners.on_restart = lambda: [("sync", (self._message(full=True),))]
+        self.best_metric = self._best_metric()
 
     # ---- helpers ---------------------------------------------------------------------------
+    def _best_metric(self) -> str:
+        """What picks ``checkpoints/best``: the return is ~0 in a zero-sum league however good main is.
+
+        Main's win rate against a uniformly random player when evaluation runs, else the league's
+        own figure (the AlphaStar builder's: main's recent win rate against the frozen players),
+        else the mean return (e.g. a league of independent single-agent policies).
+        """
+        if self.config.evaluation.evaluation_interval:
+            return "evaluation/win_rate_vs_random"
+        return self.league.best_metric or "episode_return_mean"
+
     def _fresh_weights(self, pid: str) -> dict:
         seed = None if self.config.seed is None else self.config.seed + len(self.weights) + 1
         with torch.random.fork_rng(devices=[]):
