@@ -162,7 +162,7 @@ def learn_on_replay_batch(learner: Learner, batch: Batch, config: DQNConfig, sta
 
     ``state["since_target"]`` counts trained env steps since the last target-network update.
     """
-    tensors = batch.to_torch(learner.device, exclude=(Col.INDICES,))
+    tensors = batch.to_torch(learner.device, exclude=(Col.INDICES, Col.ROW_IDS))
     stats = learner.update_minibatch(tensors)
     td = stats.pop("td_error").abs().cpu().numpy()
     state["since_target"] = state.get("since_target", 0) + len(batch)
