@@ -40,8 +40,14 @@ class ApeXResourcesConfig(ResourcesConfig):
     replay_shards_on_driver_node: bool = Field(True, description="Place replay shards on the driver's node (beside the learner).")
 
 
+_FIXED_EPSILONS = ("Ape-X gives rollout actor i of N the fixed epsilon exploration_base ** (1 + exploration_alpha * i "
+                   "/ (N - 1)) instead of annealing one; set exploration_base and exploration_alpha")
+
+
 class ApeXConfig(DQNConfig):
     algo = "apex"
+    unused_keys = {"exploration_initial_eps": _FIXED_EPSILONS, "exploration_final_eps": _FIXED_EPSILONS,
+                   "exploration_timesteps": _FIXED_EPSILONS}
 
     resources: ApeXResourcesConfig = Field(default_factory=ApeXResourcesConfig)
     n_step: int = Field(3, ge=1)
