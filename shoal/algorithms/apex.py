@@ -27,6 +27,7 @@ from shoal.algorithms.base import Algorithm
 from shoal.algorithms.dqn import DQNConfig, build_q_learner, learn_on_replay_batch, make_replay, n_step_postprocess
 from shoal.batch import Col
 from shoal.config import ResourcesConfig
+from shoal.errors import NodeResourceError
 from shoal.learn.replay_learner import ReplayLearnerThread
 from shoal.rollout import EnvRunner
 from shoal.rollout.policies import EpsilonGreedyQPolicy, apex_epsilon, weights_to_numpy
@@ -132,11 +133,16 @@ class ApeX(Algorithm):
 
         from shoal.replay import ReplayShard
 
-        self.shards = make_actor_group(
-            ReplayShard, res.num_replay_shards, shard_ctor, remote=res.num_workers > 0, num_cpus=res.replay_shard_cpus,
-            max_in_flight=cfg.max_replay_requests_in_flight_per_shard, max_restarts=res.max_worker_restarts,
-            address=res.address, resource_wait_s=res.resource_wait_s, name="replay shard", first_index=0,
-            node="driver" if res.replay_shards_on_driver_node else None)
+        try:
+            self.shards = make_actor_group(
+                ReplayShard, res.num_replay_shards, shard_ctor, remote=res.num_workers > 0,
+                num_cpus=res.replay_shard_cpus, max_in_flight=cfg.max_replay_requests_in_flight_per_shard,
+                max_restarts=res.max_worker_restarts, address=res.address, resource_wait_s=res.resource_wait_s,
+                name="replay shard", first_index=0, node="driver" if res.replay_shards_on_driver_node else None)
+        except NodeResourceError as e:
+            raise NodeResourceError(f"{e} Replay shards go to the driver's node (resources.replay_shards_on_driver_node): "
+                                "lower resources.replay_shard_cpus (0 shares the driver's CPUs), or set "
+                                "resources.replay_shards_on_driver_node to false to place them on any node.") from None
         self._shard_restarts_seen = 0
         postprocess = functools.partial(n_step_postprocess, n_step=cfg.n_step, gamma=cfg.gamma, priorities=True)
         self.env_runners = self.make_env_runners(EpsilonGreedyQPolicy, postprocess, cfg.fragment_length(),
