@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from shoal.algorithms.apex import ApeXConfig
+from shoal.batch import Col
 from shoal.learn.threads import LearnerThreadError
 
 torch.set_num_threads(1)
@@ -82,6 +83,82 @@ def test_a_dying_learner_thread_raises_in_train_with_its_traceback():
         algo.stop()
 
 
+def run_until_sampled(algo, steps: int, max_s: float = 120) -> dict:
+    """Train until ``steps`` env steps were sampled after learning started."""
+    start = algo.config.learning_starts
+    return train_until(algo, lambda r: r["env_steps_sampled"] - start >= steps, 100_000, max_s)
+
+
+def slow_learner(algo, seconds: float) -> None:
+    """Each SGD step also sleeps: the learner, not sampling, is the bottleneck."""
+    learn = algo._learn_on_batch
+
+    def slow(batch):
+        time.sleep(seconds)
+        return learn(batch)
+
+    algo.learner_thread.learn_fn = slow
+
+
+@pytest.mark.parametrize("case", ["steady", "shard_request_cap", "slow_learner"])
+def test_replay_ratio_holds_the_training_intensity(case):
+    """trained / sampled since learning started stays at training_intensity: owed replay requests
+    are never lost (a shard at its request cap, a learner that lags) and a lagging learner holds
+    sampling back instead of letting the ratio drift down."""
+    kw = {"learner_queue_size": 8}
+    if case == "shard_request_cap":
+        kw["max_replay_requests_in_flight_per_shard"] = 1  # 2 shards take 2 of the 4 requests each step owes
+    algo = in_process_config(**kw).build()
+    if case == "slow_learner":
+        slow_learner(algo, 0.004)
+    try:
+        r = run_until_sampled(algo, 5000)
+        assert r["env_steps_sampled"] - algo.config.learning_starts >= 5000
+        assert r["replay_ratio"] == pytest.approx(2.0, rel=0.15), r
+        assert r["num_replay_batches_dropped"] == 0
+        # owed work stays bounded: at most what one sampling round owes (64 steps -> 4) beyond one request
+        assert r["num_replay_requests_owed"] <= 5
+        trained, sampled = r["env_steps_trained"], r["env_steps_sampled"] - algo.learning_started_at[0]
+        assert r["replay_ratio"] == pytest.approx(trained / sampled)
+    finally:
+        algo.stop()
+
+
+def test_replay_ratio_is_zero_before_learning_starts():
+    algo = in_process_config(learning_starts=10_000).build()
+    try:
+        r = algo.train()
+        assert r["env_steps_sampled"] < 10_000 and r["replay_ratio"] == 0.0 and r["env_steps_trained"] == 0
+    finally:
+        algo.stop()
+
+
+def test_priorities_of_a_recreated_shard_are_dropped():
+    """Batches learned after their shard was recreated (empty, a new generation) send no priorities
+    to the new shard, whose slots hold other rows or none; the owed requests go to it again."""
+    algo = in_process_config(resources={"num_workers": 0, "num_envs_per_worker": 4, "num_replay_shards": 1},
+                             learner_queue_size=4, max_weight_sync_delay=10**9).build()
+    try:
+        train_until(algo, lambda r: r["num_learner_updates"] >= 2, 400, 60)
+        with algo.learner_thread.lock:  # the learner stops between two steps; batches wait in its queue
+            for _ in range(4):
+                algo.train()
+            queued = algo.learner_thread.inqueue.qsize()
+            assert queued >= 1 and algo.shards.generation(0) == 0
+            algo.shards.restart(0)
+        assert algo.shards.generation(0) == 1
+        new = algo.shards.actors[0]
+        r = train_until(algo, lambda r: new.stats()["updated"] > 0, 400, 60)
+        assert r["num_stale_priority_batches"] >= queued
+        assert r["num_replay_shard_restarts"] == 1
+        stats = new.stats()
+        # every priority the new shard got belongs to a batch sampled from it
+        assert stats["updated"] + stats["stale"] <= stats["sampled"]
+        assert r["replay_ratio"] > 0
+    finally:
+        algo.stop()
+
+
 # ---- on Ray: 2 rollout actors, 2 replay shards ------------------------------------------
 @pytest.fixture(scope="module")
 def apex_on_ray(ray_cluster):
@@ -109,6 +186,9 @@ def test_learns_cartpole_with_two_workers_and_two_shards(apex_on_ray):
     assert best >= 150, f"mean return {best:.1f} after {r['env_steps_sampled']} steps, {r['time_total_s']:.0f} s"
     assert r["num_worker_restarts"] == 0 and r["num_replay_shard_restarts"] == 0
     assert r["env_steps_trained"] > 0 and r["num_learner_updates"] * 256 >= r["env_steps_trained"]
+    # the preset's intensity 8 holds on Ray too: the learner sets the pace, sampling waits for it
+    assert r["replay_ratio"] == pytest.approx(8.0, rel=0.15), r
+    assert r["num_replay_batches_dropped"] == 0
     # the target net is refreshed every 25,600 trained steps = every 100 updates of 256 rows (+-1: read racily)
     assert abs(r["num_target_updates"] - r["num_learner_updates"] // 100) <= 1
     sizes = [s["size"] for s in algo.shards.foreach("stats")]
@@ -128,6 +208,8 @@ def test_a_killed_replay_shard_is_recreated_empty_and_training_continues(apex_on
     r = train_until(algo, lambda r: r["num_replay_shard_restarts"] >= 1, 30, 60)
     assert r["num_replay_shard_restarts"] == r0["num_replay_shard_restarts"] + 1
     assert algo.shards.actors[0] is not old
+    assert (algo.shards.generation(0), algo.shards.generation(1)) == (1, 0)  # priorities for shard 0 batches
+    # sampled before this are dropped (num_stale_priority_batches), not sent to the new, empty shard
     # Keep training: the rollout actors got the new shard's handle and refill it.
     trained = r["env_steps_trained"]
     # A recreated shard starts a fresh process (seconds on a loaded machine) before the adds reach it.

@@ -8,10 +8,18 @@ Data flow (DESIGN.md, "Ape-X"): rollout actor i of N explores with epsilon
 itself and pushes each batch straight into a random replay shard. Replay shards are actors
 on the driver's node. The driver keeps up to 4 sample requests in flight per actor,
 refreshes an actor's weights once it has sampled ``max_weight_sync_delay`` steps since its
-last refresh (one object-store put), asks random shards for ``round(collected / batch *
-intensity)`` replay batches, feeds the ready ones to the learner thread without blocking,
-and sends each batch's new priorities back to its shard. Episode metrics come from the
-third of actors with the lowest epsilon.
+last refresh (one object-store put), asks shards for replay batches at the training
+intensity, feeds the ready ones to the learner thread without blocking, and sends each
+batch's new priorities back to its shard. Episode metrics come from the third of actors with
+the lowest epsilon.
+
+Training intensity: as in the reference, sampled env steps accumulate until a train batch's
+worth has come in, which then owes ``collected / train_batch_size * training_intensity``
+replay requests (the fraction is carried over rather than rounded). Owed requests are never
+dropped: they go out as room appears (learner queue, counting requests in flight; shards
+under their request cap), and one that comes back empty or is lost with a failed shard is
+owed again. While owed requests wait, the learner is behind: no new sample requests go out
+(back-pressure), so trained / sampled stays at ``training_intensity`` (``replay_ratio``).
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from shoal.algorithms.dqn import DQNConfig, build_q_learner, learn_on_replay_bat
 from shoal.batch import Col
 from shoal.config import ResourcesConfig
 from shoal.errors import NodeResourceError
-from shoal.learn.replay_learner import ReplayLearnerThread
+from shoal.learn.replay_learner import ReplayLearnerThread, ReplayResult
 from shoal.rollout import EnvRunner
 from shoal.rollout.policies import EpsilonGreedyQPolicy, apex_epsilon, weights_to_numpy
 from shoal.runtime import make_actor_group
@@ -159,7 +167,11 @@ class ApeX(Algorithm):
         self.steps_since_sync = {i: 0 for i in ids}
         self.broadcast_weights()
         self.num_replay_batches_dropped = 0
-        self._replay_credit = 0
+        self.num_stale_priority_batches = 0  # learned batches whose shard was recreated since: priorities dropped
+        self.learning_started_at: tuple[float, float] | None = None  # (sampled, trained) env steps then
+        self._steps_not_owed = 0  # sampled env steps not yet turned into owed replay requests
+        self._owed = 0.0  # replay requests owed (the fraction of one included)
+        self._replay_in_flight = 0  # replay requests sent and not yet returned, as this driver counts them
 
     def _learn_on_batch(self, batch):
         return learn_on_replay_batch(self.learner, batch, self.config, self.learn_state)
@@ -173,8 +185,10 @@ class ApeX(Algorithm):
     def training_step(self) -> dict[str, Any]:
         cfg: ApeXConfig = self.config
         self.learner_thread.check()
+        held = self._owed >= 1  # back-pressure: the learner is behind, sample nothing new
         with self.timers.time("sample"):
-            self.env_runners.submit("sample_into_replay")
+            if not held:
+                self.env_runners.submit("sample_into_replay")
             ready = self.env_runners.fetch_ready(timeout_s=0.01)
             collected = self.record_actor_rollouts(ready)
         with self.timers.time("sync_weights"):
@@ -185,20 +199,17 @@ class ApeX(Algorithm):
                 self.env_runners.foreach("set_weights", ref, actor_ids=stale, wait=False)
                 for i in stale:
                     self.steps_since_sync[i] = 0
-        if self.counters["env_steps_sampled"] >= cfg.learning_starts:
+        sampled = self.counters["env_steps_sampled"]
+        if self.learning_started_at is None and sampled >= cfg.learning_starts:
+            self.learning_started_at = (sampled, self.counters["env_steps_trained"])  # steps sampled from here owe replay
+        elif self.learning_started_at is not None:
+            self._owe_replay(collected)
+        if self.learning_started_at is not None:
             with self.timers.time("replay"):
-                n_req = self._replay_requests_due(collected)
-                for sid in self.rng.choice(self.shards.actor_ids, size=n_req):
-                    self.shards.submit("sample", cfg.train_batch_size, actor_ids=[int(sid)])
-                for sid, batch in self.shards.fetch_ready(timeout_s=0.0):
-                    if batch is not None and not self.learner_thread.add(sid, batch):
-                        self.num_replay_batches_dropped += 1
+                self._request_replay()
+                self._queue_replayed()
         with self.timers.time("update_priorities"):
-            stats = {}
-            for sid, indices, priorities, count, stats in self.learner_thread.drain():
-                if sid in self.shards.actor_ids:
-                    self.shards.foreach("update_priorities", indices, priorities, actor_ids=[sid], wait=False)
-                self.counters["env_steps_trained"] += count
+            stats = self._send_priorities(self.learner_thread.drain(timeout_s=0.01 if held and not ready else 0.0))
         self._resync_restarted_shards()
         return {**{f"learner/{k}": v for k, v in stats.items()}, **self.replay_metrics()}
 
@@ -207,20 +218,72 @@ class ApeX(Algorithm):
         result["learner_busy_fraction"] = self.learner_thread.busy_fraction()  # over this iteration
         return result
 
-    def _replay_requests_due(self, collected: int) -> int:
-        """``round(collected / batch * intensity)`` (at least 1) per round of results, as credit.
-
-        Requests that would overflow the learner queue (counting those in flight) wait as credit
-        for the next step instead of being dropped; credit is capped at two queues' worth.
-        """
+    # ---- training intensity ---------------------------------------------------------------
+    def _owe_replay(self, collected: int) -> None:
+        """Like the reference: once a train batch's worth of sampled steps has come in, it owes
+        ``steps / train_batch_size * training_intensity`` requests (the fraction is kept)."""
         cfg: ApeXConfig = self.config
-        if collected:
-            self._replay_credit += max(1, round(collected / cfg.train_batch_size * cfg.training_intensity))
-        self._replay_credit = min(self._replay_credit, 2 * cfg.learner_queue_size)
+        self._steps_not_owed += collected
+        if self._steps_not_owed >= cfg.train_batch_size:
+            self._owed += self._steps_not_owed / cfg.train_batch_size * cfg.training_intensity
+            self._steps_not_owed = 0
+
+    def _request_replay(self) -> None:
+        """Send owed requests while the learner queue (counting requests in flight) has room,
+        each to a random shard under its request cap; the rest stay owed."""
+        cfg: ApeXConfig = self.config
         room = cfg.learner_queue_size - self.learner_thread.inqueue.qsize() - self.shards.num_in_flight()
-        n = max(0, min(self._replay_credit, room))
-        self._replay_credit -= n
-        return n
+        n = min(int(self._owed), room)
+        if n <= 0:
+            return
+        free = {sid: self.shards.max_in_flight - self.shards.num_in_flight(sid) for sid in self.shards.actor_ids}
+        for _ in range(n):
+            open_ids = [sid for sid, f in free.items() if f > 0]
+            if not open_ids:
+                return
+            sid = open_ids[int(self.rng.integers(len(open_ids)))]
+            if self.shards.submit("sample", cfg.train_batch_size, actor_ids=[sid]):
+                free[sid] -= 1
+                self._owed -= 1
+                self._replay_in_flight += 1
+            else:
+                free[sid] = 0
+
+    def _queue_replayed(self) -> None:
+        """Hand the replayed batches that are ready to the learner; an empty shard's answer, a
+        full queue or a request lost with a failed shard owes the request again."""
+        ready = self.shards.fetch_ready(timeout_s=0.0)
+        in_flight = self.shards.num_in_flight()
+        self._owed += max(0, self._replay_in_flight - len(ready) - in_flight)  # lost with a recreated shard
+        self._replay_in_flight = in_flight
+        for sid, batch in ready:
+            if batch is None:
+                self._owed += 1
+            elif not self.learner_thread.add(sid, batch, self.shards.generation(sid)):
+                self.num_replay_batches_dropped += 1
+                self._owed += 1
+
+    def _send_priorities(self, results: list[ReplayResult]) -> dict[str, float]:
+        """Count trained steps; send new priorities to each batch's shard unless it was recreated
+        since the batch was sampled (its slots now hold other rows, or none)."""
+        stats: dict[str, float] = {}
+        for r in results:
+            self.counters["env_steps_trained"] += r.env_steps
+            stats = r.stats
+            if r.shard_id in self.shards.actor_ids and r.generation == self.shards.generation(r.shard_id):
+                self.shards.foreach("update_priorities", r.indices, r.priorities, r.row_ids, actor_ids=[r.shard_id],
+                                    wait=False)
+            else:
+                self.num_stale_priority_batches += 1
+        return stats
+
+    def replay_ratio(self) -> float:
+        """Env steps trained per env step sampled since learning started (0 before)."""
+        if self.learning_started_at is None:
+            return 0.0
+        sampled0, trained0 = self.learning_started_at
+        sampled = self.counters["env_steps_sampled"] - sampled0
+        return (self.counters["env_steps_trained"] - trained0) / sampled if sampled > 0 else 0.0
 
     def record_actor_rollouts(self, ready) -> int:
         """Count every actor's steps; report episodes only from the lowest-epsilon third."""
@@ -241,14 +304,20 @@ class ApeX(Algorithm):
 
     def replay_metrics(self) -> dict[str, Any]:
         t = self.learner_thread
-        return {"learner_queue_size": t.inqueue.qsize(),
+        return {"learner_queue_size": t.inqueue.qsize(), "replay_ratio": self.replay_ratio(),
+                "num_replay_requests_owed": int(self._owed),
                 "num_learner_updates": t.num_updates, "num_replay_batches_dropped": self.num_replay_batches_dropped,
+                "num_stale_priority_batches": self.num_stale_priority_batches,
                 "num_replay_shard_restarts": self.shards.num_restarts,
                 "num_target_updates": self.learn_state.get("target_updates", 0)}
 
     def get_state(self) -> dict[str, Any]:
         with self.learner_thread.lock:
             state = {**super().get_state(), "learner": self.learner.get_state(), "learn_state": dict(self.learn_state)}
+            # requests in flight or queued are lost with this process: a restored run owes them again
+            owed = self._owed + self._replay_in_flight + self.learner_thread.inqueue.qsize()
+            state["replay_schedule"] = {"owed": float(owed), "steps_not_owed": int(self._steps_not_owed),
+                                        "learning_started_at": list(self.learning_started_at or ())}
         if self.config.checkpoint_replay:
             state["replay"] = self.shards.foreach("get_state")
         return state
@@ -258,6 +327,11 @@ class ApeX(Algorithm):
         with self.learner_thread.lock:
             self.learner.set_state(state["learner"])
             self.learn_state = dict(state.get("learn_state", {}))
+        schedule = state.get("replay_schedule")
+        if schedule is not None:
+            self._owed, self._steps_not_owed = float(schedule["owed"]), int(schedule["steps_not_owed"])
+            started = schedule["learning_started_at"]
+            self.learning_started_at = (float(started[0]), float(started[1])) if started else None
         if "replay" in state:
             for sid, s in zip(self.shards.actor_ids, state["replay"]):
                 self.shards.call(sid, "set_state", s)
