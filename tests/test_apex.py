@@ -159,6 +159,70 @@ def test_priorities_of_a_recreated_shard_are_dropped():
         algo.stop()
 
 
+# ---- Ape-X keys inherited from DQN ------------------------------------------------------
+def test_uniform_replay_and_no_worker_side_priorities():
+    algo = in_process_config(prioritized_replay=False).build()
+    try:
+        r = train_until(algo, lambda r: r["num_learner_updates"] >= 4, 400, 60)
+        stats = algo.shards.foreach("stats")
+        assert all("max_priority" not in s for s in stats)  # uniform buffers
+        assert sum(s["updated"] for s in stats) == 0  # no priorities are sent back
+        assert r["env_steps_trained"] > 0 and np.isfinite(r["learner/loss"])
+        batch = algo.shards.call(0, "sample", 16)
+        np.testing.assert_array_equal(batch[Col.WEIGHTS], np.ones(16, np.float32))
+    finally:
+        algo.stop()
+    for worker_side in (True, False):  # prioritized, learning not started: the stored priorities are the workers' or the max
+        algo = in_process_config(worker_side_prioritization=worker_side, learning_starts=10_000).build()
+        try:
+            algo.train()
+            batch, _ = algo.env_runners.call(0, "sample")
+            assert (Col.PRIORITIES in batch) is worker_side
+            stored = np.concatenate([s.buffer.priorities() for s in algo.shards.actors.values()])
+            assert len(stored) > 0 and (len(np.unique(stored)) > 1) is worker_side
+        finally:
+            algo.stop()
+
+
+def test_beta_is_annealed_and_sent_with_every_sample_request(monkeypatch):
+    from shoal.replay import ReplayShard
+
+    betas: list[tuple[float, float]] = []
+    algo = in_process_config(prioritized_replay_beta=0.4, final_prioritized_replay_beta=1.0,
+                             beta_annealing_steps=2000).build()
+    sample = ReplayShard.sample
+
+    def recording(shard, n, beta=None):
+        betas.append((algo.counters["env_steps_sampled"], beta))
+        return sample(shard, n, beta)
+
+    monkeypatch.setattr(ReplayShard, "sample", recording)
+    try:
+        run_until_sampled(algo, 2500)
+        assert betas
+        for sampled, beta in betas:  # linear from 0.4 to 1.0 over the first 2000 sampled steps
+            assert beta == pytest.approx(0.4 + 0.6 * min(1.0, sampled / 2000))
+        assert betas[0][1] < 0.6 and betas[-1][1] == 1.0
+    finally:
+        algo.stop()
+
+
+def test_lr_schedule_moves_with_sampled_env_steps():
+    algo = in_process_config(lr_schedule=[[0, 1e-3], [2000, 1e-4]]).build()
+    try:
+        r = algo.train()
+        assert algo.learner.lr == 1e-3  # learning has not started: the schedule's start
+        while r["env_steps_sampled"] < 1000:
+            r = algo.train()
+        expected = float(np.interp(r["env_steps_sampled"], [0, 2000], [1e-3, 1e-4]))
+        assert r["learner/lr"] == pytest.approx(expected)
+        assert algo.learner.optimizer.param_groups[0]["lr"] == pytest.approx(expected)
+        r = run_until_sampled(algo, 2500)
+        assert r["learner/lr"] == pytest.approx(1e-4) and algo.learner.optimizer.param_groups[0]["lr"] == pytest.approx(1e-4)
+    finally:
+        algo.stop()
+
+
 # ---- on Ray: 2 rollout actors, 2 replay shards ------------------------------------------
 @pytest.fixture(scope="module")
 def apex_on_ray(ray_cluster):

@@ -116,7 +116,7 @@ class ApeXRunner(EnvRunner):
 
     def sample_into_replay(self):
         batch, metrics = self.sample()
-        priorities = batch.data.pop(Col.PRIORITIES)
+        priorities = batch.data.pop(Col.PRIORITIES, None)  # None without worker-side prioritization
         if self.shards:
             self.shards[int(self.rng.integers(len(self.shards)))].add(batch, priorities)
         return metrics
@@ -136,7 +136,7 @@ class ApeX(Algorithm):
         seed = cfg.seed
 
         def shard_ctor(i: int):
-            return (per_shard,), {"prioritized": True, "alpha": cfg.prioritized_replay_alpha, "beta": cfg.prioritized_replay_beta,
+            return (per_shard,), {"prioritized": cfg.prioritized_replay, "alpha": cfg.prioritized_replay_alpha, "beta": cfg.prioritized_replay_beta,
                                   "eps": cfg.prioritized_replay_eps, "seed": None if seed is None else seed + 7 * i}
 
         from shoal.replay import ReplayShard
@@ -152,7 +152,8 @@ class ApeX(Algorithm):
                                 "lower resources.replay_shard_cpus (0 shares the driver's CPUs), or set "
                                 "resources.replay_shards_on_driver_node to false to place them on any node.") from None
         self._shard_restarts_seen = 0
-        postprocess = functools.partial(n_step_postprocess, n_step=cfg.n_step, gamma=cfg.gamma, priorities=True)
+        postprocess = functools.partial(n_step_postprocess, n_step=cfg.n_step, gamma=cfg.gamma,
+                                        priorities=cfg.worker_side_prioritization and cfg.prioritized_replay)
         self.env_runners = self.make_env_runners(EpsilonGreedyQPolicy, postprocess, cfg.fragment_length(),
                                                  max_in_flight=cfg.max_requests_in_flight_per_worker, runner_cls=ApeXRunner)
         n = len(self.env_runners.actor_ids)
@@ -206,7 +207,10 @@ class ApeX(Algorithm):
             self._owe_replay(collected)
         if self.learning_started_at is not None:
             with self.timers.time("replay"):
-                self._request_replay()
+                if cfg.lr_schedule:
+                    with self.learner_thread.lock:
+                        self.learner.set_env_steps(sampled)
+                self._request_replay(cfg.beta(sampled))
                 self._queue_replayed()
         with self.timers.time("update_priorities"):
             stats = self._send_priorities(self.learner_thread.drain(timeout_s=0.01 if held and not ready else 0.0))
@@ -228,7 +232,7 @@ class ApeX(Algorithm):
             self._owed += self._steps_not_owed / cfg.train_batch_size * cfg.training_intensity
             self._steps_not_owed = 0
 
-    def _request_replay(self) -> None:
+    def _request_replay(self, beta: float) -> None:
         """Send owed requests while the learner queue (counting requests in flight) has room,
         each to a random shard under its request cap; the rest stay owed."""
         cfg: ApeXConfig = self.config
@@ -242,7 +246,7 @@ class ApeX(Algorithm):
             if not open_ids:
                 return
             sid = open_ids[int(self.rng.integers(len(open_ids)))]
-            if self.shards.submit("sample", cfg.train_batch_size, actor_ids=[sid]):
+            if self.shards.submit("sample", cfg.train_batch_size, beta, actor_ids=[sid]):
                 free[sid] -= 1
                 self._owed -= 1
                 self._replay_in_flight += 1
@@ -270,6 +274,8 @@ class ApeX(Algorithm):
         for r in results:
             self.counters["env_steps_trained"] += r.env_steps
             stats = r.stats
+            if not self.config.prioritized_replay:
+                continue
             if r.shard_id in self.shards.actor_ids and r.generation == self.shards.generation(r.shard_id):
                 self.shards.foreach("update_priorities", r.indices, r.priorities, r.row_ids, actor_ids=[r.shard_id],
                                     wait=False)
@@ -309,7 +315,7 @@ class ApeX(Algorithm):
                 "num_learner_updates": t.num_updates, "num_replay_batches_dropped": self.num_replay_batches_dropped,
                 "num_stale_priority_batches": self.num_stale_priority_batches,
                 "num_replay_shard_restarts": self.shards.num_restarts,
-                "num_target_updates": self.learn_state.get("target_updates", 0)}
+                "num_target_updates": self.learn_state.get("target_updates", 0), "learner/lr": self.learner.lr}
 
     def get_state(self) -> dict[str, Any]:
         with self.learner_thread.lock:
