@@ -19,7 +19,8 @@ replay requests (the fraction is carried over rather than rounded). Owed request
 dropped: they go out as room appears (learner queue, counting requests in flight; shards
 under their request cap), and one that comes back empty or is lost with a failed shard is
 owed again. While owed requests wait, the learner is behind: no new sample requests go out
-(back-pressure), so trained / sampled stays at ``training_intensity`` (``replay_ratio``).
+(back-pressure), so trained / sampled stays at ``training_intensity`` (``replay_ratio``);
+except after an empty answer, since an empty (e.g. recreated) shard fills only by sampling.
 """
 
 from __future__ import annotations
@@ -173,6 +174,7 @@ class ApeX(Algorithm):
         self._steps_not_owed = 0  # sampled env steps not yet turned into owed replay requests
         self._owed = 0.0  # replay requests owed (the fraction of one included)
         self._replay_in_flight = 0  # replay requests sent and not yet returned, as this driver counts them
+        self._shard_was_empty = False  # the last replay answer was None
 
     def _learn_on_batch(self, batch):
         return learn_on_replay_batch(self.learner, batch, self.config, self.learn_state)
@@ -186,7 +188,9 @@ class ApeX(Algorithm):
     def training_step(self) -> dict[str, Any]:
         cfg: ApeXConfig = self.config
         self.learner_thread.check()
-        held = self._owed >= 1  # back-pressure: the learner is behind, sample nothing new
+        # back-pressure: requests are owed because the learner is behind; sample nothing new (unless
+        # a shard answered empty: it fills only by sampling, e.g. a recreated one)
+        held = self._owed >= 1 and not self._shard_was_empty
         with self.timers.time("sample"):
             if not held:
                 self.env_runners.submit("sample_into_replay")
@@ -261,6 +265,7 @@ class ApeX(Algorithm):
         self._owed += max(0, self._replay_in_flight - len(ready) - in_flight)  # lost with a recreated shard
         self._replay_in_flight = in_flight
         for sid, batch in ready:
+            self._shard_was_empty = batch is None
             if batch is None:
                 self._owed += 1
             elif not self.learner_thread.add(sid, batch, self.shards.generation(sid)):
