@@ -275,8 +275,8 @@ def test_learns_cartpole_with_two_workers_and_two_shards(apex_on_ray):
     assert best >= 150, f"mean return {best:.1f} after {r['env_steps_sampled']} steps, {r['time_total_s']:.0f} s"
     assert r["num_worker_restarts"] == 0 and r["num_replay_shard_restarts"] == 0
     assert r["env_steps_trained"] > 0 and r["num_learner_updates"] * 256 >= r["env_steps_trained"]
-    # the preset's intensity 8 holds on Ray too: the learner sets the pace, sampling waits for it
-    assert r["replay_ratio"] == pytest.approx(8.0, rel=0.15), r
+    # the preset's intensity (4) holds on Ray too: the learner sets the pace, sampling waits for it
+    assert r["replay_ratio"] == pytest.approx(algo.config.training_intensity, rel=0.15), r
     assert r["num_replay_batches_dropped"] == 0
     # the target net is refreshed every 25,600 trained steps = every 100 updates of 256 rows (+-1: read racily)
     assert abs(r["num_target_updates"] - r["num_learner_updates"] // 100) <= 1

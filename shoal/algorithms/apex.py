@@ -92,7 +92,7 @@ class ApeXConfig(DQNConfig):
             "resources": {"num_workers": 2, "num_envs_per_worker": 16, "num_cpus_per_worker": 0.5,
                           "num_replay_shards": 2, "replay_shard_cpus": 0.0},
             "rollout_fragment_length": 64, "replay_capacity": 100_000, "learning_starts": 5_000, "train_batch_size": 256,
-            "target_network_update_freq": 25_600, "training_intensity": 8.0, "lr": 1e-3,
+            "target_network_update_freq": 25_600, "training_intensity": 4.0, "lr": 1e-3,
             "max_requests_in_flight_per_worker": 1, "max_replay_requests_in_flight_per_shard": 32,
         }
 
