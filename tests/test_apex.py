@@ -281,7 +281,9 @@ def test_learns_cartpole_with_two_workers_and_two_shards(apex_on_ray):
     # the target net is refreshed every 25,600 trained steps = every 100 updates of 256 rows (+-1: read racily)
     assert abs(r["num_target_updates"] - r["num_learner_updates"] // 100) <= 1
     sizes = [s["size"] for s in algo.shards.foreach("stats")]
-    assert all(s > 0 for s in sizes) and sum(sizes) <= r["env_steps_sampled"]
+    # an actor stores its batch before the driver collects the request's metrics: allow those in flight
+    in_flight = algo.env_runners.num_in_flight() * 64 * 16  # fragment x envs per actor
+    assert all(s > 0 for s in sizes) and sum(sizes) <= r["env_steps_sampled"] + in_flight
 
 
 @pytest.mark.ray
