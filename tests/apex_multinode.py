@@ -28,6 +28,13 @@ def train_until_learning(algo) -> dict:
     return r
 
 
+def wait_until_idle(ray, timeout_s: float = 30.0) -> None:
+    """Until every CPU is free again: a stopped run's actors give theirs back asynchronously."""
+    deadline = time.time() + timeout_s
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0) and time.time() < deadline:
+        time.sleep(0.2)
+
+
 def main() -> dict:
     import ray
     import torch
@@ -69,7 +76,8 @@ def main() -> dict:
         finally:
             algo.stop()
 
-        # 3) shards reserving 1 CPU each, 2 in all: the driver's node has 1
+        # 3) shards reserving 1 CPU each, 2 in all: the driver's node has 1, the other node 2
+        wait_until_idle(ray)  # so that only the other node can hold both
         big = {**base["resources"], "replay_shard_cpus": 1.0, "num_workers": 1}
         try:  # a) pinned there (the default): a clear error at once, not a wait for resources
             ApeXConfig(**(base | {"resources": big})).build()
