@@ -11,7 +11,8 @@ Without ``--config`` the config is ``ApeXConfig.small_machine_preset()`` (what `
 apex`` uses) with iterations of about 1 s. Progress goes to stderr; the last stdout line is one
 JSON object: ``{"benchmark": "apex_cartpole", "solved", "seconds_to_solve",
 "env_steps_to_solve", "sampled_env_steps_per_s", "trained_env_steps_per_s",
-"learner_busy_fraction", ...}``. The throughputs and the busy fraction cover the iterations
+"learner_busy_fraction", "replay_ratio", ...}`` (``replay_ratio``: env steps trained per env step
+sampled since learning started, at the end). The throughputs and the busy fraction cover the iterations
 after learning started (the first iteration that began with ``learning_starts`` steps
 sampled) up to the solve or the budget: steps over those iterations' summed time, and the
 mean of their ``learner_busy_fraction``.
@@ -95,6 +96,7 @@ def child(seed: int, config: str | None, spawn_time: float, budget_s: float) -> 
         learner_updates_per_s=round(learning["updates"] / t, 2) if t else None,
         iterations=result.get("iteration", 0), learning_iterations=len(learning["busy"]),
         wall_seconds=round(time.time() - spawn_time, 2),
+        replay_ratio=round(result["replay_ratio"], 3) if "replay_ratio" in result else None,
         num_replay_batches_dropped=result.get("num_replay_batches_dropped"),
         num_worker_restarts=result.get("num_worker_restarts"),
         num_replay_shard_restarts=result.get("num_replay_shard_restarts"),

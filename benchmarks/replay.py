@@ -6,7 +6,9 @@ int64, reward float32, terminated bool, discount float32), the same alpha (0.6),
 in alternating rounds (shoal, cpprb, shoal, cpprb, ...) of ``--seconds`` each, we count:
 
 * sample+update cycles: ``sample(512, beta)`` then ``update_priorities`` of those 512 slots
-  with new |TD|-like priorities (pre-drawn, the same arrays for both libraries);
+  with new |TD|-like priorities (pre-drawn, the same arrays for both libraries); shoal's
+  update gets the sampled row ids too, as Ape-X sends them (entries whose slot was
+  overwritten since the sample are dropped: here, none are);
 * adds: one batch of 512 rows (with priorities) into the full ring.
 
 Figures are batches per second, the median over rounds. numba kernels are compiled (or
@@ -73,7 +75,7 @@ class Shoal:
 
     def sample_update(self, n: int, priorities: np.ndarray) -> None:
         batch = self.buf.sample(n, BETA)
-        self.buf.update_priorities(batch[Col.INDICES], priorities)
+        self.buf.update_priorities(batch[Col.INDICES], priorities, batch[Col.ROW_IDS])
 
     def __len__(self) -> int:
         return len(self.buf)

@@ -8,6 +8,14 @@ names the key and what is allowed, and suggests the closest valid key for a miss
 
 Overrides come from YAML files and ``key=value`` strings (dotted keys reach into sections:
 ``resources.num_workers=2``).
+
+A config class inherits its parent's keys, and some of them may mean nothing to it (Ape-X's
+fixed per-actor epsilons make DQN's epsilon schedule meaningless). Such a class lists them in
+``unused_keys`` (key -> why), which every section and config has: giving one (constructor,
+YAML, ``--set``, assignment) is a ConfigError naming the key, the algorithm and the reason;
+they are left out of ``to_dict()`` (so of config.yaml and checkpoints) and of the valid keys
+that error messages list. The attribute keeps its default for code shared with the parent.
+A checkpoint written before a key was declared unused still loads (``without_unused``).
 """
 
 from __future__ import annotations
@@ -26,11 +34,27 @@ EnvSpec = Union[str, Callable[..., Any]]
 
 
 class Section(BaseModel):
-    """A config section: strict keys, validated on assignment too."""
+    """A config section: strict keys, validated on assignment too; ``unused_keys`` refused."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    unused_keys: ClassVar[dict[str, str]] = {}  # inherited key -> why this class does not use it
+
+    def __init__(self, **data: Any) -> None:
+        given = unused_keys_given(type(self), data)
+        if given:
+            raise ConfigError(f"Invalid {type(self).__name__}: " + " ".join(given))
+        super().__init__(**data)
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        strays = sorted(set(cls.unused_keys) - set(cls.model_fields))
+        if strays:
+            raise TypeError(f"{cls.__name__}.unused_keys names {strays}, which are not fields of {cls.__name__}")
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name in type(self).unused_keys:
+            raise ConfigError(f"Invalid {type(self).__name__}: {_unused_message(type(self), name)}")
         missing = object()
         old = self.__dict__.get(name, missing)
         try:
@@ -149,8 +173,8 @@ class AlgorithmConfig(Section):
         return env_spec_name(self.env)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data (YAML/JSON-safe); a callable env becomes its import path."""
-        d = self.model_dump(mode="python")
+        """Plain data (YAML/JSON-safe), less unused keys; a callable env becomes its import path."""
+        d = self.model_dump(mode="python", exclude=_unused_tree(type(self)) or None)
         d["env"] = env_spec_to_str(self.env)
         d["lr_schedule"] = [list(p) for p in self.lr_schedule] if self.lr_schedule else None
         return d
@@ -161,6 +185,12 @@ class AlgorithmConfig(Section):
     def copy_with(self, overrides: dict[str, Any]) -> "AlgorithmConfig":
         """A new validated config with nested overrides applied (``{"resources": {...}}``)."""
         return type(self).from_dict(deep_merge(self.to_dict(), overrides))
+
+    @classmethod
+    def without_unused(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` less the keys this class declares unused, sections included: for a config
+        saved before they were declared (a checkpoint's), on which they never had an effect."""
+        return _drop_unused(cls, data)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "AlgorithmConfig":
@@ -244,28 +274,77 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+# ---- unused keys -----------------------------------------------------------------------
+def _section_type(model: type[BaseModel], key: str) -> type[BaseModel] | None:
+    field = model.model_fields.get(key)
+    ann = getattr(field, "annotation", None) if field else None
+    return ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+
+
+def used_keys(model: type[BaseModel]) -> list[str]:
+    """The fields of ``model`` less its ``unused_keys``."""
+    unused = getattr(model, "unused_keys", {})
+    return [k for k in model.model_fields if k not in unused]
+
+
+def _unused_message(model: type[BaseModel], key: str, prefix: str = "", owner: str = "") -> str:
+    owner = owner or getattr(model, "algo", "") or model.__name__
+    return f"Config key '{prefix}{key}' is not used by {owner}, so it may not be set: {model.unused_keys[key]}."
+
+
+def unused_keys_given(model: type[BaseModel], data: dict[str, Any], prefix: str = "", owner: str = "") -> list[str]:
+    """One message per unused key in ``data`` (nested section dicts included)."""
+    owner = owner or getattr(model, "algo", "")
+    out = []
+    for key, value in data.items():
+        if key in getattr(model, "unused_keys", {}):
+            out.append(_unused_message(model, key, prefix, owner))
+        elif isinstance(value, dict) and (sub := _section_type(model, key)) is not None:
+            out.extend(unused_keys_given(sub, value, f"{prefix}{key}.", owner))
+    return out
+
+
+def _unused_tree(model: type[BaseModel]) -> dict[str, Any]:
+    """``model_dump(exclude=...)`` form of the unused keys: ``{key: True, section: {...}}``."""
+    out: dict[str, Any] = {k: True for k in getattr(model, "unused_keys", {})}
+    for key in used_keys(model):
+        sub = _section_type(model, key)
+        if sub is not None and (inner := _unused_tree(sub)):
+            out[key] = inner
+    return out
+
+
+def _drop_unused(model: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in data.items():
+        if key in getattr(model, "unused_keys", {}):
+            continue
+        sub = _section_type(model, key)
+        out[key] = _drop_unused(sub, value) if sub is not None and isinstance(value, dict) else value
+    return out
+
+
 # ---- error formatting -------------------------------------------------------------------
 def _fields_of(model: type[BaseModel], loc: tuple) -> tuple[type[BaseModel] | None, str]:
     """Walk ``loc`` (minus its last part) through nested sections; return the model and a dotted prefix."""
     prefix = []
     for part in loc[:-1]:
-        field = model.model_fields.get(str(part))
-        ann = getattr(field, "annotation", None) if field else None
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            model = ann
-            prefix.append(str(part))
-        else:
+        sub = _section_type(model, str(part))
+        if sub is None:
             return None, ".".join(prefix)
+        model = sub
+        prefix.append(str(part))
     return model, ".".join(prefix)
 
 
 def all_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every key that may be set, dotted into sections (unused keys left out)."""
     keys = []
-    for name, field in model.model_fields.items():
+    for name in used_keys(model):
         keys.append(prefix + name)
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            keys.extend(all_keys(ann, prefix + name + "."))
+        sub = _section_type(model, name)
+        if sub is not None:
+            keys.extend(all_keys(sub, prefix + name + "."))
     return keys
 
 
@@ -277,7 +356,7 @@ def format_validation_error(model: type[BaseModel], err: ValidationError) -> str
         dotted = ".".join(str(p) for p in loc)
         if e["type"] in ("extra_forbidden", "no_such_attribute"):  # unknown key at construction / assignment
             sub, prefix = _fields_of(model, loc)
-            valid = list(sub.model_fields) if sub else []
+            valid = used_keys(sub) if sub else []
             key = str(loc[-1]) if loc else "?"
             close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
             anywhere = [k for k in all_keys(model) if k.split(".")[-1] == key]
@@ -301,6 +380,7 @@ def format_validation_error(model: type[BaseModel], err: ValidationError) -> str
 
 __all__ = [
     "AlgorithmConfig",
+    "Section",
     "ResourcesConfig",
     "ModelConfig",
     "EvaluationConfig",

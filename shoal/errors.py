@@ -27,6 +27,10 @@ class ResourceError(ShoalError):
     """The cluster cannot supply the CPUs/GPUs the config asks for."""
 
 
+class NodeResourceError(ResourceError):
+    """Actors pinned to one node need more than that node has, however large the cluster."""
+
+
 class WorkerError(ShoalError):
     """A rollout actor kept failing past the allowed number of restarts."""
 

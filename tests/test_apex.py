@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from shoal.algorithms.apex import ApeXConfig
+from shoal.batch import Col
 from shoal.learn.threads import LearnerThreadError
 
 torch.set_num_threads(1)
@@ -82,6 +83,171 @@ def test_a_dying_learner_thread_raises_in_train_with_its_traceback():
         algo.stop()
 
 
+def run_until_sampled(algo, steps: int, max_s: float = 120) -> dict:
+    """Train until ``steps`` env steps were sampled after learning started."""
+    start = algo.config.learning_starts
+    return train_until(algo, lambda r: r["env_steps_sampled"] - start >= steps, 100_000, max_s)
+
+
+def slow_learner(algo, seconds: float) -> None:
+    """Each SGD step also sleeps: the learner, not sampling, is the bottleneck."""
+    learn = algo._learn_on_batch
+
+    def slow(batch):
+        time.sleep(seconds)
+        return learn(batch)
+
+    algo.learner_thread.learn_fn = slow
+
+
+@pytest.mark.parametrize("case", ["steady", "shard_request_cap", "slow_learner"])
+def test_replay_ratio_holds_the_training_intensity(case):
+    """trained / sampled since learning started stays at training_intensity: owed replay requests
+    are never lost (a shard at its request cap, a learner that lags) and a lagging learner holds
+    sampling back instead of letting the ratio drift down."""
+    kw = {"learner_queue_size": 8}
+    if case == "shard_request_cap":
+        kw["max_replay_requests_in_flight_per_shard"] = 1  # 2 shards take 2 of the 4 requests each step owes
+    algo = in_process_config(**kw).build()
+    if case == "slow_learner":
+        slow_learner(algo, 0.004)
+    try:
+        r = run_until_sampled(algo, 5000)
+        assert r["env_steps_sampled"] - algo.config.learning_starts >= 5000
+        assert r["replay_ratio"] == pytest.approx(2.0, rel=0.15), r
+        assert r["num_replay_batches_dropped"] == 0
+        # owed work stays bounded: at most what one sampling round owes (64 steps -> 4) beyond one request
+        assert r["num_replay_requests_owed"] <= 5
+        trained, sampled = r["env_steps_trained"], r["env_steps_sampled"] - algo.learning_started_at[0]
+        assert r["replay_ratio"] == pytest.approx(trained / sampled)
+    finally:
+        algo.stop()
+
+
+def test_a_checkpoint_keeps_the_owed_replay_work(tmp_path):
+    """Requests owed, in flight or queued at save time are owed again by the restored run."""
+    from shoal.algorithms.base import Algorithm
+
+    algo = in_process_config(learner_queue_size=8).build()
+    try:
+        run_until_sampled(algo, 1000)
+        algo.learner_thread.stop()  # nothing is learned from here: this step's replay requests stay pending
+        algo.train()
+        pending = algo._owed + algo._replay_in_flight + algo.learner_thread.inqueue.qsize()
+        started = algo.learning_started_at
+        path = algo.save(tmp_path / "apex")
+    finally:
+        algo.stop()
+    again = Algorithm.from_checkpoint(path)
+    try:
+        assert again.learning_started_at == started and again._owed == pytest.approx(pending) and pending > 0
+        r = run_until_sampled(again, 4000)
+        assert r["replay_ratio"] == pytest.approx(2.0, rel=0.15)  # counted over both runs
+    finally:
+        again.stop()
+
+
+def test_replay_ratio_is_zero_before_learning_starts():
+    algo = in_process_config(learning_starts=10_000).build()
+    try:
+        r = algo.train()
+        assert r["env_steps_sampled"] < 10_000 and r["replay_ratio"] == 0.0 and r["env_steps_trained"] == 0
+    finally:
+        algo.stop()
+
+
+def test_priorities_of_a_recreated_shard_are_dropped():
+    """Batches learned after their shard was recreated (empty, a new generation) send no priorities
+    to the new shard, whose slots hold other rows or none; the owed requests go to it again."""
+    algo = in_process_config(resources={"num_workers": 0, "num_envs_per_worker": 4, "num_replay_shards": 1},
+                             learner_queue_size=4, max_weight_sync_delay=10**9).build()
+    try:
+        train_until(algo, lambda r: r["num_learner_updates"] >= 2, 400, 60)
+        with algo.learner_thread.lock:  # the learner stops between two steps; batches wait in its queue
+            for _ in range(4):
+                algo.train()
+            queued = algo.learner_thread.inqueue.qsize()
+            assert queued >= 1 and algo.shards.generation(0) == 0
+            algo.shards.restart(0)
+        assert algo.shards.generation(0) == 1
+        new = algo.shards.actors[0]
+        trained = algo.counters["env_steps_trained"]
+        # requests owed to the empty shard come back empty: sampling must go on and refill it
+        r = train_until(algo, lambda r: new.stats()["updated"] > 0, 400, 60)
+        assert r["num_stale_priority_batches"] >= queued
+        assert r["num_replay_shard_restarts"] == 1
+        stats = new.stats()
+        assert stats["size"] > 0 and stats["updated"] > 0 and r["env_steps_trained"] > trained
+        # every priority the new shard got belongs to a batch sampled from it
+        assert stats["updated"] + stats["stale"] <= stats["sampled"]
+    finally:
+        algo.stop()
+
+
+# ---- Ape-X keys inherited from DQN ------------------------------------------------------
+def test_uniform_replay_and_no_worker_side_priorities():
+    algo = in_process_config(prioritized_replay=False).build()
+    try:
+        r = train_until(algo, lambda r: r["num_learner_updates"] >= 4, 400, 60)
+        stats = algo.shards.foreach("stats")
+        assert all("max_priority" not in s for s in stats)  # uniform buffers
+        assert sum(s["updated"] for s in stats) == 0  # no priorities are sent back
+        assert r["env_steps_trained"] > 0 and np.isfinite(r["learner/loss"])
+        batch = algo.shards.call(0, "sample", 16)
+        np.testing.assert_array_equal(batch[Col.WEIGHTS], np.ones(16, np.float32))
+    finally:
+        algo.stop()
+    for worker_side in (True, False):  # prioritized, learning not started: the stored priorities are the workers' or the max
+        algo = in_process_config(worker_side_prioritization=worker_side, learning_starts=10_000).build()
+        try:
+            algo.train()
+            batch, _ = algo.env_runners.call(0, "sample")
+            assert (Col.PRIORITIES in batch) is worker_side
+            stored = np.concatenate([s.buffer.priorities() for s in algo.shards.actors.values()])
+            assert len(stored) > 0 and (len(np.unique(stored)) > 1) is worker_side
+        finally:
+            algo.stop()
+
+
+def test_beta_is_annealed_and_sent_with_every_sample_request(monkeypatch):
+    from shoal.replay import ReplayShard
+
+    betas: list[tuple[float, float]] = []
+    algo = in_process_config(prioritized_replay_beta=0.4, final_prioritized_replay_beta=1.0,
+                             beta_annealing_steps=2000).build()
+    sample = ReplayShard.sample
+
+    def recording(shard, n, beta=None):
+        betas.append((algo.counters["env_steps_sampled"], beta))
+        return sample(shard, n, beta)
+
+    monkeypatch.setattr(ReplayShard, "sample", recording)
+    try:
+        run_until_sampled(algo, 2500)
+        assert betas
+        for sampled, beta in betas:  # linear from 0.4 to 1.0 over the first 2000 sampled steps
+            assert beta == pytest.approx(0.4 + 0.6 * min(1.0, sampled / 2000))
+        assert betas[0][1] < 0.6 and betas[-1][1] == 1.0
+    finally:
+        algo.stop()
+
+
+def test_lr_schedule_moves_with_sampled_env_steps():
+    algo = in_process_config(lr_schedule=[[0, 1e-3], [2000, 1e-4]]).build()
+    try:
+        r = algo.train()
+        assert algo.learner.lr == 1e-3  # learning has not started: the schedule's start
+        while r["env_steps_sampled"] < 1000:
+            r = algo.train()
+        expected = float(np.interp(r["env_steps_sampled"], [0, 2000], [1e-3, 1e-4]))
+        assert r["learner/lr"] == pytest.approx(expected)
+        assert algo.learner.optimizer.param_groups[0]["lr"] == pytest.approx(expected)
+        r = run_until_sampled(algo, 2500)
+        assert r["learner/lr"] == pytest.approx(1e-4) and algo.learner.optimizer.param_groups[0]["lr"] == pytest.approx(1e-4)
+    finally:
+        algo.stop()
+
+
 # ---- on Ray: 2 rollout actors, 2 replay shards ------------------------------------------
 @pytest.fixture(scope="module")
 def apex_on_ray(ray_cluster):
@@ -109,10 +275,15 @@ def test_learns_cartpole_with_two_workers_and_two_shards(apex_on_ray):
     assert best >= 150, f"mean return {best:.1f} after {r['env_steps_sampled']} steps, {r['time_total_s']:.0f} s"
     assert r["num_worker_restarts"] == 0 and r["num_replay_shard_restarts"] == 0
     assert r["env_steps_trained"] > 0 and r["num_learner_updates"] * 256 >= r["env_steps_trained"]
+    # the preset's intensity (4) holds on Ray too: the learner sets the pace, sampling waits for it
+    assert r["replay_ratio"] == pytest.approx(algo.config.training_intensity, rel=0.15), r
+    assert r["num_replay_batches_dropped"] == 0
     # the target net is refreshed every 25,600 trained steps = every 100 updates of 256 rows (+-1: read racily)
     assert abs(r["num_target_updates"] - r["num_learner_updates"] // 100) <= 1
     sizes = [s["size"] for s in algo.shards.foreach("stats")]
-    assert all(s > 0 for s in sizes) and sum(sizes) <= r["env_steps_sampled"]
+    # an actor stores its batch before the driver collects the request's metrics: allow those in flight
+    in_flight = algo.env_runners.num_in_flight() * 64 * 16  # fragment x envs per actor
+    assert all(s > 0 for s in sizes) and sum(sizes) <= r["env_steps_sampled"] + in_flight
 
 
 @pytest.mark.ray
@@ -128,6 +299,8 @@ def test_a_killed_replay_shard_is_recreated_empty_and_training_continues(apex_on
     r = train_until(algo, lambda r: r["num_replay_shard_restarts"] >= 1, 30, 60)
     assert r["num_replay_shard_restarts"] == r0["num_replay_shard_restarts"] + 1
     assert algo.shards.actors[0] is not old
+    assert (algo.shards.generation(0), algo.shards.generation(1)) == (1, 0)  # priorities for shard 0 batches
+    # sampled before this are dropped (num_stale_priority_batches), not sent to the new, empty shard
     # Keep training: the rollout actors got the new shard's handle and refill it.
     trained = r["env_steps_trained"]
     # A recreated shard starts a fresh process (seconds on a loaded machine) before the adds reach it.
@@ -167,7 +340,7 @@ def test_a_killed_rollout_actor_is_recreated_and_training_continues(apex_on_ray)
 
 # ---- a simulated two-node cluster -------------------------------------------------------
 @pytest.mark.ray
-def test_replay_shards_land_on_the_drivers_node_in_a_two_node_cluster():
+def test_replay_shard_placement_in_a_two_node_cluster():
     """In its own process: a ``ray.cluster_utils.Cluster`` needs its own Ray instance."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run([sys.executable, str(HERE / "apex_multinode.py")], capture_output=True, text=True,
@@ -179,4 +352,12 @@ def test_replay_shards_land_on_the_drivers_node_in_a_two_node_cluster():
     assert out["shard_nodes"] == [out["driver_node"]]  # preset: 0-CPU shards, pinned by node affinity
     assert out["shard_nodes_with_cpus"] == [out["driver_node"]]  # 0.5-CPU shards: placement group on that node
     assert out["env_steps_trained"] > 0  # it trains with rollout actors wherever they were placed
-    assert out["unpinned_config_ok"] is True
+    # Shards reserving 2 CPUs in all, more than the driver's 1-CPU node has:
+    # pinned there, the build fails at once and says why and what to change;
+    msg = out["pinned_error"]
+    assert msg and "need 2 CPUs" in msg and "has 1 in total" in msg and out["driver_node"] in msg, msg
+    assert "replay_shard_cpus" in msg and "replay_shards_on_driver_node" in msg, msg
+    # not pinned, they land on the node that can hold them, and Ape-X trains across the two nodes.
+    assert out["unpinned_shard_nodes"] == [out["other_node"]]
+    assert out["unpinned_runner_nodes"] == [out["driver_node"]]  # the 0.5-CPU actor fits only beside the driver
+    assert out["unpinned_env_steps_trained"] > 0

@@ -284,3 +284,139 @@ def test_every_example_config_validates():
         data.pop("stop", None)
         data.pop("algo", None)
         get_config_class(algo)(**data)
+
+
+# ---- inherited keys an algorithm does not use ----------------------------------------------
+# Every declared unused key, by algorithm (dotted into sections). An accepted key must have an
+# effect: these are the inherited ones that have none in that algorithm.
+UNUSED = {
+    "ppo": set(),
+    "dqn": {"model.vf_share_layers", "model.init_log_std"},
+    "apex": {"exploration_initial_eps", "exploration_final_eps", "exploration_timesteps", "model.vf_share_layers",
+             "model.init_log_std"},
+    "impala": set(),
+    "appo": set(),
+    "ddppo": {"train_batch_size", "use_kl_loss", "kl_coeff", "kl_target", "resources.num_gpus"},
+    "alpha_star": {"num_learner_devices", "fake_devices", "num_multi_gpu_tower_stacks", "num_data_load_threads",
+                   "learner_queue_size", "learner_queue_timeout", "minibatch_buffer_size"},
+}
+ENVS = {"alpha_star": "pettingzoo.classic:tictactoe_v3"}
+
+
+def default_config(algo: str):
+    return get_config_class(algo)(env=ENVS.get(algo, "CartPole-v1"))
+
+
+def declared_unused(model, prefix: str = "") -> set[str]:
+    from shoal.config import used_keys
+
+    out = {prefix + k for k in model.unused_keys}
+    for name in used_keys(model):
+        ann = model.model_fields[name].annotation
+        if isinstance(ann, type) and hasattr(ann, "unused_keys"):
+            out |= declared_unused(ann, f"{prefix}{name}.")
+    return out
+
+
+def nested(dotted: str, value) -> dict:
+    head, _, rest = dotted.partition(".")
+    return {head: nested(rest, value) if rest else value}
+
+
+def test_declared_unused_keys_per_algorithm():
+    from shoal.algorithms import REGISTRY
+
+    assert set(REGISTRY) == set(UNUSED)
+    for algo, keys in UNUSED.items():
+        assert declared_unused(get_config_class(algo)) == keys, algo
+
+
+@pytest.mark.parametrize("algo, key", sorted((a, k) for a, keys in UNUSED.items() for k in keys))
+def test_an_unused_key_is_refused_naming_the_key_the_algorithm_and_why(algo, key):
+    cls = get_config_class(algo)
+    c = default_config(algo)
+    *path, leaf = key.split(".")
+    owner = c
+    for part in path:
+        owner = getattr(owner, part)
+    value = getattr(owner, leaf)  # even its default value is refused
+    reason = type(owner).unused_keys[leaf]
+    with pytest.raises(ConfigError) as info:
+        cls(env=ENVS.get(algo, "CartPole-v1"), **nested(key, value))
+    msg = str(info.value)
+    assert "\n" not in msg and f"'{key}'" in msg and f"not used by {algo}" in msg and reason in msg, msg
+    with pytest.raises(ConfigError, match=f"'{leaf}' is not used"):  # assignment, on the config or its section
+        setattr(owner, leaf, value)
+    section = c.to_dict()
+    for part in path:
+        section = section[part]
+    assert leaf not in section
+
+
+@pytest.mark.parametrize("algo", sorted(UNUSED))
+def test_unused_keys_are_not_written_nor_listed_as_valid(algo):
+    from shoal.config import all_keys
+
+    cls = get_config_class(algo)
+    c = default_config(algo)
+    saved = yaml.safe_load(c.to_yaml())  # what config.yaml and checkpoints hold
+    written = {".".join(p) for p in _paths(saved)}
+    assert UNUSED[algo] <= set(declared_unused(cls))
+    assert not UNUSED[algo] & set(all_keys(cls)) and not UNUSED[algo] & written
+    assert set(all_keys(cls)) <= written | {"algo"}  # every other key is written
+    assert cls.from_dict(saved) == c  # the saved config round-trips
+    with pytest.raises(ConfigError) as info:
+        cls(env=ENVS.get(algo, "CartPole-v1"), no_such_key=1)
+    valid = str(info.value).split("Valid keys: ")[1]
+    assert not {k for k in UNUSED[algo] if "." not in k} & set(valid.rstrip(".").split(", "))
+
+
+def _paths(d: dict, prefix=()):
+    for k, v in d.items():
+        yield prefix + (k,)
+        if isinstance(v, dict) and k != "env_config":
+            yield from _paths(v, prefix + (k,))
+
+
+def test_unused_keys_from_set_and_yaml_are_user_errors(tmp_path):
+    from typer.testing import CliRunner
+
+    from shoal.cli import app
+
+    out = tmp_path / "runs"
+    r = CliRunner().invoke(app, ["train", "apex", "--env", "CartPole-v1", "-q", "--out", str(out),
+                                 "--set", "exploration_timesteps=5000"])
+    assert r.exit_code == 2 and "exploration_timesteps" in r.output and "not used by apex" in r.output, r.output
+    path = tmp_path / "ddppo.yaml"
+    path.write_text("algo: ddppo\nenv: CartPole-v1\nkl_coeff: 0.3\n")
+    r = CliRunner().invoke(app, ["train", "ddppo", "-c", str(path), "-q", "--out", str(out)])
+    assert r.exit_code == 2 and "'kl_coeff' is not used by ddppo" in r.output, r.output
+    assert not out.exists()  # nothing started
+
+
+def test_a_checkpoint_saved_with_keys_now_unused_still_loads(tmp_path):
+    """A config written before keys were declared unused (they never had an effect) is read without them."""
+    import json
+
+    from shoal.algorithms.base import Algorithm
+    from shoal.algorithms.dqn import DQNConfig
+
+    c = DQNConfig(env="CartPole-v1", seed=0, learning_starts=0, train_batch_size=8, rollout_fragment_length=4,
+                  model={"hiddens": [8]}, resources={"num_envs_per_worker": 2})
+    algo = c.build()
+    try:
+        algo.train()
+        path = algo.save(tmp_path / "ckpt")
+    finally:
+        algo.stop()
+    meta = json.loads((path / "meta.json").read_text())
+    assert "vf_share_layers" not in meta["config"]["model"]
+    meta["config"]["model"].update(vf_share_layers=False, init_log_std=0.0)  # as earlier versions wrote it
+    (path / "meta.json").write_text(json.dumps(meta))
+    again = Algorithm.from_checkpoint(path)
+    try:
+        assert again.config == c and again.iteration == 1
+    finally:
+        again.stop()
+    with pytest.raises(ConfigError, match="init_log_std"):  # an override is the user's input: refused
+        Algorithm.from_checkpoint(path, overrides={"model": {"init_log_std": 0.5}})

@@ -207,6 +207,7 @@ def test_dead_actor_requests_are_dropped_and_the_new_actor_is_resynced(ray_clust
         assert group.num_dropped_requests == 2
         assert group.call(1, "get_value") == 42
         assert group.call(2, "get_value") == 0
+        assert (group.generation(1), group.generation(2)) == (1, 0)  # per actor, bumped by its restart
     finally:
         group.stop()
 
@@ -221,4 +222,14 @@ def test_local_group_has_the_same_interface():
     assert group.submit("work", 0) == 0
     assert sorted(group.fetch_ready()) == [(1, 1), (2, 2)]
     assert group.put("x") == "x"
+    # restart: a fresh object in the slot, its queued result dropped, on_restart replayed, a new generation
+    group.on_restart = lambda: [("set_value", (42,))]
+    group.foreach("set_value", 7)
+    assert group.submit("work", 0) == 2
+    old = group.actors[1]
+    group.restart(1)
+    assert group.actors[1] is not old and group.call(1, "get_value") == 42 and group.call(2, "get_value") == 7
+    assert group.fetch_ready() == [(2, 2)] and group.num_dropped_requests == 1
+    assert group.num_restarts == 1 and (group.generation(1), group.generation(2)) == (1, 0)
+    assert group.submit("work", 0) == 2  # the slot takes requests again
     group.stop()

@@ -248,6 +248,58 @@ def test_prioritized_wrap_around_keeps_priorities_with_their_rows():
     np.testing.assert_allclose(buf.priorities(), np.array([5, 6, 2, 3, 4]) + 1e-6)
 
 
+def test_row_ids_name_the_rows_in_the_sampled_slots_across_wraps():
+    buf = ReplayBuffer(4, seed=0)
+    buf.add(rows([0, 1, 2]))
+    buf.add(rows([3, 4, 5]))  # ids 3, 4, 5 into slots 3, 0, 1
+    b = buf.sample(200)
+    assert set(b[Col.INDICES].tolist()) == {0, 1, 2, 3}
+    # rows([...]) stores each row's value in REWARDS, and the values here are the ids (add order)
+    np.testing.assert_array_equal(b[Col.ROW_IDS], np.array([4, 5, 2, 3])[b[Col.INDICES]])
+    np.testing.assert_array_equal(b[Col.ROW_IDS], b[Col.REWARDS].astype(np.int64))
+    buf.add(rows(np.arange(6, 16)))  # longer than the ring: keeps ids 12..15 in slots 2, 3, 0, 1
+    np.testing.assert_array_equal(buf.row_ids(np.arange(4)), [14, 15, 12, 13])
+    again = buf.sample(3)
+    buf.add(again)  # sampled outputs are not stored back
+    assert Col.ROW_IDS not in buf.columns
+
+
+def test_priorities_of_overwritten_slots_are_dropped():
+    """The learner returns priorities for slots 0-3 after the ring wrapped over slots 0 and 1."""
+    buf = PrioritizedReplayBuffer(4, alpha=1.0, eps=1e-6, seed=0)
+    buf.add(rows([0, 1, 2, 3]), priorities=np.array([1.0, 1.0, 1.0, 1.0]))
+    sampled_slots, sampled_ids = np.array([0, 1, 2, 3]), buf.row_ids(np.arange(4))
+    assert sampled_ids.tolist() == [0, 1, 2, 3]
+    buf.add(rows([4, 5]), priorities=np.array([2.0, 3.0]))  # slots 0 and 1 now hold rows 4 and 5
+    n = buf.update_priorities(sampled_slots, np.array([7.0, 7.0, 5.0, 6.0]), sampled_ids)
+    assert n == 2
+    # rows 4 and 5 keep the priorities they came with; rows 2 and 3 get their new ones
+    np.testing.assert_allclose(buf.priorities(), np.array([2.0, 3.0, 5.0, 6.0]) + 1e-6)
+    assert buf.max_priority == 6.0  # the dropped 7s never counted
+    # without row ids (the old call) the priorities land on whatever rows hold the slots now
+    assert buf.update_priorities(sampled_slots, np.array([7.0, 7.0, 5.0, 6.0])) == 4
+    np.testing.assert_allclose(buf.priorities(), np.array([7.0, 7.0, 5.0, 6.0]) + 1e-6)
+    # a slot outside the buffer is still an error, not a silently dropped entry
+    small = PrioritizedReplayBuffer(4, seed=0)
+    small.add(rows([0, 1]))
+    with pytest.raises(ValueError, match="slot 3"):
+        small.update_priorities(np.array([0, 3]), np.array([1.0, 1.0]), np.array([0, 3]))
+    with pytest.raises(ValueError, match="row_ids"):
+        small.update_priorities(np.array([0, 1]), np.array([1.0, 1.0]), np.array([0]))
+
+
+def test_shard_drops_and_counts_stale_priorities():
+    shard = ReplayShard(4, prioritized=True, alpha=1.0, eps=1e-6, seed=0)
+    shard.add(rows([0, 1, 2, 3]), priorities=np.ones(4))
+    b = shard.sample(8)
+    shard.add(rows([4, 5]), priorities=np.full(2, 0.5))  # overwrites slots 0 and 1
+    fresh = int(np.isin(b[Col.INDICES], [2, 3]).sum())
+    assert shard.update_priorities(b[Col.INDICES], np.full(8, 9.0), b[Col.ROW_IDS]) == fresh
+    stats = shard.stats()
+    assert (stats["updated"], stats["stale"]) == (fresh, 8 - fresh)
+    np.testing.assert_allclose(shard.buffer.priorities()[:2], 0.5 + 1e-6)
+
+
 def test_prioritized_bad_input_is_a_clear_error_and_changes_nothing():
     for kwargs in ({"alpha": -0.1}, {"beta": -1.0}, {"eps": 0.0}, {"eps": float("nan")}, {"capacity": 0}):
         args = {"capacity": 10, **kwargs}

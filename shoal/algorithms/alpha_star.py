@@ -61,8 +61,18 @@ class AlphaStarResourcesConfig(ResourcesConfig):
         return self.num_workers > 0 if self.remote_learners is None else self.remote_learners
 
 
+_ONE_DEVICE = "each policy learner actor is one Learner on one device; IMPALA's multi-device learner is not used"
+_NO_LEARNER_QUEUE = ("policy learners pull their batches from their shard's replay (replay_buffer_capacity, "
+                     "replay_ratio); IMPALA's learner queue and minibatch ring are not used")
+
+
 class AlphaStarConfig(APPOConfig):
     algo = "alpha_star"
+    unused_keys = {
+        "num_learner_devices": _ONE_DEVICE, "fake_devices": _ONE_DEVICE, "num_multi_gpu_tower_stacks": _ONE_DEVICE,
+        "num_data_load_threads": _ONE_DEVICE, "learner_queue_size": _NO_LEARNER_QUEUE,
+        "learner_queue_timeout": _NO_LEARNER_QUEUE, "minibatch_buffer_size": _NO_LEARNER_QUEUE,
+    }
 
     env: EnvSpec = Field("pettingzoo.classic:tictactoe_v3", description="A PettingZoo env: import path, module or callable.")
     resources: AlphaStarResourcesConfig = Field(default_factory=AlphaStarResourcesConfig)
@@ -108,6 +118,10 @@ class AlphaStarConfig(APPOConfig):
             raise ValueError(f"resources.num_learner_shards ({n}) must not exceed max_num_policies_to_train "
                              f"({self.max_num_policies_to_train})")
         return self
+
+    def num_devices(self) -> int:
+        """One: IMPALA's rules for splitting a batch over learner devices do not apply to policy learners."""
+        return 1
 
 
 # ---- loss -------------------------------------------------------------------------------

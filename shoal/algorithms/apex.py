@@ -8,10 +8,19 @@ Data flow (DESIGN.md, "Ape-X"): rollout actor i of N explores with epsilon
 itself and pushes each batch straight into a random replay shard. Replay shards are actors
 on the driver's node. The driver keeps up to 4 sample requests in flight per actor,
 refreshes an actor's weights once it has sampled ``max_weight_sync_delay`` steps since its
-last refresh (one object-store put), asks random shards for ``round(collected / batch *
-intensity)`` replay batches, feeds the ready ones to the learner thread without blocking,
-and sends each batch's new priorities back to its shard. Episode metrics come from the
-third of actors with the lowest epsilon.
+last refresh (one object-store put), asks shards for replay batches at the training
+intensity, feeds the ready ones to the learner thread without blocking, and sends each
+batch's new priorities back to its shard. Episode metrics come from the third of actors with
+the lowest epsilon.
+
+Training intensity: as in the reference, sampled env steps accumulate until a train batch's
+worth has come in, which then owes ``collected / train_batch_size * training_intensity``
+replay requests (the fraction is carried over rather than rounded). Owed requests are never
+dropped: they go out as room appears (learner queue, counting requests in flight; shards
+under their request cap), and one that comes back empty or is lost with a failed shard is
+owed again. While owed requests wait, the learner is behind: no new sample requests go out
+(back-pressure), so trained / sampled stays at ``training_intensity`` (``replay_ratio``);
+except after an empty answer, since an empty (e.g. recreated) shard fills only by sampling.
 """
 
 from __future__ import annotations
@@ -27,7 +36,8 @@ from shoal.algorithms.base import Algorithm
 from shoal.algorithms.dqn import DQNConfig, build_q_learner, learn_on_replay_batch, make_replay, n_step_postprocess
 from shoal.batch import Col
 from shoal.config import ResourcesConfig
-from shoal.learn.replay_learner import ReplayLearnerThread
+from shoal.errors import NodeResourceError
+from shoal.learn.replay_learner import ReplayLearnerThread, ReplayResult
 from shoal.rollout import EnvRunner
 from shoal.rollout.policies import EpsilonGreedyQPolicy, apex_epsilon, weights_to_numpy
 from shoal.runtime import make_actor_group
@@ -40,8 +50,14 @@ class ApeXResourcesConfig(ResourcesConfig):
     replay_shards_on_driver_node: bool = Field(True, description="Place replay shards on the driver's node (beside the learner).")
 
 
+_FIXED_EPSILONS = ("Ape-X gives rollout actor i of N the fixed epsilon exploration_base ** (1 + exploration_alpha * i "
+                   "/ (N - 1)) instead of annealing one; set exploration_base and exploration_alpha")
+
+
 class ApeXConfig(DQNConfig):
     algo = "apex"
+    unused_keys = {"exploration_initial_eps": _FIXED_EPSILONS, "exploration_final_eps": _FIXED_EPSILONS,
+                   "exploration_timesteps": _FIXED_EPSILONS}
 
     resources: ApeXResourcesConfig = Field(default_factory=ApeXResourcesConfig)
     n_step: int = Field(3, ge=1)
@@ -76,7 +92,7 @@ class ApeXConfig(DQNConfig):
             "resources": {"num_workers": 2, "num_envs_per_worker": 16, "num_cpus_per_worker": 0.5,
                           "num_replay_shards": 2, "replay_shard_cpus": 0.0},
             "rollout_fragment_length": 64, "replay_capacity": 100_000, "learning_starts": 5_000, "train_batch_size": 256,
-            "target_network_update_freq": 25_600, "training_intensity": 8.0, "lr": 1e-3,
+            "target_network_update_freq": 25_600, "training_intensity": 4.0, "lr": 1e-3,
             "max_requests_in_flight_per_worker": 1, "max_replay_requests_in_flight_per_shard": 32,
         }
 
@@ -101,7 +117,7 @@ class ApeXRunner(EnvRunner):
 
     def sample_into_replay(self):
         batch, metrics = self.sample()
-        priorities = batch.data.pop(Col.PRIORITIES)
+        priorities = batch.data.pop(Col.PRIORITIES, None)  # None without worker-side prioritization
         if self.shards:
             self.shards[int(self.rng.integers(len(self.shards)))].add(batch, priorities)
         return metrics
@@ -121,18 +137,24 @@ class ApeX(Algorithm):
         seed = cfg.seed
 
         def shard_ctor(i: int):
-            return (per_shard,), {"prioritized": True, "alpha": cfg.prioritized_replay_alpha, "beta": cfg.prioritized_replay_beta,
+            return (per_shard,), {"prioritized": cfg.prioritized_replay, "alpha": cfg.prioritized_replay_alpha, "beta": cfg.prioritized_replay_beta,
                                   "eps": cfg.prioritized_replay_eps, "seed": None if seed is None else seed + 7 * i}
 
         from shoal.replay import ReplayShard
 
-        self.shards = make_actor_group(
-            ReplayShard, res.num_replay_shards, shard_ctor, remote=res.num_workers > 0, num_cpus=res.replay_shard_cpus,
-            max_in_flight=cfg.max_replay_requests_in_flight_per_shard, max_restarts=res.max_worker_restarts,
-            address=res.address, resource_wait_s=res.resource_wait_s, name="replay shard", first_index=0,
-            node="driver" if res.replay_shards_on_driver_node else None)
+        try:
+            self.shards = make_actor_group(
+                ReplayShard, res.num_replay_shards, shard_ctor, remote=res.num_workers > 0,
+                num_cpus=res.replay_shard_cpus, max_in_flight=cfg.max_replay_requests_in_flight_per_shard,
+                max_restarts=res.max_worker_restarts, address=res.address, resource_wait_s=res.resource_wait_s,
+                name="replay shard", first_index=0, node="driver" if res.replay_shards_on_driver_node else None)
+        except NodeResourceError as e:
+            raise NodeResourceError(f"{e} Replay shards go to the driver's node (resources.replay_shards_on_driver_node): "
+                                "lower resources.replay_shard_cpus (0 shares the driver's CPUs), or set "
+                                "resources.replay_shards_on_driver_node to false to place them on any node.") from None
         self._shard_restarts_seen = 0
-        postprocess = functools.partial(n_step_postprocess, n_step=cfg.n_step, gamma=cfg.gamma, priorities=True)
+        postprocess = functools.partial(n_step_postprocess, n_step=cfg.n_step, gamma=cfg.gamma,
+                                        priorities=cfg.worker_side_prioritization and cfg.prioritized_replay)
         self.env_runners = self.make_env_runners(EpsilonGreedyQPolicy, postprocess, cfg.fragment_length(),
                                                  max_in_flight=cfg.max_requests_in_flight_per_worker, runner_cls=ApeXRunner)
         n = len(self.env_runners.actor_ids)
@@ -147,7 +169,12 @@ class ApeX(Algorithm):
         self.steps_since_sync = {i: 0 for i in ids}
         self.broadcast_weights()
         self.num_replay_batches_dropped = 0
-        self._replay_credit = 0
+        self.num_stale_priority_batches = 0  # learned batches whose shard was recreated since: priorities dropped
+        self.learning_started_at: tuple[float, float] | None = None  # (sampled, trained) env steps then
+        self._steps_not_owed = 0  # sampled env steps not yet turned into owed replay requests
+        self._owed = 0.0  # replay requests owed (the fraction of one included)
+        self._replay_in_flight = 0  # replay requests sent and not yet returned, as this driver counts them
+        self._shard_was_empty = False  # the last replay answer was None
 
     def _learn_on_batch(self, batch):
         return learn_on_replay_batch(self.learner, batch, self.config, self.learn_state)
@@ -161,8 +188,12 @@ class ApeX(Algorithm):
     def training_step(self) -> dict[str, Any]:
         cfg: ApeXConfig = self.config
         self.learner_thread.check()
+        # back-pressure: requests are owed because the learner is behind; sample nothing new (unless
+        # a shard answered empty: it fills only by sampling, e.g. a recreated one)
+        held = self._owed >= 1 and not self._shard_was_empty
         with self.timers.time("sample"):
-            self.env_runners.submit("sample_into_replay")
+            if not held:
+                self.env_runners.submit("sample_into_replay")
             ready = self.env_runners.fetch_ready(timeout_s=0.01)
             collected = self.record_actor_rollouts(ready)
         with self.timers.time("sync_weights"):
@@ -173,20 +204,20 @@ class ApeX(Algorithm):
                 self.env_runners.foreach("set_weights", ref, actor_ids=stale, wait=False)
                 for i in stale:
                     self.steps_since_sync[i] = 0
-        if self.counters["env_steps_sampled"] >= cfg.learning_starts:
+        sampled = self.counters["env_steps_sampled"]
+        if self.learning_started_at is None and sampled >= cfg.learning_starts:
+            self.learning_started_at = (sampled, self.counters["env_steps_trained"])  # steps sampled from here owe replay
+        elif self.learning_started_at is not None:
+            self._owe_replay(collected)
+        if self.learning_started_at is not None:
             with self.timers.time("replay"):
-                n_req = self._replay_requests_due(collected)
-                for sid in self.rng.choice(self.shards.actor_ids, size=n_req):
-                    self.shards.submit("sample", cfg.train_batch_size, actor_ids=[int(sid)])
-                for sid, batch in self.shards.fetch_ready(timeout_s=0.0):
-                    if batch is not None and not self.learner_thread.add(sid, batch):
-                        self.num_replay_batches_dropped += 1
+                if cfg.lr_schedule:
+                    with self.learner_thread.lock:
+                        self.learner.set_env_steps(sampled)
+                self._request_replay(cfg.beta(sampled))
+                self._queue_replayed()
         with self.timers.time("update_priorities"):
-            stats = {}
-            for sid, indices, priorities, count, stats in self.learner_thread.drain():
-                if sid in self.shards.actor_ids:
-                    self.shards.foreach("update_priorities", indices, priorities, actor_ids=[sid], wait=False)
-                self.counters["env_steps_trained"] += count
+            stats = self._send_priorities(self.learner_thread.drain(timeout_s=0.01 if held and not ready else 0.0))
         self._resync_restarted_shards()
         return {**{f"learner/{k}": v for k, v in stats.items()}, **self.replay_metrics()}
 
@@ -195,20 +226,75 @@ class ApeX(Algorithm):
         result["learner_busy_fraction"] = self.learner_thread.busy_fraction()  # over this iteration
         return result
 
-    def _replay_requests_due(self, collected: int) -> int:
-        """``round(collected / batch * intensity)`` (at least 1) per round of results, as credit.
-
-        Requests that would overflow the learner queue (counting those in flight) wait as credit
-        for the next step instead of being dropped; credit is capped at two queues' worth.
-        """
+    # ---- training intensity ---------------------------------------------------------------
+    def _owe_replay(self, collected: int) -> None:
+        """Like the reference: once a train batch's worth of sampled steps has come in, it owes
+        ``steps / train_batch_size * training_intensity`` requests (the fraction is kept)."""
         cfg: ApeXConfig = self.config
-        if collected:
-            self._replay_credit += max(1, round(collected / cfg.train_batch_size * cfg.training_intensity))
-        self._replay_credit = min(self._replay_credit, 2 * cfg.learner_queue_size)
+        self._steps_not_owed += collected
+        if self._steps_not_owed >= cfg.train_batch_size:
+            self._owed += self._steps_not_owed / cfg.train_batch_size * cfg.training_intensity
+            self._steps_not_owed = 0
+
+    def _request_replay(self, beta: float) -> None:
+        """Send owed requests while the learner queue (counting requests in flight) has room,
+        each to a random shard under its request cap; the rest stay owed."""
+        cfg: ApeXConfig = self.config
         room = cfg.learner_queue_size - self.learner_thread.inqueue.qsize() - self.shards.num_in_flight()
-        n = max(0, min(self._replay_credit, room))
-        self._replay_credit -= n
-        return n
+        n = min(int(self._owed), room)
+        if n <= 0:
+            return
+        free = {sid: self.shards.max_in_flight - self.shards.num_in_flight(sid) for sid in self.shards.actor_ids}
+        for _ in range(n):
+            open_ids = [sid for sid, f in free.items() if f > 0]
+            if not open_ids:
+                return
+            sid = open_ids[int(self.rng.integers(len(open_ids)))]
+            if self.shards.submit("sample", cfg.train_batch_size, beta, actor_ids=[sid]):
+                free[sid] -= 1
+                self._owed -= 1
+                self._replay_in_flight += 1
+            else:
+                free[sid] = 0
+
+    def _queue_replayed(self) -> None:
+        """Hand the replayed batches that are ready to the learner; an empty shard's answer, a
+        full queue or a request lost with a failed shard owes the request again."""
+        ready = self.shards.fetch_ready(timeout_s=0.0)
+        in_flight = self.shards.num_in_flight()
+        self._owed += max(0, self._replay_in_flight - len(ready) - in_flight)  # lost with a recreated shard
+        self._replay_in_flight = in_flight
+        for sid, batch in ready:
+            self._shard_was_empty = batch is None
+            if batch is None:
+                self._owed += 1
+            elif not self.learner_thread.add(sid, batch, self.shards.generation(sid)):
+                self.num_replay_batches_dropped += 1
+                self._owed += 1
+
+    def _send_priorities(self, results: list[ReplayResult]) -> dict[str, float]:
+        """Count trained steps; send new priorities to each batch's shard unless it was recreated
+        since the batch was sampled (its slots now hold other rows, or none)."""
+        stats: dict[str, float] = {}
+        for r in results:
+            self.counters["env_steps_trained"] += r.env_steps
+            stats = r.stats
+            if not self.config.prioritized_replay:
+                continue
+            if r.shard_id in self.shards.actor_ids and r.generation == self.shards.generation(r.shard_id):
+                self.shards.foreach("update_priorities", r.indices, r.priorities, r.row_ids, actor_ids=[r.shard_id],
+                                    wait=False)
+            else:
+                self.num_stale_priority_batches += 1
+        return stats
+
+    def replay_ratio(self) -> float:
+        """Env steps trained per env step sampled since learning started (0 before)."""
+        if self.learning_started_at is None:
+            return 0.0
+        sampled0, trained0 = self.learning_started_at
+        sampled = self.counters["env_steps_sampled"] - sampled0
+        return (self.counters["env_steps_trained"] - trained0) / sampled if sampled > 0 else 0.0
 
     def record_actor_rollouts(self, ready) -> int:
         """Count every actor's steps; report episodes only from the lowest-epsilon third."""
@@ -229,14 +315,20 @@ class ApeX(Algorithm):
 
     def replay_metrics(self) -> dict[str, Any]:
         t = self.learner_thread
-        return {"learner_queue_size": t.inqueue.qsize(),
+        return {"learner_queue_size": t.inqueue.qsize(), "replay_ratio": self.replay_ratio(),
+                "num_replay_requests_owed": int(self._owed),
                 "num_learner_updates": t.num_updates, "num_replay_batches_dropped": self.num_replay_batches_dropped,
+                "num_stale_priority_batches": self.num_stale_priority_batches,
                 "num_replay_shard_restarts": self.shards.num_restarts,
-                "num_target_updates": self.learn_state.get("target_updates", 0)}
+                "num_target_updates": self.learn_state.get("target_updates", 0), "learner/lr": self.learner.lr}
 
     def get_state(self) -> dict[str, Any]:
         with self.learner_thread.lock:
             state = {**super().get_state(), "learner": self.learner.get_state(), "learn_state": dict(self.learn_state)}
+            # requests in flight or queued are lost with this process: a restored run owes them again
+            owed = self._owed + self._replay_in_flight + self.learner_thread.inqueue.qsize()
+            state["replay_schedule"] = {"owed": float(owed), "steps_not_owed": int(self._steps_not_owed),
+                                        "learning_started_at": list(self.learning_started_at or ())}
         if self.config.checkpoint_replay:
             state["replay"] = self.shards.foreach("get_state")
         return state
@@ -246,6 +338,11 @@ class ApeX(Algorithm):
         with self.learner_thread.lock:
             self.learner.set_state(state["learner"])
             self.learn_state = dict(state.get("learn_state", {}))
+        schedule = state.get("replay_schedule")
+        if schedule is not None:
+            self._owed, self._steps_not_owed = float(schedule["owed"]), int(schedule["steps_not_owed"])
+            started = schedule["learning_started_at"]
+            self.learning_started_at = (float(started[0]), float(started[1])) if started else None
         if "replay" in state:
             for sid, s in zip(self.shards.actor_ids, state["replay"]):
                 self.shards.call(sid, "set_state", s)

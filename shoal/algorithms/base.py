@@ -261,7 +261,8 @@ class Algorithm:
         path = ckpt.resolve_checkpoint(path)
         meta = ckpt.read_meta(path)
         config_cls = get_config_class(meta["algo"])
-        data = deep_merge(meta["config"], {**(overrides or {}), **config_kwargs})
+        # keys declared unused since the checkpoint was written never had an effect: drop them
+        data = deep_merge(config_cls.without_unused(meta["config"]), {**(overrides or {}), **config_kwargs})
         algo = config_cls.from_dict(data).build()
         if cls is not Algorithm and not isinstance(algo, cls):
             raise CheckpointError(f"Checkpoint '{path}' holds a '{meta['algo']}' run, not {cls.__name__}.")

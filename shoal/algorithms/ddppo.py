@@ -46,8 +46,9 @@ log = logging.getLogger("shoal.ddppo")
 
 # ---- config -----------------------------------------------------------------------------
 class DDPPOResourcesConfig(ResourcesConfig):
+    unused_keys = {"num_gpus": "DD-PPO's driver never trains; give the workers GPUs with resources.num_gpus_per_worker"}
+
     num_workers: int = Field(2, description="Rollout actors, each a learner too; at least 1 (the driver never trains).")
-    num_gpus: float = Field(0.0, description="Must be 0: the driver never trains. Use num_gpus_per_worker.")
     num_gpus_per_worker: float = Field(0.0, ge=0, description="GPUs for each worker's learner (nccl needs them).")
 
     @field_validator("num_workers")
@@ -57,18 +58,19 @@ class DDPPOResourcesConfig(ResourcesConfig):
             raise ValueError("DD-PPO needs num_workers >= 1: every worker samples and trains, the driver does neither")
         return v
 
-    @field_validator("num_gpus")
-    @classmethod
-    def _no_driver_gpus(cls, v: float) -> float:
-        if v != 0:
-            raise ValueError("must be 0 for DD-PPO, whose driver never trains; give GPUs to the workers "
-                             "with resources.num_gpus_per_worker")
-        return v
+
+_NO_CENTRAL_LEARNER = ("the adaptive KL penalty needs a central learner, and DD-PPO's workers each train on their "
+                       "own batch")
 
 
 class DDPPOConfig(PPOConfig):
     algo = "ddppo"
     min_workers: ClassVar[int] = 1  # `shoal evaluate` keeps the saved workers (they are not started to evaluate)
+    unused_keys = {
+        "train_batch_size": "DD-PPO derives the train batch: each worker trains on rollout_fragment_length x "
+                            "resources.num_envs_per_worker steps per round",
+        "use_kl_loss": _NO_CENTRAL_LEARNER, "kl_coeff": _NO_CENTRAL_LEARNER, "kl_target": _NO_CENTRAL_LEARNER,
+    }
 
     rollout_fragment_length: Union[int, str] = Field(64, description="Steps per env per round; each worker's batch is this x num_envs_per_worker.")
     minibatch_size: int = Field(256, ge=1, description="Rows per SGD minibatch on each worker.")
@@ -106,15 +108,10 @@ class DDPPOConfig(PPOConfig):
         return v
 
     @model_validator(mode="after")
-    def _check(self):  # replaces PPOConfig._check: the train batch is derived here, never set
-        if "train_batch_size" in self.model_fields_set:
-            raise ValueError("DD-PPO derives the train batch: do not set train_batch_size; each worker trains on "
-                             "rollout_fragment_length x resources.num_envs_per_worker steps per round")
+    def _check(self):  # replaces PPOConfig._check: the train batch is derived here (train_batch_size is unused)
         if not isinstance(self.rollout_fragment_length, int):
             raise ValueError("DD-PPO needs an integer rollout_fragment_length (it sets each worker's batch), "
                              f"got {self.rollout_fragment_length!r}")
-        if self.use_kl_loss:
-            raise ValueError("use_kl_loss must be false for DD-PPO: the adaptive KL coefficient needs a central learner")
         if self.minibatch_size > self.worker_batch_size():
             raise ValueError(f"minibatch_size ({self.minibatch_size}) is larger than each worker's batch, "
                              f"rollout_fragment_length x resources.num_envs_per_worker = {self.worker_batch_size()}")

@@ -37,12 +37,21 @@ from shoal.rollout.postprocessing import n_step_targets, q_td_errors
 
 
 # ---- config -----------------------------------------------------------------------------
+class QModelConfig(ModelConfig):
+    """The Q network's shape: an MLP (after optional convolutions) with a plain or dueling head."""
+
+    unused_keys = {
+        "vf_share_layers": "a Q network has no separate value network to share layers with (`dueling` picks its head)",
+        "init_log_std": "Q-learning acts on Discrete actions; the log std belongs to Gaussian policies",
+    }
+
+
 class DQNConfig(AlgorithmConfig):
     algo = "dqn"
 
     lr: float = Field(1e-3, gt=0)
     grad_clip: Optional[float] = Field(10.0, gt=0)
-    model: ModelConfig = Field(default_factory=lambda: ModelConfig(hiddens=[128, 128], activation="relu"))
+    model: QModelConfig = Field(default_factory=lambda: QModelConfig(hiddens=[128, 128], activation="relu"))
     double_q: bool = Field(True, description="Double Q-learning: the online network picks the next action.")
     dueling: bool = Field(True, description="Dueling head: Q = V + A - mean(A).")
     n_step: int = Field(3, ge=1, description="Rewards summed per transition (computed on the worker).")
@@ -162,7 +171,7 @@ def learn_on_replay_batch(learner: Learner, batch: Batch, config: DQNConfig, sta
 
     ``state["since_target"]`` counts trained env steps since the last target-network update.
     """
-    tensors = batch.to_torch(learner.device, exclude=(Col.INDICES,))
+    tensors = batch.to_torch(learner.device, exclude=(Col.INDICES, Col.ROW_IDS))
     stats = learner.update_minibatch(tensors)
     td = stats.pop("td_error").abs().cpu().numpy()
     state["since_target"] = state.get("since_target", 0) + len(batch)

@@ -1,10 +1,13 @@
 """The Ape-X learner thread: learns on replayed batches in the background.
 
-The driver puts ``(shard_id, batch)`` on a bounded in-queue without blocking; the thread
-runs ``learn_fn(batch) -> (priorities, stats)`` (one SGD step) and puts
-``(shard_id, indices, priorities, env_steps, stats)`` on the out-queue, so the driver can
-send the new priorities back to the shard the batch came from. ``get_weights()`` and
-``learn_fn`` hold the same lock, so a weight broadcast never sees a half-applied step.
+The driver puts ``(shard_id, generation, batch)`` on a bounded in-queue without blocking;
+the thread runs ``learn_fn(batch) -> (priorities, stats)`` (one SGD step) and puts a
+:class:`ReplayResult` on the out-queue, so the driver can send the new priorities back to
+the shard the batch came from. The batch's slots and row ids travel with the priorities
+(the shard drops those of slots overwritten since), and so does the shard's generation at
+the time it was sampled (the driver drops all of them if the shard has been recreated
+since). ``get_weights()`` and ``learn_fn`` hold the same lock, so a weight broadcast never
+sees a half-applied step.
 """
 
 from __future__ import annotations
@@ -12,12 +15,24 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
 from shoal.batch import Batch, Col
 from shoal.learn.threads import BackgroundLearnerThread
+
+
+class ReplayResult(NamedTuple):
+    """One learned batch: where it came from and its new priorities."""
+
+    shard_id: int
+    generation: int  # the shard's restart generation when the batch was sampled
+    indices: np.ndarray  # Col.INDICES: the slots
+    row_ids: np.ndarray | None  # Col.ROW_IDS: which rows the slots held
+    priorities: np.ndarray
+    env_steps: int
+    stats: dict[str, Any]
 
 
 class ReplayLearnerThread(BackgroundLearnerThread):
@@ -33,10 +48,10 @@ class ReplayLearnerThread(BackgroundLearnerThread):
         self.num_dropped = 0  # batches refused because the in-queue was full
         self.grad_time_s = 0.0
 
-    def add(self, shard_id: int, batch: Batch) -> bool:
+    def add(self, shard_id: int, batch: Batch, generation: int = 0) -> bool:
         """Queue a replayed batch without blocking; False (and counted) when the queue is full."""
         try:
-            self.inqueue.put_nowait((shard_id, batch))
+            self.inqueue.put_nowait((shard_id, generation, batch))
             return True
         except queue.Full:
             self.num_dropped += 1
@@ -45,7 +60,7 @@ class ReplayLearnerThread(BackgroundLearnerThread):
     def step(self) -> None:
         with self.idle():
             try:
-                shard_id, batch = self.inqueue.get(timeout=0.2)
+                shard_id, generation, batch = self.inqueue.get(timeout=0.2)
             except queue.Empty:
                 return
         t0 = time.perf_counter()
@@ -53,16 +68,19 @@ class ReplayLearnerThread(BackgroundLearnerThread):
             priorities, stats = self.learn_fn(batch)
             self.num_updates += 1
         self.grad_time_s += time.perf_counter() - t0
-        self.outqueue.put((shard_id, batch[Col.INDICES], priorities, len(batch), stats))
+        self.outqueue.put(ReplayResult(shard_id, generation, batch[Col.INDICES], batch.data.get(Col.ROW_IDS),
+                                       priorities, len(batch), stats))
 
-    def drain(self) -> list[tuple[int, np.ndarray, np.ndarray, int, dict[str, Any]]]:
-        """Everything the thread has finished so far (never blocks)."""
+    def drain(self, timeout_s: float = 0.0) -> list[ReplayResult]:
+        """Everything the thread has finished so far, waiting up to ``timeout_s`` for a first one."""
         out = []
-        while True:
-            try:
+        try:
+            if timeout_s > 0:
+                out.append(self.outqueue.get(timeout=timeout_s))
+            while True:
                 out.append(self.outqueue.get_nowait())
-            except queue.Empty:
-                return out
+        except queue.Empty:
+            return out
 
     def get_weights(self) -> dict:
         with self.lock:

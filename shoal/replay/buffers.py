@@ -3,8 +3,14 @@
 Columns are allocated on the first ``add`` from that batch's dtypes and row shapes; later
 batches must bring the same columns with the same row shapes (values are cast to the
 stored dtype when numpy's "same_kind" rule allows it). When the ring is full the oldest
-rows are overwritten. ``Col.INDICES`` and ``Col.WEIGHTS`` are outputs of ``sample`` and are
-not stored if a batch brings them back.
+rows are overwritten. ``Col.INDICES``, ``Col.ROW_IDS`` and ``Col.WEIGHTS`` are outputs of
+``sample`` and are not stored if a batch brings them back.
+
+A row's id is its position in the order of all rows ever added (the first row is 0). A
+slot's id is a function of the ring position and the add counter alone (no array is kept),
+and ``sample`` returns the ids of the rows it drew beside their slots. Priorities computed
+later for a slot that has been overwritten since (the ring wrapped while the learner
+worked) would land on a newer row: ``update_priorities`` drops them when given the ids.
 
 State (``get_state``) holds only torch tensors, numbers, strings, lists and dicts, so it
 loads with ``torch.load(weights_only=True)`` inside a shoal checkpoint.
@@ -23,7 +29,8 @@ from shoal.batch import Batch, Col
 from shoal.errors import ConfigError
 from shoal.replay import sum_tree as st
 
-_OUTPUT_COLUMNS = (Col.INDICES, Col.WEIGHTS)
+_OUTPUT_COLUMNS = (Col.INDICES, Col.ROW_IDS, Col.WEIGHTS)
+_NO_ROW_IDS = np.empty(0, dtype=np.int64)  # per_update: check no row ids
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -130,14 +137,19 @@ class ReplayBuffer:
             raise ValueError("cannot sample from an empty replay buffer")
         return n
 
+    def row_ids(self, slots: np.ndarray) -> np.ndarray:
+        """Ids of the rows now in ``slots`` (the newest row, in slot ``pos - 1``, has id ``added - 1``)."""
+        return st.row_ids(np.ascontiguousarray(slots, dtype=np.int64), self._pos, self.added, self.capacity)
+
     def _gather(self, idx: np.ndarray) -> Batch:
         out = Batch()
         out.data = {k: np.take(v, idx, axis=0) for k, v in self._columns.items()}  # faster than v[idx]
         out.data[Col.INDICES] = idx
+        out.data[Col.ROW_IDS] = self.row_ids(idx)
         return out
 
     def sample(self, n: int) -> Batch:
-        """``n`` rows drawn uniformly with replacement, with their slots in ``Col.INDICES``."""
+        """``n`` rows drawn uniformly with replacement: slots in ``Col.INDICES``, row ids in ``Col.ROW_IDS``."""
         n = self._check_sample(n)
         return self._gather(self._rng.integers(0, self._size, size=n, dtype=np.int64))
 
@@ -208,17 +220,23 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._set_priorities(slots, p)
         return slots
 
-    def _set_priorities(self, idx: np.ndarray, p: np.ndarray) -> None:
+    def _set_priorities(self, idx: np.ndarray, p: np.ndarray, row_ids: np.ndarray = _NO_ROW_IDS) -> int:
         t = self._tree
-        bad, max_raw = st.per_update(t.tree, t.base, self._size, idx, p, self.alpha, self.eps)
+        bad, max_raw, written = st.per_update(t.tree, t.base, self._size, idx, p, self.alpha, self.eps, row_ids,
+                                              self._pos, self.added, self.capacity)
         if bad >= 0:
             what = f"slot {idx[bad]} (the buffer holds {self._size})" if 0 <= p[bad] < np.inf else f"priority {p[bad]}"
             raise ValueError(f"invalid {what} at position {bad}: slots must be in [0, size), priorities finite and >= 0")
         if max_raw > self.max_priority:
             self.max_priority = max_raw
+        return written
 
-    def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
-        """Set new raw priorities; with repeated indices the last one wins."""
+    def update_priorities(self, indices: np.ndarray, priorities: np.ndarray, row_ids: np.ndarray | None = None) -> int:
+        """Set new raw priorities; with repeated indices the last one wins. Returns how many were set.
+
+        With ``row_ids`` (``Col.ROW_IDS`` of the sampled batch) an entry whose slot has been
+        overwritten since it was sampled is dropped instead of landing on the newer row.
+        """
         idx = np.asarray(indices)
         if idx.dtype.kind not in "iu":
             raise ValueError(f"indices must be integers, got dtype {idx.dtype}")
@@ -226,10 +244,15 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         p = np.ascontiguousarray(priorities, dtype=np.float64)
         if idx.ndim != 1 or p.shape != idx.shape:
             raise ValueError(f"indices {idx.shape} and priorities {p.shape} must be 1-D and equally long")
-        self._set_priorities(idx, p)
+        if row_ids is None:
+            return self._set_priorities(idx, p)
+        rid = np.ascontiguousarray(row_ids, dtype=np.int64)
+        if rid.shape != idx.shape:
+            raise ValueError(f"row_ids {rid.shape} and indices {idx.shape} must be equally long")
+        return self._set_priorities(idx, p, rid)
 
     def sample(self, n: int, beta: float | None = None) -> Batch:
-        """``n`` stratified prioritized rows with ``Col.WEIGHTS`` (float32) and ``Col.INDICES``."""
+        """``n`` stratified prioritized rows with ``Col.WEIGHTS`` (float32), ``Col.INDICES`` and ``Col.ROW_IDS``."""
         n = self._check_sample(n)
         beta = self.beta if beta is None else _non_negative("beta", beta)
         t = self._tree

@@ -31,7 +31,7 @@ class ReplayShard:
             self.buffer: ReplayBuffer = PrioritizedReplayBuffer(capacity, alpha=alpha, beta=beta, eps=eps, seed=seed)
         else:
             self.buffer = ReplayBuffer(capacity, seed=seed)
-        self.counts = {"added": 0, "sampled": 0, "updated": 0}
+        self.counts = {"added": 0, "sampled": 0, "updated": 0, "stale": 0}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -51,7 +51,7 @@ class ReplayShard:
         return len(batch)
 
     def sample(self, n: int, beta: float | None = None) -> Batch | None:
-        """``n`` rows with ``Col.WEIGHTS`` and ``Col.INDICES``, or None while the shard is empty."""
+        """``n`` rows with ``Col.WEIGHTS``, ``Col.INDICES`` and ``Col.ROW_IDS``, or None while the shard is empty."""
         with self._lock:
             if len(self.buffer) == 0:
                 return None
@@ -63,11 +63,16 @@ class ReplayShard:
             self.counts["sampled"] += len(out)
         return out
 
-    def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
+    def update_priorities(self, indices: np.ndarray, priorities: np.ndarray, row_ids: np.ndarray | None = None) -> int:
+        """New priorities for sampled slots; with ``row_ids`` (``Col.ROW_IDS``) those of slots
+        overwritten since they were sampled are dropped (counted in ``stale``). Returns how many were set."""
         with self._lock:
+            n = len(indices)
             if self.prioritized:
-                self.buffer.update_priorities(indices, priorities)
-            self.counts["updated"] += len(indices)
+                n = self.buffer.update_priorities(indices, priorities, row_ids)
+            self.counts["updated"] += n
+            self.counts["stale"] += len(indices) - n
+        return n
 
     def set_beta(self, beta: float) -> None:
         if self.prioritized:

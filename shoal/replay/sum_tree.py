@@ -102,26 +102,53 @@ def tree_find(tree, base, targets):
 
 
 @_jit
-def per_update(tree, base, size, idx, raw, alpha, eps):
+def per_update(tree, base, size, idx, raw, alpha, eps, row_ids, pos, added, capacity):
     """Store ``(raw + eps) ** alpha`` at slots ``idx``; validate everything before writing.
 
-    Returns ``(bad, max_raw)``: ``bad`` is -1 when all is well, else the position of the
-    first invalid entry (slot outside ``[0, size)``, or a priority negative or not finite),
-    in which case nothing was written.
+    With ``row_ids`` non-empty, entry ``k`` is skipped when slot ``idx[k]`` no longer holds
+    row ``row_ids[k]`` (see :func:`row_ids`): it was overwritten since it was sampled.
+    Returns ``(bad, max_raw, written)``: ``bad`` is -1 when all is well, else the position of
+    the first invalid entry (slot outside ``[0, size)``, or a priority negative or not
+    finite), in which case nothing was written; ``max_raw`` is over the written entries.
     """
     n = idx.shape[0]
-    max_raw = 0.0
     for k in range(n):
         p = raw[k]
         if idx[k] < 0 or idx[k] >= size or not (p >= 0.0 and p < np.inf):
-            return k, max_raw
-        if p > max_raw:
-            max_raw = p
+            return k, 0.0, 0
+    check = row_ids.shape[0] > 0
+    kept = np.empty(n, dtype=np.int64)
     values = np.empty(n, dtype=np.float64)
+    max_raw = 0.0
+    m = 0
     for k in range(n):
-        values[k] = (raw[k] + eps) ** alpha
-    _set_leaves(tree, base, idx, values)
-    return -1, max_raw
+        if check and _row_id(idx[k], pos, added, capacity) != row_ids[k]:
+            continue
+        if raw[k] > max_raw:
+            max_raw = raw[k]
+        kept[m] = idx[k]
+        values[m] = (raw[k] + eps) ** alpha
+        m += 1
+    _set_leaves(tree, base, kept[:m], values[:m])
+    return -1, max_raw, m
+
+
+@_jit
+def _row_id(slot, pos, added, capacity):
+    back = pos - 1 - slot  # how many writes ago the slot was written, in [-capacity, capacity)
+    if back < 0:
+        back += capacity
+    return added - 1 - back
+
+
+@_jit
+def row_ids(slots, pos, added, capacity):
+    """Add-order ids of the rows in ``slots`` of a ring of ``capacity`` that has taken ``added``
+    rows and writes the next one at ``pos`` (the newest row, in slot ``pos - 1``, is ``added - 1``)."""
+    out = np.empty(slots.shape[0], dtype=np.int64)
+    for k in range(slots.shape[0]):
+        out[k] = _row_id(slots[k], pos, added, capacity)
+    return out
 
 
 @_jit
@@ -222,5 +249,7 @@ def warmup() -> None:
     tree.set(np.array([0, 1, 1]), np.array([1.0, 2.0, 3.0]))
     tree.find(np.array([0.5, 3.5]))
     tree.load(np.array([1.0, 2.0]))
-    per_update(tree.tree, tree.base, 2, np.array([0, 1], dtype=np.int64), np.array([0.5, 1.0]), 0.6, 1e-6)
+    slots = np.array([0, 1], dtype=np.int64)
+    per_update(tree.tree, tree.base, 2, slots, np.array([0.5, 1.0]), 0.6, 1e-6, np.empty(0, np.int64), 2, 2, 4)
+    per_update(tree.tree, tree.base, 2, slots, np.array([0.5, 1.0]), 0.6, 1e-6, row_ids(slots, 2, 2, 4), 2, 2, 4)
     per_sample(tree.tree, tree.base, 2, np.array([0.1, 0.9]), 0.4)

@@ -9,7 +9,7 @@ import warnings
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
-from shoal.errors import ResourceError
+from shoal.errors import NodeResourceError, ResourceError
 
 
 def start(address: str | None = None, num_cpus: int | None = None, **kwargs) -> None:
@@ -71,6 +71,8 @@ def reserve(bundles: list[dict[str, float]], *, what: str, wait_s: float, strate
                 f"{what} needs {need:g} {res}s but the Ray cluster has {have:g} in total "
                 f"({len(bundles)} bundles: {bundles[:4]}{' ...' if len(bundles) > 4 else ''}).{hint}"
             )
+    if node_id is not None:
+        _check_node_fits(bundles, what, node_id)
     selector = {} if node_id is None else {"bundle_label_selector": [{"ray.io/node-id": node_id} for _ in bundles]}
     pg = placement_group(bundles, strategy=strategy, **selector)
     if not pg.wait(timeout_seconds=wait_s):
@@ -80,6 +82,19 @@ def reserve(bundles: list[dict[str, float]], *, what: str, wait_s: float, strate
             f"(available now: {ray.available_resources()}). Raise resources.resource_wait_s or free resources."
         )
     return pg
+
+
+def _check_node_fits(bundles: list[dict[str, float]], what: str, node_id: str) -> None:
+    """A group pinned to one node must fit that node's total resources: fail at once, not after a wait."""
+    node = next((n for n in ray.nodes() if n.get("NodeID") == node_id and n.get("Alive")), None)
+    if node is None:
+        raise ResourceError(f"{what} are pinned to node {node_id}, which is not an alive node of this Ray cluster.")
+    total = node.get("Resources", {})
+    for res in ("CPU", "GPU"):
+        need = sum(b.get(res, 0.0) for b in bundles)
+        if need > total.get(res, 0.0) + 1e-9:
+            raise NodeResourceError(f"{what} need {need:g} {res}s on node {node_id}, where they are pinned, but that node "
+                                f"has {total.get(res, 0.0):g} in total.")
 
 
 def release(pg) -> None:

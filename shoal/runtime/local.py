@@ -18,6 +18,12 @@ class ActorGroupBase:
     def __init__(self) -> None:
         # Returns [(method, args), ...] to replay on a recreated actor (weights, global vars).
         self.on_restart: Callable[[], list[tuple[str, tuple]]] | None = None
+        self.generations: dict[int, int] = {}  # actor id -> times it was recreated; absent: never
+
+    def generation(self, actor_id: int) -> int:
+        """How often actor ``actor_id`` has been recreated. A result tagged with an older
+        generation came from an actor that is gone (e.g. slots of a replay shard now empty)."""
+        return self.generations.get(actor_id, 0)
 
     @property
     def actor_ids(self) -> list[int]:
@@ -38,6 +44,7 @@ class LocalActorGroup(ActorGroupBase):
     def __init__(self, cls: type, num_actors: int, ctor: Callable[[int], tuple[tuple, dict]], max_in_flight: int = 1,
                  first_index: int = 1) -> None:
         super().__init__()
+        self.cls, self.ctor = cls, ctor
         self.actors: dict[int, Any] = {}
         for i in range(first_index, first_index + num_actors):
             args, kwargs = ctor(i)
@@ -81,6 +88,23 @@ class LocalActorGroup(ActorGroupBase):
 
     def num_in_flight(self, actor_id: int | None = None) -> int:
         return self._in_flight[actor_id] if actor_id is not None else sum(self._in_flight.values())
+
+    def restart(self, i: int) -> None:
+        """Replace actor ``i`` with a fresh one from its constructor, as the Ray group does after a
+        failure: its queued results are dropped and ``on_restart()`` is replayed on it."""
+        stop = getattr(self.actors[i], "stop", None)
+        if stop:
+            stop()
+        kept = [(j, r) for j, r in self._ready if j != i]
+        self.num_dropped_requests += len(self._ready) - len(kept)
+        self._ready = deque(kept)
+        self._in_flight[i] = 0
+        args, kwargs = self.ctor(i)
+        self.actors[i] = actor = self.cls(*args, **kwargs)
+        self.num_restarts += 1
+        self.generations[i] = self.generation(i) + 1
+        for method, margs in (self.on_restart() if self.on_restart else []):
+            getattr(actor, method)(*margs)
 
     def stop(self) -> None:
         for a in self.actors.values():

@@ -104,6 +104,7 @@ class RayActorGroup(ActorGroupBase):
                 del self._in_flight[ref]
                 self.num_dropped_requests += 1
         self.num_restarts += 1
+        self.generations[i] = self.generation(i) + 1
         actor = self._create(i)
         for method, args in (self.on_restart() if self.on_restart else []):
             getattr(actor, method).remote(*args)
