@@ -79,11 +79,14 @@ def main() -> dict:
         # 3) shards reserving 1 CPU each, 2 in all: the driver's node has 1, the other node 2
         wait_until_idle(ray)  # so that only the other node can hold both
         big = {**base["resources"], "replay_shard_cpus": 1.0, "num_workers": 1}
+        pinned = ApeXConfig(**(base | {"resources": big})).build()  # actors start with the first train()
         try:  # a) pinned there (the default): a clear error at once, not a wait for resources
-            ApeXConfig(**(base | {"resources": big})).build()
+            pinned.start_actors()
             out["pinned_error"] = None
         except NodeResourceError as e:
             out["pinned_error"] = str(e)
+        finally:
+            pinned.stop()
         # b) not pinned: the placement group goes where it fits, the other node; training works across nodes
         algo = ApeXConfig(**(base | {"resources": {**big, "replay_shards_on_driver_node": False}})).build()
         try:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from shoal.runtime import make_actor_group
 from shoal.runtime.lazy import LazyActorGroup
 
@@ -79,13 +81,19 @@ def test_each_call_that_needs_actors_creates_them():
     g.stop()
 
 
-def test_restored_ppo_evaluates_and_saves_without_starting_ray_or_actors(tmp_path):
+@pytest.mark.parametrize("algo, config", [
+    ("ppo", 'PPOConfig(env="CartPole-v1", seed=0, resources={"num_workers": 2, "num_envs_per_worker": 2})'),
+    ("apex", 'ApeXConfig(env="CartPole-v1", seed=0, resources={"num_workers": 2, "num_envs_per_worker": 2})'),
+])
+def test_a_restored_algorithm_evaluates_and_saves_without_starting_ray_or_actors(tmp_path, algo, config):
     """In a fresh process, so that no other test's Ray instance counts."""
     script = textwrap.dedent(f"""
         import sys
-        from shoal import Algorithm, PPOConfig
+        from shoal import Algorithm
+        from shoal.algorithms.apex import ApeXConfig
+        from shoal.algorithms.ppo import PPOConfig
 
-        cfg = PPOConfig(env="CartPole-v1", seed=0, resources={{"num_workers": 2, "num_envs_per_worker": 2}})
+        cfg = {config}
         with cfg.build() as algo:
             algo.save({str(tmp_path / "a")!r})
         with Algorithm.from_checkpoint({str(tmp_path / "a")!r}) as algo:
@@ -93,6 +101,7 @@ def test_restored_ppo_evaluates_and_saves_without_starting_ray_or_actors(tmp_pat
             assert algo.get_weights()
             algo.save({str(tmp_path / "b")!r})
             assert algo.env_runners.actor_ids == [1, 2] and not algo.env_runners.created
+            assert not getattr(algo, "shards", algo.env_runners).created  # Ape-X: its replay shards neither
         import ray
         print("ray started:", ray.is_initialized())
     """)

@@ -40,7 +40,7 @@ from shoal.errors import NodeResourceError
 from shoal.learn.replay_learner import ReplayLearnerThread, ReplayResult
 from shoal.rollout import EnvRunner
 from shoal.rollout.policies import EpsilonGreedyQPolicy, apex_epsilon, weights_to_numpy
-from shoal.runtime import make_actor_group
+from shoal.runtime import LazyActorGroup, make_actor_group
 
 
 # ---- config -----------------------------------------------------------------------------
@@ -142,16 +142,22 @@ class ApeX(Algorithm):
 
         from shoal.replay import ReplayShard
 
-        try:
-            self.shards = make_actor_group(
-                ReplayShard, res.num_replay_shards, shard_ctor, remote=res.num_workers > 0,
-                num_cpus=res.replay_shard_cpus, max_in_flight=cfg.max_replay_requests_in_flight_per_shard,
-                max_restarts=res.max_worker_restarts, address=res.address, resource_wait_s=res.resource_wait_s,
-                name="replay shard", first_index=0, node="driver" if res.replay_shards_on_driver_node else None)
-        except NodeResourceError as e:
-            raise NodeResourceError(f"{e} Replay shards go to the driver's node (resources.replay_shards_on_driver_node): "
-                                "lower resources.replay_shard_cpus (0 shares the driver's CPUs), or set "
-                                "resources.replay_shards_on_driver_node to false to place them on any node.") from None
+        def make_shards():
+            try:
+                return make_actor_group(
+                    ReplayShard, res.num_replay_shards, shard_ctor, remote=res.num_workers > 0,
+                    num_cpus=res.replay_shard_cpus, max_in_flight=cfg.max_replay_requests_in_flight_per_shard,
+                    max_restarts=res.max_worker_restarts, address=res.address, resource_wait_s=res.resource_wait_s,
+                    name="replay shard", first_index=0, node="driver" if res.replay_shards_on_driver_node else None)
+            except NodeResourceError as e:
+                raise NodeResourceError(f"{e} Replay shards go to the driver's node (resources.replay_shards_on_driver_node): "
+                                        "lower resources.replay_shard_cpus (0 shares the driver's CPUs), or set "
+                                        "resources.replay_shards_on_driver_node to false to place them on any node.") from None
+
+        # Lazy like the rollout actors (which get the shards' handles when they start): a run
+        # restored only to evaluate starts no actor.
+        self.shards = LazyActorGroup(make_shards, res.num_replay_shards, first_index=0,
+                                     max_in_flight=cfg.max_replay_requests_in_flight_per_shard)
         self._shard_restarts_seen = 0
         postprocess = functools.partial(n_step_postprocess, n_step=cfg.n_step, gamma=cfg.gamma,
                                         priorities=cfg.worker_side_prioritization and cfg.prioritized_replay)
@@ -160,8 +166,6 @@ class ApeX(Algorithm):
         n = len(self.env_runners.actor_ids)
         ids = sorted(self.env_runners.actor_ids)
         self.reporting_ids = set(ids[-math.ceil(n / 3):])  # highest index = lowest epsilon
-        self.shards.foreach("ping")  # wait until every actor is up, so iteration times measure training
-        self.env_runners.foreach("set_shards", list(self.shards.proxies().values()))
         self.learner_thread = ReplayLearnerThread(
             self._learn_on_batch, lambda: weights_to_numpy(self.learner.module.q),
             queue_size=cfg.learner_queue_size)
@@ -184,6 +188,13 @@ class ApeX(Algorithm):
 
     def restart_calls(self):
         return [("set_shards", (list(self.shards.proxies().values()),))]
+
+    def start_actors(self) -> None:
+        """The replay shards first, waiting until they are up (so iteration times measure training),
+        then the rollout actors, which get the shards' handles when they start."""
+        self.shards.start()
+        self.shards.foreach("ping")
+        super().start_actors()
 
     def training_step(self) -> dict[str, Any]:
         cfg: ApeXConfig = self.config

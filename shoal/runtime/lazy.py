@@ -4,7 +4,7 @@ A restored algorithm that only evaluates, reads its weights or saves never needs
 actors; with this group it starts neither them nor Ray (which the real group would start).
 Same interface as :class:`~shoal.runtime.local.LocalActorGroup` and the Ray group:
 
-- known without creating anything: ``actor_ids``, ``len``, the counters (0), ``put`` (the
+- known without creating anything: ``actor_ids``, ``len``, the counters and generations (0), ``put`` (the
   object itself, as in-process), ``fetch_ready`` / ``num_in_flight`` (nothing can be in flight);
 - recorded, not sent: ``foreach(..., wait=False)``, the calls that set state (weights, global
   vars). Only the latest call per method and ``actor_ids`` is kept;
@@ -75,6 +75,9 @@ class LazyActorGroup(ActorGroupBase):
     @property
     def num_dropped_requests(self) -> int:
         return self.group.num_dropped_requests if self.group is not None else 0
+
+    def generation(self, actor_id: int) -> int:
+        return self.group.generation(actor_id) if self.group is not None else 0
 
     def put(self, obj: Any) -> Any:
         return self.group.put(obj) if self.group is not None else obj
