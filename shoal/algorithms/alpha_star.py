@@ -1,8 +1,9 @@
 """AlphaStar: league self-play on APPO with distributed learners.
 
-Reads in order: config, loss, the two actor classes, training_step. Reuses APPO's loss and
-target network (functions and a small class), the multi-agent runner, the league builders
-and the learner shards; nothing here subclasses another algorithm.
+Reads in order: config, loss, the policy learner, training_step. Reuses APPO's loss and
+target network (functions and a small class), the multi-agent runner (as the league's rollout
+actor, ``shoal.rollout.league``), the league builders and the learner shards; nothing here
+subclasses another algorithm.
 
 The data flow:
 
@@ -43,6 +44,7 @@ from shoal.learn import Learner
 from shoal.learn.distributed_learners import (REPLAY_LOST, BatchReplay, DistributedLearners, resolve_learner_device,
                                               shard_plan)
 from shoal.models import build_actor_critic
+from shoal.rollout.league import LeagueRolloutActor, store_batches
 from shoal.rollout.multi_agent import ActionMasked, MultiAgentEnvRunner, PolicyReturnWindows
 from shoal.runtime import LazyActorGroup, make_actor_group
 from shoal.runtime.process import configure_process
@@ -141,7 +143,7 @@ def masked_appo_loss(module, batch: dict, learner: Learner, config: AlphaStarCon
     return appo_loss(ActionMasked(module, mask), batch, learner, config, _MaskedTarget(target, mask))
 
 
-# ---- the actors -------------------------------------------------------------------------
+# ---- the policy learner ------------------------------------------------------------------
 class APPOPolicyLearner:
     """One policy's APPO learner on its shard's replay actor: ``learn()`` pulls up to
     ``train_batch_size`` rows (new plus replayed), runs ``num_sgd_iter`` updates and returns
@@ -207,40 +209,6 @@ class APPOPolicyLearner:
     def set_state(self, state: dict[str, Any]) -> None:
         self.learner.set_state(state["learner"])
         self.target.set_state(state["target"])
-
-
-def store_batches(batches: dict[str, Batch], replay: dict[str, Any]) -> None:
-    """Each learning policy's batch into its shard replay (``replay``: policy id -> replay actor or proxy)."""
-    for pid, batch in batches.items():
-        if pid in replay:
-            replay[pid].add_batch(pid, batch)
-
-
-class LeagueRolloutActor(MultiAgentEnvRunner):
-    """A MultiAgentEnvRunner that stores each learning policy's batch in that policy's shard replay."""
-
-    def __init__(self, config, worker_index: int, policies: dict, matchmaking: Any, replay: dict) -> None:
-        trainable = [pid for pid, s in policies.items() if s.get("trainable")]
-        super().__init__(config, worker_index, policies, matchmaking=matchmaking, policies_to_train=trainable)
-        self.replay = dict(replay)
-
-    def sample_and_store(self):
-        batches, metrics = self.sample()
-        store_batches(batches, self.replay)
-        return metrics
-
-    def sample_and_return(self):
-        """For learners in the driver (``resources.remote_learners: false``): the batches come back with the metrics."""
-        return self.sample()
-
-    def sync(self, msg: dict[str, Any]) -> None:
-        """One message per broadcast: new weights, matchmaking, learning ids, replay handles, removals."""
-        self.set_weights(msg["weights"], matchmaking=msg["matchmaking"])
-        self.set_policies_to_train([p for p in msg["train"] if p in self.policies])
-        self.replay = dict(msg["replay"])
-        for pid in msg.get("remove", ()):
-            if pid in self.policies:
-                self.remove_policy(pid)
 
 
 # ---- algorithm --------------------------------------------------------------------------
