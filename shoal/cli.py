@@ -195,9 +195,11 @@ def evaluate(
         from shoal.algorithms import get_config_class
 
         # Evaluate in this process; an algorithm that needs workers (DD-PPO) keeps them but starts none to evaluate.
-        min_workers = getattr(get_config_class(ckpt.read_meta(p)["algo"]), "min_workers", 0)
-        overrides = {"resources": {"num_workers": 0}} if min_workers == 0 else {}
-        overrides["evaluation"] = {"evaluation_num_workers": 0}
+        cfg_cls = get_config_class(ckpt.read_meta(p)["algo"])
+        overrides = {"resources": {"num_workers": 0}} if getattr(cfg_cls, "min_workers", 0) == 0 else {}
+        evaluation_cls = cfg_cls.model_fields["evaluation"].annotation
+        if "evaluation_num_workers" not in evaluation_cls.unused_keys:
+            overrides["evaluation"] = {"evaluation_num_workers": 0}
         if seed is not None:
             overrides["seed"] = seed
         algo = load(p, overrides=overrides)

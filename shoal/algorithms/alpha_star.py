@@ -36,7 +36,7 @@ from shoal.algorithms.base import Algorithm
 from shoal.algorithms.impala import WAIT_S
 from shoal.algorithms.ppo import update_kl_coeff
 from shoal.batch import Batch, Col
-from shoal.config import EnvSpec, ResourcesConfig
+from shoal.config import EnvSpec, EvaluationConfig, ResourcesConfig
 from shoal.envs.multi_agent import make_multi_agent_env
 from shoal.errors import ActorLostError, ConfigError
 from shoal.league import make_league_builder
@@ -63,6 +63,10 @@ class AlphaStarResourcesConfig(ResourcesConfig):
         return self.num_workers > 0 if self.remote_learners is None else self.remote_learners
 
 
+class AlphaStarEvaluationConfig(EvaluationConfig):
+    unused_keys = {"evaluation_num_workers": "a league is evaluated in the driver, main against the random player"}
+
+
 _ONE_DEVICE = "each policy learner actor is one Learner on one device; IMPALA's multi-device learner is not used"
 _NO_LEARNER_QUEUE = ("policy learners pull their batches from their shard's replay (replay_buffer_capacity, "
                      "replay_ratio); IMPALA's learner queue and minibatch ring are not used")
@@ -78,6 +82,7 @@ class AlphaStarConfig(APPOConfig):
 
     env: EnvSpec = Field("pettingzoo.classic:tictactoe_v3", description="A PettingZoo env: import path, module or callable.")
     resources: AlphaStarResourcesConfig = Field(default_factory=AlphaStarResourcesConfig)
+    evaluation: AlphaStarEvaluationConfig = Field(default_factory=AlphaStarEvaluationConfig)
     league: Union[str, dict[str, Any], None] = Field(
         "alpha_star", description="League builder: a name (alpha_star, no_league), an import path, or {type: ..., **kwargs}.")
     replay_ratio: float = Field(0.0, ge=0, le=1, description="Fraction of learned batches that are replayed ones.")
