@@ -155,6 +155,10 @@ def test_appo_clipped_side_has_no_policy_gradient():
     (dict(max_requests_in_flight_per_worker=0), ["max_requests_in_flight_per_worker"]),
     (dict(vtrace_clip_rho_threshold=0.0), ["vtrace_clip_rho_threshold"]),
     (dict(learner_queue_sise=4), ["learner_queue_size"]),
+    # each learner's own settings have no effect on the other one: refused, not ignored
+    (dict(num_learner_devices=2, fake_devices=True, minibatch_buffer_size=2), ["minibatch_buffer_size", "multi-device"]),
+    (dict(num_multi_gpu_tower_stacks=2), ["num_multi_gpu_tower_stacks (2)", "single-device"]),
+    (dict(num_data_load_threads=2), ["num_data_load_threads (2)", "several devices or a GPU"]),
 ])
 def test_config_errors_name_the_key(kw, words):
     with pytest.raises(ConfigError) as e:

@@ -75,7 +75,21 @@ class IMPALAConfig(AlgorithmConfig):
             raise ValueError(
                 f"train_batch_size ({self.train_batch_size}) holds {self.train_batch_size // T} sequences of {T} steps, "
                 f"which do not divide evenly over {n} learner devices")
+        if self.multi_device() and self.minibatch_buffer_size != 1:
+            raise ValueError(f"minibatch_buffer_size ({self.minibatch_buffer_size}) is a setting of the single-device "
+                             "learner thread; the multi-device learner (several devices, or a GPU) preloads "
+                             "num_multi_gpu_tower_stacks stacks instead: leave it at 1")
+        stacks = {k: getattr(self, k) for k in ("num_multi_gpu_tower_stacks", "num_data_load_threads") if getattr(self, k) != 1}
+        if stacks and not self.multi_device():
+            raise ValueError(f"{', '.join(f'{k} ({v})' for k, v in stacks.items())}: settings of the multi-device learner, "
+                             "which runs only with several devices or a GPU (num_learner_devices, resources.num_gpus); "
+                             "the single-device learner thread uses minibatch_buffer_size instead")
         return self
+
+    def multi_device(self) -> bool:
+        """Whether the learner is the multi-device one (several devices, or one GPU)."""
+        devices = self.learner_devices()
+        return len(devices) > 1 or devices[0] != "cpu"
 
     def fragment_length(self) -> int:
         """Steps per env per sample request: the V-trace sequence length T."""
@@ -192,7 +206,7 @@ def impala_loss(module, batch: dict, learner: Learner, config: IMPALAConfig) -> 
 def make_learner_thread(learner: Learner, config: IMPALAConfig):
     """A LearnerThread, or the multi-device one when the config names several devices or a GPU."""
     devices = config.learner_devices()
-    if len(devices) > 1 or devices[0] != "cpu":
+    if config.multi_device():
         from shoal.learn.multi_device import MultiDeviceLearnerThread
 
         return MultiDeviceLearnerThread(
