@@ -30,28 +30,32 @@ PAGE_FAULTS = textwrap.dedent("""
     before = faults()
     configure_process(ResourcesConfig(torch_threads=int(sys.argv[1]), retain_freed_memory=sys.argv[2] == "1"))
     faults(20)
-    print(before, faults(), torch.get_num_threads())
+    from shoal.runtime import process
+    print(before, faults(), torch.get_num_threads(), int(process._retained))
 """)
 
 
-def _run(threads: int, retain: bool) -> tuple[int, int, int]:
+def _run(threads: int, retain: bool) -> tuple[int, int, int, bool]:
+    """Page faults of 100 steps before and after configure_process, the thread count, whether mallopt was applied."""
     out = subprocess.run([sys.executable, "-c", PAGE_FAULTS, str(threads), "1" if retain else "0"],
                          capture_output=True, text=True, check=True).stdout.split()
-    return int(out[0]), int(out[1]), int(out[2])
+    return int(out[0]), int(out[1]), int(out[2]), out[3] == "1"
 
 
-# Page-fault counts are ratios of two runs of the same 100 steps in one process: load on the
-# machine may add faults to both, so no test holds a count against a fixed limit.
+# Page-fault counts are compared as a ratio of two runs of the same 100 steps in one process:
+# load on the machine may add faults to both, so no test holds a count against a fixed limit.
 
 
 def test_retained_memory_removes_the_page_faults_of_every_minibatch():
-    before, after, threads = _run(2, retain=True)
+    before, after, threads, retained = _run(2, retain=True)
     assert before >= 100 * 10, before  # glibc's defaults: freed activations go back to the kernel, then fault back in
     assert after * 5 < before, (before, after)  # the same 100 steps reuse the retained blocks: a fifth of the faults at most
-    assert threads == 2  # and the thread count was applied
+    assert threads == 2 and retained  # and the thread count was applied
 
 
 def test_retained_memory_is_on_by_default_and_can_be_switched_off():
     assert ResourcesConfig().retain_freed_memory is True
-    before, after, threads = _run(1, retain=False)
-    assert threads == 1 and after * 2 > before, (before, after)  # switched off: malloc keeps its defaults, the faults go on
+    _, _, threads, retained = _run(1, retain=False)
+    # Switched off, malloc keeps its defaults. Its own dynamic mmap threshold may then cut the faults
+    # too, by how much varies from run to run, so the check is that mallopt was left alone.
+    assert threads == 1 and not retained
