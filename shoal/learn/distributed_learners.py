@@ -376,10 +376,10 @@ class DistributedLearners:
         most ``timeout_s`` for the first one. A learner that died is recreated meanwhile."""
         deadline = time.monotonic() + timeout_s
         while True:
-            out = [(pid, r) for pid, g in list(self.groups.items()) for _, r in g.fetch_ready(0.0)]
-            if any(isinstance(r, str) and r == REPLAY_LOST for _, r in out):
+            got = [(pid, r) for pid, g in list(self.groups.items()) for _, r in g.fetch_ready(0.0)]
+            out = [(pid, r) for pid, r in got if not (isinstance(r, str) and r == REPLAY_LOST)]
+            if len(out) < len(got):
                 self.check_replays()
-                out = [(pid, r) for pid, r in out if not (isinstance(r, str) and r == REPLAY_LOST)]
             if out or time.monotonic() >= deadline or not self.num_in_flight():
                 return out
             time.sleep(0.002)
