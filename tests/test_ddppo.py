@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from shoal.algorithms.ddppo import DDPPO, DDPPOConfig, DDPPOWorker, mean_stats
+from shoal.algorithms.ddppo import DDPPO, DDPPOConfig, DDPPOWorker
+from shoal.learn.stats import mean_stats
 from shoal.config import load_yaml
 from shoal.errors import ConfigError
 from shoal.learn.distributed import flatten_grads, free_port, unflatten_grads_

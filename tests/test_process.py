@@ -11,7 +11,7 @@ from shoal.config import ResourcesConfig
 PAGE_FAULTS = textwrap.dedent("""
     import resource, sys, torch
     from shoal.config import ResourcesConfig
-    from shoal.runtime.process import configure_process
+    from shoal.process import configure_process
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -30,7 +30,7 @@ PAGE_FAULTS = textwrap.dedent("""
     before = faults()
     configure_process(ResourcesConfig(torch_threads=int(sys.argv[1]), retain_freed_memory=sys.argv[2] == "1"))
     faults(20)
-    from shoal.runtime import process
+    from shoal import process
     print(before, faults(), torch.get_num_threads(), int(process._retained))
 """)
 

@@ -47,7 +47,8 @@ from shoal.models import build_actor_critic
 from shoal.rollout.league import LeagueRolloutActor, store_batches
 from shoal.rollout.multi_agent import ActionMasked, MultiAgentEnvRunner, PolicyReturnWindows
 from shoal.runtime import LazyActorGroup, make_actor_group
-from shoal.runtime.process import configure_process
+from shoal.process import configure_process
+from shoal.logging.metrics import Phase
 
 
 # ---- config -----------------------------------------------------------------------------
@@ -322,7 +323,7 @@ class AlphaStar(Algorithm):
 
     # ---- the execution plan ------------------------------------------------------------------
     def training_step(self) -> dict[str, Any]:
-        with self.timers.time("sample"):
+        with self.timers.time(Phase.SAMPLE):
             if self._driver_stores:
                 self.env_runners.submit("sample_and_return")
                 metrics, replay = [], self.learners.replay_proxies()
@@ -337,7 +338,7 @@ class AlphaStar(Algorithm):
                 self.returns.add(m)
                 self.league.record_results(m.matches)
                 self._matches_this_iter += len(m.matches)
-        with self.timers.time("learn"):
+        with self.timers.time(Phase.LEARN):
             for pid in self.learners.policy_ids:
                 self.learners.submit(pid, "learn", self.counters["env_steps_sampled"])
             stats = self._learner_stats  # the last stats of every learner: stable result columns
@@ -348,7 +349,7 @@ class AlphaStar(Algorithm):
                 self.weights[pid] = self._changed[pid] = self.learners.weights[pid] = out["weights"]
                 stats.update({f"learner/{pid}/{k}": v for k, v in out["stats"].items()})
                 self._learned_since_broadcast += 1
-        with self.timers.time("sync"):
+        with self.timers.time(Phase.SYNC):
             # every `broadcast_interval` learner results (the league's changes go out after each iteration anyway),
             # and at once when a replay actor was recreated: the rollout actors must write to the new one
             replay_restarts = self.learners.num_replay_restarts
@@ -360,7 +361,7 @@ class AlphaStar(Algorithm):
     def train(self) -> dict[str, Any]:
         self._matches_this_iter = 0
         result = super().train()
-        with self.timers.time("league"):
+        with self.timers.time(Phase.LEAGUE):
             self.learners.check_replays()  # a recreated replay actor's handle goes out with this broadcast
             self.apply_league_changes(self.league.build(self, result))
             self.broadcast()  # the matchmaking's win-rate weights move every iteration

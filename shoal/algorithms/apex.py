@@ -39,8 +39,11 @@ from shoal.config import ResourcesConfig
 from shoal.errors import NodeResourceError
 from shoal.learn.replay_learner import ReplayLearnerThread, ReplayResult
 from shoal.rollout import EnvRunner
-from shoal.rollout.policies import EpsilonGreedyQPolicy, apex_epsilon, weights_to_numpy
+from shoal.models.weights import weights_to_numpy
+from shoal.rollout.policies import EpsilonGreedyQPolicy, apex_epsilon
+from shoal.seeding import component_seed
 from shoal.runtime import LazyActorGroup, make_actor_group
+from shoal.logging.metrics import Phase
 
 
 # ---- config -----------------------------------------------------------------------------
@@ -138,7 +141,7 @@ class ApeX(Algorithm):
 
         def shard_ctor(i: int):
             return (per_shard,), {"prioritized": cfg.prioritized_replay, "alpha": cfg.prioritized_replay_alpha, "beta": cfg.prioritized_replay_beta,
-                                  "eps": cfg.prioritized_replay_eps, "seed": None if seed is None else seed + 7 * i}
+                                  "eps": cfg.prioritized_replay_eps, "seed": component_seed(seed, i)}
 
         from shoal.replay import ReplayShard
 
@@ -202,12 +205,12 @@ class ApeX(Algorithm):
         # back-pressure: requests are owed because the learner is behind; sample nothing new (unless
         # a shard answered empty: it fills only by sampling, e.g. a recreated one)
         held = self._owed >= 1 and not self._shard_was_empty
-        with self.timers.time("sample"):
+        with self.timers.time(Phase.SAMPLE):
             if not held:
                 self.env_runners.submit("sample_into_replay")
             ready = self.env_runners.fetch_ready(timeout_s=0.01)
             collected = self.record_actor_rollouts(ready)
-        with self.timers.time("sync_weights"):
+        with self.timers.time(Phase.SYNC_WEIGHTS):
             stale = [i for i in self.steps_since_sync if self.steps_since_sync[i] >= cfg.max_weight_sync_delay]
             if stale:
                 ref = self.env_runners.put(self.get_weights())
@@ -221,13 +224,13 @@ class ApeX(Algorithm):
         elif self.learning_started_at is not None:
             self._owe_replay(collected)
         if self.learning_started_at is not None:
-            with self.timers.time("replay"):
+            with self.timers.time(Phase.REPLAY):
                 if cfg.lr_schedule:
                     with self.learner_thread.lock:
                         self.learner.set_env_steps(sampled)
                 self._request_replay(cfg.beta(sampled))
                 self._queue_replayed()
-        with self.timers.time("update_priorities"):
+        with self.timers.time(Phase.UPDATE_PRIORITIES):
             stats = self._send_priorities(self.learner_thread.drain(timeout_s=0.01 if held and not ready else 0.0))
         self._resync_restarted_shards()
         return {**{f"learner/{k}": v for k, v in stats.items()}, **self.replay_metrics()}

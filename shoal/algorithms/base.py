@@ -22,7 +22,8 @@ from shoal.errors import CheckpointError, ConfigError
 from shoal.logging.metrics import EpisodeWindow, Timers
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
 from shoal.runtime import LazyActorGroup, make_actor_group
-from shoal.runtime.process import configure_process
+from shoal.process import configure_process
+from shoal.seeding import EVAL_ACTORS_FIRST_INDEX, EVAL_RUNNER_INDEX
 
 COUNTERS = ("env_steps_sampled", "env_steps_trained", "time_total_s")
 
@@ -190,7 +191,7 @@ class Algorithm:
                 res = self.config.resources
                 self.eval_runners = make_actor_group(
                     EnvRunner, ev.evaluation_num_workers,
-                    lambda i: ((self.config, 1000 + i, self.policy_cls, None, 1), {"num_envs": 1}),
+                    lambda i: ((self.config, EVAL_ACTORS_FIRST_INDEX + i, self.policy_cls, None, 1), {"num_envs": 1}),
                     remote=True, num_cpus=res.num_cpus_per_worker, max_restarts=res.max_worker_restarts,
                     address=res.address, resource_wait_s=res.resource_wait_s, name="evaluation actor")
             k = len(self.eval_runners.actor_ids)
@@ -205,7 +206,7 @@ class Algorithm:
                     "episode_len_mean": sum(o["episode_len_mean"] * o["num_episodes"] for o in outs) / total,
                     "num_episodes": total}
         if self._eval_local is None:
-            self._eval_local = EnvRunner(self.config, 999, self.policy_cls, None, 1, num_envs=1)
+            self._eval_local = EnvRunner(self.config, EVAL_RUNNER_INDEX, self.policy_cls, None, 1, num_envs=1)
         self._eval_local.set_weights(weights)
         return self._eval_local.evaluate(n, render=render)
 

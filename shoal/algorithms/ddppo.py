@@ -39,7 +39,10 @@ from shoal.models import build_actor_critic
 from shoal.rollout import ActorCriticPolicy
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
 from shoal.runtime import make_actor_group
-from shoal.runtime.process import configure_process
+from shoal.process import configure_process
+from shoal.learn.stats import mean_stats
+from shoal.seeding import component_seed
+from shoal.logging.metrics import Phase
 
 log = logging.getLogger("shoal.ddppo")
 
@@ -161,7 +164,7 @@ class DDPPOWorker:
         self.runner = EnvRunner(config, worker_index, ActorCriticPolicy, postprocess, config.fragment_length())
         self.learner = make_learner(config, self.runner.obs_space, self.runner.action_space, DistributedLearner,
                                     resolve_device(config.resources.num_gpus_per_worker))
-        self.rng = np.random.default_rng(None if config.seed is None else config.seed + 7 * worker_index)
+        self.rng = np.random.default_rng(component_seed(config.seed, worker_index))
         self.rounds = 0  # rounds trained by the group: drives the lr schedule identically on every replica
         self.rank: Optional[int] = None
 
@@ -213,10 +216,6 @@ class DDPPOWorker:
         self.runner.stop()
 
 
-def mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:
-    keys = set().union(*stats) if stats else set()
-    return {k: float(np.mean([s[k] for s in stats if k in s])) for k in sorted(keys)}
-
 
 # ---- algorithm --------------------------------------------------------------------------
 class DDPPO(Algorithm):
@@ -266,15 +265,15 @@ class DDPPO(Algorithm):
             self._stash.extend(r for _, r in group.fetch_ready(timeout_s=0.05))
 
     def training_step(self) -> dict[str, Any]:
-        with self.timers.time("regroup"):
+        with self.timers.time(Phase.REGROUP):
             if self.env_runners is None:
                 self._start_workers()
             elif self._round_failed or self.env_runners.num_restarts != self._formed_restarts:
                 self._regroup()
-        with self.timers.time("sample_and_train"):
+        with self.timers.time(Phase.SAMPLE_AND_TRAIN):
             self.env_runners.submit("sample_and_train")
             results = self._gather()
-        with self.timers.time("aggregate"):
+        with self.timers.time(Phase.AGGREGATE):
             self.record_rollouts([r.metrics for r in results])
             done = [r for r in results if r.error is None]
             self.counters["env_steps_trained"] += sum(r.env_steps_trained for r in done)
@@ -285,7 +284,7 @@ class DDPPO(Algorithm):
                     log.warning("DD-PPO round failed (%s); re-forming the group", r.error.splitlines()[0][:200])
                     self._round_failed = True  # re-form before the next round
                     self.num_failed_rounds += 1
-        with self.timers.time("sync"):
+        with self.timers.time(Phase.SYNC):
             for r in done:
                 if r.weights is not None:
                     self.local.set_weights(r.weights)

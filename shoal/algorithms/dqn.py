@@ -32,8 +32,11 @@ from shoal.errors import ConfigError
 from shoal.learn import Learner, resolve_device
 from shoal.models import build_q_network
 from shoal.rollout import Fragment, flatten_valid
-from shoal.rollout.policies import EpsilonGreedyQPolicy, weights_to_numpy
+from shoal.models.weights import weights_to_numpy
+from shoal.rollout.policies import EpsilonGreedyQPolicy
 from shoal.rollout.postprocessing import n_step_targets, q_td_errors
+from shoal.schedule import linear_schedule
+from shoal.logging.metrics import Phase
 
 
 # ---- config -----------------------------------------------------------------------------
@@ -88,8 +91,9 @@ class DQNConfig(AlgorithmConfig):
         return [(0, self.exploration_initial_eps), (self.exploration_timesteps, self.exploration_final_eps)]
 
     def beta(self, env_steps: float) -> float:
-        frac = min(1.0, env_steps / self.beta_annealing_steps)
-        return self.prioritized_replay_beta + frac * (self.final_prioritized_replay_beta - self.prioritized_replay_beta)
+        """The importance-weight exponent after ``env_steps`` sampled steps (annealed linearly)."""
+        return linear_schedule(self.prioritized_replay_beta, self.final_prioritized_replay_beta,
+                               self.beta_annealing_steps)(env_steps)
 
 
 # ---- loss -------------------------------------------------------------------------------
@@ -227,16 +231,16 @@ class DQN(Algorithm):
 
     def training_step(self) -> dict[str, Any]:
         cfg: DQNConfig = self.config
-        with self.timers.time("sample"):
+        with self.timers.time(Phase.SAMPLE):
             results = self.env_runners.foreach("sample")
             steps = self.record_rollouts([m for _, m in results])
-        with self.timers.time("store"):
+        with self.timers.time(Phase.STORE):
             for batch, _ in results:
                 self.replay.add(batch, batch.data.pop(Col.PRIORITIES, None))
         stats: dict[str, float] = {}
         sampled = self.counters["env_steps_sampled"]
         if sampled >= cfg.learning_starts:
-            with self.timers.time("learn"):
+            with self.timers.time(Phase.LEARN):
                 self.learner.set_env_steps(sampled)
                 self._update_credit += steps * cfg.training_intensity / cfg.train_batch_size
                 beta = cfg.beta(sampled)
@@ -246,7 +250,7 @@ class DQN(Algorithm):
                     td, stats = learn_on_replay_batch(self.learner, replayed, cfg, self.learn_state)
                     self.replay.update_priorities(replayed[Col.INDICES], td)
                     self.counters["env_steps_trained"] += len(replayed)
-        with self.timers.time("sync"):
+        with self.timers.time(Phase.SYNC):
             self.env_runners.foreach("set_global_vars", {"env_steps": sampled}, wait=False)
             self.broadcast_weights()
         return {**{f"learner/{k}": v for k, v in stats.items()}, "replay_size": self.replay.stats()["size"],

@@ -29,6 +29,7 @@ from shoal.learn import Learner, resolve_device
 from shoal.learn.vtrace import VTraceReturns, vtrace
 from shoal.models import build_actor_critic
 from shoal.rollout import ActorCriticPolicy, Fragment
+from shoal.logging.metrics import Phase
 
 DEFAULT_FRAGMENT_LENGTH = 50
 WAIT_S = 0.02  # longest a training step blocks on sample results or learner results
@@ -287,21 +288,21 @@ def async_training_step(algo: Algorithm, on_learner_result: Callable[[dict], Non
     cfg: IMPALAConfig = algo.config
     if algo.thread.ident is None:
         algo.thread.start()
-    with algo.timers.time("sample"):
+    with algo.timers.time(Phase.SAMPLE):
         if not algo.thread.inqueue.full():  # back-pressure: no new requests while the learner is behind
             algo.env_runners.submit("sample")
         ready = [r for _, r in algo.env_runners.fetch_ready(timeout_s=WAIT_S)]
         algo.record_rollouts([m for _, m in ready])
-    with algo.timers.time("enqueue"):
+    with algo.timers.time(Phase.ENQUEUE):
         algo.learner.set_env_steps(algo.counters["env_steps_sampled"])
         for batch in take_train_batches(algo, [b for b, _ in ready]):
             if not algo.thread.add(batch, env_steps=int(batch[Col.VALID].sum())):
                 algo.num_dropped_batches += 1
-    with algo.timers.time("drain"):
+    with algo.timers.time(Phase.DRAIN):
         for info in drain_learner(algo, wait_s=0.0 if ready else WAIT_S):  # nothing sampled: wait here, do not spin
             if on_learner_result is not None:
                 on_learner_result(info)
-    with algo.timers.time("sync"):
+    with algo.timers.time(Phase.SYNC):
         if algo.thread.num_updates - algo.broadcast_at >= cfg.broadcast_interval:
             algo.broadcast_at = algo.thread.num_updates
             algo.broadcast_weights()

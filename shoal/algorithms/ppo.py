@@ -24,6 +24,7 @@ from shoal.config import AlgorithmConfig
 from shoal.learn import Learner, resolve_device
 from shoal.models import build_actor_critic
 from shoal.rollout import ActorCriticPolicy, Fragment, compute_gae, flatten_valid
+from shoal.logging.metrics import Phase
 
 
 # ---- config -----------------------------------------------------------------------------
@@ -181,13 +182,13 @@ class PPO(Algorithm):
 
     def training_step(self) -> dict[str, Any]:
         cfg: PPOConfig = self.config
-        with self.timers.time("sample"):
+        with self.timers.time(Phase.SAMPLE):
             results = self.env_runners.foreach("sample")
             if not results:  # every rollout actor failed this round (they were recreated)
                 return {}
             batch = Batch.concat([b for b, _ in results])
             self.record_rollouts([m for _, m in results])
-        with self.timers.time("learn"):
+        with self.timers.time(Phase.LEARN):
             self.learner.set_env_steps(self.counters["env_steps_sampled"])
             stats = self.learner.update(batch, cfg.num_sgd_iter, cfg.minibatch_size, self.rng)
             self.counters["env_steps_trained"] += len(batch)
@@ -195,7 +196,7 @@ class PPO(Algorithm):
                 kl_coeff = update_kl_coeff(self.learner.extra_state["kl_coeff"], stats["kl"], cfg.kl_target)
                 self.learner.extra_state["kl_coeff"] = kl_coeff
             stats["kl_coeff"] = self.learner.extra_state["kl_coeff"]
-        with self.timers.time("sync"):
+        with self.timers.time(Phase.SYNC):
             self.broadcast_weights()
         return {f"learner/{k}": v for k, v in stats.items()}
 

@@ -17,7 +17,9 @@ import torch
 
 from shoal.batch import Batch
 from shoal.errors import ConfigError
-from shoal.rollout.policies import load_numpy_weights, weights_to_numpy
+from shoal.learn.stats import StatsMean
+from shoal.schedule import PiecewiseSchedule
+from shoal.models.weights import load_numpy_weights, weights_to_numpy
 
 
 def minibatch_indices(n: int, minibatch_size: int, rng: np.random.Generator, num_minibatches: int | None = None,
@@ -43,16 +45,6 @@ def minibatch_indices(n: int, minibatch_size: int, rng: np.random.Generator, num
     return list(torch.tensor_split(order.repeat(-(-num_minibatches // n)) if n < num_minibatches else order,
                                    num_minibatches))
 
-
-class PiecewiseSchedule:
-    """Piecewise-linear in env steps: ``[(0, 1e-3), (100_000, 0.0)]``; flat outside the points."""
-
-    def __init__(self, points: list[tuple[int, float]]) -> None:
-        self.x = np.array([p[0] for p in points], dtype=np.float64)
-        self.y = np.array([p[1] for p in points], dtype=np.float64)
-
-    def __call__(self, t: float) -> float:
-        return float(np.interp(t, self.x, self.y))
 
 
 def resolve_device(num_gpus: float) -> torch.device:
@@ -136,15 +128,14 @@ class Learner:
         ``sequence_length``: see :func:`minibatch_indices`.
         """
         tensors = batch.to_torch(self.device)
-        acc: dict[str, list[torch.Tensor]] = {}
+        acc = StatsMean()
         self.module.train()
         for _ in range(num_epochs):
             for idx in minibatch_indices(len(batch), minibatch_size, rng, num_minibatches, sequence_length):
                 mb = tensors if idx is None else {k: v[idx.to(self.device)] for k, v in tensors.items()}
-                for k, v in self.update_minibatch(mb).items():
-                    acc.setdefault(k, []).append(v.detach())
+                acc.add(self.update_minibatch(mb))
         self.module.eval()
-        out = {k: float(torch.stack(v).float().mean()) for k, v in acc.items()}
+        out = acc.mean()
         out["lr"] = self.lr
         return out
 

@@ -39,12 +39,12 @@ import torch
 from shoal.batch import Batch
 from shoal.errors import ConfigError, ShoalError
 from shoal.learn.learner import Learner
+from shoal.learn.stats import StatsMean
 from shoal.learn.threads import BackgroundLearnerThread
+from shoal.logging.metrics import Phase, Timers
 
 _POLL_S = 0.5  # a waiting thread re-checks its stop flag this often (no CPU in between)
 _STOP = object()  # put on a queue by stop() to wake a waiting thread at once
-
-TIMER_NAMES = ("learner_queue_wait", "learner_load", "learner_load_wait", "learner_grad")
 
 
 class LearnerQueueTimeout(ShoalError):
@@ -83,60 +83,6 @@ def put_stop(q: queue.Queue, n: int = 1) -> None:
             return
 
 
-class WindowTimers:
-    """Thread-safe wall-time windows: the mean milliseconds of the last ``window`` events per name."""
-
-    def __init__(self, names, window: int = 100) -> None:
-        self._lock = threading.Lock()
-        self._times = {n: deque(maxlen=window) for n in names}
-
-    def add(self, name: str, seconds: float) -> None:
-        with self._lock:
-            self._times[name].append(seconds)
-
-    def report(self) -> dict[str, float]:
-        with self._lock:
-            return {f"timers/{n}_ms": 1000.0 * float(np.mean(t)) if t else 0.0 for n, t in self._times.items()}
-
-
-class _Timed:
-    """``with _Timed(timers, name):`` adds the block's wall time to ``timers``."""
-
-    __slots__ = ("timers", "name", "t0")
-
-    def __init__(self, timers: WindowTimers, name: str) -> None:
-        self.timers, self.name = timers, name
-
-    def __enter__(self):
-        self.t0 = time.perf_counter()
-
-    def __exit__(self, *exc):
-        self.timers.add(self.name, time.perf_counter() - self.t0)
-
-
-class StatsMean:
-    """Accumulates loss statistics (tensors or floats) over SGD passes without leaving their
-    device (a copy to the host would wait for the device to finish); ``mean()`` copies all the
-    means of one device to the host at once, one sync per device."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, list] = {}
-
-    def add(self, stats: Mapping[str, Any], prefix: str = "") -> None:
-        for k, v in stats.items():
-            v = v.detach().float() if isinstance(v, torch.Tensor) else torch.tensor(float(v))
-            self.values.setdefault(prefix + k, []).append(v)
-
-    def mean(self) -> dict[str, float]:
-        by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
-        for k, v in self.values.items():
-            m = torch.stack([x.to(v[0].device, non_blocking=True) for x in v]).mean()
-            by_device.setdefault(m.device, []).append((k, m))
-        out: dict[str, float] = {}
-        for items in by_device.values():
-            host = torch.stack([m for _, m in items]).cpu().tolist()
-            out.update({k: x for (k, _), x in zip(items, host)})
-        return {k: out[k] for k in self.values}
 
 
 def count_steps(batch, env_steps: int | None) -> tuple[int, int]:
@@ -181,7 +127,7 @@ class LearnerThread(BackgroundLearnerThread):
         # Held by every update and by get_weights(), so weights are never read half-written.
         self.lock = threading.RLock()
         self.readers_waiting = 0  # get_weights() calls waiting for the lock; a step yields to them
-        self.timers = WindowTimers(TIMER_NAMES)
+        self.timers = Timers(Phase.LEARNER_THREAD, window=100)
         self.queue_sizes: deque[int] = deque(maxlen=100)
         self.num_updates = 0
         self._ring: list[_Slot | None] = [None] * int(minibatch_buffer_size)
@@ -254,7 +200,7 @@ class LearnerThread(BackgroundLearnerThread):
 
         ``idle`` is the idle() context of the thread that waits (the learner or a loader).
         """
-        with idle(), _Timed(self.timers, "learner_queue_wait"):
+        with idle(), self.timers.time(Phase.LEARNER_QUEUE_WAIT):
             item = wait_get(self.inqueue, stopped, self.learner_queue_timeout)
         if item is None:
             return None
@@ -269,10 +215,10 @@ class LearnerThread(BackgroundLearnerThread):
             if item is None:
                 return
             batch, env_steps, agent_steps = item
-            with _Timed(self.timers, "learner_load"):
+            with self.timers.time(Phase.LEARNER_LOAD):
                 tensors = {pid: self._load(pid, b) for pid, b in self._per_policy(batch)}
             slot = self._ring[self._idx] = _Slot(tensors, env_steps, agent_steps, self.num_sgd_iter)
-        with self.lock, _Timed(self.timers, "learner_grad"):
+        with self.lock, self.timers.time(Phase.LEARNER_GRAD):
             for pid, tensors in slot.tensors.items():
                 slot.stats.add(self.learners[pid].update_minibatch(tensors), self._prefix(pid))
             self.num_updates += 1

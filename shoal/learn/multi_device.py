@@ -54,7 +54,9 @@ import torch
 from shoal.batch import Batch, Col
 from shoal.errors import ConfigError
 from shoal.learn.learner import Learner
-from shoal.learn.learner_thread import LearnerThread, StatsMean, _positive, _Timed, put_stop, wait_get
+from shoal.learn.learner_thread import LearnerThread, _positive, put_stop, wait_get
+from shoal.learn.stats import StatsMean
+from shoal.logging.metrics import Phase
 from shoal.learn.threads import BackgroundLearnerThread
 
 SplitFn = Callable[[Batch, int], Sequence[Batch]]
@@ -188,7 +190,7 @@ class _Loader(BackgroundLearnerThread):
             owner.idle_stacks.put(stack)
             return
         batch, stack.env_steps, stack.agent_steps = item
-        with _Timed(owner.timers, "learner_load"):
+        with owner.timers.time(Phase.LEARNER_LOAD):
             for pid, b in owner._per_policy(batch):
                 shards = owner.split(pid, b)
                 stack.shards[pid], stack.weights[pid] = owner.load_shards(shards), shard_weights(shards)
@@ -300,13 +302,13 @@ class MultiDeviceLearnerThread(LearnerThread):
 
     # ---- learning (learner thread) -----------------------------------------------------
     def step(self) -> None:
-        with self.idle(), _Timed(self.timers, "learner_load_wait"):
+        with self.idle(), self.timers.time(Phase.LEARNER_LOAD_WAIT):
             stack = wait_get(self.ready_stacks, self.stopped)
         if stack is None:
             return
         stats = StatsMean()
         for _ in range(self.num_sgd_iter):
-            with self.lock, _Timed(self.timers, "learner_grad"):
+            with self.lock, self.timers.time(Phase.LEARNER_GRAD):
                 for pid, shards in stack.shards.items():
                     self.towers[pid].update(shards, stack.weights[pid], stats, self._prefix(pid))
                 self.num_updates += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -11,7 +12,7 @@ import numpy as np
 
 
 class EpisodeWindow:
-    """Returns and lengths of the last ``size`` finished episodes (DESIGN.md: 100)."""
+    """Returns and lengths of the last ``size`` finished episodes (100 for the ``episode_*`` results)."""
 
     def __init__(self, size: int = 100) -> None:
         self.returns: deque[float] = deque(maxlen=size)
@@ -48,12 +49,44 @@ class EpisodeWindow:
         self.total = int(state["total"])
 
 
-class Timers:
-    """Wall time per named phase; reports the mean milliseconds since the last ``report()``."""
+class Phase:
+    """Timer names: each phase of a training step (or of a learner thread) reports ``timers/<name>_ms``."""
 
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
-        self.counts: dict[str, int] = {}
+    # driver-side phases of training_step()
+    SAMPLE = "sample"  # ask rollout actors for experience, collect what is ready
+    STORE = "store"  # add sampled batches to a replay
+    REPLAY = "replay"  # ask replay for train batches (Ape-X: owed replay requests)
+    ENQUEUE = "enqueue"  # cut train batches and hand them to a learner thread
+    LEARN = "learn"  # SGD in the driver, or requests to learner actors
+    DRAIN = "drain"  # collect what a learner thread finished
+    UPDATE_PRIORITIES = "update_priorities"  # new priorities back to the replay shards
+    SYNC = "sync"  # weights (and global vars) to the rollout actors
+    SYNC_WEIGHTS = "sync_weights"  # Ape-X: weights to the actors that sampled enough since their last refresh
+    SAMPLE_AND_TRAIN = "sample_and_train"  # DD-PPO: one round on every replica
+    AGGREGATE = "aggregate"  # DD-PPO: combine the replicas' results
+    REGROUP = "regroup"  # DD-PPO: re-form the process group after a failure
+    LEAGUE = "league"  # AlphaStar: the league builder's changes after an iteration
+    # learner-thread phases
+    LEARNER_QUEUE_WAIT = "learner_queue_wait"  # waiting for a train batch
+    LEARNER_LOAD = "learner_load"  # moving a batch onto the learner's device(s)
+    LEARNER_LOAD_WAIT = "learner_load_wait"  # multi-device: waiting for a loaded stack
+    LEARNER_GRAD = "learner_grad"  # one SGD step (under the learner's lock)
+    LEARNER_THREAD = (LEARNER_QUEUE_WAIT, LEARNER_LOAD, LEARNER_LOAD_WAIT, LEARNER_GRAD)
+
+
+class Timers:
+    """Wall time per named phase (thread-safe), reported as ``timers/<name>_ms``.
+
+    Without ``window``: the mean milliseconds of each phase timed since the last ``report()``
+    (the driver's per-iteration timers; a phase not timed since is left out). With
+    ``window=N``: the mean of each phase's last N events, every name in ``names`` reported (0
+    before its first event); a learner thread's timers, read by the driver at any moment.
+    """
+
+    def __init__(self, names: tuple[str, ...] = (), window: int | None = None) -> None:
+        self._lock = threading.Lock()
+        self.window = window
+        self._times: dict[str, deque[float]] = {n: deque(maxlen=window) for n in names}
 
     @contextmanager
     def time(self, name: str):
@@ -61,11 +94,19 @@ class Timers:
         try:
             yield
         finally:
-            self.sums[name] = self.sums.get(name, 0.0) + time.perf_counter() - t0
-            self.counts[name] = self.counts.get(name, 0) + 1
+            self.add(name, time.perf_counter() - t0)
+
+    def add(self, name: str, seconds: float) -> None:
+        with self._lock:
+            times = self._times.get(name)
+            if times is None:
+                times = self._times[name] = deque(maxlen=self.window)
+            times.append(seconds)
 
     def report(self) -> dict[str, float]:
-        out = {f"timers/{k}_ms": 1000.0 * v / self.counts[k] for k, v in self.sums.items()}
-        self.sums.clear()
-        self.counts.clear()
+        with self._lock:
+            out = {f"timers/{k}_ms": 1000.0 * float(np.mean(v)) if v else 0.0 for k, v in self._times.items()
+                   if v or self.window is not None}
+            if self.window is None:
+                self._times.clear()
         return out

@@ -25,7 +25,8 @@ import torch
 from shoal.batch import Batch, Col
 from shoal.envs.make import make_env, make_vec_env
 from shoal.models.catalog import preprocess_obs
-from shoal.runtime.process import configure_process
+from shoal.process import configure_process
+from shoal.seeding import evaluation_seed, worker_seed
 
 
 @dataclass
@@ -96,7 +97,7 @@ class EnvRunner:
         self.num_envs = num_envs or config.resources.num_envs_per_worker
         self.fragment_length = rollout_fragment_length
         self.postprocess = postprocess
-        seed = None if config.seed is None else config.seed + 10_007 * worker_index
+        seed = worker_seed(config.seed, worker_index)
         self.seed = seed
         self.env = make_vec_env(config.env, self.num_envs, config.env_config, seed=seed)
         self.obs_space = self.env.single_observation_space
@@ -182,7 +183,7 @@ class EnvRunner:
                 env = self._eval_envs.get(k)
                 if env is None:
                     env = self._eval_envs[k] = make_vec_env(self.config.env, k, self.config.env_config,
-                                                            seed=None if self.seed is None else self.seed + 7919)
+                                                            seed=evaluation_seed(self.seed))
                 raw, _ = env.reset()
                 ret, length = np.zeros(k), np.zeros(k, dtype=np.int64)
                 finished = np.zeros(k, dtype=bool)

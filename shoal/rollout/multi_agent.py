@@ -42,7 +42,7 @@ from shoal.errors import ConfigError
 from shoal.models.distributions import masked_logits
 from shoal.rollout.env_runner import RolloutMetrics
 from shoal.rollout.policies import ActorCriticPolicy
-from shoal.runtime.process import configure_process
+from shoal.process import configure_process
 
 DEFAULT_SEQUENCE_LENGTH = 50
 _SPEC_KEYS = {"weights", "model", "agent", "trainable"}

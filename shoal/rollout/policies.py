@@ -13,15 +13,8 @@ import torch
 
 from shoal.batch import Col
 from shoal.models import build_actor_critic
-
-
-def weights_to_numpy(module: torch.nn.Module) -> dict[str, np.ndarray]:
-    return {k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
-
-
-def load_numpy_weights(module: torch.nn.Module, weights: dict) -> None:
-    state = {k: torch.as_tensor(np.array(v)) if isinstance(v, np.ndarray) else v for k, v in weights.items()}
-    module.load_state_dict(state)
+from shoal.models.weights import load_numpy_weights, weights_to_numpy
+from shoal.schedule import PiecewiseSchedule
 
 
 class ActorCriticPolicy:
@@ -101,8 +94,7 @@ class EpsilonGreedyQPolicy:
         points = config.epsilon_schedule() if hasattr(config, "epsilon_schedule") else None
         self.epsilon_schedule = None
         if points:
-            xs, ys = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
-            self.epsilon_schedule = lambda t: float(np.interp(t, xs, ys))
+            self.epsilon_schedule = PiecewiseSchedule(points)
             self.epsilon = self.epsilon_schedule(0)
 
     def on_global_vars(self, global_vars: dict) -> None:

@@ -1,0 +1,45 @@
+"""Means of loss statistics: the one place that averages them.
+
+Every learner reports a dict of scalars per SGD step; a result row holds their mean over the
+steps (or over the learner results, or over DD-PPO's replicas) that reported each key.
+:class:`StatsMean` keeps tensors where they are until ``mean()`` (a copy to the host waits
+for the device, so it happens once per device, not once per step and key).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+import torch
+
+
+class StatsMean:
+    """Accumulates statistics (tensors or floats) and averages each key over the adds that had it."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, list] = {}
+
+    def add(self, stats: Mapping[str, Any], prefix: str = "") -> None:
+        for k, v in stats.items():
+            # tensors stay on their device (float32); plain numbers stay float64 (an lr averages to itself)
+            v = v.detach().float() if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=torch.float64)
+            self.values.setdefault(prefix + k, []).append(v)
+
+    def mean(self) -> dict[str, float]:
+        by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
+        for k, v in self.values.items():
+            m = torch.stack([x.to(v[0].device, v[0].dtype, non_blocking=True) for x in v]).mean()
+            by_device.setdefault(m.device, []).append((k, m))
+        out: dict[str, float] = {}
+        for items in by_device.values():
+            host = torch.stack([m.double() for _, m in items]).cpu().tolist()
+            out.update({k: x for (k, _), x in zip(items, host)})
+        return {k: out[k] for k in self.values}
+
+
+def mean_stats(stats: Iterable[Mapping[str, Any]], prefix: str = "") -> dict[str, float]:
+    """Each key's mean over the dicts that hold it (``prefix`` prepended to the keys)."""
+    acc = StatsMean()
+    for s in stats:
+        acc.add(s, prefix)
+    return acc.mean()
