@@ -13,7 +13,8 @@ import yaml
 from typer.testing import CliRunner
 
 from shoal.algorithms import get_config_class
-from shoal.algorithms.alpha_star import AlphaStar, AlphaStarConfig, masked_appo_loss, APPOPolicyLearner
+from shoal.algorithms.alpha_star import AlphaStar, AlphaStarConfig
+from shoal.algorithms.alpha_star_learner import APPOPolicyLearner, masked_appo_loss
 from shoal.batch import Col
 from shoal.cli import app
 from shoal.errors import ConfigError
@@ -66,7 +67,7 @@ def test_masked_appo_loss_is_on_policy_under_the_stored_masks():
     learner = APPOPolicyLearner("main", replay, cfg, env.observation_space("player_1"), env.action_space("player_1"))
     learner.set_weights(runner.policies["main"].get_weights())
     tensors = batch.to_torch()
-    loss, stats = masked_appo_loss(learner.learner.module, tensors, learner.learner, cfg, learner.target)
+    loss, stats = masked_appo_loss(learner.learner.module, tensors, learner.learner, cfg, learner.target, learner.kl)
     assert torch.isfinite(loss)
     assert float(stats["mean_rho"]) == pytest.approx(1.0, abs=1e-5)  # behaviour = target = current, same masks
     assert float(stats["kl"]) == pytest.approx(0.0, abs=1e-6)  # the target's logits are masked the same way
@@ -84,15 +85,15 @@ def test_policy_learner_adapts_the_kl_coefficient_once_per_learn_call():
     env = runner.envs[0]
     replay = BatchReplay(capacity=4)
     learner = APPOPolicyLearner("main", replay, cfg, env.observation_space("player_1"), env.action_space("player_1"))
-    coeffs = [learner.learner.extra_state["kl_coeff"]]
-    assert learner.learn() is None and learner.learner.extra_state["kl_coeff"] == 1.0  # nothing learned: unchanged
+    coeffs = [learner.kl.coeff]
+    assert learner.learn() is None and learner.kl.coeff == 1.0  # nothing learned: unchanged
     for _ in range(3):
         replay.add_batch("main", runner.sample()[0]["main"])
         out = learner.learn()
         coeffs.append(out["stats"]["kl_coeff"])
     ratios = [b / a for a, b in zip(coeffs, coeffs[1:])]
     assert all(r in (0.5, 1.5) for r in ratios), coeffs  # one adaptation step per learner result
-    assert learner.get_state()["learner"]["extra"]["kl_coeff"] == coeffs[-1]  # and it is checkpointed
+    assert learner.get_state()["kl"]["coeff"] == coeffs[-1]  # and it is checkpointed
 
 
 def test_gpus_asked_for_without_cuda_are_a_config_error_at_build(monkeypatch):

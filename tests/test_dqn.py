@@ -16,9 +16,11 @@ import torch
 from torch import nn
 
 from shoal.algorithms.apex import ApeXConfig, ApeXRunner
-from shoal.algorithms.dqn import (DQN, DQNConfig, QLearnerModule, dqn_loss, learn_on_replay_batch, n_step_postprocess,
+from shoal.algorithms.dqn import (DQN, DQNConfig, QLearnerModule, attach_target, dqn_loss, learn_on_replay_batch,
+                                  n_step_postprocess,
                                   q_targets)
 from shoal.batch import Batch, Col
+from shoal.learn.target import TargetNetwork
 from shoal.errors import ConfigError
 from shoal.learn import Learner
 from shoal.models import build_q_network
@@ -222,6 +224,11 @@ def test_dqn_loss_gradient_matches_manual():
 
 
 # ---- target network ---------------------------------------------------------------------
+def update_target(module: QLearnerModule, tau: float) -> None:
+    """One refresh of ``module.target`` through the target-network mechanism (period 1)."""
+    TargetNetwork(module.q, 1, tau=tau, net=module.target).post_update(1)
+
+
 def test_update_target_copy_and_blend():
     q = nn.Linear(3, 2)
     module = QLearnerModule(q)
@@ -231,15 +238,15 @@ def test_update_target_copy_and_blend():
             p.fill_(4.0)
         for p in module.target.parameters():
             p.fill_(0.0)
-    module.update_target(0.25)
+    update_target(module, 0.25)
     for p in module.target.parameters():  # 0.75 * 0 + 0.25 * 4 = 1
         torch.testing.assert_close(p, torch.full_like(p, 1.0))
-    module.update_target(0.25)
+    update_target(module, 0.25)
     for p in module.target.parameters():  # 0.75 * 1 + 0.25 * 4 = 1.75
         torch.testing.assert_close(p, torch.full_like(p, 1.75))
     for p in module.q.parameters():  # the online net is untouched
         torch.testing.assert_close(p, torch.full_like(p, 4.0))
-    module.update_target(1.0)
+    update_target(module, 1.0)
     for t, s in zip(module.target.parameters(), module.q.parameters()):
         assert torch.equal(t, s)
         assert not t.requires_grad
@@ -253,7 +260,7 @@ def test_update_target_copies_q_network_exactly():
         for p in module.q.parameters():
             p.add_(1.0)
     assert not torch.equal(next(module.q.parameters()), next(module.target.parameters()))
-    module.update_target(1.0)
+    update_target(module, 1.0)
     sq, st = module.q.state_dict(), module.target.state_dict()
     assert sq.keys() == st.keys()
     for k in sq:
@@ -283,7 +290,7 @@ def test_learn_on_replay_batch_target_updates_and_priorities():
     learner = Learner(QLearnerModule(q), functools.partial(dqn_loss, config=cfg), lr=cfg.lr, grad_clip=cfg.grad_clip)
     module = learner.module
     rng = np.random.default_rng(0)
-    state: dict = {}
+    target_net = attach_target(learner, cfg)
 
     def same_as_online() -> bool:
         return all(torch.equal(a, b) for a, b in zip(module.q.parameters(), module.target.parameters()))
@@ -297,14 +304,14 @@ def test_learn_on_replay_batch_target_updates_and_priorities():
             target = q_targets(t[Col.REWARDS], t[Col.DISCOUNTS], t[Col.TERMINATEDS], module.target(t[Col.NEXT_OBS]),
                                module.q(t[Col.NEXT_OBS]))
             expected_prio = (q_sa - target).abs().numpy()
-        prio, stats = learn_on_replay_batch(learner, batch, cfg, state)
+        prio, stats = learn_on_replay_batch(learner, batch)
         np.testing.assert_allclose(prio, expected_prio, rtol=1e-5, atol=1e-6)
         assert prio.shape == (4,) and (prio >= 0).all()
         assert stats["mean_td_error"] == pytest.approx(float(expected_prio.mean()), rel=1e-5)
         assert all(isinstance(v, float) for v in stats.values())
         updates = call // 3
-        assert state.get("target_updates", 0) == updates, call
-        assert state["since_target"] == 4 * (call % 3), call
+        assert target_net.num_updates == updates, call
+        assert target_net.since_update == 4 * (call % 3), call
         # the target equals the online net exactly right after an update, and only then
         assert same_as_online() == (call % 3 == 0), call
     assert learner.num_updates == 7
@@ -315,9 +322,9 @@ def test_learn_on_replay_batch_soft_update_blends():
     q = build_q_network(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), cfg.model, cfg.dueling)
     learner = Learner(QLearnerModule(q), functools.partial(dqn_loss, config=cfg), lr=cfg.lr)
     before = copy.deepcopy(learner.module.target.state_dict())
-    state: dict = {}
-    learn_on_replay_batch(learner, _random_replay_batch(np.random.default_rng(1), 4), cfg, state)
-    assert state["target_updates"] == 1
+    target = attach_target(learner, cfg)
+    learn_on_replay_batch(learner, _random_replay_batch(np.random.default_rng(1), 4))
+    assert target.num_updates == 1
     online = learner.module.q.state_dict()
     for k, v in learner.module.target.state_dict().items():
         torch.testing.assert_close(v, 0.75 * before[k] + 0.25 * online[k])
@@ -531,7 +538,8 @@ def test_dqn_smoke_and_checkpoint_with_replay(tmp_path):
         assert algo2.replay.stats()["size"] == algo.replay.stats()["size"] == sizes[-1]
         s1, s2 = algo.replay.get_state()["buffer"], algo2.replay.get_state()["buffer"]
         assert s1.keys() == s2.keys()
-        assert algo2.counters == algo.counters and algo2.learn_state == algo.learn_state
+        assert algo2.counters == algo.counters and \
+            (algo2.target.since_update, algo2.target.num_updates) == (algo.target.since_update, algo.target.num_updates)
         w1, w2 = algo.learner.module.state_dict(), algo2.learner.module.state_dict()  # online and target
         assert w1.keys() == w2.keys()
         for k in w1:

@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from shoal.algorithms.appo import APPOConfig, TargetNetwork, appo_loss_terms
+from shoal.algorithms.appo import APPOConfig, appo_loss_terms
 from shoal.algorithms.impala import IMPALAConfig, impala_loss_terms, sequence_postprocess, time_major, unroll, vtrace_for
 from shoal.batch import Col
 from shoal.config import load_yaml
 from shoal.envs import env_info
 from shoal.errors import ConfigError
 from shoal.learn import Learner
+from shoal.learn.target import TargetNetwork
 from shoal.learn.threads import LearnerThreadError
 from shoal.models import build_actor_critic
 from shoal.rollout import ActorCriticPolicy, EnvRunner, compute_gae
@@ -183,7 +184,8 @@ def test_target_network_refreshes_every_n_updates_and_syncs_replicas():
     torch.manual_seed(0)
     module = torch.nn.Linear(2, 1)
     learner = Learner(module, lambda m, b, ln: (m(b["x"]).pow(2).mean(), {}), lr=0.1)
-    target = TargetNetwork(learner, update_frequency=3)
+    target = TargetNetwork(module, 3)  # refreshed by the learner's post-update hook
+    learner.add_post_update_hook(target.post_update)
     replica = torch.nn.Linear(2, 1)
     before = module.weight.detach().clone()
     batch = {"x": torch.ones(4, 2)}
@@ -198,7 +200,7 @@ def test_target_network_refreshes_every_n_updates_and_syncs_replicas():
     copy = target.for_module(replica)
     assert copy is not net and torch.equal(copy.weight, net.weight)
     state = target.get_state()
-    target.set_state({"module": {k: torch.zeros_like(v) for k, v in state["module"].items()}, "updated_at": 3})
+    target.set_state({"module": {k: torch.zeros_like(v) for k, v in state["module"].items()}, "since_update": 0, "num_updates": 1})
     assert float(target.for_module(replica).weight.abs().sum()) == 0.0  # replicas follow a restore
 
 

@@ -15,7 +15,8 @@ import torch
 from shoal.batch import Batch, Col
 from shoal.errors import ConfigError
 from shoal.learn import Learner
-from shoal.learn.learner_thread import LearnerQueueTimeout, LearnerThread
+from shoal.learn.learner_thread import LearnerThread
+from shoal.learn.threads import LearnerQueueTimeout
 from shoal.learn.threads import LearnerThreadError
 
 BATCH_ID = "test_batch_id"  # a test-only column: which batch a row came from
@@ -52,10 +53,12 @@ class Recorder:
 
 
 def drain(q: queue.Queue, n: int, timeout_s: float = 10.0) -> list:
+    """The next ``n`` results as (env_steps, agent_steps, stats)."""
     out = []
     deadline = time.monotonic() + timeout_s
     while len(out) < n:
-        out.append(q.get(timeout=max(0.01, deadline - time.monotonic())))
+        r = q.get(timeout=max(0.01, deadline - time.monotonic()))
+        out.append((r.env_steps, r.agent_steps, r.stats))
     return out
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from shoal.batch import Batch, Col
 from shoal.errors import ConfigError
-from shoal.learn.learner_thread import LearnerQueueTimeout
+from shoal.learn.threads import LearnerQueueTimeout
 from shoal.learn.multi_device import MultiDeviceLearnerThread
 from shoal.learn.threads import LearnerThreadError
 from test_learner_thread import drain, make_batch, make_learner, mse_loss

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from shoal.algorithms.ppo import ppo_loss_terms, update_kl_coeff
+from shoal.algorithms.ppo import ppo_loss_terms
+from shoal.learn.target import update_kl_coeff
 from shoal.models.distributions import Categorical, DiagGaussian, masked_logits
 
 torch.set_num_threads(1)

@@ -24,30 +24,28 @@ The data flow:
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from shoal.algorithms.appo import APPOConfig, TargetNetwork, appo_loss
+from shoal.algorithms.alpha_star_learner import APPOPolicyLearner
 from shoal.algorithms.base import Algorithm
-from shoal.algorithms.impala import WAIT_S
-from shoal.algorithms.ppo import update_kl_coeff
-from shoal.batch import Batch, Col
-from shoal.config import EnvSpec, EvaluationConfig, ResourcesConfig
+from shoal.algorithms.config_groups import (AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, LearnerThreadKeys,
+                                           VTraceKeys, check_whole_sequences)
+from shoal.algorithms.pipeline import WAIT_S
+from shoal.config import AlgorithmConfig, EnvSpec, EvaluationConfig, ResourcesConfig
 from shoal.envs.multi_agent import make_multi_agent_env
-from shoal.errors import ActorLostError, ConfigError
+from shoal.errors import ConfigError
 from shoal.league import make_league_builder
-from shoal.learn import Learner
-from shoal.learn.distributed_learners import (REPLAY_LOST, BatchReplay, DistributedLearners, resolve_learner_device,
-                                              shard_plan)
+from shoal.learn.distributed_learners import BatchReplay, DistributedLearners, shard_plan
 from shoal.models import build_actor_critic
 from shoal.rollout.league import LeagueRolloutActor, store_batches
-from shoal.rollout.multi_agent import ActionMasked, MultiAgentEnvRunner, PolicyReturnWindows
+from shoal.rollout.multi_agent import MultiAgentEnvRunner, PolicyReturnWindows
 from shoal.runtime import LazyActorGroup, make_actor_group
-from shoal.process import configure_process
+from shoal.seeding import derive_seed
 from shoal.logging.metrics import Phase
 
 
@@ -73,7 +71,9 @@ _NO_LEARNER_QUEUE = ("policy learners pull their batches from their shard's repl
                      "replay_ratio); IMPALA's learner queue and minibatch ring are not used")
 
 
-class AlphaStarConfig(APPOConfig):
+class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, LearnerThreadKeys, AlgorithmConfig):
+    """APPO's groups (config_groups.py) plus the league; IMPALA's learner-thread keys are refused."""
+
     algo = "alpha_star"
     unused_keys = {
         "num_learner_devices": _ONE_DEVICE, "fake_devices": _ONE_DEVICE, "num_multi_gpu_tower_stacks": _ONE_DEVICE,
@@ -95,8 +95,11 @@ class AlphaStarConfig(APPOConfig):
         "rollout_fragment_length); each of the num_sgd_iter passes shuffles the sequences. None: one step on the "
         "whole train batch per pass.")
 
+    kl_coeff: float = Field(1.0, ge=0, description="Initial KL coefficient (adapted towards kl_target).")
+
     @model_validator(mode="after")
-    def _league(self):
+    def _check_league(self):
+        check_whole_sequences(self)
         try:
             builder = make_league_builder(self.league)
         except ConfigError as e:
@@ -127,97 +130,18 @@ class AlphaStarConfig(APPOConfig):
                              f"({self.max_num_policies_to_train})")
         return self
 
-    def num_devices(self) -> int:
-        """One: IMPALA's rules for splitting a batch over learner devices do not apply to policy learners."""
-        return 1
-
-
-# ---- loss -------------------------------------------------------------------------------
-class _MaskedTarget:
-    """APPO's target network seen through the batch's action masks (its logits masked like the learner's)."""
-
-    def __init__(self, target: TargetNetwork, mask: torch.Tensor) -> None:
-        self.target, self.mask = target, mask
-
-    def for_module(self, module: ActionMasked) -> ActionMasked:
-        return ActionMasked(self.target.for_module(module.module), self.mask)
-
-
-def masked_appo_loss(module, batch: dict, learner: Learner, config: AlphaStarConfig, target: TargetNetwork):
-    """APPO's loss with the current and the target network's logits masked by ``ACTION_MASK``."""
-    mask = batch[Col.ACTION_MASK]
-    return appo_loss(ActionMasked(module, mask), batch, learner, config, _MaskedTarget(target, mask))
-
-
-# ---- the policy learner ------------------------------------------------------------------
-class APPOPolicyLearner:
-    """One policy's APPO learner on its shard's replay actor: ``learn()`` pulls up to
-    ``train_batch_size`` rows (new plus replayed), runs ``num_sgd_iter`` updates and returns
-    the stats and new weights, or None when nothing was waiting."""
-
-    def __init__(self, policy_id: str, replay: Any, config: AlphaStarConfig, obs_space, action_space,
-                 idle_sleep_s: float = 0.0, device: str = "cpu") -> None:
-        configure_process(config.resources)
-        self.policy_id, self.replay, self.config, self.idle_sleep_s = policy_id, replay, config, idle_sleep_s
-        module = build_actor_critic(obs_space, action_space, config.model)
-        self.learner = Learner(module, self._loss, lr=config.lr, grad_clip=config.grad_clip, lr_schedule=config.lr_schedule,
-                               device=resolve_learner_device(device))
-        self.learner.extra_state["kl_coeff"] = config.kl_coeff if config.use_kl_loss else 0.0
-        self.target = TargetNetwork(self.learner, config.target_update_frequency)
-        self.rng = np.random.default_rng(None if config.seed is None else [config.seed, *policy_id.encode()])
-
-    def _loss(self, module, batch: dict, learner: Learner):
-        return masked_appo_loss(module, batch, learner, self.config, self.target)
-
-    def learn(self, env_steps: Optional[int] = None) -> Union[dict[str, Any], str, None]:
-        """``env_steps``: the run's sampled env steps, which move ``lr_schedule`` along. Returns
-        :data:`REPLAY_LOST` when the shard's replay actor died under it."""
-        if env_steps is not None:
-            self.learner.set_env_steps(env_steps)
-        batches, rows = [], 0
-        while rows < self.config.train_batch_size:
-            try:
-                b = self.replay.replay(self.policy_id)
-            except ActorLostError:  # the shard's replay actor died: the driver recreates it and calls set_replay
-                return REPLAY_LOST
-            if b is None:
-                break
-            batches.append(b)
-            rows += len(b)
-        if not batches:
-            if self.idle_sleep_s:
-                time.sleep(self.idle_sleep_s)
-            return None
-        cfg = self.config
-        stats = self.learner.update(Batch.concat(batches), cfg.num_sgd_iter, cfg.minibatch_size or rows, self.rng,
-                                    sequence_length=cfg.fragment_length())
-        extra = self.learner.extra_state
-        if cfg.use_kl_loss:  # once per learner result, like APPO's
-            extra["kl_coeff"] = update_kl_coeff(extra["kl_coeff"], stats["kl"], cfg.kl_target)
-        stats.update(num_updates=self.learner.num_updates, kl_coeff=extra["kl_coeff"], device=str(self.learner.device))
-        return {"rows": rows, "stats": stats, "weights": self.get_weights()}
-
-    def set_replay(self, replay: Any) -> None:
-        """The shard's replay actor was recreated: pull from the new one."""
-        self.replay = replay
-
-    def get_weights(self) -> dict[str, np.ndarray]:
-        return self.learner.get_weights()
-
-    def set_weights(self, weights: dict) -> None:
-        self.learner.set_weights(weights)
-        self.target.set_state({"module": self.learner.module.state_dict(), "updated_at": self.learner.num_updates})
-
-    def get_state(self) -> dict[str, Any]:
-        """For checkpoints: the module with its optimizer (Adam moments), update count and target network."""
-        return {"learner": self.learner.get_state(), "target": self.target.get_state()}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self.learner.set_state(state["learner"])
-        self.target.set_state(state["target"])
-
 
 # ---- algorithm --------------------------------------------------------------------------
+@dataclass
+class LeagueSync:
+    """What the rollout actors have not been told yet, and when to tell them (``broadcast()``)."""
+
+    changed: dict[str, dict] = field(default_factory=dict)  # weights not yet sent
+    removed: list[str] = field(default_factory=list)  # policies removed since the last broadcast
+    learned_since_broadcast: int = 0  # learner results since the last broadcast
+    replay_restarts_sent: int = 0  # replay actor restarts whose new handles the rollout actors have
+
+
 class AlphaStar(Algorithm):
     config_cls = AlphaStarConfig
 
@@ -242,15 +166,12 @@ class AlphaStar(Algorithm):
             policy_num_cpus=res.num_cpus_per_learner, max_restarts=res.max_worker_restarts,
             resource_wait_s=res.resource_wait_s, address=res.address)
         self.weights: dict[str, dict] = {}  # every policy's latest weights (driver copy)
-        self._changed: dict[str, dict] = {}  # weights not yet sent to the rollout actors
-        self._removed: list[str] = []
+        self.sync = LeagueSync()
         for pid, spec in self.league.initial_policies().items():
             self._add(pid, self._fresh_weights(pid), spec["trainable"])
-        self._changed.clear()
+        self.sync.changed.clear()
         self._matches_this_iter = 0
-        self._learned_since_broadcast = 0
-        self._learner_stats: dict[str, float] = {}
-        self._replay_restarts_sent = 0  # replay actor restarts whose new handles the rollout actors have
+        self._learner_stats: dict[str, float] = {}  # the last stats of every learner: stable result columns
         n, first = max(res.num_workers, 1), 1 if remote else 0
         # Lazy, like every algorithm's rollout actors: a run restored only to evaluate starts none.
         self.env_runners = LazyActorGroup(lambda: make_actor_group(
@@ -274,7 +195,7 @@ class AlphaStar(Algorithm):
         return self.league.best_metric or "episode_return_mean"
 
     def _fresh_weights(self, pid: str) -> dict:
-        seed = None if self.config.seed is None else self.config.seed + len(self.weights) + 1
+        seed = derive_seed(self.config.seed, index=len(self.weights), stride=1, offset=1)  # the n-th policy: seed + 1 + n
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -282,7 +203,7 @@ class AlphaStar(Algorithm):
         return {k: v.detach().numpy().copy() for k, v in module.state_dict().items()}
 
     def _add(self, pid: str, weights: dict, trainable: bool) -> None:
-        self.weights[pid] = self._changed[pid] = weights
+        self.weights[pid] = self.sync.changed[pid] = weights
         if trainable:
             self.learners.add_policy(pid, (self.config, self.obs_space, self.action_space, self._idle_sleep()),
                                      weights=weights)
@@ -307,19 +228,19 @@ class AlphaStar(Algorithm):
         return {} if self._driver_stores else self.learners.replay_proxies()
 
     def _message(self, full: bool = False) -> dict[str, Any]:
-        return {"weights": dict(self.weights if full else self._changed), "matchmaking": self._mm(),
-                "train": list(self.learners.policy_ids), "replay": self._replay(), "remove": list(self._removed)}
+        return {"weights": dict(self.weights if full else self.sync.changed), "matchmaking": self._mm(),
+                "train": list(self.learners.policy_ids), "replay": self._replay(), "remove": list(self.sync.removed)}
 
     def get_weights(self, policy_ids=None) -> dict[str, dict]:
         return {pid: self.weights[pid] for pid in (policy_ids or self.weights)}
 
     def broadcast(self) -> None:
         """One put: the changed weights, the matchmaking, who learns, where to store batches, who left."""
-        self._replay_restarts_sent = self.learners.num_replay_restarts
+        self.sync.replay_restarts_sent = self.learners.num_replay_restarts
         ref = self.env_runners.put(self._message())
         self.env_runners.foreach("sync", ref, wait=False)
-        self._changed, self._removed = {}, []
-        self._learned_since_broadcast = 0
+        self.sync.changed, self.sync.removed = {}, []
+        self.sync.learned_since_broadcast = 0
 
     # ---- the execution plan ------------------------------------------------------------------
     def training_step(self) -> dict[str, Any]:
@@ -346,15 +267,15 @@ class AlphaStar(Algorithm):
                 if out is None or pid not in self.weights:
                     continue
                 self.counters["env_steps_trained"] += out["rows"]
-                self.weights[pid] = self._changed[pid] = self.learners.weights[pid] = out["weights"]
+                self.weights[pid] = self.sync.changed[pid] = self.learners.weights[pid] = out["weights"]
                 stats.update({f"learner/{pid}/{k}": v for k, v in out["stats"].items()})
-                self._learned_since_broadcast += 1
+                self.sync.learned_since_broadcast += 1
         with self.timers.time(Phase.SYNC):
             # every `broadcast_interval` learner results (the league's changes go out after each iteration anyway),
             # and at once when a replay actor was recreated: the rollout actors must write to the new one
             replay_restarts = self.learners.num_replay_restarts
-            if replay_restarts != self._replay_restarts_sent or \
-                    (self._changed and self._learned_since_broadcast >= self.config.broadcast_interval):
+            if replay_restarts != self.sync.replay_restarts_sent or \
+                    (self.sync.changed and self.sync.learned_since_broadcast >= self.config.broadcast_interval):
                 self.broadcast()
         return dict(stats)
 
@@ -383,13 +304,13 @@ class AlphaStar(Algorithm):
                 self.learners.remove_policy(pid)
         for pid in changes.remove:
             self.weights.pop(pid, None)
-            self._changed.pop(pid, None)
+            self.sync.changed.pop(pid, None)
             self._learner_stats = {k: v for k, v in self._learner_stats.items() if not k.startswith(f"learner/{pid}/")}
-            self._removed.append(pid)
+            self.sync.removed.append(pid)
         for new_id, _, trainable, _spec in changes.add:
             self._add(new_id, parents.get(new_id) or self._fresh_weights(new_id), trainable)
         for pid in changes.reset:
-            self.weights[pid] = self._changed[pid] = self._fresh_weights(pid)
+            self.weights[pid] = self.sync.changed[pid] = self._fresh_weights(pid)
             if pid in self.learners.policy_ids:
                 self.learners.set_weights(pid, self.weights[pid])
 
@@ -426,14 +347,14 @@ class AlphaStar(Algorithm):
         before = set(self.weights)
         for pid in list(self.learners.policy_ids):
             self.learners.remove_policy(pid)
-        self.weights, self._changed = {}, {}
+        self.weights, self.sync.changed = {}, {}
         for pid, spec in self.league.players.items():
             self._add(pid, {k: v.numpy() for k, v in state["weights"][pid].items()}, spec["trainable"])
         for pid, learner_state in state.get("learners", {}).items():  # optimizer and target network too
             if pid in self.learners.policy_ids:
                 self.learners.call(pid, "set_state", learner_state)
-                self.weights[pid] = self._changed[pid] = self.learners.get_weights([pid])[pid]
-        self._removed = sorted(before - set(self.weights))
+                self.weights[pid] = self.sync.changed[pid] = self.learners.get_weights([pid])[pid]
+        self.sync.removed = sorted(before - set(self.weights))
         self.broadcast()
 
     def stop(self) -> None:

@@ -33,11 +33,12 @@ import numpy as np
 from pydantic import Field
 
 from shoal.algorithms.base import Algorithm
-from shoal.algorithms.dqn import DQNConfig, build_q_learner, learn_on_replay_batch, make_replay, n_step_postprocess
+from shoal.algorithms.dqn import DQNConfig, attach_target, build_q_learner, learn_on_replay_batch, n_step_postprocess
 from shoal.batch import Col
 from shoal.config import ResourcesConfig
 from shoal.errors import NodeResourceError
-from shoal.learn.replay_learner import ReplayLearnerThread, ReplayResult
+from shoal.learn.replay_learner import ReplayLearnerThread
+from shoal.learn.threads import LearnerResult
 from shoal.rollout import EnvRunner
 from shoal.models.weights import weights_to_numpy
 from shoal.rollout.policies import EpsilonGreedyQPolicy, apex_epsilon
@@ -135,7 +136,11 @@ class ApeX(Algorithm):
         res = cfg.resources
         self.policy_cls = EpsilonGreedyQPolicy
         self.learner = build_q_learner(self, cfg)
-        self.learn_state: dict[str, int] = {}
+        self.target = attach_target(self.learner, cfg)
+        self.learner_thread = ReplayLearnerThread(
+            functools.partial(learn_on_replay_batch, self.learner), lambda: weights_to_numpy(self.learner.module.q),
+            queue_size=cfg.learner_queue_size)
+        self.learner_thread.start()
         per_shard = math.ceil(cfg.replay_capacity / res.num_replay_shards)
         seed = cfg.seed
 
@@ -169,13 +174,8 @@ class ApeX(Algorithm):
         n = len(self.env_runners.actor_ids)
         ids = sorted(self.env_runners.actor_ids)
         self.reporting_ids = set(ids[-math.ceil(n / 3):])  # highest index = lowest epsilon
-        self.learner_thread = ReplayLearnerThread(
-            self._learn_on_batch, lambda: weights_to_numpy(self.learner.module.q),
-            queue_size=cfg.learner_queue_size)
-        self.learner_thread.start()
         self.steps_since_sync = {i: 0 for i in ids}
         self.broadcast_weights()
-        self.num_replay_batches_dropped = 0
         self.num_stale_priority_batches = 0  # learned batches whose shard was recreated since: priorities dropped
         self.learning_started_at: tuple[float, float] | None = None  # (sampled, trained) env steps then
         self._steps_not_owed = 0  # sampled env steps not yet turned into owed replay requests
@@ -183,11 +183,8 @@ class ApeX(Algorithm):
         self._replay_in_flight = 0  # replay requests sent and not yet returned, as this driver counts them
         self._shard_was_empty = False  # the last replay answer was None
 
-    def _learn_on_batch(self, batch):
-        return learn_on_replay_batch(self.learner, batch, self.config, self.learn_state)
-
     def get_weights(self):
-        return self.learner_thread.get_weights() if hasattr(self, "learner_thread") else weights_to_numpy(self.learner.module.q)
+        return self.learner_thread.get_weights()
 
     def restart_calls(self):
         return [("set_shards", (list(self.shards.proxies().values()),))]
@@ -226,7 +223,7 @@ class ApeX(Algorithm):
         if self.learning_started_at is not None:
             with self.timers.time(Phase.REPLAY):
                 if cfg.lr_schedule:
-                    with self.learner_thread.lock:
+                    with self.learner_thread.hold():
                         self.learner.set_env_steps(sampled)
                 self._request_replay(cfg.beta(sampled))
                 self._queue_replayed()
@@ -282,11 +279,10 @@ class ApeX(Algorithm):
             self._shard_was_empty = batch is None
             if batch is None:
                 self._owed += 1
-            elif not self.learner_thread.add(sid, batch, self.shards.generation(sid)):
-                self.num_replay_batches_dropped += 1
+            elif not self.learner_thread.add(sid, batch, self.shards.generation(sid)):  # counted as dropped
                 self._owed += 1
 
-    def _send_priorities(self, results: list[ReplayResult]) -> dict[str, float]:
+    def _send_priorities(self, results: list[LearnerResult]) -> dict[str, float]:
         """Count trained steps; send new priorities to each batch's shard unless it was recreated
         since the batch was sampled (its slots now hold other rows, or none)."""
         stats: dict[str, float] = {}
@@ -295,9 +291,10 @@ class ApeX(Algorithm):
             stats = r.stats
             if not self.config.prioritized_replay:
                 continue
-            if r.shard_id in self.shards.actor_ids and r.generation == self.shards.generation(r.shard_id):
-                self.shards.foreach("update_priorities", r.indices, r.priorities, r.row_ids, actor_ids=[r.shard_id],
-                                    wait=False)
+            tag = r.replay
+            if tag.shard_id in self.shards.actor_ids and tag.generation == self.shards.generation(tag.shard_id):
+                self.shards.foreach("update_priorities", tag.indices, r.priorities, tag.row_ids,
+                                    actor_ids=[tag.shard_id], wait=False)
             else:
                 self.num_stale_priority_batches += 1
         return stats
@@ -331,14 +328,14 @@ class ApeX(Algorithm):
         t = self.learner_thread
         return {"learner_queue_size": t.inqueue.qsize(), "replay_ratio": self.replay_ratio(),
                 "num_replay_requests_owed": int(self._owed),
-                "num_learner_updates": t.num_updates, "num_replay_batches_dropped": self.num_replay_batches_dropped,
+                "num_learner_updates": t.num_updates, "num_replay_batches_dropped": t.num_dropped,
                 "num_stale_priority_batches": self.num_stale_priority_batches,
                 "num_replay_shard_restarts": self.shards.num_restarts,
-                "num_target_updates": self.learn_state.get("target_updates", 0), "learner/lr": self.learner.lr}
+                "num_target_updates": self.target.num_updates, "learner/lr": self.learner.lr}
 
     def get_state(self) -> dict[str, Any]:
-        with self.learner_thread.lock:
-            state = {**super().get_state(), "learner": self.learner.get_state(), "learn_state": dict(self.learn_state)}
+        with self.learner_thread.hold():
+            state = {**super().get_state(), "learner": self.learner.get_state(), "target": self.target.get_state()}
             # requests in flight or queued are lost with this process: a restored run owes them again
             owed = self._owed + self._replay_in_flight + self.learner_thread.inqueue.qsize()
             state["replay_schedule"] = {"owed": float(owed), "steps_not_owed": int(self._steps_not_owed),
@@ -349,9 +346,9 @@ class ApeX(Algorithm):
 
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)
-        with self.learner_thread.lock:
+        with self.learner_thread.hold():
             self.learner.set_state(state["learner"])
-            self.learn_state = dict(state.get("learn_state", {}))
+            self.target.set_state(state["target"])
         schedule = state.get("replay_schedule")
         if schedule is not None:
             self._owed, self._steps_not_owed = float(schedule["owed"]), int(schedule["steps_not_owed"])
@@ -363,9 +360,8 @@ class ApeX(Algorithm):
         self.broadcast_weights()
 
     def stop(self) -> None:
-        if getattr(self, "learner_thread", None) is not None:
-            self.learner_thread.stop()
-        if getattr(self, "shards", None) is not None:
+        self.learner_thread.stop()
+        if self.shards is not None:
             self.shards.stop()
             self.shards = None
         super().stop()

@@ -1,53 +1,60 @@
-"""APPO: IMPALA's asynchronous machinery with a PPO-style clipped surrogate and a target network.
+"""APPO: IMPALA's asynchronous pipeline with a PPO-style clipped surrogate and a target network.
 
-Reads in order: config, loss, training_step. APPO reuses IMPALA's functions (sequences,
-learner thread, train-batch assembly, broadcasts), not its class.
+Reads in order: config, loss, training_step. APPO reuses IMPALA's functions (sequences, the
+learner and its thread) and the :class:`~shoal.algorithms.pipeline.AsyncPipeline`, not
+IMPALA's class.
 
 The design, kept simple:
 
-- The target network is a frozen copy of the learner's network, refreshed every
-  ``target_update_frequency`` learner updates. It plays PPO's "old policy": V-trace is
-  computed with it as the target policy (``rho = pi_target / mu``, mu the behaviour policy
-  that sampled), so the advantages estimate how good an action is for the target policy.
+- The target network (:class:`~shoal.learn.target.TargetNetwork`) is a frozen copy of the
+  learner's network, refreshed every ``target_update_frequency`` learner updates by the
+  learner's post-update hook (in the learner thread, right after an optimizer step, so a
+  refresh never races an update). It plays PPO's "old policy": V-trace is computed with it
+  as the target policy (``rho = pi_target / mu``, mu the behaviour policy that sampled), so
+  the advantages estimate how good an action is for the target policy. A device replica of
+  the multi-device learner gets its own copy, re-synced whenever the master copy changes.
 - The surrogate ratio is ``r = pi / pi_target`` (current vs target network), clipped to
   ``[1 - clip_param, 1 + clip_param]``: ``policy_loss = -mean(min(r A, clip(r) A))``.
   (mu's mismatch is already corrected by V-trace's clipped pg-rho in A.)
 - Values come from the current network and regress onto the V-trace targets.
-- Optional KL term ``kl_coeff * KL(pi_target || pi)``, its coefficient adapted towards
-  ``kl_target`` like PPO's.
-
-The refresh happens inside the loss, i.e. in the learner thread between two updates, so it
-never races with an update; a device replica of the multi-device learner gets its own copy
-of the target network, re-synced whenever the master copy changes.
+- Optional KL term ``kl_coeff * KL(pi_target || pi)``; the coefficient
+  (:class:`~shoal.learn.target.AdaptiveKL`) moves towards ``kl_target`` once per learner
+  result, in the driver's post-update phase of ``training_step``.
 """
 
 from __future__ import annotations
 
-import copy
-import threading
 from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import model_validator
 
 from shoal.algorithms.base import Algorithm
-from shoal.algorithms.impala import (IMPALAConfig, async_state, async_training_step, masked_mean, set_async_state,
-                                     setup_async, time_major, unroll, value_and_entropy, vtrace_for)
-from shoal.algorithms.ppo import update_kl_coeff
+from shoal.algorithms.config_groups import (AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, LearnerThreadKeys,
+                                           VTraceKeys, check_learner_thread, check_whole_sequences)
+from shoal.algorithms.impala import (make_async_learner, make_learner_thread, make_sequence_runners, masked_mean,
+                                     time_major, unroll, value_and_entropy, vtrace_for)
+from shoal.algorithms.pipeline import AsyncPipeline
 from shoal.batch import Col
+from shoal.config import AlgorithmConfig
 from shoal.learn import Learner
+from shoal.learn.target import AdaptiveKL, TargetNetwork
+from shoal.logging.metrics import Phase
+from shoal.rollout import ActorCriticPolicy
 
 
 # ---- config -----------------------------------------------------------------------------
-class APPOConfig(IMPALAConfig):
+class APPOConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, LearnerThreadKeys, AlgorithmConfig):
+    """IMPALA's groups plus the clipped surrogate, its target network and the KL penalty."""
+
     algo = "appo"
 
-    clip_param: float = Field(0.4, gt=0, description="Clip of the ratio pi / pi_target in the surrogate.")
-    target_update_frequency: int = Field(4, ge=1, description="Learner updates between target-network refreshes.")
-    use_kl_loss: bool = Field(False, description="Add kl_coeff * KL(pi_target || pi), the coefficient adapted to kl_target.")
-    kl_coeff: float = Field(1.0, ge=0, description="Initial KL coefficient.")
-    kl_target: float = Field(0.01, gt=0)
+    @model_validator(mode="after")
+    def _check_appo(self):
+        check_whole_sequences(self)
+        check_learner_thread(self)
+        return self
 
 
 # ---- loss -------------------------------------------------------------------------------
@@ -74,51 +81,8 @@ def appo_loss_terms(logp, target_logp, pg_advantages, values, vs, entropy, valid
             "clip_fraction": masked_mean(((ratio - 1).abs() > clip_param).float(), valid)}
 
 
-class TargetNetwork:
-    """A frozen copy of ``learner.module``, refreshed every ``update_frequency`` of its updates.
-
-    ``for_module(module)`` refreshes if due and returns the copy that sits beside ``module``:
-    the master copy for the learner's own module, a per-replica copy (same weights) for the
-    device replicas of a multi-device learner.
-    """
-
-    def __init__(self, learner: Learner, update_frequency: int) -> None:
-        self.learner = learner
-        self.update_frequency = update_frequency
-        self.net = copy.deepcopy(learner.module).requires_grad_(False)
-        self.updated_at = 0  # learner.num_updates at the last refresh
-        self.version = 0
-        self._replicas: dict[int, tuple[torch.nn.Module, int]] = {}
-        self._lock = threading.Lock()
-
-    def for_module(self, module: torch.nn.Module) -> torch.nn.Module:
-        with self._lock:
-            if self.learner.num_updates - self.updated_at >= self.update_frequency:
-                self.net.load_state_dict(self.learner.module.state_dict())
-                self.updated_at = self.learner.num_updates
-                self.version += 1
-            if module is self.learner.module:
-                return self.net
-            replica, version = self._replicas.get(id(module), (None, -1))
-            if replica is None:
-                replica = copy.deepcopy(self.net).to(next(module.parameters()).device)
-            if version != self.version:
-                replica.load_state_dict(self.net.state_dict())
-            self._replicas[id(module)] = (replica, self.version)
-            return replica
-
-    def get_state(self) -> dict[str, Any]:
-        return {"module": {k: v.detach().cpu().clone() for k, v in self.net.state_dict().items()},
-                "updated_at": self.updated_at}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        with self._lock:
-            self.net.load_state_dict(state["module"])
-            self.updated_at = int(state["updated_at"])
-            self.version += 1
-
-
-def appo_loss(module, batch: dict, learner: Learner, config: APPOConfig, target: TargetNetwork) -> tuple[torch.Tensor, dict]:
+def appo_loss(module, batch: dict, learner: Learner, config, target: TargetNetwork,
+              kl: AdaptiveKL) -> tuple[torch.Tensor, dict]:
     T = config.fragment_length()
     u = unroll(module, batch, T, config.gamma)
     with torch.no_grad():
@@ -126,14 +90,21 @@ def appo_loss(module, batch: dict, learner: Learner, config: APPOConfig, target:
         target_dist = module.dist_cls(target_inputs)
         target_logp = time_major(target_dist.logp(batch[Col.ACTIONS]), T)
     vt = vtrace_for(u, target_logp, config)
-    kl = time_major(target_dist.kl(u.dist), T) if config.use_kl_loss else None
-    terms = appo_loss_terms(u.logp, target_logp, vt.pg_advantages, u.values, vt.vs, u.entropy, u.valid, kl,
+    kl_terms = time_major(target_dist.kl(u.dist), T) if config.use_kl_loss else None
+    terms = appo_loss_terms(u.logp, target_logp, vt.pg_advantages, u.values, vt.vs, u.entropy, u.valid, kl_terms,
                             clip_param=config.clip_param, vf_loss_coeff=config.vf_loss_coeff,
-                            entropy_coeff=config.entropy_coeff, kl_coeff=learner.extra_state.get("kl_coeff", 0.0))
+                            entropy_coeff=config.entropy_coeff, kl_coeff=kl.coeff)
     loss = terms.pop("total_loss")
     stats = {k: v.detach() for k, v in terms.items()}
     stats["mean_rho"] = masked_mean(vt.rhos, u.valid)
     return loss, stats
+
+
+def make_appo_target(learner: Learner, config) -> TargetNetwork:
+    """The target network, refreshed by the learner's post-update hook every ``target_update_frequency`` updates."""
+    target = TargetNetwork(learner.module, config.target_update_frequency, unit="updates")
+    learner.add_post_update_hook(target.post_update)
+    return target
 
 
 # ---- algorithm --------------------------------------------------------------------------
@@ -141,39 +112,59 @@ class APPO(Algorithm):
     config_cls = APPOConfig
 
     def setup(self) -> None:
-        setup_async(self, self._loss)  # the loss reads self.target, made next (it needs the learner)
-        self.learner.extra_state["kl_coeff"] = self.config.kl_coeff if self.config.use_kl_loss else 0.0
-        self.target = TargetNetwork(self.learner, self.config.target_update_frequency)
+        cfg = self.config
+        self.policy_cls = ActorCriticPolicy
+        self.kl = AdaptiveKL(cfg.kl_coeff, cfg.kl_target, enabled=cfg.use_kl_loss)
+        self.learner = make_async_learner(self, self._loss)  # the loss reads self.target, made next
+        self.target = make_appo_target(self.learner, cfg)
+        self.thread = make_learner_thread(self.learner, cfg)
+        self.env_runners = make_sequence_runners(self)
+        self.pipeline = AsyncPipeline.from_config(self.env_runners, self.thread, cfg)
+        self.broadcast_weights()
 
-    def _loss(self, module, batch: dict, learner: Learner, config: APPOConfig):
-        return appo_loss(module, batch, learner, config, self.target)
+    def _loss(self, module, batch: dict, learner: Learner):
+        return appo_loss(module, batch, learner, self.config, self.target, self.kl)
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return self.thread.get_weights()
 
     def training_step(self) -> dict[str, Any]:
-        metrics = async_training_step(self, on_learner_result=self._adapt_kl_coeff)
-        metrics["learner/kl_coeff"] = self.learner.extra_state["kl_coeff"]
-        return metrics
-
-    def _adapt_kl_coeff(self, info: dict[str, float]) -> None:
-        """Post-update, once per learner result: move the KL coefficient towards ``kl_target``."""
-        if self.config.use_kl_loss and "kl" in info:
-            extra = self.learner.extra_state  # read by the learner thread; one float assignment
-            extra["kl_coeff"] = update_kl_coeff(extra["kl_coeff"], info["kl"], self.config.kl_target)
+        p = self.pipeline
+        with self.timers.time(Phase.SAMPLE):
+            ready = p.sample()
+            self.record_rollouts([m for _, m in ready])
+        with self.timers.time(Phase.ENQUEUE):
+            self.learner.set_env_steps(self.counters["env_steps_sampled"])
+            p.enqueue([b for b, _ in ready])
+        with self.timers.time(Phase.DRAIN):
+            results = p.drain(wait=not ready)
+        with self.timers.time(Phase.POST_UPDATE):  # once per learner result: the KL coefficient moves
+            for result in results:
+                self.counters["env_steps_trained"] += result.env_steps
+                if "kl" in result.stats:
+                    self.kl.update(result.stats["kl"])
+        with self.timers.time(Phase.SYNC):
+            if p.broadcast_due():
+                p.broadcast_done()
+                self.broadcast_weights()
+        p.check()
+        return {**p.metrics(), "learner/kl_coeff": self.kl.coeff}
 
     def train(self) -> dict[str, Any]:
         return {**super().train(), **self.thread.stats()}
 
     def get_state(self) -> dict[str, Any]:
-        with self.thread.lock:
-            return {**super().get_state(), **async_state(self), "target": self.target.get_state()}
+        with self.thread.hold():
+            return {**super().get_state(), "learner": self.learner.get_state(), "target": self.target.get_state(),
+                    "kl": self.kl.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)
-        with self.thread.lock:
+        with self.thread.hold():
+            self.learner.set_state(state["learner"])
             self.target.set_state(state["target"])
-        set_async_state(self, state)
+            self.kl.set_state(state["kl"])
+        self.broadcast_weights()
 
     def stop(self) -> None:
         self.thread.stop()

@@ -29,10 +29,12 @@ import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from shoal.algorithms.base import Algorithm
-from shoal.algorithms.ppo import PPOConfig, gae_postprocess, ppo_loss
-from shoal.config import ResourcesConfig
+from shoal.algorithms.config_groups import KLPenaltyKeys, PPOLossKeys
+from shoal.algorithms.ppo import gae_postprocess, ppo_loss
+from shoal.config import AlgorithmConfig, ResourcesConfig
 from shoal.errors import WorkerError
 from shoal.learn import Learner, resolve_device
+from shoal.learn.target import AdaptiveKL
 from shoal.learn.distributed import (BACKENDS, CollectiveError, DistributedLearner, backend_available,
                                      destroy_process_group, free_port, init_process_group, node_ip)
 from shoal.models import build_actor_critic
@@ -66,7 +68,9 @@ _NO_CENTRAL_LEARNER = ("the adaptive KL penalty needs a central learner, and DD-
                        "own batch")
 
 
-class DDPPOConfig(PPOConfig):
+class DDPPOConfig(PPOLossKeys, KLPenaltyKeys, AlgorithmConfig):
+    """PPO's loss keys, run on every worker; the KL penalty's keys are refused (``unused_keys``)."""
+
     algo = "ddppo"
     min_workers: ClassVar[int] = 1  # `shoal evaluate` keeps the saved workers (they are not started to evaluate)
     unused_keys = {
@@ -75,6 +79,8 @@ class DDPPOConfig(PPOConfig):
         "use_kl_loss": _NO_CENTRAL_LEARNER, "kl_coeff": _NO_CENTRAL_LEARNER, "kl_target": _NO_CENTRAL_LEARNER,
     }
 
+    lr: float = Field(3e-4, gt=0)
+    train_batch_size: int = Field(4096, ge=1, description="Not used: each worker's batch is derived (unused_keys).")
     rollout_fragment_length: Union[int, str] = Field(64, description="Steps per env per round; each worker's batch is this x num_envs_per_worker.")
     minibatch_size: int = Field(256, ge=1, description="Rows per SGD minibatch on each worker.")
     batch_mode: str = Field("truncate_episodes", description="Only truncate_episodes: fixed-length fragments.")
@@ -111,7 +117,7 @@ class DDPPOConfig(PPOConfig):
         return v
 
     @model_validator(mode="after")
-    def _check(self):  # replaces PPOConfig._check: the train batch is derived here (train_batch_size is unused)
+    def _check_ddppo_batch(self):  # the train batch is derived: rollout_fragment_length x num_envs_per_worker
         if not isinstance(self.rollout_fragment_length, int):
             raise ValueError("DD-PPO needs an integer rollout_fragment_length (it sets each worker's batch), "
                              f"got {self.rollout_fragment_length!r}")
@@ -121,6 +127,10 @@ class DDPPOConfig(PPOConfig):
         if self.torch_distributed_backend == "nccl" and self.resources.num_gpus_per_worker <= 0:
             raise ValueError("torch_distributed_backend 'nccl' needs GPUs: set resources.num_gpus_per_worker > 0, or use gloo")
         return self
+
+    def fragment_length(self) -> int:
+        """Steps per env per round (an integer: the validator refuses 'auto')."""
+        return int(self.rollout_fragment_length)
 
     def spin_wait(self) -> bool:
         """Whether workers poll for all-reduce results (see ``collective_wait``)."""
@@ -150,7 +160,8 @@ class RoundResult:
 def make_learner(config: DDPPOConfig, obs_space, action_space, cls=Learner, device="cpu") -> Learner:
     module = build_actor_critic(obs_space, action_space, config.model)
     extra = {"spin_wait": config.spin_wait()} if issubclass(cls, DistributedLearner) else {}
-    return cls(module, functools.partial(ppo_loss, config=config), lr=config.lr, grad_clip=config.grad_clip,
+    no_kl = AdaptiveKL(0.0, config.kl_target, enabled=False)  # use_kl_loss is unused here: no central learner
+    return cls(module, functools.partial(ppo_loss, config=config, kl=no_kl), lr=config.lr, grad_clip=config.grad_clip,
                lr_schedule=config.lr_schedule, device=device, **extra)
 
 

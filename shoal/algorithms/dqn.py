@@ -7,9 +7,11 @@ episode end; a truncated episode bootstraps from its final observation. The targ
 
     y = R_n + gamma**k * (1 - terminated) * Q_target(s_{t+k}, argmax_a Q(s_{t+k}, a))
 
-(double Q; plain DQN takes max_a Q_target) and the loss is the importance-weighted Huber
-loss (squared, or Huber) of ``Q(s_t, a_t) - y``. The target network is copied (``tau=1``) or blended
-(``tau<1``) every ``target_network_update_freq`` trained env steps.
+(double Q; plain DQN takes max_a Q_target) and the loss is the importance-weighted mean of
+``0.5 * (Q(s_t, a_t) - y)**2`` (``td_loss: mse``) or of its Huber form (``td_loss: huber``).
+The target network is a :class:`~shoal.learn.target.TargetNetwork` copied (``tau=1``) or
+blended (``tau<1``) every ``target_network_update_freq`` trained env steps by the learner's
+post-update hook.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from shoal.batch import Batch, Col
 from shoal.config import AlgorithmConfig, ModelConfig
 from shoal.errors import ConfigError
 from shoal.learn import Learner, resolve_device
+from shoal.learn.target import TargetNetwork
 from shoal.models import build_q_network
 from shoal.rollout import Fragment, flatten_valid
 from shoal.models.weights import weights_to_numpy
@@ -109,20 +112,23 @@ def q_targets(rewards: torch.Tensor, discounts: torch.Tensor, terminateds: torch
 
 
 class QLearnerModule(nn.Module):
-    """The online Q network and its target copy (no gradients)."""
+    """The online Q network and its target copy (no gradients), saved together with the learner.
+
+    :func:`attach_target` keeps ``target`` refreshed."""
 
     def __init__(self, q: nn.Module) -> None:
         super().__init__()
         self.q = q
         self.target = copy.deepcopy(q).requires_grad_(False)
 
-    @torch.no_grad()
-    def update_target(self, tau: float = 1.0) -> None:
-        if tau >= 1.0:
-            self.target.load_state_dict(self.q.state_dict())
-            return
-        for t, s in zip(self.target.parameters(), self.q.parameters()):
-            t.lerp_(s, tau)
+
+def attach_target(learner: Learner, config: DQNConfig) -> TargetNetwork:
+    """The target-network phase: ``learner.module.target`` refreshed every
+    ``target_network_update_freq`` trained env steps, after the optimizer step that reaches it."""
+    target = TargetNetwork(learner.module.q, config.target_network_update_freq, unit="env_steps", tau=config.tau,
+                           net=learner.module.target)
+    learner.add_post_update_hook(target.post_update)
+    return target
 
 
 def dqn_loss(module: QLearnerModule, batch: dict, learner: Learner, config: DQNConfig) -> tuple[torch.Tensor, dict]:
@@ -170,19 +176,12 @@ def n_step_postprocess(fragment: Fragment, n_step: int, gamma: float, priorities
     return Batch(flatten_valid(cols, fragment.valid))
 
 
-def learn_on_replay_batch(learner: Learner, batch: Batch, config: DQNConfig, state: dict) -> tuple[np.ndarray, dict]:
-    """One SGD step on a replayed batch; returns new priorities (|TD|) and scalar stats.
-
-    ``state["since_target"]`` counts trained env steps since the last target-network update.
-    """
+def learn_on_replay_batch(learner: Learner, batch: Batch) -> tuple[np.ndarray, dict]:
+    """One SGD step on a replayed batch (the learner's post-update hooks refresh the target
+    network); returns the new priorities (|TD|) and scalar stats."""
     tensors = batch.to_torch(learner.device, exclude=(Col.INDICES, Col.ROW_IDS))
     stats = learner.update_minibatch(tensors)
     td = stats.pop("td_error").abs().cpu().numpy()
-    state["since_target"] = state.get("since_target", 0) + len(batch)
-    if state["since_target"] >= config.target_network_update_freq:
-        learner.module.update_target(config.tau)
-        state["since_target"] = 0
-        state["target_updates"] = state.get("target_updates", 0) + 1
     return td, {k: float(v) for k, v in stats.items()}
 
 
@@ -215,8 +214,8 @@ class DQN(Algorithm):
         cfg: DQNConfig = self.config
         self.policy_cls = EpsilonGreedyQPolicy
         self.learner = build_q_learner(self, cfg)
+        self.target = attach_target(self.learner, cfg)
         self.replay = make_replay(cfg, cfg.replay_capacity, cfg.seed)
-        self.learn_state: dict[str, int] = {}
         self._update_credit = 0.0
         postprocess = functools.partial(n_step_postprocess, n_step=cfg.n_step, gamma=cfg.gamma,
                                         priorities=cfg.worker_side_prioritization and cfg.prioritized_replay)
@@ -247,17 +246,17 @@ class DQN(Algorithm):
                 while self._update_credit >= 1.0:
                     self._update_credit -= 1.0
                     replayed = self.replay.sample(cfg.train_batch_size, beta)
-                    td, stats = learn_on_replay_batch(self.learner, replayed, cfg, self.learn_state)
+                    td, stats = learn_on_replay_batch(self.learner, replayed)
                     self.replay.update_priorities(replayed[Col.INDICES], td)
                     self.counters["env_steps_trained"] += len(replayed)
         with self.timers.time(Phase.SYNC):
             self.env_runners.foreach("set_global_vars", {"env_steps": sampled}, wait=False)
             self.broadcast_weights()
         return {**{f"learner/{k}": v for k, v in stats.items()}, "replay_size": self.replay.stats()["size"],
-                "num_target_updates": self.learn_state.get("target_updates", 0)}
+                "num_target_updates": self.target.num_updates}
 
     def get_state(self) -> dict[str, Any]:
-        state = {**super().get_state(), "learner": self.learner.get_state(), "learn_state": dict(self.learn_state)}
+        state = {**super().get_state(), "learner": self.learner.get_state(), "target": self.target.get_state()}
         if self.config.checkpoint_replay:
             state["replay"] = self.replay.get_state()
         return state
@@ -265,7 +264,7 @@ class DQN(Algorithm):
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)
         self.learner.set_state(state["learner"])
-        self.learn_state = dict(state.get("learn_state", {}))
+        self.target.set_state(state["target"])
         if "replay" in state:
             self.replay.set_state(state["replay"])
         self.env_runners.foreach("set_global_vars", {"env_steps": self.counters["env_steps_sampled"]}, wait=False)

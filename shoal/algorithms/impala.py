@@ -1,8 +1,10 @@
 """IMPALA: asynchronous sampling, V-trace, a background learner thread.
 
-Reads in order: config, loss, training_step. The asynchronous machinery (sequences from the
-rollout actors, the learner thread, train-batch assembly, weight broadcasts) is written as
-functions here so that APPO reuses them without subclassing IMPALA.
+Reads in order: config, loss, the learner, training_step. The asynchronous data path
+(sample requests in flight, train-batch assembly, the learner thread's results, the
+broadcast schedule) is an :class:`~shoal.algorithms.pipeline.AsyncPipeline` that owns its
+state; ``training_step`` calls its phases in order. APPO reuses the functions here, not the
+class.
 
 Rollout actors return their fragments time-major, one sequence of ``T =
 rollout_fragment_length`` steps per env, laid out sequence after sequence (rows = sequences
@@ -14,15 +16,17 @@ again, recomputes values with the current network and runs V-trace over it
 from __future__ import annotations
 
 import functools
-import queue
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
+from pydantic import model_validator
 
 from shoal.algorithms.base import Algorithm
+from shoal.algorithms.config_groups import (AsyncSamplingKeys, LearnerThreadKeys, VTraceKeys, check_learner_thread,
+                                           check_whole_sequences)
+from shoal.algorithms.pipeline import AsyncPipeline
 from shoal.batch import Batch, Col
 from shoal.config import AlgorithmConfig
 from shoal.learn import Learner, resolve_device
@@ -31,79 +35,18 @@ from shoal.models import build_actor_critic
 from shoal.rollout import ActorCriticPolicy, Fragment
 from shoal.logging.metrics import Phase
 
-DEFAULT_FRAGMENT_LENGTH = 50
-WAIT_S = 0.02  # longest a training step blocks on sample results or learner results
-
 
 # ---- config -----------------------------------------------------------------------------
-class IMPALAConfig(AlgorithmConfig):
+class IMPALAConfig(VTraceKeys, AsyncSamplingKeys, LearnerThreadKeys, AlgorithmConfig):
+    """AlgorithmConfig + V-trace + asynchronous sampling + the learner thread (config_groups.py)."""
+
     algo = "impala"
 
-    lr: float = Field(5e-4, gt=0)
-    min_time_s_per_iteration: float = Field(1.0, ge=0, description="Asynchronous steps are short: report about once a second.")
-    train_batch_size: int = Field(500, ge=1, description="Rows (env steps, whole sequences) per learner update.")
-    vtrace_clip_rho_threshold: Optional[float] = Field(1.0, gt=0, description="V-trace rho-bar; None disables the clip.")
-    vtrace_clip_pg_rho_threshold: Optional[float] = Field(1.0, gt=0, description="V-trace pg-rho-bar; None disables the clip.")
-    vtrace_lambda: float = Field(1.0, gt=0, le=1, description="V-trace's lambda: scales the traces c_t (1: the paper's main form).")
-    vf_loss_coeff: float = Field(0.5, ge=0)
-    entropy_coeff: float = Field(0.01, ge=0)
-    num_sgd_iter: int = Field(1, ge=1, description="Times the learner learns on each train batch.")
-    minibatch_buffer_size: int = Field(1, ge=1, description="Train batches in the learner's ring; they are learned interleaved.")
-    learner_queue_size: int = Field(16, ge=1, description="Train batches waiting for the learner; a full queue drops new ones.")
-    learner_queue_timeout: float = Field(300.0, gt=0, description="Seconds the learner may wait for a batch before train() fails.")
-    max_requests_in_flight_per_worker: int = Field(2, ge=1, description="Sample requests kept open per rollout actor.")
-    broadcast_interval: int = Field(1, ge=1, description="Learner updates between weight broadcasts to the rollout actors.")
-    num_learner_devices: Optional[int] = Field(
-        None, ge=1, description="Devices the learner splits each batch over; None: one per GPU in resources.num_gpus (at least 1).")
-    fake_devices: bool = Field(False, description="Run the learner devices as CPU stand-ins (tests, machines without GPUs).")
-    num_multi_gpu_tower_stacks: int = Field(1, ge=1, description="Multi-device learner: batches preloaded onto the devices.")
-    num_data_load_threads: int = Field(1, ge=1, description="Multi-device learner: threads that preload the stacks.")
-
     @model_validator(mode="after")
-    def _check(self):
-        T = self.fragment_length()
-        if self.train_batch_size % T:
-            raise ValueError(
-                f"train_batch_size ({self.train_batch_size}) must be a multiple of rollout_fragment_length ({T}): "
-                "the learner trains on whole sequences")
-        n = self.num_devices()
-        gpus = self.resources.num_gpus
-        if n > 1 and not self.fake_devices and n > int(gpus):
-            raise ValueError(
-                f"num_learner_devices ({n}) needs as many GPUs but resources.num_gpus is {gpus:g}; "
-                "set fake_devices=true to run the devices on the CPU")
-        if (self.train_batch_size // T) % n:
-            raise ValueError(
-                f"train_batch_size ({self.train_batch_size}) holds {self.train_batch_size // T} sequences of {T} steps, "
-                f"which do not divide evenly over {n} learner devices")
-        if self.multi_device() and self.minibatch_buffer_size != 1:
-            raise ValueError(f"minibatch_buffer_size ({self.minibatch_buffer_size}) is a setting of the single-device "
-                             "learner thread; the multi-device learner (several devices, or a GPU) preloads "
-                             "num_multi_gpu_tower_stacks stacks instead: leave it at 1")
-        stacks = {k: getattr(self, k) for k in ("num_multi_gpu_tower_stacks", "num_data_load_threads") if getattr(self, k) != 1}
-        if stacks and not self.multi_device():
-            raise ValueError(f"{', '.join(f'{k} ({v})' for k, v in stacks.items())}: settings of the multi-device learner, "
-                             "which runs only with several devices or a GPU (num_learner_devices, resources.num_gpus); "
-                             "the single-device learner thread uses minibatch_buffer_size instead")
+    def _check_impala(self):
+        check_whole_sequences(self)
+        check_learner_thread(self)
         return self
-
-    def multi_device(self) -> bool:
-        """Whether the learner is the multi-device one (several devices, or one GPU)."""
-        devices = self.learner_devices()
-        return len(devices) > 1 or devices[0] != "cpu"
-
-    def fragment_length(self) -> int:
-        """Steps per env per sample request: the V-trace sequence length T."""
-        return self.rollout_fragment_length if isinstance(self.rollout_fragment_length, int) else DEFAULT_FRAGMENT_LENGTH
-
-    def num_devices(self) -> int:
-        return self.num_learner_devices or max(1, int(self.resources.num_gpus))
-
-    def learner_devices(self) -> list[str]:
-        n = self.num_devices()
-        if self.fake_devices or self.resources.num_gpus <= 0:
-            return ["cpu"] * n
-        return [f"cuda:{i}" for i in range(n)]
 
 
 # ---- loss -------------------------------------------------------------------------------
@@ -161,7 +104,7 @@ def unroll(module, batch: dict, T: int, gamma: float) -> Unroll:
     )
 
 
-def vtrace_for(u: Unroll, target_logp: torch.Tensor, config: IMPALAConfig) -> VTraceReturns:
+def vtrace_for(u: Unroll, target_logp: torch.Tensor, config: VTraceKeys) -> VTraceReturns:
     """V-trace with ``target_logp`` as the target policy (the current network for IMPALA)."""
     return vtrace(target_logp.detach() - u.behaviour_logp, u.discounts, u.rewards, u.values.detach(), u.bootstrap.detach(),
                   u.valid, clip_rho_threshold=config.vtrace_clip_rho_threshold,
@@ -203,8 +146,8 @@ def impala_loss(module, batch: dict, learner: Learner, config: IMPALAConfig) -> 
     return loss, stats
 
 
-# ---- the asynchronous machinery (shared with APPO) -----------------------------------------
-def make_learner_thread(learner: Learner, config: IMPALAConfig):
+# ---- the learner and its thread (shared with APPO) ---------------------------------------------
+def make_learner_thread(learner: Learner, config):
     """A LearnerThread, or the multi-device one when the config names several devices or a GPU."""
     devices = config.learner_devices()
     if config.multi_device():
@@ -222,104 +165,21 @@ def make_learner_thread(learner: Learner, config: IMPALAConfig):
                          learner_queue_timeout=config.learner_queue_timeout)
 
 
-def setup_async(algo: Algorithm, loss_fn) -> None:
-    """Learner, learner thread (started by the first training step) and rollout actors."""
-    cfg: IMPALAConfig = algo.config
-    algo.policy_cls = ActorCriticPolicy
+def make_async_learner(algo: Algorithm, loss_fn) -> Learner:
+    """The actor-critic Learner on the first learner device (``loss_fn(module, batch, learner)``)."""
+    cfg = algo.config
     if not cfg.fake_devices:
         resolve_device(cfg.resources.num_gpus)  # a clear ConfigError when GPUs are asked for but absent
     module = build_actor_critic(algo.env_info.observation_space, algo.env_info.action_space, cfg.model)
-    algo.learner = Learner(module, functools.partial(loss_fn, config=cfg), lr=cfg.lr, grad_clip=cfg.grad_clip,
-                           lr_schedule=cfg.lr_schedule, device=cfg.learner_devices()[0])
-    algo.thread = make_learner_thread(algo.learner, cfg)
-    algo.pending, algo.pending_rows = [], 0  # sequences waiting to fill a train batch
-    algo.broadcast_at = 0  # thread.num_updates at the last broadcast
-    algo.num_dropped_batches = 0
-    algo.learner_info = {}  # the mean info of the last results drained from the thread (a report)
-    algo.num_learner_results = 0  # train batches the learner has finished
-    algo.env_runners = algo.make_env_runners(ActorCriticPolicy, sequence_postprocess, cfg.fragment_length(),
-                                             max_in_flight=cfg.max_requests_in_flight_per_worker)
-    algo.broadcast_weights()
+    return Learner(module, loss_fn, lr=cfg.lr, grad_clip=cfg.grad_clip, lr_schedule=cfg.lr_schedule,
+                   device=cfg.learner_devices()[0])
 
 
-def take_train_batches(algo: Algorithm, batches: list[Batch]) -> list[Batch]:
-    """Queue sampled sequences; cut off every full train batch (whole sequences: sizes are multiples of T)."""
-    size = algo.config.train_batch_size
-    algo.pending.extend(batches)
-    algo.pending_rows += sum(len(b) for b in batches)
-    out = []
-    while algo.pending_rows >= size:
-        joined = Batch.concat(algo.pending)
-        out.append(joined.slice(0, size))
-        rest = joined.slice(size, len(joined))
-        algo.pending, algo.pending_rows = ([rest] if len(rest) else []), len(rest)
-    return out
-
-
-def drain_learner(algo: Algorithm, wait_s: float = 0.0) -> list[dict[str, float]]:
-    """Count what the learner finished (waiting up to ``wait_s`` for a first result); the new
-    results' infos, one per train batch, oldest first (empty when nothing finished now).
-
-    ``algo.learner_info`` keeps the mean over the latest results, so every result row carries
-    the same ``learner/...`` keys once learning began; it is a report, never an input: a
-    post-update step (APPO's KL adaptation) must run once per info returned here.
-    """
-    infos = []
-    while True:
-        try:
-            env_steps, _, info = algo.thread.outqueue.get(timeout=wait_s) if wait_s > 0 else algo.thread.outqueue.get_nowait()
-        except queue.Empty:
-            break
-        wait_s = 0.0
-        algo.counters["env_steps_trained"] += env_steps
-        infos.append(info)
-    if infos:
-        algo.num_learner_results += len(infos)
-        algo.learner_info = {f"learner/{k}": float(np.mean([i[k] for i in infos if k in i])) for k in infos[0]}
-    return infos
-
-
-def async_training_step(algo: Algorithm, on_learner_result: Callable[[dict], None] | None = None) -> dict[str, Any]:
-    """Sample (K requests in flight per actor), queue train batches, drain the learner, broadcast.
-
-    ``on_learner_result(info)`` runs once per train batch the learner finished (a post-update
-    step such as APPO's KL adaptation), never on a step that drained nothing.
-    """
-    cfg: IMPALAConfig = algo.config
-    if algo.thread.ident is None:
-        algo.thread.start()
-    with algo.timers.time(Phase.SAMPLE):
-        if not algo.thread.inqueue.full():  # back-pressure: no new requests while the learner is behind
-            algo.env_runners.submit("sample")
-        ready = [r for _, r in algo.env_runners.fetch_ready(timeout_s=WAIT_S)]
-        algo.record_rollouts([m for _, m in ready])
-    with algo.timers.time(Phase.ENQUEUE):
-        algo.learner.set_env_steps(algo.counters["env_steps_sampled"])
-        for batch in take_train_batches(algo, [b for b, _ in ready]):
-            if not algo.thread.add(batch, env_steps=int(batch[Col.VALID].sum())):
-                algo.num_dropped_batches += 1
-    with algo.timers.time(Phase.DRAIN):
-        for info in drain_learner(algo, wait_s=0.0 if ready else WAIT_S):  # nothing sampled: wait here, do not spin
-            if on_learner_result is not None:
-                on_learner_result(info)
-    with algo.timers.time(Phase.SYNC):
-        if algo.thread.num_updates - algo.broadcast_at >= cfg.broadcast_interval:
-            algo.broadcast_at = algo.thread.num_updates
-            algo.broadcast_weights()
-    algo.thread.check()
-    return {**algo.learner_info, "num_dropped_batches": algo.num_dropped_batches,
-            "num_learner_results": algo.num_learner_results}
-
-
-def async_state(algo: Algorithm) -> dict[str, Any]:
-    with algo.thread.lock:
-        return {"learner": algo.learner.get_state()}
-
-
-def set_async_state(algo: Algorithm, state: dict[str, Any]) -> None:
-    with algo.thread.lock:
-        algo.learner.set_state(state["learner"])
-    algo.broadcast_weights()
+def make_sequence_runners(algo: Algorithm):
+    """Rollout actors that return time-major sequences, with requests kept in flight."""
+    cfg = algo.config
+    return algo.make_env_runners(ActorCriticPolicy, sequence_postprocess, cfg.fragment_length(),
+                                 max_in_flight=cfg.max_requests_in_flight_per_worker)
 
 
 # ---- algorithm --------------------------------------------------------------------------
@@ -327,23 +187,46 @@ class IMPALA(Algorithm):
     config_cls = IMPALAConfig
 
     def setup(self) -> None:
-        setup_async(self, impala_loss)
+        self.policy_cls = ActorCriticPolicy
+        self.learner = make_async_learner(self, functools.partial(impala_loss, config=self.config))
+        self.thread = make_learner_thread(self.learner, self.config)
+        self.env_runners = make_sequence_runners(self)
+        self.pipeline = AsyncPipeline.from_config(self.env_runners, self.thread, self.config)
+        self.broadcast_weights()
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return self.thread.get_weights()
 
     def training_step(self) -> dict[str, Any]:
-        return async_training_step(self)
+        p = self.pipeline
+        with self.timers.time(Phase.SAMPLE):
+            ready = p.sample()
+            self.record_rollouts([m for _, m in ready])
+        with self.timers.time(Phase.ENQUEUE):
+            self.learner.set_env_steps(self.counters["env_steps_sampled"])
+            p.enqueue([b for b, _ in ready])
+        with self.timers.time(Phase.DRAIN):
+            for result in p.drain(wait=not ready):
+                self.counters["env_steps_trained"] += result.env_steps
+        with self.timers.time(Phase.SYNC):
+            if p.broadcast_due():
+                p.broadcast_done()
+                self.broadcast_weights()
+        p.check()
+        return p.metrics()
 
     def train(self) -> dict[str, Any]:
         return {**super().train(), **self.thread.stats()}
 
     def get_state(self) -> dict[str, Any]:
-        return {**super().get_state(), **async_state(self)}
+        with self.thread.hold():
+            return {**super().get_state(), "learner": self.learner.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)
-        set_async_state(self, state)
+        with self.thread.hold():
+            self.learner.set_state(state["learner"])
+        self.broadcast_weights()
 
     def stop(self) -> None:
         self.thread.stop()

@@ -12,41 +12,34 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
 from pydantic import Field, model_validator
 
 from shoal.algorithms.base import Algorithm
+from shoal.algorithms.config_groups import KLPenaltyKeys, PPOLossKeys
 from shoal.batch import Batch, Col
 from shoal.config import AlgorithmConfig
 from shoal.learn import Learner, resolve_device
+from shoal.learn.target import AdaptiveKL
 from shoal.models import build_actor_critic
 from shoal.rollout import ActorCriticPolicy, Fragment, compute_gae, flatten_valid
 from shoal.logging.metrics import Phase
 
 
 # ---- config -----------------------------------------------------------------------------
-class PPOConfig(AlgorithmConfig):
+class PPOConfig(PPOLossKeys, KLPenaltyKeys, AlgorithmConfig):
+    """AlgorithmConfig + PPO's loss and SGD keys + the adaptive KL penalty (config_groups.py)."""
+
     algo = "ppo"
 
-    lr: float = Field(3e-4, gt=0)
-    gae_lambda: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda.")
     train_batch_size: int = Field(4096, ge=1, description="Env steps per training step (over all rollout actors).")
-    minibatch_size: int = Field(256, ge=1, description="Rows per SGD minibatch.")
-    num_sgd_iter: int = Field(10, ge=1, description="Epochs over each train batch.")
-    clip_param: float = Field(0.2, gt=0, description="PPO ratio clip epsilon.")
-    vf_clip_param: Optional[float] = Field(None, gt=0, description="PPO2-style value clipping around the old value; None disables.")
-    vf_loss_coeff: float = Field(0.5, ge=0)
-    entropy_coeff: float = Field(0.0, ge=0)
-    use_kl_loss: bool = Field(False, description="Add an adaptive KL(old || new) penalty.")
     kl_coeff: float = Field(0.2, ge=0, description="Initial KL penalty coefficient (adapted towards kl_target).")
-    kl_target: float = Field(0.01, gt=0)
-    normalize_advantages: bool = Field(True, description="Standardize advantages per minibatch.")
 
     @model_validator(mode="after")
-    def _check(self):
+    def _check_ppo_batch(self):
         if self.minibatch_size > self.train_batch_size:
             raise ValueError(
                 f"minibatch_size ({self.minibatch_size}) is larger than train_batch_size ({self.train_batch_size}); "
@@ -118,30 +111,22 @@ def ppo_loss_terms(logp, old_logp, advantages, values, old_values, value_targets
     }
 
 
-def ppo_loss(module, batch: dict, learner: Learner, config: PPOConfig) -> tuple[torch.Tensor, dict]:
+def ppo_loss(module, batch: dict, learner: Learner, config: PPOConfig, kl: AdaptiveKL) -> tuple[torch.Tensor, dict]:
     inputs, values = module(batch[Col.OBS])
     dist = module.dist_cls(inputs)
     adv = batch[Col.ADVANTAGES]
     if config.normalize_advantages and len(adv) > 1:
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    kl = module.dist_cls(batch[Col.ACTION_DIST_INPUTS]).kl(dist) if config.use_kl_loss else None
+    kl_old_new = module.dist_cls(batch[Col.ACTION_DIST_INPUTS]).kl(dist) if config.use_kl_loss else None
     terms = ppo_loss_terms(
         dist.logp(batch[Col.ACTIONS]), batch[Col.ACTION_LOGP], adv, values, batch[Col.VF_PREDS],
-        batch[Col.VALUE_TARGETS], dist.entropy(), kl,
+        batch[Col.VALUE_TARGETS], dist.entropy(), kl_old_new,
         clip_param=config.clip_param, vf_clip_param=config.vf_clip_param, vf_loss_coeff=config.vf_loss_coeff,
-        entropy_coeff=config.entropy_coeff, kl_coeff=learner.extra_state["kl_coeff"] if config.use_kl_loss else 0.0,
+        entropy_coeff=config.entropy_coeff, kl_coeff=kl.coeff,
     )
     loss = terms.pop("total_loss")
     return loss, {k: v.detach() for k, v in terms.items()}
 
-
-def update_kl_coeff(kl_coeff: float, kl: float, kl_target: float) -> float:
-    """Adaptive KL penalty: grow 1.5x when KL overshoots twice the target, halve below half of it."""
-    if kl > 2.0 * kl_target:
-        return kl_coeff * 1.5
-    if kl < 0.5 * kl_target:
-        return kl_coeff * 0.5
-    return kl_coeff
 
 
 def gae_postprocess(fragment: Fragment, gamma: float, gae_lambda: float) -> Batch:
@@ -170,9 +155,10 @@ class PPO(Algorithm):
         cfg: PPOConfig = self.config
         self.policy_cls = ActorCriticPolicy
         module = build_actor_critic(self.env_info.observation_space, self.env_info.action_space, cfg.model)
-        self.learner = Learner(module, functools.partial(ppo_loss, config=cfg), lr=cfg.lr, grad_clip=cfg.grad_clip,
-                               lr_schedule=cfg.lr_schedule, device=resolve_device(cfg.resources.num_gpus))
-        self.learner.extra_state["kl_coeff"] = cfg.kl_coeff
+        self.kl = AdaptiveKL(cfg.kl_coeff, cfg.kl_target, enabled=cfg.use_kl_loss)
+        self.learner = Learner(module, functools.partial(ppo_loss, config=cfg, kl=self.kl), lr=cfg.lr,
+                               grad_clip=cfg.grad_clip, lr_schedule=cfg.lr_schedule,
+                               device=resolve_device(cfg.resources.num_gpus))
         postprocess = functools.partial(gae_postprocess, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda)
         self.env_runners = self.make_env_runners(ActorCriticPolicy, postprocess, cfg.fragment_length())
         self.broadcast_weights()
@@ -192,18 +178,17 @@ class PPO(Algorithm):
             self.learner.set_env_steps(self.counters["env_steps_sampled"])
             stats = self.learner.update(batch, cfg.num_sgd_iter, cfg.minibatch_size, self.rng)
             self.counters["env_steps_trained"] += len(batch)
-            if cfg.use_kl_loss:
-                kl_coeff = update_kl_coeff(self.learner.extra_state["kl_coeff"], stats["kl"], cfg.kl_target)
-                self.learner.extra_state["kl_coeff"] = kl_coeff
-            stats["kl_coeff"] = self.learner.extra_state["kl_coeff"]
+        with self.timers.time(Phase.POST_UPDATE):
+            stats["kl_coeff"] = self.kl.update(stats["kl"]) if cfg.use_kl_loss else self.kl.coeff
         with self.timers.time(Phase.SYNC):
             self.broadcast_weights()
         return {f"learner/{k}": v for k, v in stats.items()}
 
     def get_state(self) -> dict[str, Any]:
-        return {**super().get_state(), "learner": self.learner.get_state()}
+        return {**super().get_state(), "learner": self.learner.get_state(), "kl": self.kl.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)
         self.learner.set_state(state["learner"])
+        self.kl.set_state(state["kl"])
         self.broadcast_weights()

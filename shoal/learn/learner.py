@@ -82,8 +82,11 @@ class Learner:
         self.lr = self.schedule(0) if self.schedule else lr
         self.optimizer = make_adam(self.module.parameters(), self.lr, adam_eps)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
-        # Algorithm-owned scalars that must survive checkpoints (e.g. PPO's KL coefficient).
+        # Scalars a custom loss may keep with the learner (saved in checkpoints as "extra");
+        # shoal's own post-update state is named (shoal.learn.target), not kept here.
         self.extra_state: dict[str, float] = {}
+        self.post_update_hooks: list[Callable[[int], Any]] = []
+        self.last_batch_rows = 0  # rows of the minibatch being learned (set by compute_gradients)
         self.num_updates = 0
 
     # ---- optimisation ------------------------------------------------------------------
@@ -96,6 +99,7 @@ class Learner:
 
     def compute_gradients(self, batch: dict) -> dict:
         self.optimizer.zero_grad(set_to_none=True)
+        self.last_batch_rows = len(next(iter(batch.values()))) if batch else 0
         loss, stats = self.loss_fn(self.module, batch, self)
         loss.backward()
         return stats
@@ -104,12 +108,20 @@ class Learner:
         """Hook for data-parallel learners (all-reduce); a single learner has nothing to do."""
 
     def apply_gradients(self) -> torch.Tensor | None:
+        """Clip, step the optimizer, then run the post-update hooks with ``last_batch_rows``."""
         norm = None
         if self.grad_clip is not None:
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
         self.optimizer.step()
         self.num_updates += 1
+        for hook in self.post_update_hooks:
+            hook(self.last_batch_rows)
         return norm
+
+    def add_post_update_hook(self, hook: Callable[[int], Any]) -> None:
+        """Call ``hook(rows)`` after every optimizer step, in the thread that learns (e.g.
+        :meth:`TargetNetwork.post_update <shoal.learn.target.TargetNetwork.post_update>`)."""
+        self.post_update_hooks.append(hook)
 
     def update_minibatch(self, batch: dict) -> dict:
         stats = self.compute_gradients(batch)

@@ -1,13 +1,13 @@
 """LearnerThread: the background learner of IMPALA / APPO (single device).
 
 The driver puts train batches on a bounded in-queue with ``add()`` (never blocking: a full
-queue answers False and the caller counts a drop). The thread takes them in order, moves
+queue answers False and counts a drop, :class:`~shoal.learn.threads.LearnerThreadBase`). The thread takes them in order, moves
 each to the learner's device once ("load"), and keeps them in a ring of
 ``minibatch_buffer_size`` slots: every step learns on the current slot and moves to the next
 one; an empty slot is refilled from the in-queue. Each batch is learned ``num_sgd_iter``
 times in all, interleaved with the other batches in the ring, and then released: its
-``(env_steps, agent_steps, info)`` goes on the out-queue, ``info`` holding the mean of the
-loss statistics over its passes.
+:class:`~shoal.learn.threads.LearnerResult` goes on the out-queue, ``stats`` holding the mean
+of the loss statistics over its passes.
 
 With ``minibatch_buffer_size=1`` a batch is learned ``num_sgd_iter`` times in a row; with
 ``minibatch_buffer_size=2, num_sgd_iter=2`` the order is b1 b2 b1 b2 b3 b4 b3 b4 ...
@@ -25,64 +25,18 @@ through ``check()`` as a ``LearnerThreadError`` carrying the cause and its trace
 
 from __future__ import annotations
 
-import math
-import queue
 import threading
-import time
 from collections import deque
-from contextlib import contextmanager
 from typing import Any, Mapping
 
 import numpy as np
-import torch
 
 from shoal.batch import Batch
-from shoal.errors import ConfigError, ShoalError
+from shoal.errors import ConfigError
 from shoal.learn.learner import Learner
 from shoal.learn.stats import StatsMean
-from shoal.learn.threads import BackgroundLearnerThread
+from shoal.learn.threads import LearnerResult, LearnerThreadBase, wait_get
 from shoal.logging.metrics import Phase, Timers
-
-_POLL_S = 0.5  # a waiting thread re-checks its stop flag this often (no CPU in between)
-_STOP = object()  # put on a queue by stop() to wake a waiting thread at once
-
-
-class LearnerQueueTimeout(ShoalError):
-    """No train batch arrived within ``learner_queue_timeout`` seconds."""
-
-
-def wait_get(q: queue.Queue, stopped: threading.Event, timeout_s: float | None = None,
-             what: str = "the learner queue"):
-    """Block on ``q.get`` until an item comes; None once ``stopped`` is set.
-
-    Raises :class:`LearnerQueueTimeout` when ``timeout_s`` passes with nothing arriving.
-    """
-    deadline = None if timeout_s is None or math.isinf(timeout_s) else time.monotonic() + timeout_s
-    while not stopped.is_set():
-        wait = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
-        if wait <= 0:
-            raise LearnerQueueTimeout(
-                f"{what} stayed empty for {timeout_s:g} s (learner_queue_timeout={timeout_s:g}): no train batch "
-                "arrived from the rollout actors. Check that they are alive and sampling, or raise "
-                "learner_queue_timeout."
-            )
-        try:
-            item = q.get(timeout=wait)
-        except queue.Empty:
-            continue
-        return None if item is _STOP else item
-    return None
-
-
-def put_stop(q: queue.Queue, n: int = 1) -> None:
-    """Wake up to ``n`` waiters on ``q`` (best effort: a full queue has no waiting getter)."""
-    for _ in range(n):
-        try:
-            q.put_nowait(_STOP)
-        except queue.Full:
-            return
-
-
 
 
 def count_steps(batch, env_steps: int | None) -> tuple[int, int]:
@@ -107,41 +61,31 @@ class _Slot:
         self.stats = StatsMean()
 
 
-class LearnerThread(BackgroundLearnerThread):
+class LearnerThread(LearnerThreadBase):
     def __init__(self, learner: Learner | Mapping[str, Learner], *, learner_queue_size: int = 16,
                  minibatch_buffer_size: int = 1, num_sgd_iter: int = 1, learner_queue_timeout: float = 300.0,
                  name: str = "shoal-learner") -> None:
-        super().__init__(name=name)
         _positive("learner_queue_size", learner_queue_size)
         _positive("minibatch_buffer_size", minibatch_buffer_size)
         _positive("num_sgd_iter", num_sgd_iter)
         _positive("learner_queue_timeout", learner_queue_timeout, float)
+        super().__init__(learner_queue_size, name)
         self.multi_agent = not isinstance(learner, Learner)
         self.learners: dict[Any, Learner] = dict(learner) if self.multi_agent else {None: learner}
         if not self.learners:
             raise ConfigError("the learner thread needs at least one Learner (got an empty dict).")
         self.num_sgd_iter = int(num_sgd_iter)
         self.learner_queue_timeout = float(learner_queue_timeout)
-        self.inqueue: queue.Queue = queue.Queue(maxsize=int(learner_queue_size))
-        self.outqueue: queue.Queue = queue.Queue()
-        # Held by every update and by get_weights(), so weights are never read half-written.
-        self.lock = threading.RLock()
-        self.readers_waiting = 0  # get_weights() calls waiting for the lock; a step yields to them
         self.timers = Timers(Phase.LEARNER_THREAD, window=100)
         self.queue_sizes: deque[int] = deque(maxlen=100)
-        self.num_updates = 0
         self._ring: list[_Slot | None] = [None] * int(minibatch_buffer_size)
         self._idx = 0
 
     # ---- driver side -------------------------------------------------------------------
     def add(self, batch, env_steps: int | None = None) -> bool:
-        """Put one train batch on the in-queue without blocking; False when the queue is full."""
+        """Offer one train batch (checked first); False, and counted in ``num_dropped``, when the queue is full."""
         self.validate(batch)
-        try:
-            self.inqueue.put_nowait(batch if env_steps is None else (batch, int(env_steps)))
-        except queue.Full:
-            return False
-        return True
+        return self.offer(batch if env_steps is None else (batch, int(env_steps)))
 
     def validate(self, batch) -> None:
         """Cheap checks on a batch before it is queued (subclasses add their own)."""
@@ -161,23 +105,6 @@ class LearnerThread(BackgroundLearnerThread):
                 return {pid: ln.get_weights() for pid, ln in self.learners.items()}
             return self.learners[policy_id].get_weights()
 
-    @contextmanager
-    def hold(self):
-        """Hold the learner's lock (between two SGD steps) to read or replace its state; the
-        thread yields to a waiting holder after its current step."""
-        self.readers_waiting += 1
-        try:
-            with self.lock:
-                yield
-        finally:
-            self.readers_waiting -= 1
-
-    def yield_to_readers(self) -> None:
-        """Between two steps: if a reader waits for the lock, drop the GIL so it gets the lock
-        (otherwise this thread re-takes it at once and a broadcast can wait many steps)."""
-        if self.readers_waiting:
-            time.sleep(0)
-
     def stats(self) -> dict[str, float]:
         """Queue-size window, phase timers, idle fraction (since the last call) and update count."""
         sizes = list(self.queue_sizes)
@@ -188,11 +115,6 @@ class LearnerThread(BackgroundLearnerThread):
             "learner_idle_fraction": 1.0 - self.busy_fraction(),
             "num_updates": float(self.num_updates),
         }
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self.stopped.set()
-        put_stop(self.inqueue)
-        super().stop(timeout_s)
 
     # ---- thread side -------------------------------------------------------------------
     def take(self, stopped: threading.Event, idle) -> tuple[Any, int, int] | None:
@@ -226,7 +148,7 @@ class LearnerThread(BackgroundLearnerThread):
         slot.ttl -= 1
         if slot.ttl == 0:
             self._ring[self._idx] = None
-            self.outqueue.put((slot.env_steps, slot.agent_steps, slot.stats.mean()))
+            self.publish(LearnerResult(slot.env_steps, slot.agent_steps, slot.stats.mean()))
         self._idx = (self._idx + 1) % len(self._ring)
 
     # ---- helpers shared with the multi-device thread -----------------------------------

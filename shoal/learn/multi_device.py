@@ -13,8 +13,8 @@ Pipeline (all inside one process):
   runs forward/backward of the loss on every device's replica of the module with that
   device's shard (the replicas first copy the master's weights), averages the gradients
   into the master module (the Learner's, on ``devices[0]``) and applies the Learner's
-  optimizer step once. Then the stack goes back to idle and ``(env_steps, agent_steps,
-  info)`` onto the out-queue.
+  optimizer step once. Then the stack goes back to idle and its
+  :class:`~shoal.learn.threads.LearnerResult` onto the out-queue.
 
 The towers' gradients are averaged with weights: each shard's share of the batch's valid
 rows (``Col.VALID``; of its rows when there is no such column). The losses are means over the
@@ -54,10 +54,10 @@ import torch
 from shoal.batch import Batch, Col
 from shoal.errors import ConfigError
 from shoal.learn.learner import Learner
-from shoal.learn.learner_thread import LearnerThread, _positive, put_stop, wait_get
+from shoal.learn.learner_thread import LearnerThread, _positive
 from shoal.learn.stats import StatsMean
 from shoal.logging.metrics import Phase
-from shoal.learn.threads import BackgroundLearnerThread
+from shoal.learn.threads import BackgroundThread, LearnerResult, put_stop, wait_get
 
 SplitFn = Callable[[Batch, int], Sequence[Batch]]
 
@@ -120,6 +120,7 @@ class _Towers:
         stats.add(combined, prefix)
         self._average_gradients(weights)
         self.learner.reduce_gradients()
+        self.learner.last_batch_rows = sum(len(next(iter(t.values()))) for t in shards if t)
         norm = self.learner.apply_gradients()
         if norm is not None:
             stats.add({"grad_norm": norm}, prefix)
@@ -172,7 +173,7 @@ class _Stack:
         self.env_steps = self.agent_steps = 0
 
 
-class _Loader(BackgroundLearnerThread):
+class _Loader(BackgroundThread):
     """Moves batches from the in-queue onto the devices of an idle stack."""
 
     def __init__(self, owner: "MultiDeviceLearnerThread", index: int) -> None:
@@ -316,7 +317,7 @@ class MultiDeviceLearnerThread(LearnerThread):
         env_steps, agent_steps = stack.env_steps, stack.agent_steps
         stack.shards, stack.weights = {}, {}
         self.idle_stacks.put(stack)
-        self.outqueue.put((env_steps, agent_steps, stats.mean()))
+        self.publish(LearnerResult(env_steps, agent_steps, stats.mean()))
 
 
 __all__ = ["MultiDeviceLearnerThread"]

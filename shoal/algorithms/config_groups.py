@@ -1,0 +1,133 @@
+"""Groups of config keys that several algorithms share, composed into flat configs.
+
+An algorithm's config is :class:`~shoal.config.AlgorithmConfig` plus the groups it uses,
+listed as bases (``class APPOConfig(VTraceKeys, AsyncSamplingKeys, ..., AlgorithmConfig)``):
+the keys stay flat (``vtrace_lambda``, not ``vtrace.lambda``) and no algorithm's config
+inherits another's. A group holds fields and the helpers that read them; it declares no
+validator. The checks that span groups are plain functions here, which each config calls
+from its own, distinctly named validator, so a check never depends on which same-named
+validator pydantic keeps.
+
+A config that includes a group only to refuse its keys (AlphaStar's learners are not
+IMPALA's learner thread) lists them in ``unused_keys`` with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import Field
+
+from shoal.config import Section
+
+DEFAULT_SEQUENCE_LENGTH = 50  # V-trace's T when rollout_fragment_length is "auto"
+
+
+class VTraceKeys(Section):
+    """V-trace and the actor-critic loss weights (IMPALA, APPO, AlphaStar)."""
+
+    vtrace_clip_rho_threshold: Optional[float] = Field(1.0, gt=0, description="V-trace rho-bar; None disables the clip.")
+    vtrace_clip_pg_rho_threshold: Optional[float] = Field(1.0, gt=0, description="V-trace pg-rho-bar; None disables the clip.")
+    vtrace_lambda: float = Field(1.0, gt=0, le=1, description="V-trace's lambda: scales the traces c_t (1: the paper's main form).")
+    vf_loss_coeff: float = Field(0.5, ge=0, description="Weight of the value loss.")
+    entropy_coeff: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
+
+
+class AsyncSamplingKeys(Section):
+    """Asynchronous sampling into train batches of whole sequences (IMPALA, APPO, AlphaStar)."""
+
+    lr: float = Field(5e-4, gt=0)
+    min_time_s_per_iteration: float = Field(1.0, ge=0, description="Asynchronous steps are short: report about once a second.")
+    train_batch_size: int = Field(500, ge=1, description="Rows (env steps, whole sequences) per learner update.")
+    num_sgd_iter: int = Field(1, ge=1, description="Times the learner learns on each train batch.")
+    max_requests_in_flight_per_worker: int = Field(2, ge=1, description="Sample requests kept open per rollout actor.")
+    broadcast_interval: int = Field(1, ge=1, description="Learner updates between weight broadcasts to the rollout actors.")
+
+    def fragment_length(self) -> int:
+        """Steps per env per sample request: the V-trace sequence length T."""
+        frag = self.rollout_fragment_length
+        return frag if isinstance(frag, int) else DEFAULT_SEQUENCE_LENGTH
+
+
+class LearnerThreadKeys(Section):
+    """IMPALA's background learner thread, single- or multi-device (IMPALA, APPO)."""
+
+    minibatch_buffer_size: int = Field(1, ge=1, description="Train batches in the learner's ring; they are learned interleaved.")
+    learner_queue_size: int = Field(16, ge=1, description="Train batches waiting for the learner; a full queue drops new ones.")
+    learner_queue_timeout: float = Field(300.0, gt=0, description="Seconds the learner may wait for a batch before train() fails.")
+    num_learner_devices: Optional[int] = Field(
+        None, ge=1, description="Devices the learner splits each batch over; None: one per GPU in resources.num_gpus (at least 1).")
+    fake_devices: bool = Field(False, description="Run the learner devices as CPU stand-ins (tests, machines without GPUs).")
+    num_multi_gpu_tower_stacks: int = Field(1, ge=1, description="Multi-device learner: batches preloaded onto the devices.")
+    num_data_load_threads: int = Field(1, ge=1, description="Multi-device learner: threads that preload the stacks.")
+
+    def multi_device(self) -> bool:
+        """Whether the learner is the multi-device one (several devices, or one GPU)."""
+        devices = self.learner_devices()
+        return len(devices) > 1 or devices[0] != "cpu"
+
+    def num_devices(self) -> int:
+        return self.num_learner_devices or max(1, int(self.resources.num_gpus))
+
+    def learner_devices(self) -> list[str]:
+        n = self.num_devices()
+        if self.fake_devices or self.resources.num_gpus <= 0:
+            return ["cpu"] * n
+        return [f"cuda:{i}" for i in range(n)]
+
+
+class ClipTargetKeys(Section):
+    """APPO's clipped surrogate against a target network (APPO, AlphaStar)."""
+
+    clip_param: float = Field(0.4, gt=0, description="Clip of the ratio pi / pi_target in the surrogate.")
+    target_update_frequency: int = Field(4, ge=1, description="Learner updates between target-network refreshes.")
+
+
+class PPOLossKeys(Section):
+    """PPO's surrogate, value loss and SGD schedule (PPO, DD-PPO)."""
+
+    gae_lambda: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda.")
+    minibatch_size: int = Field(256, ge=1, description="Rows per SGD minibatch.")
+    num_sgd_iter: int = Field(10, ge=1, description="Epochs over each train batch.")
+    clip_param: float = Field(0.2, gt=0, description="PPO ratio clip epsilon.")
+    vf_clip_param: Optional[float] = Field(None, gt=0, description="PPO2-style value clipping around the old value; None disables.")
+    vf_loss_coeff: float = Field(0.5, ge=0, description="Weight of the value loss.")
+    entropy_coeff: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
+    normalize_advantages: bool = Field(True, description="Standardize advantages per minibatch.")
+
+
+class KLPenaltyKeys(Section):
+    """An adaptive KL penalty (PPO, APPO, AlphaStar)."""
+
+    use_kl_loss: bool = Field(False, description="Add kl_coeff * KL(old || new), the coefficient adapted to kl_target.")
+    kl_coeff: float = Field(1.0, ge=0, description="Initial KL coefficient (adapted towards kl_target).")
+    kl_target: float = Field(0.01, gt=0, description="The KL the coefficient is adapted towards.")
+
+
+# ---- checks that span groups: each config calls the ones that apply from its own validator --
+def check_whole_sequences(cfg) -> None:
+    """Train batches are whole V-trace sequences."""
+    T = cfg.fragment_length()
+    if cfg.train_batch_size % T:
+        raise ValueError(f"train_batch_size ({cfg.train_batch_size}) must be a multiple of rollout_fragment_length "
+                         f"({T}): the learner trains on whole sequences")
+
+
+def check_learner_thread(cfg) -> None:
+    """The learner devices exist and split the batch evenly; each thread's own keys only."""
+    T, n, gpus = cfg.fragment_length(), cfg.num_devices(), cfg.resources.num_gpus
+    if n > 1 and not cfg.fake_devices and n > int(gpus):
+        raise ValueError(f"num_learner_devices ({n}) needs as many GPUs but resources.num_gpus is {gpus:g}; "
+                         "set fake_devices=true to run the devices on the CPU")
+    if (cfg.train_batch_size // T) % n:
+        raise ValueError(f"train_batch_size ({cfg.train_batch_size}) holds {cfg.train_batch_size // T} sequences of "
+                         f"{T} steps, which do not divide evenly over {n} learner devices")
+    if cfg.multi_device() and cfg.minibatch_buffer_size != 1:
+        raise ValueError(f"minibatch_buffer_size ({cfg.minibatch_buffer_size}) is a setting of the single-device "
+                         "learner thread; the multi-device learner (several devices, or a GPU) preloads "
+                         "num_multi_gpu_tower_stacks stacks instead: leave it at 1")
+    stacks = {k: getattr(cfg, k) for k in ("num_multi_gpu_tower_stacks", "num_data_load_threads") if getattr(cfg, k) != 1}
+    if stacks and not cfg.multi_device():
+        raise ValueError(f"{', '.join(f'{k} ({v})' for k, v in stacks.items())}: settings of the multi-device learner, "
+                         "which runs only with several devices or a GPU (num_learner_devices, resources.num_gpus); "
+                         "the single-device learner thread uses minibatch_buffer_size instead")

@@ -1,0 +1,100 @@
+"""AsyncPipeline: the asynchronous data path of IMPALA and APPO, and the state it owns.
+
+    rollout actors --sample()--> sequences --enqueue()--> train batches --> learner thread
+          ^                                                                     |
+          +---------- broadcast_due() / broadcast_done() <-- drain() <----------+
+
+One object holds everything that lives between two training steps, so no algorithm keeps
+pipeline state of its own and every field is written down here:
+
+- the sample requests in flight (inside the rollout actor group: at most
+  ``max_requests_in_flight_per_worker`` per actor);
+- ``pending``: sampled sequences not yet cut into a train batch (whole sequences only);
+- the learner thread with its in-queue (``thread.num_dropped`` counts the train batches a
+  full queue refused);
+- ``learner_info``: the mean stats of the latest learner results (a report, never an input);
+- ``num_learner_results``: train batches the learner has finished;
+- the broadcast schedule: learner updates since the last weight broadcast.
+
+The algorithm's ``training_step`` calls the phases in order (sample, enqueue, drain, sync)
+and adds its own between them (APPO adapts its KL coefficient on each drained result).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shoal.batch import Batch, Col
+from shoal.learn.stats import mean_stats
+from shoal.learn.threads import LearnerResult
+
+WAIT_S = 0.02  # longest a training step blocks on sample results or learner results
+
+
+class AsyncPipeline:
+    def __init__(self, env_runners, thread, *, train_batch_size: int, broadcast_interval: int) -> None:
+        self.env_runners = env_runners
+        self.thread = thread
+        self.train_batch_size = train_batch_size
+        self.broadcast_interval = broadcast_interval
+        self.pending: list[Batch] = []  # sequences waiting to fill a train batch
+        self.pending_rows = 0
+        self.learner_info: dict[str, float] = {}
+        self.num_learner_results = 0
+        self.broadcast_at = 0  # thread.num_updates at the last broadcast
+
+    @classmethod
+    def from_config(cls, env_runners, thread, config) -> "AsyncPipeline":
+        return cls(env_runners, thread, train_batch_size=config.train_batch_size,
+                   broadcast_interval=config.broadcast_interval)
+
+    # ---- the phases, in the order a training step calls them ------------------------------
+    def sample(self) -> list[tuple[Batch, Any]]:
+        """Keep sample requests open (none while the learner's queue is full: back-pressure)
+        and return the (sequences, metrics) that are ready, waiting at most ``WAIT_S``."""
+        if self.thread.ident is None:
+            self.thread.start()
+        if not self.thread.inqueue.full():
+            self.env_runners.submit("sample")
+        return [r for _, r in self.env_runners.fetch_ready(timeout_s=WAIT_S)]
+
+    def enqueue(self, batches: list[Batch]) -> None:
+        """Cut every full train batch off the pending sequences and offer it to the learner."""
+        for batch in self._cut_train_batches(batches):
+            self.thread.add(batch, env_steps=int(batch[Col.VALID].sum()))  # a full queue drops it (counted)
+
+    def drain(self, wait: bool) -> list[LearnerResult]:
+        """The learner results finished since the last call, oldest first (waiting up to
+        ``WAIT_S`` for one when ``wait``: a step that sampled nothing must not spin)."""
+        results = self.thread.drain(timeout_s=WAIT_S if wait else 0.0)
+        if results:
+            self.num_learner_results += len(results)
+            self.learner_info = mean_stats((r.stats for r in results), prefix="learner/")
+        return results
+
+    def broadcast_due(self) -> bool:
+        """Whether ``broadcast_interval`` learner updates happened since the last broadcast."""
+        return self.thread.num_updates - self.broadcast_at >= self.broadcast_interval
+
+    def broadcast_done(self) -> None:
+        self.broadcast_at = self.thread.num_updates
+
+    def check(self) -> None:
+        """Raise here if the learner thread died."""
+        self.thread.check()
+
+    def metrics(self) -> dict[str, Any]:
+        return {**self.learner_info, "num_dropped_batches": self.thread.num_dropped,
+                "num_learner_results": self.num_learner_results}
+
+    def _cut_train_batches(self, batches: list[Batch]) -> list[Batch]:
+        size = self.train_batch_size
+        self.pending.extend(batches)
+        self.pending_rows += sum(len(b) for b in batches)
+        out = []
+        while self.pending_rows >= size:
+            joined = Batch.concat(self.pending)
+            out.append(joined.slice(0, size))
+            rest = joined.slice(size, len(joined))
+            self.pending, self.pending_rows = ([rest] if len(rest) else []), len(rest)
+        return out
