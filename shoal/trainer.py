@@ -194,10 +194,9 @@ class _Session:
     def checkpoint(self, result: dict[str, Any]) -> None:
         """A numbered checkpoint (and ``best``, when it changed), then the algorithm's TensorBoard extras."""
         self.last_ckpt = self._save_numbered()
-        log_extras = getattr(self.algo, "log_tensorboard_extras", None)  # e.g. the league's tables and heatmap
         tb = next((w.w for w in self.writers if isinstance(w, TensorBoardWriter) and w.w is not None), None)
-        if log_extras is not None and tb is not None:
-            log_extras(tb, int(result.get("env_steps_sampled", self.algo.iteration)))
+        if tb is not None:  # e.g. the league's tables and heatmap
+            self.algo.log_tensorboard_extras(tb, int(result.get("env_steps_sampled", self.algo.iteration)))
 
     def save_interrupted(self) -> None:
         """On Ctrl-C: a numbered checkpoint of the last iteration, unless it has one already."""

@@ -122,6 +122,14 @@ class Algorithm:
         """Extra (method, args) calls that re-sync a recreated rollout actor (global vars, replay shards...)."""
         return []
 
+    def log_tensorboard_extras(self, writer, step: int) -> None:
+        """Write what a result dict cannot hold (tables, images) to TensorBoard; nothing by default.
+
+        The trainer calls it after each scheduled checkpoint (every ``checkpoint_every``
+        iterations and at the stop) with the run's ``SummaryWriter`` and the env steps sampled
+        so far as ``step``; a league adds its tables and win-rate heatmap.
+        """
+
     def broadcast_weights(self, groups=None) -> None:
         """One object-store put of the current weights; every actor takes the same reference."""
         groups = groups or [self.env_runners]
