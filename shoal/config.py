@@ -122,6 +122,10 @@ class AlgorithmConfig(Section):
     """The fewest rollout workers (``resources.num_workers``) the algorithm can run with. With 0,
     ``shoal evaluate`` restores a run with no workers and evaluates in the driver; an algorithm
     whose workers are its learners (DD-PPO: 1) keeps the saved number, and starts none to evaluate."""
+    algorithm_cls: ClassVar[Optional[type]] = None
+    """The :class:`~shoal.algorithms.base.Algorithm` subclass that ``build()`` makes. An algorithm
+    class that names this class as its ``config_cls`` sets it when it is defined, so importing
+    an algorithm's module (as the registry does to find its config class) registers it."""
     model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
 
     env: EnvSpec = Field(..., description="Gymnasium id, 'module:callable' import path, or a callable returning an env.")
@@ -169,9 +173,12 @@ class AlgorithmConfig(Section):
     # ---- API -----------------------------------------------------------------------
     def build(self):
         """Validate the env and build the algorithm this config describes."""
-        from shoal.algorithms import get_algorithm_class
-
-        return get_algorithm_class(self.algo)(self)
+        algorithm_cls, name = type(self).algorithm_cls, type(self).__name__
+        # A config subclass with an algo name of its own but no algorithm inherits its parent's: refuse that one.
+        if algorithm_cls is None or algorithm_cls.config_cls.algo != self.algo:
+            raise ConfigError(f"No algorithm builds {name} (algo '{self.algo}'): an Algorithm subclass becomes "
+                              f"its builder by setting config_cls = {name}.")
+        return algorithm_cls(self)
 
     def env_name(self) -> str:
         return env_spec_name(self.env)
