@@ -1,4 +1,4 @@
-"""`shoal train | evaluate | resume | algos`.
+"""`shoal train | evaluate | resume | algos | league`.
 
 Errors caused by input (unknown key, bad env id, missing checkpoint...) print one paragraph
 and exit with code 2; Ctrl-C saves a checkpoint and exits with 130.
@@ -36,7 +36,10 @@ def _fail(e: ShoalError) -> None:
 
 
 def _build_config(algo: str, config_file: Optional[Path], sets: List[str], flags: dict[str, Any]):
-    """defaults < YAML file < --set < explicit flags. Returns (config, stop-from-yaml, preset note or None)."""
+    """defaults < small-machine preset (only when no resources are given) < YAML file < --set < explicit flags.
+
+    Returns (config, stop-from-yaml, preset note or None).
+    """
     from shoal.algorithms import get_config_class
     from shoal.config import deep_merge, load_yaml, parse_set_overrides
 

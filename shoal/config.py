@@ -115,7 +115,8 @@ class EvaluationConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    """Fields every algorithm shares. Subclasses add their hyperparameters."""
+    """Fields every algorithm shares. Subclasses add their hyperparameters and may override the
+    hooks declared here (``min_workers``, ``small_machine_preset()``, ``epsilon_schedule()``)."""
 
     algo: ClassVar[str] = ""
     min_workers: ClassVar[int] = 0

@@ -327,8 +327,12 @@ def checkpoint_progress(path: Path) -> dict[str, Any]:
             "time_total_s": meta["time_total_s"], "episode_return_mean": math.nan if ret is None else ret}
 
 
-def load(path: str | Path, **overrides: Any):
-    """An algorithm restored from a checkpoint (or a run directory's best checkpoint)."""
+def load(path: str | Path, **kwargs: Any):
+    """An algorithm restored from a checkpoint (or a run directory's best checkpoint).
+
+    Keyword arguments go to :meth:`Algorithm.from_checkpoint`: ``overrides`` (a nested dict
+    merged into the saved config) and top-level config keys such as ``env=my_callable``.
+    """
     from shoal.algorithms.base import Algorithm
 
-    return Algorithm.from_checkpoint(ckpt.resolve_checkpoint(path, prefer="best"), **overrides)
+    return Algorithm.from_checkpoint(ckpt.resolve_checkpoint(path, prefer="best"), **kwargs)
