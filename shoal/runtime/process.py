@@ -1,14 +1,15 @@
 """Per-process settings every worker, learner and driver applies when it starts.
 
 - ``torch.set_num_threads(resources.torch_threads)``: with one thread per process on a
-  small machine, processes do not fight over cores (2 threads on 2 cores made a small update
-  step 50-100x slower).
+  small machine, processes do not fight over cores; more threads than the cores can give
+  make a small update step many times slower.
 - ``resources.retain_freed_memory``: glibc's malloc hands large blocks (>= 128 KB at first)
   back to the kernel when they are freed, so every minibatch's activations and gradients
   are fresh pages, each touched page a page fault. Fixed thresholds keep freed memory for
-  reuse. Measured on the 2-core VM, a DD-PPO worker (4096-row minibatches): about 2,500
-  to 29,000 page faults/s and 1-8% of its time in the kernel before, about 30-300 and 0%
-  after; 1-worker throughput went from 35.7k to 40.3k env steps/s (median of 3).
+  reuse: a training process then takes few page faults and little kernel time, and trains
+  faster.
+
+The measurements behind both are in benchmarks/README.md ("Figures behind choices in the code").
 """
 
 from __future__ import annotations
