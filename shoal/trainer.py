@@ -1,7 +1,7 @@
 """The training loop the CLI runs: run directory, writers, checkpoints, progress, stop criteria.
 
-Not in DESIGN.md's layout by name: it is the body of ``shoal.train()`` (the public API
-entry), kept out of ``__init__`` so that importing shoal stays cheap.
+It is the body of ``shoal.train()`` (the public API entry), kept out of ``shoal/__init__.py``
+so that importing shoal stays cheap.
 """
 
 from __future__ import annotations
