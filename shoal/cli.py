@@ -1,4 +1,4 @@
-"""`shoal train | evaluate | resume | algos`.
+"""`shoal train | evaluate | resume | algos | league`.
 
 Errors caused by input (unknown key, bad env id, missing checkpoint...) print one paragraph
 and exit with code 2; Ctrl-C saves a checkpoint and exits with 130.
@@ -36,7 +36,10 @@ def _fail(e: ShoalError) -> None:
 
 
 def _build_config(algo: str, config_file: Optional[Path], sets: List[str], flags: dict[str, Any]):
-    """defaults < YAML file < --set < explicit flags. Returns (config, stop-from-yaml, preset note or None)."""
+    """defaults < small-machine preset (only when no resources are given) < YAML file < --set < explicit flags.
+
+    Returns (config, stop-from-yaml, preset note or None).
+    """
     from shoal.algorithms import get_config_class
     from shoal.config import deep_merge, load_yaml, parse_set_overrides
 
@@ -53,12 +56,12 @@ def _build_config(algo: str, config_file: Optional[Path], sets: List[str], flags
     res = {k: v for k, v in flags.get("resources", {}).items() if v is not None}
     if res:
         data = deep_merge(data, {"resources": res})
-    preset = getattr(cfg_cls, "small_machine_preset", None)
+    preset = cfg_cls.small_machine_preset()
     note = None
     if preset is not None and "resources" not in data:
         # No resources given at all: start from the algorithm's small-machine preset (e.g. Ape-X).
-        note = _preset_note(cfg_cls, preset(), data)
-        data = deep_merge(preset(), data)
+        note = _preset_note(cfg_cls, preset, data)
+        data = deep_merge(preset, data)
     if "env" not in data:
         raise ShoalError(f"No env given: pass --env (e.g. --env CartPole-v1) or set `env:` in a config file.")
     return cfg_cls(**data), yaml_stop, note
@@ -196,7 +199,7 @@ def evaluate(
 
         # Evaluate in this process; an algorithm that needs workers (DD-PPO) keeps them but starts none to evaluate.
         cfg_cls = get_config_class(ckpt.read_meta(p)["algo"])
-        overrides = {"resources": {"num_workers": 0}} if getattr(cfg_cls, "min_workers", 0) == 0 else {}
+        overrides = {"resources": {"num_workers": 0}} if cfg_cls.min_workers == 0 else {}
         evaluation_cls = cfg_cls.model_fields["evaluation"].annotation
         if "evaluation_num_workers" not in evaluation_cls.unused_keys:
             overrides["evaluation"] = {"evaluation_num_workers": 0}

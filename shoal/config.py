@@ -115,9 +115,18 @@ class EvaluationConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    """Fields every algorithm shares. Subclasses add their hyperparameters."""
+    """Fields every algorithm shares. Subclasses add their hyperparameters and may override the
+    hooks declared here (``min_workers``, ``small_machine_preset()``, ``epsilon_schedule()``)."""
 
     algo: ClassVar[str] = ""
+    min_workers: ClassVar[int] = 0
+    """The fewest rollout workers (``resources.num_workers``) the algorithm can run with. With 0,
+    ``shoal evaluate`` restores a run with no workers and evaluates in the driver; an algorithm
+    whose workers are its learners (DD-PPO: 1) keeps the saved number, and starts none to evaluate."""
+    algorithm_cls: ClassVar[Optional[type]] = None
+    """The :class:`~shoal.algorithms.base.Algorithm` subclass that ``build()`` makes. An algorithm
+    class that names this class as its ``config_cls`` sets it when it is defined, so importing
+    an algorithm's module (as the registry does to find its config class) registers it."""
     model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
 
     env: EnvSpec = Field(..., description="Gymnasium id, 'module:callable' import path, or a callable returning an env.")
@@ -165,12 +174,32 @@ class AlgorithmConfig(Section):
     # ---- API -----------------------------------------------------------------------
     def build(self):
         """Validate the env and build the algorithm this config describes."""
-        from shoal.algorithms import get_algorithm_class
-
-        return get_algorithm_class(self.algo)(self)
+        algorithm_cls, name = type(self).algorithm_cls, type(self).__name__
+        # A config subclass with an algo name of its own but no algorithm inherits its parent's: refuse that one.
+        if algorithm_cls is None or algorithm_cls.config_cls.algo != self.algo:
+            raise ConfigError(f"No algorithm builds {name} (algo '{self.algo}'): an Algorithm subclass becomes "
+                              f"its builder by setting config_cls = {name}.")
+        return algorithm_cls(self)
 
     def env_name(self) -> str:
         return env_spec_name(self.env)
+
+    # ---- hooks for subclasses -------------------------------------------------------------
+    @classmethod
+    def small_machine_preset(cls) -> Optional[dict[str, Any]]:
+        """Config keys ``shoal train`` starts from when the user gives no resources, or None.
+
+        A nested dict like a YAML file's (``{"resources": {...}, "lr": ...}``) for an algorithm
+        whose defaults do not suit a small machine (Ape-X); any resources setting the user gives
+        (flag, ``--set`` or config file) means the defaults are used instead. None: no preset.
+        """
+        return None
+
+    def epsilon_schedule(self) -> Optional[list[tuple[int, float]]]:
+        """Epsilon-greedy exploration annealed over sampled env steps, as piecewise-linear
+        ``[(env_steps, epsilon), ...]`` points (DQN), or None for no schedule: a Q policy then keeps
+        the epsilon it is given (Ape-X's fixed per-actor values), and other policies never ask."""
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (YAML/JSON-safe), less unused keys; a callable env becomes its import path."""

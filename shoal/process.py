@@ -1,12 +1,15 @@
 """Per-process settings every worker, learner and driver applies when it starts.
 
 - ``torch.set_num_threads(resources.torch_threads)``: with one thread per process on a
-  small machine, processes do not fight over cores (several threads per process on a
-  machine with as many cores made small update steps far slower; benchmarks/README.md).
+  small machine, processes do not fight over cores; more threads than the cores can give
+  make a small update step many times slower.
 - ``resources.retain_freed_memory``: glibc's malloc hands large blocks (>= 128 KB at first)
   back to the kernel when they are freed, so every minibatch's activations and gradients
   are fresh pages, each touched page a page fault. Fixed thresholds keep freed memory for
-  reuse (the page-fault and throughput figures are in benchmarks/README.md).
+  reuse: a training process then takes few page faults and little kernel time, and trains
+  faster.
+
+The measurements behind both are in benchmarks/README.md ("Figures behind choices in the code").
 
 Not under ``runtime/``: rollout workers apply these too, and ``rollout/`` does not import
 ``runtime/`` (the package that may import Ray).
@@ -51,5 +54,5 @@ def retain_freed_memory() -> bool:
 def configure_process(resources) -> None:
     """Apply a ResourcesConfig's per-process settings (threads, memory) to this process."""
     torch.set_num_threads(resources.torch_threads)
-    if getattr(resources, "retain_freed_memory", False):
+    if resources.retain_freed_memory:
         retain_freed_memory()

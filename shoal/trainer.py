@@ -1,7 +1,7 @@
 """The training loop the CLI runs: run directory, writers, checkpoints, progress, stop criteria.
 
-Not in DESIGN.md's layout by name: it is the body of ``shoal.train()`` (the public API
-entry), kept out of ``__init__`` so that importing shoal stays cheap.
+It is the body of ``shoal.train()`` (the public API entry), kept out of ``shoal/__init__.py``
+so that importing shoal stays cheap.
 """
 
 from __future__ import annotations
@@ -135,6 +135,100 @@ def new_run_dir(out: str | Path, config: AlgorithmConfig) -> Path:
     return d
 
 
+def _write_config(run_dir: Path, config: AlgorithmConfig, config_note: str | None) -> None:
+    """config.yaml, led by ``config_note`` as YAML comment lines."""
+    comment = "".join(f"# {line}\n" for line in textwrap.wrap(config_note or "", 100, break_on_hyphens=False))
+    (run_dir / "config.yaml").write_text(comment + config.to_yaml())
+
+
+def _write_run_settings(run_dir: Path, stop: Stop, checkpoint_every: int, keep_checkpoints: int) -> None:
+    """run.yaml: what ``resume`` needs besides the checkpoint (stop criteria, checkpoint cadence)."""
+    (run_dir / "run.yaml").write_text(yaml.safe_dump({
+        "stop": stop.model_dump(), "checkpoint_every": checkpoint_every, "keep_checkpoints": keep_checkpoints}))
+
+
+def _start_actors(algo, owned: bool) -> None:
+    """Start the rollout actors; a failure (e.g. a cluster too small) stops an algorithm train() built."""
+    try:
+        algo.start_actors()
+    except BaseException:
+        if owned:
+            algo.stop()
+        raise
+
+
+class _Session:
+    """One ``train()`` call's bookkeeping: result files, this session's results and best figures,
+    and the checkpoints (numbered ones, of which the last ``keep_checkpoints`` stay, and ``best``).
+
+    Without a run directory it writes nothing and only tracks the results and best figures.
+    """
+
+    def __init__(self, algo, run_dir: Path | None, keep_checkpoints: int) -> None:
+        self.algo, self.run_dir, self.keep_checkpoints = algo, run_dir, keep_checkpoints
+        self.writers = [JsonlWriter(run_dir / "results.jsonl"), CsvWriter(run_dir / "progress.csv"),
+                        TensorBoardWriter(run_dir)] if run_dir else []
+        self.ckpt_dir = run_dir / "checkpoints" if run_dir else None
+        self.best = BestMetric(algo)
+        self.best_return = -math.inf  # the highest episode_return_mean, whatever best_metric is
+        self.results: list[dict[str, Any]] = []
+        self.last_ckpt: Path | None = None
+        # best_metric's best iteration: its state, kept in memory until the next numbered checkpoint
+        self._best_state = self._best_meta = self._best_iter = self._saved_best_iter = None
+
+    def record(self, result: dict[str, Any]) -> None:
+        """Write one iteration's result and take note of a new best."""
+        algo = self.algo
+        self.results.append(result)
+        for w in self.writers:
+            w.write(result)
+        ret = result.get("episode_return_mean", math.nan)
+        if math.isfinite(ret) and ret > self.best_return:
+            self.best_return = ret
+        if self.best.offer(result):
+            self._best_iter = algo.iteration
+            if self.ckpt_dir is not None:
+                self._best_state = copy.deepcopy(algo.get_state())
+                self._best_meta = algo.checkpoint_meta(best_metric=self.best.metric, best_value=self.best.value)
+
+    def checkpoint(self, result: dict[str, Any]) -> None:
+        """A numbered checkpoint (and ``best``, when it changed), then the algorithm's TensorBoard extras."""
+        self.last_ckpt = self._save_numbered()
+        tb = next((w.w for w in self.writers if isinstance(w, TensorBoardWriter) and w.w is not None), None)
+        if tb is not None:  # e.g. the league's tables and heatmap
+            self.algo.log_tensorboard_extras(tb, int(result.get("env_steps_sampled", self.algo.iteration)))
+
+    def save_interrupted(self) -> None:
+        """On Ctrl-C: a numbered checkpoint of the last iteration, unless it has one already."""
+        it = self.algo.iteration
+        if self.ckpt_dir is not None and it and (self.last_ckpt is None or not self.last_ckpt.name.endswith(f"{it:06d}")):
+            self.last_ckpt = self._save_numbered()
+
+    def _save_numbered(self) -> Path:
+        p = self.algo.save(self.ckpt_dir / f"checkpoint_{self.algo.iteration:06d}")
+        for old in ckpt.list_checkpoints(self.ckpt_dir)[:-self.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+        if self._best_state is not None and self._saved_best_iter != self._best_iter:
+            ckpt.save_checkpoint(self.ckpt_dir / "best", self._best_state, self._best_meta)
+            self._saved_best_iter = self._best_iter
+        return p
+
+    def close(self) -> None:
+        for w in self.writers:
+            w.close()
+
+    def summary(self, stop: Stop, result: dict[str, Any], reason: str | None, wall_s: float) -> TrainSummary:
+        best = self.ckpt_dir / "best" if self.ckpt_dir is not None else None
+        return TrainSummary(
+            run_dir=self.run_dir, result=result, stop_reason=reason,
+            stop_detail=stop.explain(result) if reason not in (None, "interrupted") else None,
+            solved=stop.reward is not None and reason == "reward", best_return=self.best_return,
+            wall_s=wall_s, last_checkpoint=self.last_ckpt,
+            best_checkpoint=best if best is not None and best.exists() else None,
+            results=self.results, best_metric=self.best.metric, best_value=self.best.value,
+        )
+
+
 def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str | Path | None = "runs",
           checkpoint_every: int = 10, keep_checkpoints: int = 3, progress: bool = True,
           config_note: str | None = None, _algo=None, _run_dir: Path | None = None) -> TrainSummary:
@@ -152,85 +246,33 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
         raise ConfigError("checkpoint_every and keep_checkpoints must be at least 1.")
     t_start = time.perf_counter()
     algo = _algo or config.build()
-    try:
-        algo.start_actors()  # a cluster too small for the run fails here, before the run directory is written
-    except BaseException:
-        if _algo is None:
-            algo.stop()
-        raise
+    _start_actors(algo, owned=_algo is None)  # a cluster too small for the run fails before the run directory is written
     run_dir = _run_dir
     if run_dir is None and out is not None:
         run_dir = new_run_dir(out, config)
-        comment = "".join(f"# {line}\n" for line in textwrap.wrap(config_note or "", 100, break_on_hyphens=False))
-        (run_dir / "config.yaml").write_text(comment + config.to_yaml())
+        _write_config(run_dir, config, config_note)
     if run_dir is not None:
-        (run_dir / "run.yaml").write_text(yaml.safe_dump({
-            "stop": stop.model_dump(), "checkpoint_every": checkpoint_every, "keep_checkpoints": keep_checkpoints}))
-    writers = [JsonlWriter(run_dir / "results.jsonl"), CsvWriter(run_dir / "progress.csv"), TensorBoardWriter(run_dir)] if run_dir else []
-    ckpt_dir = run_dir / "checkpoints" if run_dir else None
-    best = BestMetric(algo)
-    best_return, best_state, best_meta, best_iter, saved_best_iter = -math.inf, None, None, None, None
-    results: list[dict[str, Any]] = []
-    last_ckpt = None
-    reason = None
-    result: dict[str, Any] = {}
+        _write_run_settings(run_dir, stop, checkpoint_every, keep_checkpoints)
+    session = _Session(algo, run_dir, keep_checkpoints)
+    reason, result = None, {}
     title = f"{config.algo} on {config.env_name()}" + (f"  ->  {run_dir}" if run_dir else "")
-
-    def save_best() -> None:
-        nonlocal saved_best_iter
-        if ckpt_dir is not None and best_state is not None and saved_best_iter != best_iter:
-            ckpt.save_checkpoint(ckpt_dir / "best", best_state, best_meta)
-            saved_best_iter = best_iter
-
-    def save_numbered() -> Path:
-        p = algo.save(ckpt_dir / f"checkpoint_{algo.iteration:06d}")
-        for old in ckpt.list_checkpoints(ckpt_dir)[:-keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
-        save_best()
-        return p
-
     try:
-        with ProgressDisplay(title, stop, enabled=progress, best_metric=best.metric) as display:
-            while True:
+        with ProgressDisplay(title, stop, enabled=progress, best_metric=session.best.metric) as display:
+            while not reason:
                 result = algo.train()
-                results.append(result)
-                for w in writers:
-                    w.write(result)
-                ret = result.get("episode_return_mean", math.nan)
-                if math.isfinite(ret) and ret > best_return:
-                    best_return = ret
-                if best.offer(result):
-                    best_iter = algo.iteration
-                    if ckpt_dir is not None:
-                        best_state = copy.deepcopy(algo.get_state())
-                        best_meta = algo.checkpoint_meta(best_metric=best.metric, best_value=best.value)
-                display.update(result, time.perf_counter() - t_start, best=best.value)
+                session.record(result)
+                display.update(result, time.perf_counter() - t_start, best=session.best.value)
                 reason = stop.reached(result)
-                if ckpt_dir is not None and (algo.iteration % checkpoint_every == 0 or reason):
-                    last_ckpt = save_numbered()
-                    log_extras = getattr(algo, "log_tensorboard_extras", None)  # e.g. the league's tables and heatmap
-                    tb = next((w.w for w in writers if isinstance(w, TensorBoardWriter) and w.w is not None), None)
-                    if log_extras is not None and tb is not None:
-                        log_extras(tb, int(result.get("env_steps_sampled", algo.iteration)))
-                if reason:
-                    break
+                if session.ckpt_dir is not None and (algo.iteration % checkpoint_every == 0 or reason):
+                    session.checkpoint(result)
     except KeyboardInterrupt:
         reason = "interrupted"
-        if ckpt_dir is not None and algo.iteration and (last_ckpt is None or not last_ckpt.name.endswith(f"{algo.iteration:06d}")):
-            last_ckpt = save_numbered()
+        session.save_interrupted()
     finally:
-        for w in writers:
-            w.close()
+        session.close()
         if _algo is None:
             algo.stop()
-    return TrainSummary(
-        run_dir=run_dir, result=result, stop_reason=reason,
-        stop_detail=stop.explain(result) if reason not in (None, "interrupted") else None,
-        solved=stop.reward is not None and reason == "reward", best_return=best_return,
-        wall_s=time.perf_counter() - t_start, last_checkpoint=last_ckpt,
-        best_checkpoint=(ckpt_dir / "best") if ckpt_dir is not None and (ckpt_dir / "best").exists() else None,
-        results=results, best_metric=best.metric, best_value=best.value,
-    )
+    return session.summary(stop, result, reason, wall_s=time.perf_counter() - t_start)
 
 
 def resume(run_dir: str | Path, stop: Stop | dict | None = None, overrides: dict[str, Any] | None = None,
@@ -285,8 +327,12 @@ def checkpoint_progress(path: Path) -> dict[str, Any]:
             "time_total_s": meta["time_total_s"], "episode_return_mean": math.nan if ret is None else ret}
 
 
-def load(path: str | Path, **overrides: Any):
-    """An algorithm restored from a checkpoint (or a run directory's best checkpoint)."""
+def load(path: str | Path, **kwargs: Any):
+    """An algorithm restored from a checkpoint (or a run directory's best checkpoint).
+
+    Keyword arguments go to :meth:`Algorithm.from_checkpoint`: ``overrides`` (a nested dict
+    merged into the saved config) and top-level config keys such as ``env=my_callable``.
+    """
     from shoal.algorithms.base import Algorithm
 
-    return Algorithm.from_checkpoint(ckpt.resolve_checkpoint(path, prefer="best"), **overrides)
+    return Algorithm.from_checkpoint(ckpt.resolve_checkpoint(path, prefer="best"), **kwargs)

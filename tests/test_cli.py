@@ -188,7 +188,7 @@ def test_apex_cli_uses_the_small_machine_preset_only_without_resources():
     assert cfg.replay_capacity == 100_000 and cfg.lr == 0.002  # preset below user keys
     cfg, _, note = _build_config("apex", None, [], {**flags, "resources": {"num_workers": 0}})
     assert note is None
-    assert cfg.resources.num_workers == 0 and cfg.replay_capacity == 2_000_000  # DESIGN defaults
+    assert cfg.resources.num_workers == 0 and cfg.replay_capacity == 2_000_000  # ApeXConfig's defaults
 
 
 def stop_of(out):

@@ -44,9 +44,10 @@ class LowScoredPPO(ScoredPPO):
 
 @pytest.fixture
 def scored_ppo(monkeypatch):
-    """Registers ``scored_ppo`` so that ``config.build()`` and the CLI find ScoredPPO."""
+    """Registers ``scored_ppo`` so that ``config.build()`` and the CLI find ScoredPPO (or the class given)."""
     def register(cls):
         monkeypatch.setitem(REGISTRY, "scored_ppo", (__name__, cls.__name__, "ScoredPPOConfig", "PPO with a fake score."))
+        monkeypatch.setattr(ScoredPPOConfig, "algorithm_cls", cls)  # LowScoredPPO inherits config_cls: not registered
     register(ScoredPPO)
     return register
 

@@ -30,6 +30,9 @@ COUNTERS = ("env_steps_sampled", "env_steps_trained", "time_total_s")
 
 class Algorithm:
     config_cls: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
+    """The config this algorithm takes. A subclass that sets it becomes that config class's
+    ``algorithm_cls``, what its ``build()`` makes; one that inherits it (a variant of an
+    algorithm) leaves the config building its parent."""
 
     best_metric: ClassVar[str] = "episode_return_mean"
     """The result key that picks a run's ``checkpoints/best`` (what ``shoal evaluate RUN_DIR`` loads).
@@ -41,6 +44,11 @@ class Algorithm:
     best_metric_mode: ClassVar[str] = "max"
     """``"max"``: higher values of ``best_metric`` are better; ``"min"``: lower ones (e.g. a
     time to reach a goal)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "config_cls" in cls.__dict__:
+            cls.config_cls.algorithm_cls = cls
 
     def __init__(self, config: AlgorithmConfig) -> None:
         if not isinstance(config, self.config_cls):
@@ -122,6 +130,14 @@ class Algorithm:
     def restart_calls(self) -> list[tuple[str, tuple]]:
         """Extra (method, args) calls that re-sync a recreated rollout actor (global vars, replay shards...)."""
         return []
+
+    def log_tensorboard_extras(self, writer, step: int) -> None:
+        """Write what a result dict cannot hold (tables, images) to TensorBoard; nothing by default.
+
+        The trainer calls it after each scheduled checkpoint (every ``checkpoint_every``
+        iterations and at the stop) with the run's ``SummaryWriter`` and the env steps sampled
+        so far as ``step``; a league adds its tables and win-rate heatmap.
+        """
 
     def broadcast_weights(self, groups=None) -> None:
         """One object-store put of the current weights; every actor takes the same reference."""

@@ -12,7 +12,8 @@ import numpy as np
 
 
 class EpisodeWindow:
-    """Returns and lengths of the last ``size`` finished episodes (100 for the ``episode_*`` results)."""
+    """Returns and lengths of the last ``size`` finished episodes (100 by default: the window of
+    every algorithm's ``episode_return_mean``, the figure ``Stop.reward`` reads)."""
 
     def __init__(self, size: int = 100) -> None:
         self.returns: deque[float] = deque(maxlen=size)
