@@ -1,7 +1,7 @@
 """MultiAgentEnvRunner: several PettingZoo games in parallel, several policies, one Batch per policy.
 
 Each episode maps every agent to a policy id when it starts (a ``policy_mapping_fn(agent_id,
-episode)`` or matchmaking *data*, see :class:`Matchmaking`); the mapping holds until the
+episode)`` or matchmaking *data*, see :class:`MatchSampler`); the mapping holds until the
 episode ends, so a league can pick opponents per game. At every tick the runner groups the
 agents that must act, over all its env copies, by policy and runs **one batched forward per
 policy**; illegal actions get zero probability (:func:`shoal.models.distributions.masked_logits`).
@@ -112,8 +112,9 @@ class EpisodeInfo:
     length: int = 0  # env steps
 
 
-class Matchmaking:
-    """Which policies play, with which probabilities: plain data, picklable, sent with the weights.
+class MatchSampler:
+    """Draws each new episode's seat -> policy mapping from matchmaking data (which policies
+    play, with which probabilities: plain data, picklable, sent with the weights).
 
     Accepted forms (``data``):
 
@@ -122,7 +123,8 @@ class Matchmaking:
       (``possible_agents``), shuffled per episode when ``shuffle_seats`` (default) so each side
       plays first half the time; or a dict ``{agent: policy_id}`` (seats kept). One policy id
       alone plays every seat. ``prob`` values are weights (normalised); ``match_type`` is optional.
-    * an object with ``to_matches()`` returning one of the above (e.g. the league's data).
+    * an object with ``to_matches()`` returning one of the above (e.g. the league's
+      :class:`shoal.league.Matchmaking`).
     """
 
     def __init__(self, data: Any) -> None:
@@ -249,7 +251,7 @@ class MultiAgentEnvRunner:
             ``"random"`` / ``"heuristic"`` (scripted, never trained) or a policy object with ``act``.
         policy_mapping_fn: ``(agent_id, episode) -> policy_id`` (picklable for remote actors);
             called once per agent when an episode starts.
-        matchmaking: matchmaking data instead of a function (see :class:`Matchmaking`).
+        matchmaking: matchmaking data instead of a function (see :class:`MatchSampler`).
         policies_to_train: ids whose sequences ``sample()`` returns; default every network policy.
         collect_all_policies: return sequences for every network policy, trained or not.
         rollout_fragment_length: the sequence length T (default: the config's, or 50 for 'auto').
@@ -319,7 +321,7 @@ class MultiAgentEnvRunner:
         """Drop a policy; games it is playing are abandoned (not reported) and restart with a new mapping."""
         if policy_id not in self.policies:
             raise KeyError(f"unknown policy {policy_id!r}; known: {sorted(self.policies)}")
-        if isinstance(self._mapping, Matchmaking) and policy_id in self._mapping.policy_ids():
+        if isinstance(self._mapping, MatchSampler) and policy_id in self._mapping.policy_ids():
             raise ValueError(f"the matchmaking still names {policy_id!r}; set new matchmaking before removing it")
         del self.policies[policy_id]
         self.policies_to_train.discard(policy_id)
@@ -380,10 +382,10 @@ class MultiAgentEnvRunner:
         self._mapping = _FnMapping(fn)
 
     def set_matchmaking(self, data: Any) -> None:
-        """Matchmaking data (see :class:`Matchmaking`), or a mapping function; for episodes starting from now on."""
+        """Matchmaking data (see :class:`MatchSampler`), or a mapping function; for episodes starting from now on."""
         if callable(data) and not hasattr(data, "to_matches"):
             return self.set_policy_mapping_fn(data)
-        mm = data if isinstance(data, Matchmaking) else Matchmaking(data)
+        mm = data if isinstance(data, MatchSampler) else MatchSampler(data)
         mm.check(self.agents)
         unknown = mm.policy_ids() - set(self.policies)
         if unknown:
@@ -618,5 +620,5 @@ class MultiAgentEnvRunner:
             env.close()
 
 
-__all__ = ["ActionMasked", "EpisodeInfo", "MaskedActorCriticPolicy", "Matchmaking", "MultiAgentEnvRunner", "MultiAgentRolloutMetrics",
+__all__ = ["ActionMasked", "EpisodeInfo", "MaskedActorCriticPolicy", "MatchSampler", "MultiAgentEnvRunner", "MultiAgentRolloutMetrics",
            "PolicyReturnWindows", "match_outcome"]
