@@ -30,7 +30,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -89,11 +89,45 @@ def _is_weights(spec: Mapping) -> bool:
     return bool(spec) and all(isinstance(v, (np.ndarray, torch.Tensor)) for v in spec.values())
 
 
-def _reset_row(last: tuple) -> tuple:
+@dataclass(slots=True)
+class _OpenStep:
+    """An agent's decision waiting for its next observation: what it saw and did, and the
+    reward it has received since."""
+
+    obs: np.ndarray
+    mask: np.ndarray | None  # the action mask it acted under (None: every action legal)
+    action: Any
+    logp: float
+    reward: float = 0.0
+
+
+class _Row(NamedTuple):
+    """One decision in a stream: a row of the policy's batch, fields in the order of ``_COLUMNS``."""
+
+    obs: np.ndarray
+    next_obs: np.ndarray
+    action: Any
+    logp: float
+    reward: float
+    terminated: bool
+    valid: bool
+    mask: np.ndarray
+
+
+def _reset_row(last: _Row) -> _Row:
     """The masked row that ends a stream's episode without termination (like a single-agent reset
     row): it holds ``last``'s next observation, which V-trace bootstraps from."""
-    _, next_obs, action, _, _, _, _, mask = last
-    return (next_obs, next_obs, np.zeros_like(action), 0.0, 0.0, False, False, np.ones_like(mask))
+    return _Row(last.next_obs, last.next_obs, np.zeros_like(last.action), 0.0, 0.0, False, False,
+                np.ones_like(last.mask))
+
+
+class _ActRequest(NamedTuple):
+    """One agent that must act: its env copy, its id, what it observes and its action mask."""
+
+    env: int
+    agent: str
+    obs: np.ndarray
+    mask: np.ndarray | None
 
 
 # ---- episodes and matchmaking -----------------------------------------------------------------
@@ -292,9 +326,9 @@ class MultiAgentEnvRunner:
         else:
             raise ConfigError("several policies need a policy_mapping_fn or matchmaking data")
         self._episode_count = 0
-        self._streams: dict[tuple, list] = defaultdict(list)  # (env, agent, policy) -> rows not yet in a sequence
-        self._ready: dict[str, list[list]] = defaultdict(list)  # policy -> full sequences
-        self._open: list[dict[str, list]] = [{} for _ in self.envs]  # agent -> transition waiting for its next obs
+        self._streams: dict[tuple, list[_Row]] = defaultdict(list)  # (env, agent, policy) -> rows not yet in a sequence
+        self._ready: dict[str, list[list[_Row]]] = defaultdict(list)  # policy -> full sequences
+        self._open: list[dict[str, _OpenStep]] = [{} for _ in self.envs]  # agent -> decision waiting for its next obs
         self._metrics = MultiAgentRolloutMetrics(worker_index=worker_index)
         self._to_act: list[dict] = [env.reset(seed=None if self.seed is None else self.seed + i)
                                     for i, env in enumerate(self.envs)]
@@ -437,7 +471,7 @@ class MultiAgentEnvRunner:
             for a, r in out.rewards.items():
                 ep.returns[a] = ep.returns.get(a, 0.0) + r
                 if a in opened:
-                    opened[a][4] += r
+                    opened[a].reward += r
             for a, (obs, _) in out.to_act.items():
                 self._close(i, a, obs, terminated=False, truncated=False)
             for a, ((obs, _), term, trunc) in out.ended.items():
@@ -449,43 +483,43 @@ class MultiAgentEnvRunner:
 
     def _act(self, requests, explore: bool, record: bool) -> list[dict[str, Any]]:
         """One forward per policy over every (env, agent) that must act; ``requests``: (env, mapping, to_act)."""
-        groups: dict[str, list] = defaultdict(list)
+        groups: dict[str, list[_ActRequest]] = defaultdict(list)
         for i, mapping, to_act in requests:
             for a, (obs, mask) in to_act.items():
-                groups[mapping[a]].append((i, a, obs, mask))
-        actions: list[dict[str, Any]] = [{} for _ in range(max((r[0] for r in requests), default=-1) + 1)]
+                groups[mapping[a]].append(_ActRequest(i, a, obs, mask))
+        actions: list[dict[str, Any]] = [{} for _ in range(max((i for i, _, _ in requests), default=-1) + 1)]
         for pid, reqs in groups.items():
             policy = self.policies[pid] if isinstance(pid, str) else pid
-            obs = np.stack([r[2] for r in reqs])
+            obs = np.stack([r.obs for r in reqs])
             masks = None
-            if any(r[3] is not None for r in reqs):
-                n = next(len(r[3]) for r in reqs if r[3] is not None)
-                masks = np.stack([r[3] if r[3] is not None else np.ones(n, dtype=bool) for r in reqs])
+            if any(r.mask is not None for r in reqs):
+                n = next(len(r.mask) for r in reqs if r.mask is not None)
+                masks = np.stack([r.mask if r.mask is not None else np.ones(n, dtype=bool) for r in reqs])
             acts, extras = policy.act(obs, explore=explore, masks=masks)
             keep = record and isinstance(pid, str) and self._collects(pid)
-            for j, (i, a, o, mask) in enumerate(reqs):
-                actions[i][a] = acts[j]
-                if keep:  # obs, mask, action, logp, reward so far
-                    self._open[i][a] = [o, mask, acts[j], extras[Col.ACTION_LOGP][j], 0.0]
+            for j, r in enumerate(reqs):
+                actions[r.env][r.agent] = acts[j]
+                if keep:
+                    self._open[r.env][r.agent] = _OpenStep(r.obs, r.mask, acts[j], extras[Col.ACTION_LOGP][j])
         return actions
 
     def _close(self, i: int, agent: str, next_obs: np.ndarray, terminated: bool, truncated: bool) -> None:
         """The agent's pending transition is complete: append it (and, on truncation, a reset row) to its stream."""
-        tr = self._open[i].pop(agent, None)
-        if tr is None:
+        step = self._open[i].pop(agent, None)
+        if step is None:
             return
-        obs, mask, action, logp, reward = tr
         pid = self._episodes[i].policies[agent]
+        mask = step.mask
         if mask is None:
             space = self.envs[i].action_space(agent)
             mask = np.ones(int(space.n), dtype=bool) if isinstance(space, gym.spaces.Discrete) else np.ones(1, dtype=bool)
         stream = self._streams[(i, agent, pid)]
-        stream.append((obs, next_obs, action, logp, reward, terminated, True, mask))
+        stream.append(_Row(step.obs, next_obs, step.action, step.logp, step.reward, terminated, True, mask))
         if truncated:
             stream.append(_reset_row(stream[-1]))
         self._cut_sequences(stream, pid)
 
-    def _cut_sequences(self, stream: list, pid: str) -> None:
+    def _cut_sequences(self, stream: list[_Row], pid: str) -> None:
         while len(stream) >= self.T:
             self._ready[pid].append(stream[:self.T])
             del stream[:self.T]
@@ -498,7 +532,7 @@ class MultiAgentEnvRunner:
         ep = self._episodes[i]
         for agent, pid in ep.policies.items():
             stream = self._streams.get((i, agent, pid))
-            if stream and stream[-1][6] and not stream[-1][5]:  # a valid row the game did not terminate
+            if stream and stream[-1].valid and not stream[-1].terminated:
                 stream.append(_reset_row(stream[-1]))
                 self._cut_sequences(stream, pid)
         self._open[i].clear()
@@ -517,7 +551,7 @@ class MultiAgentEnvRunner:
         self._to_act[i] = self.envs[i].reset()
         self._episodes[i] = self._new_episode(i)
 
-    def _sequences_to_batch(self, seqs: list[list]) -> Batch:
+    def _sequences_to_batch(self, seqs: list[list[_Row]]) -> Batch:
         rows = [row for seq in seqs for row in seq]
         cols = list(zip(*rows))
         dtypes = (np.float32, np.float32, None, np.float32, np.float32, bool, bool, bool)
