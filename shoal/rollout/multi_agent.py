@@ -224,6 +224,48 @@ class _FnMapping:
         return {a: self.fn(a, episode) for a in episode.agents}, episode.user_data.get("match_type")
 
 
+# ---- evaluation records -------------------------------------------------------------------------
+@dataclass(slots=True)
+class _EvalGame:
+    """One evaluation game in progress on an evaluation env copy."""
+
+    seat: int  # the evaluated policy's seat: 0 plays first
+    mapping: dict[str, Any]  # agent -> the policy object playing it
+    to_act: dict  # agent -> (obs, mask) of the agents that must act next
+    returns: dict[str, float]  # agent -> reward so far
+    length: int = 0  # env steps
+
+
+@dataclass
+class _EvalTally:
+    """Finished evaluation games: wins, draws and losses per seat of the evaluated policy, and lengths."""
+
+    wins: list[int] = field(default_factory=lambda: [0, 0])
+    draws: list[int] = field(default_factory=lambda: [0, 0])
+    losses: list[int] = field(default_factory=lambda: [0, 0])
+    lengths: list[int] = field(default_factory=list)
+
+    def add(self, game: _EvalGame, agents: list[str]) -> None:
+        mine, theirs = game.returns[agents[game.seat]], game.returns[agents[1 - game.seat]]
+        outcome = self.wins if mine > theirs else self.draws if mine == theirs else self.losses
+        outcome[game.seat] += 1
+        self.lengths.append(game.length)
+
+    def _games(self, seat: int) -> int:
+        return self.wins[seat] + self.draws[seat] + self.losses[seat]
+
+    def summary(self) -> dict[str, float]:
+        wins, draws, losses = sum(self.wins), sum(self.draws), sum(self.losses)
+        n = wins + draws + losses
+        return {
+            "games": n, "wins": wins, "draws": draws, "losses": losses,
+            "win_rate": wins / n, "draw_rate": draws / n, "loss_rate": losses / n,
+            "win_rate_first": self.wins[0] / max(1, self._games(0)),
+            "win_rate_second": self.wins[1] / max(1, self._games(1)),
+            "mean_length": float(np.mean(self.lengths)),
+        }
+
+
 # ---- metrics ----------------------------------------------------------------------------------
 @dataclass
 class MultiAgentRolloutMetrics(RolloutMetrics):
@@ -570,58 +612,55 @@ class MultiAgentEnvRunner:
         if len(self.agents) != 2:
             raise ValueError(f"evaluate_vs needs a two-player env; this one has agents {self.agents}")
         player = self.policies[policy_id]
-        if opponent in self.policies:
-            opp = self.policies[opponent]
-        else:
-            env = self.envs[0]
-            opp = make_scripted_player(opponent, env.observation_space(self.agents[0]), env.action_space(self.agents[0]),
-                                       None if self.seed is None else self.seed + 7919)
+        opp = self._eval_opponent(opponent)
         k = min(num_envs or self.num_envs, num_games)
         while len(self._eval_envs) < k:
             self._eval_envs.append(make_multi_agent_env(self.config.env, self.config.env_config))
-        results = {0: [0, 0, 0], 1: [0, 0, 0]}  # seat -> wins, draws, losses
-        started = 0
-        games: list = [None] * k  # (seat of player, mapping, to_act, returns) per env copy
-        lengths = []
-
-        def start(j: int):
-            nonlocal started
-            seat = started % 2
-            started += 1
-            mapping = {self.agents[seat]: player, self.agents[1 - seat]: opp}
-            games[j] = [seat, mapping, self._eval_envs[j].reset(), dict.fromkeys(self.agents, 0.0), 0]
-
-        for j in range(k):
-            start(j)
         with torch.inference_mode():
-            while any(g is not None for g in games):
-                live = [j for j in range(k) if games[j] is not None]
-                actions = self._act([(j, games[j][1], games[j][2]) for j in live], explore, record=False)
-                for j in live:
-                    g = games[j]
-                    out = self._eval_envs[j].step(actions[j])
-                    g[4] += 1
-                    for a, r in out.rewards.items():
-                        g[3][a] += r
-                    g[2] = out.to_act
-                    if not out.done:
-                        continue
-                    seat, rets = g[0], g[3]
-                    mine, theirs = rets[self.agents[seat]], rets[self.agents[1 - seat]]
-                    results[seat][0 if mine > theirs else 1 if mine == theirs else 2] += 1
-                    lengths.append(g[4])
-                    games[j] = None
-                    if started < num_games:
-                        start(j)
-        wins, draws, losses = (results[0][x] + results[1][x] for x in range(3))
-        n = wins + draws + losses
-        return {
-            "games": n, "wins": wins, "draws": draws, "losses": losses,
-            "win_rate": wins / n, "draw_rate": draws / n, "loss_rate": losses / n,
-            "win_rate_first": results[0][0] / max(1, sum(results[0])),
-            "win_rate_second": results[1][0] / max(1, sum(results[1])),
-            "mean_length": float(np.mean(lengths)),
-        }
+            tally = self._play_eval_games(player, opp, num_games, k, explore)
+        return tally.summary()
+
+    def _eval_opponent(self, opponent: str):
+        """The policy ``opponent`` names, or a new scripted player of that kind."""
+        if opponent in self.policies:
+            return self.policies[opponent]
+        env = self.envs[0]
+        return make_scripted_player(opponent, env.observation_space(self.agents[0]), env.action_space(self.agents[0]),
+                                    None if self.seed is None else self.seed + 7919)
+
+    def _play_eval_games(self, player, opp, num_games: int, k: int, explore: bool) -> _EvalTally:
+        """``num_games`` games on the first ``k`` evaluation env copies, a new one starting on a
+        copy as soon as its game ends; every tick, one forward per policy over the live games."""
+        tally = _EvalTally()
+        games: list[_EvalGame | None] = [self._start_eval_game(j, j, player, opp) for j in range(k)]
+        started = k
+        while any(g is not None for g in games):
+            live = [j for j in range(k) if games[j] is not None]
+            actions = self._act([(j, games[j].mapping, games[j].to_act) for j in live], explore, record=False)
+            for j in live:
+                if not self._step_eval_game(j, games[j], actions[j]):
+                    continue
+                tally.add(games[j], self.agents)
+                games[j] = None
+                if started < num_games:
+                    games[j] = self._start_eval_game(j, started, player, opp)
+                    started += 1
+        return tally
+
+    def _start_eval_game(self, j: int, number: int, player, opp) -> _EvalGame:
+        """Game ``number`` (from 0) on evaluation env copy ``j``: the player takes seat ``number % 2``."""
+        seat = number % 2
+        mapping = {self.agents[seat]: player, self.agents[1 - seat]: opp}
+        return _EvalGame(seat, mapping, self._eval_envs[j].reset(), dict.fromkeys(self.agents, 0.0))
+
+    def _step_eval_game(self, j: int, game: _EvalGame, actions: dict[str, Any]) -> bool:
+        """One env step of ``game`` on evaluation env copy ``j``; True when the game is over."""
+        out = self._eval_envs[j].step(actions)
+        game.length += 1
+        for a, r in out.rewards.items():
+            game.returns[a] += r
+        game.to_act = out.to_act
+        return out.done
 
     # ---- weights -------------------------------------------------------------------------------
     def get_weights(self, policy_ids=None) -> dict[str, dict[str, np.ndarray]]:
