@@ -427,7 +427,7 @@ def test_league_players_matchmaking_and_results_round_trip():
 
 def test_sequences_feed_the_impala_loss_and_the_stored_masks_reproduce_the_behaviour_logp():
     from shoal.algorithms.impala import IMPALAConfig, impala_loss
-    from shoal.rollout.multi_agent import ActionMasked
+    from shoal.learn.masking import ActionMasked
 
     T = 4
     runner = MultiAgentEnvRunner(config(num_envs=4, rollout_fragment_length=T), 0, {"a": None}, ticks_per_sample=24)

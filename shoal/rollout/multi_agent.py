@@ -10,15 +10,16 @@ What the learner gets matches the single-agent IMPALA/APPO layout
 (:func:`shoal.algorithms.impala.sequence_postprocess`): per policy, sequences of ``T`` rows laid
 out one after another, with ``OBS, NEXT_OBS, ACTIONS, ACTION_LOGP, REWARDS, TERMINATEDS,
 VALID`` plus ``ACTION_MASK`` (the mask the action was sampled under, so the learner masks the
-same logits). A row is one *decision* of one agent: in a turn-based game the opponent's
-moves are part of the environment, the reward credited to a decision is everything the agent
-received until its next decision (a loss on the opponent's move lands on the loser's last
-move), and ``NEXT_OBS`` is the observation at its next decision (or its final one). A stream
-of rows is kept per (env copy, agent, policy) and cut into sequences of ``T``; a sequence is
-handed out once it is full, so rows wait for the next ``sample()`` when needed and every row
-is a real transition. Episodes follow each other inside a stream: a terminated step has
-discount 0, and a truncated one is followed by a ``VALID``-False row holding the final
-observation, exactly like the single-agent reset rows, so V-trace bootstraps from it.
+same logits: :class:`shoal.learn.masking.ActionMasked`). A row is one *decision* of one agent:
+in a turn-based game the opponent's moves are part of the environment, the reward credited to
+a decision is everything the agent received until its next decision (a loss on the opponent's
+move lands on the loser's last move), and ``NEXT_OBS`` is the observation at its next decision
+(or its final one). A stream of rows is kept per (env copy, agent, policy) and cut into
+sequences of ``T``; a sequence is handed out once it is full, so rows wait for the next
+``sample()`` when needed and every row is a real transition. Episodes follow each other inside
+a stream: a terminated step has discount 0, and a truncated one is followed by a
+``VALID``-False row holding the final observation, exactly like the single-agent reset rows,
+so V-trace bootstraps from it.
 """
 
 from __future__ import annotations
@@ -64,25 +65,6 @@ class MaskedActorCriticPolicy(ActorCriticPolicy):
         dist = self.dist_cls(inputs)
         actions = dist.sample(self.generator) if explore else dist.deterministic()
         return actions.numpy(), {Col.ACTION_LOGP: dist.logp(actions).numpy(), Col.VF_PREDS: values.numpy()}
-
-
-class ActionMasked:
-    """``module`` with a batch's ``ACTION_MASK`` applied to its action logits (learner side).
-
-    Wrapping the module for one batch lets an unchanged single-agent loss (e.g.
-    ``shoal.algorithms.impala.impala_loss``) learn under the masks the actions were sampled
-    with: ``impala_loss(ActionMasked(module, batch[Col.ACTION_MASK]), batch, ...)``.
-    """
-
-    def __init__(self, module, mask: torch.Tensor) -> None:
-        self.module, self.mask, self.dist_cls = module, mask, module.dist_cls
-
-    def __call__(self, obs: torch.Tensor):
-        inputs, values = self.module(obs)
-        return masked_logits(inputs, self.mask), values
-
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.module.value(obs)
 
 
 def _is_weights(spec: Mapping) -> bool:
@@ -693,5 +675,5 @@ class MultiAgentEnvRunner:
             env.close()
 
 
-__all__ = ["ActionMasked", "EpisodeInfo", "MaskedActorCriticPolicy", "MatchSampler", "MultiAgentEnvRunner", "MultiAgentRolloutMetrics",
+__all__ = ["EpisodeInfo", "MaskedActorCriticPolicy", "MatchSampler", "MultiAgentEnvRunner", "MultiAgentRolloutMetrics",
            "PolicyReturnWindows", "match_outcome"]
