@@ -63,7 +63,8 @@ def main() -> dict:
     import ray
     from ray.cluster_utils import Cluster
 
-    from shoal.learn.distributed_learners import BatchReplay, DistributedLearners, PolicyLearner, shard_plan
+    from shoal.learn.distributed_learners import DistributedLearners, PolicyLearner, shard_plan
+    from shoal.replay import BatchReplay
 
     torch.set_num_threads(1)
     t0 = time.time()

@@ -16,8 +16,9 @@ import torch
 
 from shoal.batch import Col
 from shoal.errors import ConfigError
-from shoal.learn.distributed_learners import (BatchReplay, DistributedLearners, PolicyLearner, ShardPlan,
-                                              num_to_replay, shard_plan)
+from shoal.learn.distributed_learners import DistributedLearners, PolicyLearner, ShardPlan, shard_plan
+from shoal.replay import BatchReplay
+from shoal.replay.batch_replay import num_to_replay
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

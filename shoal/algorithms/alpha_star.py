@@ -41,10 +41,10 @@ from shoal.envs.multi_agent import make_multi_agent_env
 from shoal.errors import ActorLostError, ConfigError
 from shoal.league import make_league_builder
 from shoal.learn import Learner
-from shoal.learn.distributed_learners import (REPLAY_LOST, BatchReplay, DistributedLearners, resolve_learner_device,
-                                              shard_plan)
+from shoal.learn.distributed_learners import REPLAY_LOST, DistributedLearners, resolve_learner_device, shard_plan
 from shoal.learn.masking import ActionMasked
 from shoal.models import build_actor_critic
+from shoal.replay import BatchReplay
 from shoal.rollout.league import LeagueRolloutActor, store_batches
 from shoal.rollout.multi_agent import MultiAgentEnvRunner, PolicyReturnWindows
 from shoal.runtime import LazyActorGroup, make_actor_group
