@@ -17,26 +17,21 @@ recreated from the latest weights the driver has seen from it (``get_weights``/`
 here keep them). A replay actor that dies is recreated empty and its learners get the new
 handle through ``set_replay``; a learner whose replay call fails meanwhile returns
 :data:`REPLAY_LOST` from the request, which :meth:`DistributedLearners.fetch_ready` turns into
-that check instead of a learner crash.
-:class:`PolicyLearner` is a minimal one (a :class:`~shoal.learn.Learner` and a loss);
-algorithms bring their own.
+that check instead of a learner crash. Algorithms bring their own policy learner class
+(AlphaStar's is :class:`shoal.algorithms.alpha_star.APPOPolicyLearner`).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Hashable
 
-import numpy as np
 import torch
 
 from shoal import runtime
-from shoal.batch import Batch
-from shoal.errors import ActorLostError, ConfigError
-from shoal.learn.learner import Learner, LossFn
+from shoal.errors import ConfigError
 
 PolicyId = Hashable
 
@@ -112,49 +107,6 @@ def shard_plan(num_gpus: float, max_policies: int, num_shards: int | None = None
     per_policy = float(math.floor(per_policy)) if per_policy > 1 else _ray_fraction(per_policy)
     return ShardPlan(num_shards=shards, gpus_per_shard=_ray_fraction(per_shard), gpus_per_policy=per_policy,
                      policies_per_shard=math.ceil(max_policies / shards), max_policies=max_policies)
-
-
-# ---- a minimal policy learner ------------------------------------------------------------
-class PolicyLearner:
-    """One policy's learner: ``make_module()`` and ``loss_fn`` in a :class:`Learner`.
-
-    ``learn_on_batch(batch)`` takes one gradient step on the whole batch; ``learn()`` first
-    asks the shard's replay actor for this policy's next batch (None when there is none).
-    """
-
-    def __init__(self, policy_id: PolicyId, replay: Any, make_module: Callable[[], torch.nn.Module], loss_fn: LossFn,
-                 lr: float = 1e-3, grad_clip: float | None = None, torch_threads: int = 1,
-                 seed: int | None = None, device: str = "cpu") -> None:
-        torch.set_num_threads(torch_threads)
-        if seed is not None:
-            torch.manual_seed(seed)
-        self.policy_id, self.replay = policy_id, replay
-        self.learner = Learner(make_module(), loss_fn, lr=lr, grad_clip=grad_clip,
-                               device=resolve_learner_device(device))
-
-    def learn_on_batch(self, batch: Batch) -> dict[str, float]:
-        stats = self.learner.update_minibatch(batch.to_torch(self.learner.device))
-        return {k: float(v) for k, v in stats.items()} | {"num_updates": self.learner.num_updates,
-                                                          "rows": len(batch)}
-
-    def learn(self) -> dict[str, float] | str | None:
-        try:
-            batch = self.replay.replay(self.policy_id)
-        except ActorLostError:
-            return REPLAY_LOST
-        return None if batch is None else self.learn_on_batch(batch)
-
-    def set_replay(self, replay: Any) -> None:
-        self.replay = replay
-
-    def get_weights(self) -> dict[str, np.ndarray]:
-        return self.learner.get_weights()
-
-    def set_weights(self, weights: dict) -> None:
-        self.learner.set_weights(weights)
-
-    def num_updates(self) -> int:
-        return self.learner.num_updates
 
 
 # ---- the shards ----------------------------------------------------------------------------
