@@ -1,11 +1,12 @@
 """Distributed learners: learner shards, each one replay actor plus policy learner actors on its node.
 
 With G GPUs and at most P trainable policies, :func:`shard_plan` decides how many shards
-there are and how the GPUs are shared out (the arithmetic of DESIGN.md, "Distributed
-learners"). :class:`DistributedLearners` creates one replay actor per shard (of the class it
-is given, e.g. :class:`shoal.replay.BatchReplay`) and, as policies are added, one policy
-learner actor in the first free slot of a shard, pinned to that shard's replay actor's node
-so batches move between them through the node's shared object store.
+there are and how the GPUs are shared out (unless told the shard count: one shard per whole
+GPU but at most P, or one per policy without GPUs; its docstring gives the exact rules).
+:class:`DistributedLearners` creates one replay actor per shard (of the class it is given,
+e.g. :class:`shoal.replay.BatchReplay`) and, as policies are added, one policy learner actor
+in the first free slot of a shard, pinned to that shard's replay actor's node so batches move
+between them through the node's shared object store.
 
 A policy learner class is constructed as ``cls(policy_id, replay, *ctor_args, device=...,
 **ctor_kwargs)`` where ``replay`` is its shard's replay actor; calls on it return their result
