@@ -29,7 +29,6 @@ class Col:
     WEIGHTS = "weights"  # importance-sampling weights from prioritized replay
     INDICES = "indices"  # replay buffer slots, to send new priorities back
     ROW_IDS = "row_ids"  # replay: the sampled rows' add order, so a priority for an overwritten slot is dropped
-    EPS_ID = "eps_id"
     Q_VALUES = "q_values"  # Q(s, .) for every action, recorded by Q-learning policies while acting
     PRIORITIES = "priorities"  # initial replay priorities computed on the rollout worker
     DISCOUNTS = "discounts"  # gamma ** k for a k-step transition (0 after termination is not folded in)

@@ -1,7 +1,7 @@
 """Distributed learners on a simulated three-node Ray cluster: do policy learners sit beside their replay actor?
 
-Also the small regression module and loss the distributed-learner tests train (Ray workers
-import them from here). Run by ``tests/test_distributed_learners.py`` in a fresh Python
+Also the small regression module and loss the distributed-learner tests train, and the minimal
+policy learner that trains them (Ray workers import them from here). Run by ``tests/test_distributed_learners.py`` in a fresh Python
 process (a ``ray.cluster_utils.Cluster`` needs its own Ray instance); prints one JSON line:
 each shard's replay node, each policy's shard and node, and one learning step per policy.
 """
@@ -16,6 +16,9 @@ import numpy as np
 import torch
 
 from shoal.batch import Batch, Col
+from shoal.errors import ActorLostError
+from shoal.learn import Learner
+from shoal.learn.distributed_learners import REPLAY_LOST, resolve_learner_device
 
 TRUE_W = np.array([1.0, -2.0, 0.5, 3.0], dtype=np.float32)
 
@@ -34,6 +37,47 @@ def regression_batch(n: int = 32, seed: int = 0) -> Batch:
     """Rows of a noiseless linear regression: rewards = obs @ TRUE_W."""
     obs = np.random.default_rng(seed).normal(size=(n, 4)).astype(np.float32)
     return Batch({Col.OBS: obs, Col.REWARDS: obs @ TRUE_W})
+
+
+class PolicyLearner:
+    """One policy's learner: ``make_module()`` and ``loss_fn`` in a :class:`~shoal.learn.Learner`.
+
+    ``learn_on_batch(batch)`` takes one gradient step on the whole batch; ``learn()`` first
+    asks the shard's replay actor for this policy's next batch (None when there is none).
+    """
+
+    def __init__(self, policy_id, replay, make_module, loss_fn, lr: float = 1e-3, grad_clip: float | None = None,
+                 torch_threads: int = 1, seed: int | None = None, device: str = "cpu") -> None:
+        torch.set_num_threads(torch_threads)
+        if seed is not None:
+            torch.manual_seed(seed)
+        self.policy_id, self.replay = policy_id, replay
+        self.learner = Learner(make_module(), loss_fn, lr=lr, grad_clip=grad_clip,
+                               device=resolve_learner_device(device))
+
+    def learn_on_batch(self, batch: Batch) -> dict[str, float]:
+        stats = self.learner.update_minibatch(batch.to_torch(self.learner.device))
+        return {k: float(v) for k, v in stats.items()} | {"num_updates": self.learner.num_updates,
+                                                          "rows": len(batch)}
+
+    def learn(self):
+        try:
+            batch = self.replay.replay(self.policy_id)
+        except ActorLostError:
+            return REPLAY_LOST
+        return None if batch is None else self.learn_on_batch(batch)
+
+    def set_replay(self, replay) -> None:
+        self.replay = replay
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return self.learner.get_weights()
+
+    def set_weights(self, weights: dict) -> None:
+        self.learner.set_weights(weights)
+
+    def num_updates(self) -> int:
+        return self.learner.num_updates
 
 
 class DeviceProbe:
@@ -63,7 +107,8 @@ def main() -> dict:
     import ray
     from ray.cluster_utils import Cluster
 
-    from shoal.learn.distributed_learners import BatchReplay, DistributedLearners, PolicyLearner, shard_plan
+    from shoal.learn.distributed_learners import DistributedLearners, shard_plan
+    from shoal.replay import BatchReplay
 
     torch.set_num_threads(1)
     t0 = time.time()

@@ -18,8 +18,8 @@ from shoal.algorithms.alpha_star_learner import APPOPolicyLearner, masked_appo_l
 from shoal.batch import Col
 from shoal.cli import app
 from shoal.errors import ConfigError
-from shoal.learn.distributed_learners import BatchReplay
 from shoal.learn.learner import minibatch_indices
+from shoal.replay import BatchReplay
 from shoal.rollout.multi_agent import MultiAgentEnvRunner
 
 TTT = "pettingzoo.classic:tictactoe_v3"

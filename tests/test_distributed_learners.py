@@ -16,12 +16,13 @@ import torch
 
 from shoal.batch import Col
 from shoal.errors import ConfigError
-from shoal.learn.distributed_learners import (BatchReplay, DistributedLearners, PolicyLearner, ShardPlan,
-                                              num_to_replay, shard_plan)
+from shoal.learn.distributed_learners import DistributedLearners, ShardPlan, shard_plan
+from shoal.replay import BatchReplay
+from shoal.replay.batch_replay import num_to_replay
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from dlearners_multinode import TRUE_W, make_module, mse_loss, regression_batch  # noqa: E402
+from dlearners_multinode import TRUE_W, PolicyLearner, make_module, mse_loss, regression_batch  # noqa: E402
 
 torch.set_num_threads(1)
 CTOR = ((make_module, mse_loss), {"lr": 0.05})

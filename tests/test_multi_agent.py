@@ -14,7 +14,7 @@ from shoal.config import AlgorithmConfig
 from shoal.envs.multi_agent import (CONNECT_FOUR, TIC_TAC_TOE, AECAdapter, ParallelAdapter, lookahead_action,
                                     make_multi_agent_env, resolve_multi_agent_env)
 from shoal.errors import ConfigError, EnvError
-from shoal.rollout.multi_agent import (MaskedActorCriticPolicy, Matchmaking, MultiAgentEnvRunner, PolicyReturnWindows)
+from shoal.rollout.multi_agent import (MaskedActorCriticPolicy, MatchSampler, MultiAgentEnvRunner, PolicyReturnWindows)
 
 TTT = "pettingzoo.classic:tictactoe_v3"
 C4 = "pettingzoo.classic:connect_four_v3"
@@ -220,7 +220,7 @@ def test_matchmaking_data_picks_matches_with_its_probabilities_and_shuffles_seat
     with pytest.raises(KeyError, match="unknown policies"):
         runner.set_matchmaking([{"policies": ["main", "nobody"]}])
     with pytest.raises(ConfigError):
-        Matchmaking({"matches": [{"policies": ["main"], "prob": -1}]})
+        MatchSampler({"matches": [{"policies": ["main"], "prob": -1}]})
     with pytest.raises(ConfigError, match="policies for 2 agents"):
         runner.set_matchmaking([{"policies": ["main", "snap", "main"]}])
 
@@ -427,7 +427,7 @@ def test_league_players_matchmaking_and_results_round_trip():
 
 def test_sequences_feed_the_impala_loss_and_the_stored_masks_reproduce_the_behaviour_logp():
     from shoal.algorithms.impala import IMPALAConfig, impala_loss
-    from shoal.rollout.multi_agent import ActionMasked
+    from shoal.learn.masking import ActionMasked
 
     T = 4
     runner = MultiAgentEnvRunner(config(num_envs=4, rollout_fragment_length=T), 0, {"a": None}, ticks_per_sample=24)

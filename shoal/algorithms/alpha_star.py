@@ -40,8 +40,9 @@ from shoal.config import AlgorithmConfig, EnvSpec, EvaluationConfig, ResourcesCo
 from shoal.envs.multi_agent import make_multi_agent_env
 from shoal.errors import ConfigError
 from shoal.league import make_league_builder
-from shoal.learn.distributed_learners import BatchReplay, DistributedLearners, shard_plan
+from shoal.learn.distributed_learners import DistributedLearners, shard_plan
 from shoal.models import build_actor_critic
+from shoal.replay import BatchReplay
 from shoal.rollout.league import LeagueRolloutActor, store_batches
 from shoal.rollout.multi_agent import MultiAgentEnvRunner, PolicyReturnWindows
 from shoal.runtime import LazyActorGroup, make_actor_group

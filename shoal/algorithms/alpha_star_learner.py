@@ -21,10 +21,10 @@ from shoal.batch import Batch, Col
 from shoal.errors import ActorLostError
 from shoal.learn import Learner
 from shoal.learn.distributed_learners import REPLAY_LOST, resolve_learner_device
+from shoal.learn.masking import ActionMasked
 from shoal.learn.target import AdaptiveKL, TargetNetwork
 from shoal.models import build_actor_critic
 from shoal.process import configure_process
-from shoal.rollout.multi_agent import ActionMasked
 
 
 class _MaskedTarget:

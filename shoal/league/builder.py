@@ -60,10 +60,6 @@ class LeagueChanges:
     def empty(self) -> bool:
         return not (self.add or self.reset or self.freeze or self.remove)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"add": [list(a) for a in self.add], "reset": list(self.reset), "freeze": list(self.freeze),
-                "remove": list(self.remove)}
-
 
 class LeagueBuilder:
     """Base class: the players, the payoff table and the match counts; subclasses decide

@@ -133,9 +133,6 @@ class PayoffTable:
                     m[i, j] = (s[_WINS] + 0.5 * s[_DRAWS]) / s[_GAMES]
         return m
 
-    def counts_matrix(self, players: list[str]) -> np.ndarray:
-        return np.array([[self.games(a, b) for b in players] for a in players], dtype=np.int64)
-
     # ---- state ---------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
         return {

@@ -1,11 +1,12 @@
 """Distributed learners: learner shards, each one replay actor plus policy learner actors on its node.
 
 With G GPUs and at most P trainable policies, :func:`shard_plan` decides how many shards
-there are and how the GPUs are shared out (the arithmetic of DESIGN.md, "Distributed
-learners"). :class:`DistributedLearners` creates one replay actor per shard and, as
-policies are added, one policy learner actor in the first free slot of a shard, pinned to
-that shard's replay actor's node so batches move between them through the node's shared
-object store.
+there are and how the GPUs are shared out (unless told the shard count: one shard per whole
+GPU but at most P, or one per policy without GPUs; its docstring gives the exact rules).
+:class:`DistributedLearners` creates one replay actor per shard (of the class it is given,
+e.g. :class:`shoal.replay.BatchReplay`) and, as policies are added, one policy learner actor
+in the first free slot of a shard, pinned to that shard's replay actor's node so batches move
+between them through the node's shared object store.
 
 A policy learner class is constructed as ``cls(policy_id, replay, *ctor_args, device=...,
 **ctor_kwargs)`` where ``replay`` is its shard's replay actor; calls on it return their result
@@ -17,27 +18,21 @@ recreated from the latest weights the driver has seen from it (``get_weights``/`
 here keep them). A replay actor that dies is recreated empty and its learners get the new
 handle through ``set_replay``; a learner whose replay call fails meanwhile returns
 :data:`REPLAY_LOST` from the request, which :meth:`DistributedLearners.fetch_ready` turns into
-that check instead of a learner crash.
-:class:`PolicyLearner` is a minimal one (a :class:`~shoal.learn.Learner` and a loss);
-algorithms bring their own.
+that check instead of a learner crash. Algorithms bring their own policy learner class
+(AlphaStar's is :class:`shoal.algorithms.alpha_star.APPOPolicyLearner`).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Hashable
 
-import numpy as np
 import torch
 
 from shoal import runtime
-from shoal.batch import Batch
-from shoal.errors import ActorLostError, ConfigError
-from shoal.learn.learner import Learner, LossFn
+from shoal.errors import ConfigError
 
 PolicyId = Hashable
 
@@ -113,130 +108,6 @@ def shard_plan(num_gpus: float, max_policies: int, num_shards: int | None = None
     per_policy = float(math.floor(per_policy)) if per_policy > 1 else _ray_fraction(per_policy)
     return ShardPlan(num_shards=shards, gpus_per_shard=_ray_fraction(per_shard), gpus_per_policy=per_policy,
                      policies_per_shard=math.ceil(max_policies / shards), max_policies=max_policies)
-
-
-def num_to_replay(num_new: int, replay_ratio: float, carry: float = 0.0) -> tuple[int, float]:
-    """How many stored batches to mix with ``num_new`` new ones so that, in the long run, a
-    fraction ``replay_ratio`` of the batches learned on are replayed; returns (count, new carry).
-
-    ``replay_ratio`` 0 learns only on new batches, 0.5 on one replayed per new one; the
-    fractional remainder carries over to the next call.
-    """
-    want = num_new * replay_ratio / (1.0 - replay_ratio) + carry
-    k = int(math.floor(want + 1e-9))
-    return k, want - k
-
-
-# ---- the shard's replay actor ------------------------------------------------------------
-class BatchReplay:
-    """Per-policy replay of whole batches: new batches wait until a learner asks for them,
-    then join a ring of ``capacity`` batches from which older ones are replayed.
-
-    ``replay(policy_id)`` returns the oldest waiting new batch concatenated with replayed
-    ones (see :func:`num_to_replay`), or None when nothing is waiting. With ``replay_ratio``
-    1 it returns one stored batch (new batches go straight to the ring). At most
-    ``capacity`` new batches wait; older waiting ones move to the ring unlearned.
-    """
-
-    def __init__(self, capacity: int = 10, replay_ratio: float = 0.0, seed: int | None = None) -> None:
-        if capacity < 1:
-            raise ConfigError(f"replay capacity={capacity}: the replay buffer must hold at least 1 batch")
-        if not 0.0 <= replay_ratio <= 1.0:
-            raise ConfigError(f"replay_ratio={replay_ratio}: must be between 0 (only new batches) "
-                              "and 1 (only replayed ones)")
-        self.capacity, self.replay_ratio = capacity, replay_ratio
-        self.rng = np.random.default_rng(seed)
-        self.new: dict[PolicyId, deque[Batch]] = {}
-        self.stored: dict[PolicyId, deque[Batch]] = {}
-        self.carry: dict[PolicyId, float] = {}
-        self.counts: dict[PolicyId, dict[str, int]] = {}
-
-    def ping(self) -> bool:
-        return True
-
-    def _count(self, policy_id: PolicyId, key: str, n: int = 1) -> None:
-        c = self.counts.setdefault(policy_id, {"added": 0, "learned_new": 0, "replayed": 0})
-        c[key] += n
-
-    def add_batch(self, policy_id: PolicyId, batch: Batch) -> None:
-        waiting = self.new.setdefault(policy_id, deque())
-        stored = self.stored.setdefault(policy_id, deque(maxlen=self.capacity))
-        self._count(policy_id, "added")
-        if self.replay_ratio >= 1.0:
-            stored.append(batch)
-            return
-        waiting.append(batch)
-        if len(waiting) > self.capacity:
-            stored.append(waiting.popleft())
-
-    def replay(self, policy_id: PolicyId) -> Batch | None:
-        stored = self.stored.get(policy_id)
-        if self.replay_ratio >= 1.0:
-            if not stored:
-                return None
-            self._count(policy_id, "replayed")
-            return stored[int(self.rng.integers(len(stored)))]
-        waiting = self.new.get(policy_id)
-        if not waiting:
-            return None
-        batch = waiting.popleft()
-        k, self.carry[policy_id] = num_to_replay(1, self.replay_ratio, self.carry.get(policy_id, 0.0))
-        old = [stored[int(i)] for i in self.rng.integers(len(stored), size=k)] if stored and k else []
-        stored.append(batch)
-        self._count(policy_id, "learned_new")
-        self._count(policy_id, "replayed", len(old))
-        return Batch.concat([batch, *old]) if old else batch
-
-    def remove_policy(self, policy_id: PolicyId) -> None:
-        for d in (self.new, self.stored, self.carry, self.counts):
-            d.pop(policy_id, None)
-
-    def stats(self) -> dict[PolicyId, dict[str, int]]:
-        return {pid: {**c, "waiting": len(self.new.get(pid, ())), "stored": len(self.stored.get(pid, ()))}
-                for pid, c in self.counts.items()}
-
-
-# ---- a minimal policy learner ------------------------------------------------------------
-class PolicyLearner:
-    """One policy's learner: ``make_module()`` and ``loss_fn`` in a :class:`Learner`.
-
-    ``learn_on_batch(batch)`` takes one gradient step on the whole batch; ``learn()`` first
-    asks the shard's replay actor for this policy's next batch (None when there is none).
-    """
-
-    def __init__(self, policy_id: PolicyId, replay: Any, make_module: Callable[[], torch.nn.Module], loss_fn: LossFn,
-                 lr: float = 1e-3, grad_clip: float | None = None, torch_threads: int = 1,
-                 seed: int | None = None, device: str = "cpu") -> None:
-        torch.set_num_threads(torch_threads)
-        if seed is not None:
-            torch.manual_seed(seed)
-        self.policy_id, self.replay = policy_id, replay
-        self.learner = Learner(make_module(), loss_fn, lr=lr, grad_clip=grad_clip,
-                               device=resolve_learner_device(device))
-
-    def learn_on_batch(self, batch: Batch) -> dict[str, float]:
-        stats = self.learner.update_minibatch(batch.to_torch(self.learner.device))
-        return {k: float(v) for k, v in stats.items()} | {"num_updates": self.learner.num_updates,
-                                                          "rows": len(batch)}
-
-    def learn(self) -> dict[str, float] | str | None:
-        try:
-            batch = self.replay.replay(self.policy_id)
-        except ActorLostError:
-            return REPLAY_LOST
-        return None if batch is None else self.learn_on_batch(batch)
-
-    def set_replay(self, replay: Any) -> None:
-        self.replay = replay
-
-    def get_weights(self) -> dict[str, np.ndarray]:
-        return self.learner.get_weights()
-
-    def set_weights(self, weights: dict) -> None:
-        self.learner.set_weights(weights)
-
-    def num_updates(self) -> int:
-        return self.learner.num_updates
 
 
 # ---- the shards ----------------------------------------------------------------------------

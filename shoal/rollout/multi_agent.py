@@ -1,7 +1,7 @@
 """MultiAgentEnvRunner: several PettingZoo games in parallel, several policies, one Batch per policy.
 
 Each episode maps every agent to a policy id when it starts (a ``policy_mapping_fn(agent_id,
-episode)`` or matchmaking *data*, see :class:`Matchmaking`); the mapping holds until the
+episode)`` or matchmaking *data*, see :class:`MatchSampler`); the mapping holds until the
 episode ends, so a league can pick opponents per game. At every tick the runner groups the
 agents that must act, over all its env copies, by policy and runs **one batched forward per
 policy**; illegal actions get zero probability (:func:`shoal.models.distributions.masked_logits`).
@@ -10,15 +10,16 @@ What the learner gets matches the single-agent IMPALA/APPO layout
 (:func:`shoal.algorithms.impala.sequence_postprocess`): per policy, sequences of ``T`` rows laid
 out one after another, with ``OBS, NEXT_OBS, ACTIONS, ACTION_LOGP, REWARDS, TERMINATEDS,
 VALID`` plus ``ACTION_MASK`` (the mask the action was sampled under, so the learner masks the
-same logits). A row is one *decision* of one agent: in a turn-based game the opponent's
-moves are part of the environment, the reward credited to a decision is everything the agent
-received until its next decision (a loss on the opponent's move lands on the loser's last
-move), and ``NEXT_OBS`` is the observation at its next decision (or its final one). A stream
-of rows is kept per (env copy, agent, policy) and cut into sequences of ``T``; a sequence is
-handed out once it is full, so rows wait for the next ``sample()`` when needed and every row
-is a real transition. Episodes follow each other inside a stream: a terminated step has
-discount 0, and a truncated one is followed by a ``VALID``-False row holding the final
-observation, exactly like the single-agent reset rows, so V-trace bootstraps from it.
+same logits: :class:`shoal.learn.masking.ActionMasked`). A row is one *decision* of one agent:
+in a turn-based game the opponent's moves are part of the environment, the reward credited to
+a decision is everything the agent received until its next decision (a loss on the opponent's
+move lands on the loser's last move), and ``NEXT_OBS`` is the observation at its next decision
+(or its final one). A stream of rows is kept per (env copy, agent, policy) and cut into
+sequences of ``T``; a sequence is handed out once it is full, so rows wait for the next
+``sample()`` when needed and every row is a real transition. Episodes follow each other inside
+a stream: a terminated step has discount 0, and a truncated one is followed by a
+``VALID``-False row holding the final observation, exactly like the single-agent reset rows,
+so V-trace bootstraps from it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -66,34 +67,49 @@ class MaskedActorCriticPolicy(ActorCriticPolicy):
         return actions.numpy(), {Col.ACTION_LOGP: dist.logp(actions).numpy(), Col.VF_PREDS: values.numpy()}
 
 
-class ActionMasked:
-    """``module`` with a batch's ``ACTION_MASK`` applied to its action logits (learner side).
-
-    Wrapping the module for one batch lets an unchanged single-agent loss (e.g.
-    ``shoal.algorithms.impala.impala_loss``) learn under the masks the actions were sampled
-    with: ``impala_loss(ActionMasked(module, batch[Col.ACTION_MASK]), batch, ...)``.
-    """
-
-    def __init__(self, module, mask: torch.Tensor) -> None:
-        self.module, self.mask, self.dist_cls = module, mask, module.dist_cls
-
-    def __call__(self, obs: torch.Tensor):
-        inputs, values = self.module(obs)
-        return masked_logits(inputs, self.mask), values
-
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.module.value(obs)
-
-
 def _is_weights(spec: Mapping) -> bool:
     return bool(spec) and all(isinstance(v, (np.ndarray, torch.Tensor)) for v in spec.values())
 
 
-def _reset_row(last: tuple) -> tuple:
+@dataclass(slots=True)
+class _OpenStep:
+    """An agent's decision waiting for its next observation: what it saw and did, and the
+    reward it has received since."""
+
+    obs: np.ndarray
+    mask: np.ndarray | None  # the action mask it acted under (None: every action legal)
+    action: Any
+    logp: float
+    reward: float = 0.0
+
+
+class _Row(NamedTuple):
+    """One decision in a stream: a row of the policy's batch, fields in the order of ``_COLUMNS``."""
+
+    obs: np.ndarray
+    next_obs: np.ndarray
+    action: Any
+    logp: float
+    reward: float
+    terminated: bool
+    valid: bool
+    mask: np.ndarray
+
+
+def _reset_row(last: _Row) -> _Row:
     """The masked row that ends a stream's episode without termination (like a single-agent reset
     row): it holds ``last``'s next observation, which V-trace bootstraps from."""
-    _, next_obs, action, _, _, _, _, mask = last
-    return (next_obs, next_obs, np.zeros_like(action), 0.0, 0.0, False, False, np.ones_like(mask))
+    return _Row(last.next_obs, last.next_obs, np.zeros_like(last.action), 0.0, 0.0, False, False,
+                np.ones_like(last.mask))
+
+
+class _ActRequest(NamedTuple):
+    """One agent that must act: its env copy, its id, what it observes and its action mask."""
+
+    env: int
+    agent: str
+    obs: np.ndarray
+    mask: np.ndarray | None
 
 
 # ---- episodes and matchmaking -----------------------------------------------------------------
@@ -112,8 +128,9 @@ class EpisodeInfo:
     length: int = 0  # env steps
 
 
-class Matchmaking:
-    """Which policies play, with which probabilities: plain data, picklable, sent with the weights.
+class MatchSampler:
+    """Draws each new episode's seat -> policy mapping from matchmaking data (which policies
+    play, with which probabilities: plain data, picklable, sent with the weights).
 
     Accepted forms (``data``):
 
@@ -122,7 +139,8 @@ class Matchmaking:
       (``possible_agents``), shuffled per episode when ``shuffle_seats`` (default) so each side
       plays first half the time; or a dict ``{agent: policy_id}`` (seats kept). One policy id
       alone plays every seat. ``prob`` values are weights (normalised); ``match_type`` is optional.
-    * an object with ``to_matches()`` returning one of the above (e.g. the league's data).
+    * an object with ``to_matches()`` returning one of the above (e.g. the league's
+      :class:`shoal.league.Matchmaking`).
     """
 
     def __init__(self, data: Any) -> None:
@@ -188,6 +206,48 @@ class _FnMapping:
         return {a: self.fn(a, episode) for a in episode.agents}, episode.user_data.get("match_type")
 
 
+# ---- evaluation records -------------------------------------------------------------------------
+@dataclass(slots=True)
+class _EvalGame:
+    """One evaluation game in progress on an evaluation env copy."""
+
+    seat: int  # the evaluated policy's seat: 0 plays first
+    mapping: dict[str, Any]  # agent -> the policy object playing it
+    to_act: dict  # agent -> (obs, mask) of the agents that must act next
+    returns: dict[str, float]  # agent -> reward so far
+    length: int = 0  # env steps
+
+
+@dataclass
+class _EvalTally:
+    """Finished evaluation games: wins, draws and losses per seat of the evaluated policy, and lengths."""
+
+    wins: list[int] = field(default_factory=lambda: [0, 0])
+    draws: list[int] = field(default_factory=lambda: [0, 0])
+    losses: list[int] = field(default_factory=lambda: [0, 0])
+    lengths: list[int] = field(default_factory=list)
+
+    def add(self, game: _EvalGame, agents: list[str]) -> None:
+        mine, theirs = game.returns[agents[game.seat]], game.returns[agents[1 - game.seat]]
+        outcome = self.wins if mine > theirs else self.draws if mine == theirs else self.losses
+        outcome[game.seat] += 1
+        self.lengths.append(game.length)
+
+    def _games(self, seat: int) -> int:
+        return self.wins[seat] + self.draws[seat] + self.losses[seat]
+
+    def summary(self) -> dict[str, float]:
+        wins, draws, losses = sum(self.wins), sum(self.draws), sum(self.losses)
+        n = wins + draws + losses
+        return {
+            "games": n, "wins": wins, "draws": draws, "losses": losses,
+            "win_rate": wins / n, "draw_rate": draws / n, "loss_rate": losses / n,
+            "win_rate_first": self.wins[0] / max(1, self._games(0)),
+            "win_rate_second": self.wins[1] / max(1, self._games(1)),
+            "mean_length": float(np.mean(self.lengths)),
+        }
+
+
 # ---- metrics ----------------------------------------------------------------------------------
 @dataclass
 class MultiAgentRolloutMetrics(RolloutMetrics):
@@ -249,7 +309,7 @@ class MultiAgentEnvRunner:
             ``"random"`` / ``"heuristic"`` (scripted, never trained) or a policy object with ``act``.
         policy_mapping_fn: ``(agent_id, episode) -> policy_id`` (picklable for remote actors);
             called once per agent when an episode starts.
-        matchmaking: matchmaking data instead of a function (see :class:`Matchmaking`).
+        matchmaking: matchmaking data instead of a function (see :class:`MatchSampler`).
         policies_to_train: ids whose sequences ``sample()`` returns; default every network policy.
         collect_all_policies: return sequences for every network policy, trained or not.
         rollout_fragment_length: the sequence length T (default: the config's, or 50 for 'auto').
@@ -290,9 +350,9 @@ class MultiAgentEnvRunner:
         else:
             raise ConfigError("several policies need a policy_mapping_fn or matchmaking data")
         self._episode_count = 0
-        self._streams: dict[tuple, list] = defaultdict(list)  # (env, agent, policy) -> rows not yet in a sequence
-        self._ready: dict[str, list[list]] = defaultdict(list)  # policy -> full sequences
-        self._open: list[dict[str, list]] = [{} for _ in self.envs]  # agent -> transition waiting for its next obs
+        self._streams: dict[tuple, list[_Row]] = defaultdict(list)  # (env, agent, policy) -> rows not yet in a sequence
+        self._ready: dict[str, list[list[_Row]]] = defaultdict(list)  # policy -> full sequences
+        self._open: list[dict[str, _OpenStep]] = [{} for _ in self.envs]  # agent -> decision waiting for its next obs
         self._metrics = MultiAgentRolloutMetrics(worker_index=worker_index)
         self._to_act: list[dict] = [env.reset(seed=None if self.seed is None else self.seed + i)
                                     for i, env in enumerate(self.envs)]
@@ -319,7 +379,7 @@ class MultiAgentEnvRunner:
         """Drop a policy; games it is playing are abandoned (not reported) and restart with a new mapping."""
         if policy_id not in self.policies:
             raise KeyError(f"unknown policy {policy_id!r}; known: {sorted(self.policies)}")
-        if isinstance(self._mapping, Matchmaking) and policy_id in self._mapping.policy_ids():
+        if isinstance(self._mapping, MatchSampler) and policy_id in self._mapping.policy_ids():
             raise ValueError(f"the matchmaking still names {policy_id!r}; set new matchmaking before removing it")
         del self.policies[policy_id]
         self.policies_to_train.discard(policy_id)
@@ -380,10 +440,10 @@ class MultiAgentEnvRunner:
         self._mapping = _FnMapping(fn)
 
     def set_matchmaking(self, data: Any) -> None:
-        """Matchmaking data (see :class:`Matchmaking`), or a mapping function; for episodes starting from now on."""
+        """Matchmaking data (see :class:`MatchSampler`), or a mapping function; for episodes starting from now on."""
         if callable(data) and not hasattr(data, "to_matches"):
             return self.set_policy_mapping_fn(data)
-        mm = data if isinstance(data, Matchmaking) else Matchmaking(data)
+        mm = data if isinstance(data, MatchSampler) else MatchSampler(data)
         mm.check(self.agents)
         unknown = mm.policy_ids() - set(self.policies)
         if unknown:
@@ -435,7 +495,7 @@ class MultiAgentEnvRunner:
             for a, r in out.rewards.items():
                 ep.returns[a] = ep.returns.get(a, 0.0) + r
                 if a in opened:
-                    opened[a][4] += r
+                    opened[a].reward += r
             for a, (obs, _) in out.to_act.items():
                 self._close(i, a, obs, terminated=False, truncated=False)
             for a, ((obs, _), term, trunc) in out.ended.items():
@@ -447,43 +507,43 @@ class MultiAgentEnvRunner:
 
     def _act(self, requests, explore: bool, record: bool) -> list[dict[str, Any]]:
         """One forward per policy over every (env, agent) that must act; ``requests``: (env, mapping, to_act)."""
-        groups: dict[str, list] = defaultdict(list)
+        groups: dict[str, list[_ActRequest]] = defaultdict(list)
         for i, mapping, to_act in requests:
             for a, (obs, mask) in to_act.items():
-                groups[mapping[a]].append((i, a, obs, mask))
-        actions: list[dict[str, Any]] = [{} for _ in range(max((r[0] for r in requests), default=-1) + 1)]
+                groups[mapping[a]].append(_ActRequest(i, a, obs, mask))
+        actions: list[dict[str, Any]] = [{} for _ in range(max((i for i, _, _ in requests), default=-1) + 1)]
         for pid, reqs in groups.items():
             policy = self.policies[pid] if isinstance(pid, str) else pid
-            obs = np.stack([r[2] for r in reqs])
+            obs = np.stack([r.obs for r in reqs])
             masks = None
-            if any(r[3] is not None for r in reqs):
-                n = next(len(r[3]) for r in reqs if r[3] is not None)
-                masks = np.stack([r[3] if r[3] is not None else np.ones(n, dtype=bool) for r in reqs])
+            if any(r.mask is not None for r in reqs):
+                n = next(len(r.mask) for r in reqs if r.mask is not None)
+                masks = np.stack([r.mask if r.mask is not None else np.ones(n, dtype=bool) for r in reqs])
             acts, extras = policy.act(obs, explore=explore, masks=masks)
             keep = record and isinstance(pid, str) and self._collects(pid)
-            for j, (i, a, o, mask) in enumerate(reqs):
-                actions[i][a] = acts[j]
-                if keep:  # obs, mask, action, logp, reward so far
-                    self._open[i][a] = [o, mask, acts[j], extras[Col.ACTION_LOGP][j], 0.0]
+            for j, r in enumerate(reqs):
+                actions[r.env][r.agent] = acts[j]
+                if keep:
+                    self._open[r.env][r.agent] = _OpenStep(r.obs, r.mask, acts[j], extras[Col.ACTION_LOGP][j])
         return actions
 
     def _close(self, i: int, agent: str, next_obs: np.ndarray, terminated: bool, truncated: bool) -> None:
         """The agent's pending transition is complete: append it (and, on truncation, a reset row) to its stream."""
-        tr = self._open[i].pop(agent, None)
-        if tr is None:
+        step = self._open[i].pop(agent, None)
+        if step is None:
             return
-        obs, mask, action, logp, reward = tr
         pid = self._episodes[i].policies[agent]
+        mask = step.mask
         if mask is None:
             space = self.envs[i].action_space(agent)
             mask = np.ones(int(space.n), dtype=bool) if isinstance(space, gym.spaces.Discrete) else np.ones(1, dtype=bool)
         stream = self._streams[(i, agent, pid)]
-        stream.append((obs, next_obs, action, logp, reward, terminated, True, mask))
+        stream.append(_Row(step.obs, next_obs, step.action, step.logp, step.reward, terminated, True, mask))
         if truncated:
             stream.append(_reset_row(stream[-1]))
         self._cut_sequences(stream, pid)
 
-    def _cut_sequences(self, stream: list, pid: str) -> None:
+    def _cut_sequences(self, stream: list[_Row], pid: str) -> None:
         while len(stream) >= self.T:
             self._ready[pid].append(stream[:self.T])
             del stream[:self.T]
@@ -496,7 +556,7 @@ class MultiAgentEnvRunner:
         ep = self._episodes[i]
         for agent, pid in ep.policies.items():
             stream = self._streams.get((i, agent, pid))
-            if stream and stream[-1][6] and not stream[-1][5]:  # a valid row the game did not terminate
+            if stream and stream[-1].valid and not stream[-1].terminated:
                 stream.append(_reset_row(stream[-1]))
                 self._cut_sequences(stream, pid)
         self._open[i].clear()
@@ -515,7 +575,7 @@ class MultiAgentEnvRunner:
         self._to_act[i] = self.envs[i].reset()
         self._episodes[i] = self._new_episode(i)
 
-    def _sequences_to_batch(self, seqs: list[list]) -> Batch:
+    def _sequences_to_batch(self, seqs: list[list[_Row]]) -> Batch:
         rows = [row for seq in seqs for row in seq]
         cols = list(zip(*rows))
         dtypes = (np.float32, np.float32, None, np.float32, np.float32, bool, bool, bool)
@@ -534,58 +594,55 @@ class MultiAgentEnvRunner:
         if len(self.agents) != 2:
             raise ValueError(f"evaluate_vs needs a two-player env; this one has agents {self.agents}")
         player = self.policies[policy_id]
-        if opponent in self.policies:
-            opp = self.policies[opponent]
-        else:
-            env = self.envs[0]
-            opp = make_scripted_player(opponent, env.observation_space(self.agents[0]), env.action_space(self.agents[0]),
-                                       None if self.seed is None else self.seed + 7919)
+        opp = self._eval_opponent(opponent)
         k = min(num_envs or self.num_envs, num_games)
         while len(self._eval_envs) < k:
             self._eval_envs.append(make_multi_agent_env(self.config.env, self.config.env_config))
-        results = {0: [0, 0, 0], 1: [0, 0, 0]}  # seat -> wins, draws, losses
-        started = 0
-        games: list = [None] * k  # (seat of player, mapping, to_act, returns) per env copy
-        lengths = []
-
-        def start(j: int):
-            nonlocal started
-            seat = started % 2
-            started += 1
-            mapping = {self.agents[seat]: player, self.agents[1 - seat]: opp}
-            games[j] = [seat, mapping, self._eval_envs[j].reset(), dict.fromkeys(self.agents, 0.0), 0]
-
-        for j in range(k):
-            start(j)
         with torch.inference_mode():
-            while any(g is not None for g in games):
-                live = [j for j in range(k) if games[j] is not None]
-                actions = self._act([(j, games[j][1], games[j][2]) for j in live], explore, record=False)
-                for j in live:
-                    g = games[j]
-                    out = self._eval_envs[j].step(actions[j])
-                    g[4] += 1
-                    for a, r in out.rewards.items():
-                        g[3][a] += r
-                    g[2] = out.to_act
-                    if not out.done:
-                        continue
-                    seat, rets = g[0], g[3]
-                    mine, theirs = rets[self.agents[seat]], rets[self.agents[1 - seat]]
-                    results[seat][0 if mine > theirs else 1 if mine == theirs else 2] += 1
-                    lengths.append(g[4])
-                    games[j] = None
-                    if started < num_games:
-                        start(j)
-        wins, draws, losses = (results[0][x] + results[1][x] for x in range(3))
-        n = wins + draws + losses
-        return {
-            "games": n, "wins": wins, "draws": draws, "losses": losses,
-            "win_rate": wins / n, "draw_rate": draws / n, "loss_rate": losses / n,
-            "win_rate_first": results[0][0] / max(1, sum(results[0])),
-            "win_rate_second": results[1][0] / max(1, sum(results[1])),
-            "mean_length": float(np.mean(lengths)),
-        }
+            tally = self._play_eval_games(player, opp, num_games, k, explore)
+        return tally.summary()
+
+    def _eval_opponent(self, opponent: str):
+        """The policy ``opponent`` names, or a new scripted player of that kind."""
+        if opponent in self.policies:
+            return self.policies[opponent]
+        env = self.envs[0]
+        return make_scripted_player(opponent, env.observation_space(self.agents[0]), env.action_space(self.agents[0]),
+                                    None if self.seed is None else self.seed + 7919)
+
+    def _play_eval_games(self, player, opp, num_games: int, k: int, explore: bool) -> _EvalTally:
+        """``num_games`` games on the first ``k`` evaluation env copies, a new one starting on a
+        copy as soon as its game ends; every tick, one forward per policy over the live games."""
+        tally = _EvalTally()
+        games: list[_EvalGame | None] = [self._start_eval_game(j, j, player, opp) for j in range(k)]
+        started = k
+        while any(g is not None for g in games):
+            live = [j for j in range(k) if games[j] is not None]
+            actions = self._act([(j, games[j].mapping, games[j].to_act) for j in live], explore, record=False)
+            for j in live:
+                if not self._step_eval_game(j, games[j], actions[j]):
+                    continue
+                tally.add(games[j], self.agents)
+                games[j] = None
+                if started < num_games:
+                    games[j] = self._start_eval_game(j, started, player, opp)
+                    started += 1
+        return tally
+
+    def _start_eval_game(self, j: int, number: int, player, opp) -> _EvalGame:
+        """Game ``number`` (from 0) on evaluation env copy ``j``: the player takes seat ``number % 2``."""
+        seat = number % 2
+        mapping = {self.agents[seat]: player, self.agents[1 - seat]: opp}
+        return _EvalGame(seat, mapping, self._eval_envs[j].reset(), dict.fromkeys(self.agents, 0.0))
+
+    def _step_eval_game(self, j: int, game: _EvalGame, actions: dict[str, Any]) -> bool:
+        """One env step of ``game`` on evaluation env copy ``j``; True when the game is over."""
+        out = self._eval_envs[j].step(actions)
+        game.length += 1
+        for a, r in out.rewards.items():
+            game.returns[a] += r
+        game.to_act = out.to_act
+        return out.done
 
     # ---- weights -------------------------------------------------------------------------------
     def get_weights(self, policy_ids=None) -> dict[str, dict[str, np.ndarray]]:
@@ -618,5 +675,5 @@ class MultiAgentEnvRunner:
             env.close()
 
 
-__all__ = ["ActionMasked", "EpisodeInfo", "MaskedActorCriticPolicy", "Matchmaking", "MultiAgentEnvRunner", "MultiAgentRolloutMetrics",
+__all__ = ["EpisodeInfo", "MaskedActorCriticPolicy", "MatchSampler", "MultiAgentEnvRunner", "MultiAgentRolloutMetrics",
            "PolicyReturnWindows", "match_outcome"]
