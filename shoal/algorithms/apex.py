@@ -3,7 +3,7 @@
 Reads in order: config, rollout actor, training_step. The loss, n-step postprocessing and
 the SGD step are DQN's functions (``dqn.py``).
 
-Data flow (DESIGN.md, "Ape-X"): rollout actor i of N explores with epsilon
+Data flow (docs/architecture.md, "Ape-X"): rollout actor i of N explores with epsilon
 ``0.4 ** (1 + 7 i / (N - 1))``, computes n-step transitions and their initial priorities
 itself and pushes each batch straight into a random replay shard. Replay shards are actors
 on the driver's node. The driver keeps up to 4 sample requests in flight per actor,

@@ -72,7 +72,7 @@ class DDPPOConfig(PPOLossKeys, KLPenaltyKeys, AlgorithmConfig):
     """PPO's loss keys, run on every worker; the KL penalty's keys are refused (``unused_keys``)."""
 
     algo = "ddppo"
-    min_workers: ClassVar[int] = 1  # `shoal evaluate` keeps the saved workers (they are not started to evaluate)
+    min_workers: ClassVar[int] = 1
     unused_keys = {
         "train_batch_size": "DD-PPO derives the train batch: each worker trains on rollout_fragment_length x "
                             "resources.num_envs_per_worker steps per round",

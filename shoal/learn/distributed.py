@@ -116,8 +116,7 @@ def all_reduce_mean_(flat: torch.Tensor, spin: bool = False) -> None:
     ``spin``: wait for the result by polling (yielding the CPU to any other runnable thread)
     instead of sleeping. A worker that reaches the all-reduce first waits for its peer; when
     it sleeps, its (virtual) CPU goes idle and waking it again when the peer's data arrives
-    can take milliseconds. Measured on the 2-core VM, 2 ranks with ~15 ms of compute per
-    step: 19.5/16.5 ms per step sleeping, 14.5/13.6 ms polling. A collective that fails
+    can take milliseconds (figures in benchmarks/README.md). A collective that fails
     still ends the wait (the work completes with the error).
     """
     try:

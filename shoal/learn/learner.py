@@ -59,7 +59,7 @@ def resolve_device(num_gpus: float) -> torch.device:
 
 
 def make_adam(params, lr: float, eps: float) -> torch.optim.Adam:
-    """Adam with the fused kernel where torch has one (CPU since 2.4): ~20% faster small updates."""
+    """Adam with the fused kernel where torch has one (CPU since 2.4): faster small updates (benchmarks/README.md)."""
     params = list(params)
     try:
         return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import time
-import zlib
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from shoal.models.distributions import masked_logits
 from shoal.rollout.env_runner import RolloutMetrics
 from shoal.rollout.policies import ActorCriticPolicy
 from shoal.process import configure_process
+from shoal.seeding import evaluation_seed, policy_seed, worker_seed
 
 DEFAULT_SEQUENCE_LENGTH = 50
 _SPEC_KEYS = {"weights", "model", "agent", "trainable"}
@@ -328,7 +328,7 @@ class MultiAgentEnvRunner:
         self.T = rollout_fragment_length or (frag if isinstance(frag, int) else DEFAULT_SEQUENCE_LENGTH)
         self.ticks_per_sample = ticks_per_sample or self.T
         self.num_envs = num_envs or config.resources.num_envs_per_worker
-        self.seed = None if config.seed is None else config.seed + 10_007 * worker_index
+        self.seed = worker_seed(config.seed, worker_index)
         self.rng = np.random.default_rng(self.seed)
         self.envs = [make_multi_agent_env(config.env, config.env_config) for _ in range(self.num_envs)]
         self.agents = list(self.envs[0].possible_agents)
@@ -422,7 +422,7 @@ class MultiAgentEnvRunner:
         cfg = self.config
         if model:
             cfg = SimpleNamespace(model=type(cfg.model)(**{**cfg.model.model_dump(), **model}))
-        seed = None if self.config.seed is None else self.config.seed + (zlib.crc32(policy_id.encode()) & 0xFFFF)
+        seed = policy_seed(self.config.seed, policy_id)
         env = self.envs[0]
         policy = MaskedActorCriticPolicy(env.observation_space(agent), env.action_space(agent), cfg, seed)
         if self.seed is not None:  # same initial weights on every worker, different sampling noise
@@ -432,7 +432,7 @@ class MultiAgentEnvRunner:
         return policy
 
     def _policy_seed(self, policy_id: str) -> int | None:
-        return None if self.seed is None else self.seed + (zlib.crc32(policy_id.encode()) & 0xFFFF)
+        return policy_seed(self.seed, policy_id)
 
     # ---- mapping -------------------------------------------------------------------------------
     def set_policy_mapping_fn(self, fn: Callable[[str, EpisodeInfo], str]) -> None:
@@ -608,7 +608,7 @@ class MultiAgentEnvRunner:
             return self.policies[opponent]
         env = self.envs[0]
         return make_scripted_player(opponent, env.observation_space(self.agents[0]), env.action_space(self.agents[0]),
-                                    None if self.seed is None else self.seed + 7919)
+                                    evaluation_seed(self.seed))
 
     def _play_eval_games(self, player, opp, num_games: int, k: int, explore: bool) -> _EvalTally:
         """``num_games`` games on the first ``k`` evaluation env copies, a new one starting on a

@@ -90,8 +90,8 @@ class EpsilonGreedyQPolicy:
         self.num_actions = int(action_space.n)
         self.rng = np.random.default_rng(seed)
         self.epsilon = epsilon
-        # A config with ``epsilon_schedule() -> [(env_steps, eps), ...]`` (DQN) anneals epsilon.
-        points = config.epsilon_schedule() if hasattr(config, "epsilon_schedule") else None
+        # A config whose ``epsilon_schedule()`` gives [(env_steps, eps), ...] (DQN) anneals epsilon.
+        points = config.epsilon_schedule()
         self.epsilon_schedule = None
         if points:
             self.epsilon_schedule = PiecewiseSchedule(points)
