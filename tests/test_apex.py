@@ -91,7 +91,7 @@ def run_until_sampled(algo, steps: int, max_s: float = 120) -> dict:
 
 def slow_learner(algo, seconds: float) -> None:
     """Each SGD step also sleeps: the learner, not sampling, is the bottleneck."""
-    learn = algo._learn_on_batch
+    learn = algo.learner_thread.learn_fn
 
     def slow(batch):
         time.sleep(seconds)
