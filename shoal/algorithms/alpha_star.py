@@ -45,7 +45,7 @@ from shoal.models import build_actor_critic
 from shoal.replay import BatchReplay
 from shoal.rollout.league import LeagueRolloutActor, store_batches
 from shoal.rollout.multi_agent import MultiAgentEnvRunner, PolicyReturnWindows
-from shoal.runtime import LazyActorGroup, make_actor_group
+from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
 from shoal.seeding import derive_seed
 from shoal.logging.metrics import Phase
 
@@ -106,12 +106,7 @@ class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKe
         except ConfigError as e:
             raise ConfigError(f"Invalid AlphaStarConfig: league: {e}") from None
         learning = sum(1 for s in builder.initial_policies().values() if s["trainable"])
-        league_cfg = getattr(builder, "config", None)
-        if getattr(league_cfg, "keep_training_prob", 0) > 0 and \
-                (league_cfg.max_learning_policies or 10**9) > self.max_num_policies_to_train:
-            raise ValueError("with league.keep_training_prob > 0 exploiter snapshots keep learning: set "
-                             f"league.max_learning_policies to at most max_num_policies_to_train "
-                             f"({self.max_num_policies_to_train}) so the learner slots never run out")
+        builder.check_learner_slots(self.max_num_policies_to_train)
         if learning > self.max_num_policies_to_train:
             raise ValueError(f"the league starts with {learning} learning policies but max_num_policies_to_train is "
                              f"{self.max_num_policies_to_train}; raise it or configure fewer learning players")
@@ -177,8 +172,7 @@ class AlphaStar(Algorithm):
         # Lazy, like every algorithm's rollout actors: a run restored only to evaluate starts none.
         self.env_runners = LazyActorGroup(lambda: make_actor_group(
             LeagueRolloutActor, n, lambda i: ((cfg, i, self._specs(), self._mm(), self._replay()), {}),
-            remote=remote, num_cpus=res.num_cpus_per_worker, max_in_flight=cfg.max_requests_in_flight_per_worker,
-            max_restarts=res.max_worker_restarts, address=res.address, resource_wait_s=res.resource_wait_s,
+            remote=remote, resources=ActorResources.of_workers(res), max_in_flight=cfg.max_requests_in_flight_per_worker,
             name="rollout actor", first_index=first), n, first_index=first, max_in_flight=cfg.max_requests_in_flight_per_worker)
         self.env_runners.on_restart = lambda: [("sync", (self._message(full=True),))]
         self.best_metric = self._best_metric()

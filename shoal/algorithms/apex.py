@@ -43,7 +43,7 @@ from shoal.rollout import EnvRunner
 from shoal.models.weights import weights_to_numpy
 from shoal.rollout.policies import EpsilonGreedyQPolicy, apex_epsilon
 from shoal.seeding import component_seed
-from shoal.runtime import LazyActorGroup, make_actor_group
+from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
 from shoal.logging.metrics import Phase
 
 
@@ -154,9 +154,9 @@ class ApeX(Algorithm):
             try:
                 return make_actor_group(
                     ReplayShard, res.num_replay_shards, shard_ctor, remote=res.num_workers > 0,
-                    num_cpus=res.replay_shard_cpus, max_in_flight=cfg.max_replay_requests_in_flight_per_shard,
-                    max_restarts=res.max_worker_restarts, address=res.address, resource_wait_s=res.resource_wait_s,
-                    name="replay shard", first_index=0, node="driver" if res.replay_shards_on_driver_node else None)
+                    resources=ActorResources.of_workers(
+                        res, num_cpus=res.replay_shard_cpus, node="driver" if res.replay_shards_on_driver_node else None),
+                    max_in_flight=cfg.max_replay_requests_in_flight_per_shard, name="replay shard", first_index=0)
             except NodeResourceError as e:
                 raise NodeResourceError(f"{e} Replay shards go to the driver's node (resources.replay_shards_on_driver_node): "
                                         "lower resources.replay_shard_cpus (0 shares the driver's CPUs), or set "

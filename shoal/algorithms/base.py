@@ -21,7 +21,7 @@ from shoal.envs import env_info
 from shoal.errors import CheckpointError, ConfigError
 from shoal.logging.metrics import EpisodeWindow, Timers
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
-from shoal.runtime import LazyActorGroup, make_actor_group
+from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
 from shoal.process import configure_process
 from shoal.seeding import EVAL_ACTORS_FIRST_INDEX, EVAL_RUNNER_INDEX
 
@@ -109,9 +109,8 @@ class Algorithm:
             return (self.config, i, policy_cls, postprocess, fragment_length), {}
 
         group = LazyActorGroup(lambda: make_actor_group(
-            runner_cls, n, ctor, remote=remote, num_cpus=res.num_cpus_per_worker,
-            max_in_flight=max_in_flight, max_restarts=res.max_worker_restarts, address=res.address,
-            resource_wait_s=res.resource_wait_s, name="rollout actor", first_index=first,
+            runner_cls, n, ctor, remote=remote, resources=ActorResources.of_workers(res),
+            max_in_flight=max_in_flight, name="rollout actor", first_index=first,
         ), n, first_index=first, max_in_flight=max_in_flight)
         group.on_restart = lambda: ([("set_weights", (self._weights_ref,))] if self._weights_ref is not None else []) \
             + self.restart_calls()
@@ -186,8 +185,8 @@ class Algorithm:
             "time_total_s": self.counters["time_total_s"],
             "env_steps_per_s": sampled / elapsed if elapsed > 0 else 0.0,
             "env_steps_trained_per_s": (self.counters["env_steps_trained"] - trained0) / elapsed if elapsed > 0 else 0.0,
-            "num_worker_restarts": getattr(self.env_runners, "num_restarts", 0),
-            "num_dropped_requests": getattr(self.env_runners, "num_dropped_requests", 0),
+            "num_worker_restarts": self.env_runners.num_restarts if self.env_runners is not None else 0,
+            "num_dropped_requests": self.env_runners.num_dropped_requests if self.env_runners is not None else 0,
             **step_metrics,
             **self.timers.report(),
         }
@@ -208,8 +207,7 @@ class Algorithm:
                 self.eval_runners = make_actor_group(
                     EnvRunner, ev.evaluation_num_workers,
                     lambda i: ((self.config, EVAL_ACTORS_FIRST_INDEX + i, self.policy_cls, None, 1), {"num_envs": 1}),
-                    remote=True, num_cpus=res.num_cpus_per_worker, max_restarts=res.max_worker_restarts,
-                    address=res.address, resource_wait_s=res.resource_wait_s, name="evaluation actor")
+                    remote=True, resources=ActorResources.of_workers(res), name="evaluation actor")
             k = len(self.eval_runners.actor_ids)
             ref = self.eval_runners.put(weights)
             self.eval_runners.foreach("set_weights", ref, wait=False)

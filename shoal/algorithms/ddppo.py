@@ -40,7 +40,7 @@ from shoal.learn.distributed import (BACKENDS, CollectiveError, DistributedLearn
 from shoal.models import build_actor_critic
 from shoal.rollout import ActorCriticPolicy
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
-from shoal.runtime import make_actor_group
+from shoal.runtime import ActorResources, make_actor_group
 from shoal.process import configure_process
 from shoal.learn.stats import mean_stats
 from shoal.seeding import component_seed
@@ -318,9 +318,8 @@ class DDPPO(Algorithm):
     def _start_workers(self) -> None:
         cfg, res = self.config, self.config.resources
         self.env_runners = make_actor_group(
-            DDPPOWorker, res.num_workers, lambda i: ((cfg, i), {}), remote=True, num_cpus=res.num_cpus_per_worker,
-            num_gpus=res.num_gpus_per_worker, max_in_flight=1, max_restarts=res.max_worker_restarts,
-            address=res.address, resource_wait_s=res.resource_wait_s, name="DD-PPO worker")
+            DDPPOWorker, res.num_workers, lambda i: ((cfg, i), {}), remote=True,
+            resources=ActorResources.of_workers(res, num_gpus=res.num_gpus_per_worker), name="DD-PPO worker")
         self._form_group(source=None)
 
     def _regroup(self) -> None:

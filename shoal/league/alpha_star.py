@@ -115,6 +115,13 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
         self.main_vs_frozen: list[float] = []  # main's last win_rate_window results against frozen players
         self.snapshot_counts: dict[str, int] = {}
 
+    def check_learner_slots(self, max_num_policies_to_train: int) -> None:
+        c = self.config
+        if c.keep_training_prob > 0 and (c.max_learning_policies or 10**9) > max_num_policies_to_train:
+            raise ValueError("with league.keep_training_prob > 0 exploiter snapshots keep learning: set "
+                             f"league.max_learning_policies to at most max_num_policies_to_train "
+                             f"({max_num_policies_to_train}) so the learner slots never run out")
+
     # ---- players -------------------------------------------------------------------
     def _initial_players(self) -> dict[str, dict[str, Any]]:
         c = self.config

@@ -84,6 +84,10 @@ class LeagueBuilder:
         self.version = 0
 
     # ---- the API an algorithm calls ------------------------------------------------
+    def check_learner_slots(self, max_num_policies_to_train: int) -> None:
+        """Raise ValueError if this league could ask for more learning policies at once than the
+        algorithm has learner slots. The default league never adds learners: nothing to check."""
+
     def initial_policies(self) -> dict[str, dict[str, Any]]:
         """The policies to create before the first iteration (id -> spec)."""
         if not self.players:

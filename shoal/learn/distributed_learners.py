@@ -126,13 +126,13 @@ class DistributedLearners:
                  max_in_flight: int = 1, max_restarts: int = 100, resource_wait_s: float = 30.0,
                  address: str | None = None) -> None:
         self.policy_learner_cls, self.plan, self.remote = policy_learner_cls, plan, remote
-        self.policy_num_cpus, self.max_in_flight = policy_num_cpus, max_in_flight
-        self.max_restarts, self.resource_wait_s, self.address = max_restarts, resource_wait_s, address
-        self.replay_num_cpus = replay_num_cpus
+        self.max_in_flight = max_in_flight
+        common = runtime.ActorResources(max_restarts=max_restarts, resource_wait_s=resource_wait_s, address=address)
+        self.replay_resources = common.replace(num_cpus=replay_num_cpus, strategy="SPREAD")
+        self.policy_resources = common.replace(num_cpus=policy_num_cpus, num_gpus=plan.gpus_per_policy)
         self.replays = runtime.make_actor_group(
             replay_cls, plan.num_shards, lambda i: ((), dict(replay_kwargs or {})), remote=remote,
-            num_cpus=replay_num_cpus, max_restarts=max_restarts, address=address, resource_wait_s=resource_wait_s,
-            name="learner shard replay actor", first_index=0, strategy="SPREAD")
+            resources=self.replay_resources, name="learner shard replay actor", first_index=0)
         self.replay_nodes: dict[int, str | None] = self.replays.node_ids() if remote else {}
         self._replay_actors = dict(self.replays.actors)  # the replay actor each shard's learners were given
         self.slots: list[list[PolicyId | None]] = [[None] * c for c in plan.shard_capacities()]
@@ -180,10 +180,9 @@ class DistributedLearners:
             return (policy_id, self.replays.proxies(wait=True)[shard], *args), kwargs
 
         group = runtime.make_actor_group(
-            self.policy_learner_cls, 1, ctor, remote=self.remote, num_cpus=self.policy_num_cpus,
-            num_gpus=self.plan.gpus_per_policy, max_in_flight=self.max_in_flight, max_restarts=self.max_restarts,
-            address=self.address, resource_wait_s=self.resource_wait_s, name=f"policy learner {policy_id!r}",
-            first_index=0, node=self.replay_nodes.get(shard))
+            self.policy_learner_cls, 1, ctor, remote=self.remote,
+            resources=self.policy_resources.replace(node=self.replay_nodes.get(shard)),
+            max_in_flight=self.max_in_flight, name=f"policy learner {policy_id!r}", first_index=0)
         group.on_restart = lambda: [("set_weights", (self.weights[policy_id],))]
         return group
 
@@ -273,8 +272,8 @@ class DistributedLearners:
         """Every shard's reservation: its replay actor, then one bundle per policy slot."""
         out: list[dict[str, float]] = []
         for cap in self.plan.shard_capacities():
-            out.append({"CPU": self.replay_num_cpus, "GPU": 0.0})
-            out.extend({"CPU": self.policy_num_cpus, "GPU": self.plan.gpus_per_policy} for _ in range(cap))
+            out.append({"CPU": self.replay_resources.num_cpus, "GPU": 0.0})
+            out.extend({"CPU": self.policy_resources.num_cpus, "GPU": self.policy_resources.num_gpus} for _ in range(cap))
         return out
 
     def node_ids(self) -> dict[str, dict]:

@@ -226,9 +226,7 @@ class EnvRunner:
 
     def set_global_vars(self, global_vars: dict) -> None:
         """Driver-side state the policy follows (e.g. ``env_steps`` for an epsilon schedule)."""
-        hook = getattr(self.policy, "on_global_vars", None)
-        if hook is not None:
-            hook(global_vars)
+        self.policy.on_global_vars(global_vars)
 
     def stop(self) -> None:
         self.env.close()

@@ -17,7 +17,16 @@ from shoal.models.weights import load_numpy_weights, weights_to_numpy
 from shoal.schedule import PiecewiseSchedule
 
 
-class ActorCriticPolicy:
+class InferencePolicy:
+    """What a rollout actor's policy declares beyond ``act``/``get_weights``/``set_weights``."""
+
+    trainable = True  # a multi-agent runner collects training rows only for trainable policies
+
+    def on_global_vars(self, global_vars: dict) -> None:
+        """Follow driver-side state (``{"env_steps": t}``, e.g. for an epsilon schedule); default: ignore it."""
+
+
+class ActorCriticPolicy(InferencePolicy):
     """Samples from the module's action distribution; records log-prob, dist inputs, value."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, config, seed: int | None = None) -> None:
@@ -71,7 +80,7 @@ def apex_epsilon(i: int, n: int, base: float = 0.4, alpha: float = 7.0) -> float
     return base ** (1.0 + alpha * i / (n - 1))
 
 
-class EpsilonGreedyQPolicy:
+class EpsilonGreedyQPolicy(InferencePolicy):
     """Greedy in Q(s, .) with probability 1 - epsilon, uniform otherwise; records Q(s, .).
 
     ``epsilon`` is a float or one value per env of the vector. With an ``epsilon_schedule``
@@ -85,7 +94,7 @@ class EpsilonGreedyQPolicy:
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
-            self.module = build_q_network(obs_space, action_space, config.model, getattr(config, "dueling", True))
+            self.module = build_q_network(obs_space, action_space, config.model, config.dueling)
         self.module.eval()
         self.num_actions = int(action_space.n)
         self.rng = np.random.default_rng(seed)

@@ -19,28 +19,28 @@ from typing import Any, Callable
 
 from shoal.runtime.lazy import LazyActorGroup
 from shoal.runtime.local import ActorGroupBase, LocalActorGroup
+from shoal.runtime.resources import ActorResources
 
 
 def make_actor_group(cls: type, num_actors: int, ctor: Callable[[int], tuple[tuple, dict]], *, remote: bool,
-                     num_cpus: float = 1.0, num_gpus: float = 0.0, max_in_flight: int = 1, max_restarts: int = 100,
-                     address: str | None = None, resource_wait_s: float = 30.0, name: str = "actor",
-                     first_index: int = 1, node: str | None = None, strategy: str = "PACK") -> ActorGroupBase:
+                     resources: ActorResources | None = None, max_in_flight: int = 1, name: str = "actor",
+                     first_index: int = 1, **resource_changes: Any) -> ActorGroupBase:
     """Create ``num_actors`` instances of ``cls``; actor i gets ``cls(*args, **kwargs)`` from ``ctor(i)``.
 
     Indices start at ``first_index`` (rollout actors are 1..N; the driver's own runner is 0).
-    ``node`` pins the group to a node: "driver" (this process's node, e.g. Ape-X replay
-    shards) or a Ray node id. ``strategy`` is the placement group's ("PACK", or "SPREAD" to
-    put the actors on as many nodes as can take them, e.g. learner shards).
+    ``resources`` says what each actor reserves and where the group goes (see
+    :class:`ActorResources`); keyword arguments named like its fields change single values
+    (``make_actor_group(..., remote=True, num_cpus=0.5)``).
     """
+    resources = (resources or ActorResources()).replace(**resource_changes)
     if not remote:
         return LocalActorGroup(cls, num_actors, ctor, max_in_flight=max_in_flight, first_index=first_index)
-    from shoal.runtime.ray_group import RayActorGroup
     from shoal.runtime.cluster import start
+    from shoal.runtime.ray_group import RayActorGroup
 
-    start(address)
-    return RayActorGroup(cls, num_actors, ctor, num_cpus=num_cpus, num_gpus=num_gpus, max_in_flight=max_in_flight,
-                         max_restarts=max_restarts, resource_wait_s=resource_wait_s, name=name, first_index=first_index,
-                         node=node, strategy=strategy)
+    start(resources.address)
+    return RayActorGroup(cls, num_actors, ctor, resources, max_in_flight=max_in_flight, name=name,
+                         first_index=first_index)
 
 
 def start(address: str | None = None, **kwargs: Any) -> None:
@@ -84,5 +84,5 @@ def shutdown() -> None:
         _shutdown()
 
 
-__all__ = ["make_actor_group", "start", "shutdown", "cuda_index", "assigned_cuda_device", "ActorGroupBase",
+__all__ = ["make_actor_group", "ActorResources", "start", "shutdown", "cuda_index", "assigned_cuda_device", "ActorGroupBase",
            "LocalActorGroup", "LazyActorGroup"]

@@ -13,6 +13,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from shoal.errors import ActorLostError, WorkerError
 from shoal.runtime.cluster import release, reserve
 from shoal.runtime.local import ActorGroupBase
+from shoal.runtime.resources import ActorResources
 
 log = logging.getLogger("shoal.runtime")
 
@@ -26,24 +27,25 @@ class RayActorGroup(ActorGroupBase):
     group raises :class:`WorkerError` carrying the last failure's traceback.
     """
 
-    def __init__(self, cls: type, num_actors: int, ctor: Callable[[int], tuple[tuple, dict]], *, num_cpus: float,
-                 num_gpus: float = 0.0, max_in_flight: int = 1, max_restarts: int = 100, resource_wait_s: float = 30.0,
-                 name: str = "actor", first_index: int = 1, node: str | None = None, strategy: str = "PACK") -> None:
+    def __init__(self, cls: type, num_actors: int, ctor: Callable[[int], tuple[tuple, dict]], resources: ActorResources,
+                 *, max_in_flight: int = 1, name: str = "actor", first_index: int = 1) -> None:
         super().__init__()
         self.cls_name = cls.__name__
         self.remote_cls = ray.remote(cls)
         self.ctor = ctor
-        self.num_cpus, self.num_gpus = num_cpus, num_gpus
+        self.resources = resources
+        self.num_cpus, self.num_gpus = resources.num_cpus, resources.num_gpus
         self.max_in_flight = max_in_flight
-        self.max_restarts = max_restarts
+        self.max_restarts = resources.max_restarts
         self.name = name
         self.ids = list(range(first_index, first_index + num_actors))
         # node: None (anywhere), "driver" (this process's node) or a Ray node id; the group's
         # placement group (or, with no resources to reserve, each actor) is pinned there.
+        node = resources.node
         self.node_id = ray.get_runtime_context().get_node_id() if node == "driver" else node
-        self.pg = reserve([{"CPU": num_cpus, "GPU": num_gpus} for _ in self.ids],
-                          what=f"{num_actors} {name}s", wait_s=resource_wait_s, node_id=self.node_id,
-                          strategy=strategy)
+        self.pg = reserve([{"CPU": self.num_cpus, "GPU": self.num_gpus} for _ in self.ids],
+                          what=f"{num_actors} {name}s", wait_s=resources.resource_wait_s, node_id=self.node_id,
+                          strategy=resources.strategy)
         self.actors: dict[int, Any] = {i: self._create(i) for i in self.ids}
         self._in_flight: dict[Any, tuple[int, Any]] = {}  # ObjectRef -> (actor id, actor handle)
         self.num_restarts = 0
