@@ -108,6 +108,57 @@ class ModelConfig(Section):
         return v
 
 
+class EnvPreprocessingConfig(Section):
+    """How frames of an Atari (ALE) env become observations: DeepMind's standard preprocessing.
+
+    Applies to envs whose Gymnasium id is an ALE game (``ALE/Pong-v5``, ``PongNoFrameskip-v4``);
+    setting a key for any other env is an error. Observations are ``frame_stack`` uint8 frames of
+    ``screen_size`` x ``screen_size`` grayscale pixels, channel-first. Reported episode returns
+    are always the raw game score over whole games.
+    """
+
+    backend: str = Field("auto", description="auto (ale_vector), ale_vector (ale-py's threaded vector env, "
+                         "preprocessing in C++) or gymnasium (Gymnasium's AtariPreprocessing and "
+                         "FrameStackObservation wrappers in a sync vector env).")
+    noop_max: int = Field(30, ge=0, description="Up to this many no-op actions after each reset (random count).")
+    frame_skip: int = Field(4, ge=1, description="Emulator frames per agent step (the action repeats).")
+    max_pool: bool = Field(True, description="Each observation is the pixel-wise max of the last two frames of a "
+                           "skip (Atari sprites flicker).")
+    screen_size: int = Field(84, ge=8, description="Frames are resized to screen_size x screen_size grayscale.")
+    frame_stack: int = Field(4, ge=1, description="The last frame_stack frames form one observation.")
+    episodic_life: bool = Field(False, description="A lost life ends the episode for learning (no bootstrap across it); "
+                                "the game, and its reported return, go on.")
+    clip_rewards: bool = Field(True, description="Learn from the sign of each reward (-1, 0, +1); reported returns "
+                               "stay raw game scores.")
+    repeat_action_probability: Optional[float] = Field(
+        None, ge=0, le=1, description="Sticky actions; None keeps the id's own (0.25 for v5 ids, 0 for NoFrameskip-v4).")
+    max_episode_frames: Optional[int] = Field(
+        None, ge=1, description="Emulator frames before an episode is truncated; None keeps the id's own (108,000 for v5).")
+    num_threads: int = Field(1, ge=1, description="Threads of the ale_vector back end per vector env (one per CPU "
+                             "the rollout actor reserves is a good choice).")
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        allowed = ("auto", "ale_vector", "gymnasium")
+        if v not in allowed:
+            raise ValueError(f"backend must be one of {', '.join(allowed)}")
+        return v
+
+    @model_validator(mode="after")
+    def _backend_supports(self):
+        if self.backend == "gymnasium":
+            if not self.max_pool:
+                raise ValueError("the gymnasium back end always max-pools the last two frames; use backend "
+                                 "ale_vector for max_pool: false")
+            if self.num_threads != 1:
+                raise ValueError("num_threads applies to the ale_vector back end only")
+        return self
+
+    def resolved_backend(self) -> str:
+        return "ale_vector" if self.backend == "auto" else self.backend
+
+
 class EvaluationConfig(Section):
     evaluation_interval: Optional[int] = Field(None, ge=1, description="Evaluate every N iterations; None never.")
     evaluation_num_workers: int = Field(0, ge=0, description="Separate evaluation actors; 0 evaluates in the driver.")
@@ -144,6 +195,8 @@ class AlgorithmConfig(Section):
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    env_preprocessing: EnvPreprocessingConfig = Field(
+        default_factory=EnvPreprocessingConfig, description="Frame preprocessing for Atari (ALE) envs.")
 
     def __init__(self, **data: Any) -> None:
         try:

@@ -80,6 +80,7 @@ class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKe
         "num_learner_devices": _ONE_DEVICE, "fake_devices": _ONE_DEVICE, "num_multi_gpu_tower_stacks": _ONE_DEVICE,
         "num_data_load_threads": _ONE_DEVICE, "learner_queue_size": _NO_LEARNER_QUEUE,
         "learner_queue_timeout": _NO_LEARNER_QUEUE, "minibatch_buffer_size": _NO_LEARNER_QUEUE,
+        "env_preprocessing": "a league plays PettingZoo envs; Atari frame preprocessing applies to ALE envs",
     }
 
     env: EnvSpec = Field("pettingzoo.classic:tictactoe_v3", description="A PettingZoo env: import path, module or callable.")

@@ -18,6 +18,7 @@ import torch
 from shoal import checkpoint as ckpt
 from shoal.config import AlgorithmConfig
 from shoal.envs import env_info
+from shoal.envs.atari import check_preprocessing_applies
 from shoal.errors import CheckpointError, ConfigError
 from shoal.logging.metrics import EpisodeWindow, Timers
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
@@ -76,7 +77,8 @@ class Algorithm:
     # ---- for subclasses -------------------------------------------------------------------
     def describe_env(self):
         """The env's spaces and spec facts (Gymnasium); multi-agent algorithms check their own env instead."""
-        return env_info(self.config.env, self.config.env_config)
+        check_preprocessing_applies(self.config.env, self.config.env_preprocessing)
+        return env_info(self.config.env, self.config.env_config, self.config.env_preprocessing)
 
     def setup(self) -> None:
         raise NotImplementedError

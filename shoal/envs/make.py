@@ -17,11 +17,15 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 
-from shoal.config import EnvSpec, import_path
+from shoal.config import EnvPreprocessingConfig, EnvSpec, import_path
+from shoal.envs.atari import is_ale_id, make_atari_env, make_atari_vec_env, missing_ale_error
 from shoal.errors import EnvError
 
 
 def _unknown_env(env_id: str) -> EnvError:
+    missing = missing_ale_error(env_id)
+    if missing is not None:
+        return missing
     ids = list(gym.envs.registry.keys())
     close = difflib.get_close_matches(env_id, ids, n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
@@ -38,7 +42,7 @@ def resolve_env_creator(env: EnvSpec, env_config: dict[str, Any] | None = None) 
         return lambda **kw: env(**{**env_config, **kw})
     if not isinstance(env, str) or not env:
         raise EnvError(f"`env` must be a Gymnasium id, an import path or a callable, got {env!r}.")
-    if env in gym.envs.registry:
+    if env in gym.envs.registry or is_ale_id(env):
         return lambda **kw: gym.make(env, **{**env_config, **kw})
     if ":" in env:
         mod, _, attr = env.partition(":")
@@ -61,8 +65,13 @@ def resolve_env_creator(env: EnvSpec, env_config: dict[str, Any] | None = None) 
     raise _unknown_env(env)
 
 
-def make_env(env: EnvSpec, env_config: dict[str, Any] | None = None, seed: int | None = None, **kwargs) -> gym.Env:
-    creator = resolve_env_creator(env, env_config)
+def make_env(env: EnvSpec, env_config: dict[str, Any] | None = None, seed: int | None = None,
+             preprocessing: EnvPreprocessingConfig | None = None, **kwargs) -> gym.Env:
+    """One env; an ALE id gets the Atari preprocessing (``preprocessing``, or the defaults)."""
+    if is_ale_id(env):
+        creator = lambda **kw: make_atari_env(env, preprocessing or EnvPreprocessingConfig(), env_config, **kw)  # noqa: E731
+    else:
+        creator = resolve_env_creator(env, env_config)
     try:
         e = creator(**kwargs)
     except gym.error.Error as err:
@@ -79,15 +88,19 @@ def make_env(env: EnvSpec, env_config: dict[str, Any] | None = None, seed: int |
     return e
 
 
-def make_vec_env(env: EnvSpec, num_envs: int, env_config: dict[str, Any] | None = None, seed: int | None = None) -> gym.vector.VectorEnv:
+def make_vec_env(env: EnvSpec, num_envs: int, env_config: dict[str, Any] | None = None, seed: int | None = None,
+                 preprocessing: EnvPreprocessingConfig | None = None) -> gym.vector.VectorEnv:
     """A vector env with next-step autoreset, seeded with ``seed`` (sub-env i gets ``seed + i``).
 
     A registered id with a vectorized entry point (CartPole, ...) uses it: far faster than N
-    wrapped single envs.
+    wrapped single envs. An ALE id gets the Atari preprocessing from the back end that
+    ``preprocessing`` (or its defaults) names.
     """
     env_config = dict(env_config or {})
     vec: gym.vector.VectorEnv
-    if isinstance(env, str) and env in gym.envs.registry and gym.spec(env).vector_entry_point is not None:
+    if is_ale_id(env):
+        vec = make_atari_vec_env(env, num_envs, preprocessing or EnvPreprocessingConfig(), env_config)
+    elif isinstance(env, str) and env in gym.envs.registry and gym.spec(env).vector_entry_point is not None:
         vec = gym.make_vec(env, num_envs=num_envs, vectorization_mode="vector_entry_point", **env_config)
     else:
         creator = resolve_env_creator(env, env_config)
@@ -110,8 +123,15 @@ class EnvInfo:
     max_episode_steps: int | None
 
 
-def env_info(env: EnvSpec, env_config: dict[str, Any] | None = None) -> EnvInfo:
+def env_info(env: EnvSpec, env_config: dict[str, Any] | None = None,
+             preprocessing: EnvPreprocessingConfig | None = None) -> EnvInfo:
     """Spaces and spec facts, from one throwaway env (validates the env spec)."""
+    if is_ale_id(env):
+        vec = make_vec_env(env, 1, env_config, preprocessing=preprocessing)
+        try:
+            return EnvInfo(vec.single_observation_space, vec.single_action_space, None, None)
+        finally:
+            vec.close()
     e = make_env(env, env_config)
     try:
         spec = e.spec

@@ -91,10 +91,11 @@ def torso(obs_space: gym.Space, conv_filters: list[list[int]] | None, activation
 
 
 def preprocess_obs(space: gym.Space, obs: np.ndarray) -> np.ndarray:
-    """Flatten Box observations to float32; one-hot Discrete ones."""
+    """Flatten Box observations to rows: uint8 ones (frames) stay uint8, the module scales them
+    on its device; any other dtype becomes float32. Discrete ones are one-hot."""
     if isinstance(space, gym.spaces.Discrete):
         return np.eye(space.n, dtype=np.float32)[np.asarray(obs, dtype=np.int64) - space.start]
-    obs = np.asarray(obs, dtype=np.float32)
+    obs = np.asarray(obs, dtype=np.uint8 if space.dtype == np.uint8 else np.float32)
     return obs.reshape(obs.shape[0], -1) if obs.ndim > 2 else obs
 
 

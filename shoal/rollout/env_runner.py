@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from shoal.batch import Batch, Col
+from shoal.envs.atari import LearningSignal
 from shoal.envs.make import make_env, make_vec_env
 from shoal.models.catalog import preprocess_obs
 from shoal.process import configure_process
@@ -99,11 +100,15 @@ class EnvRunner:
         self.postprocess = postprocess
         seed = worker_seed(config.seed, worker_index)
         self.seed = seed
-        self.env = make_vec_env(config.env, self.num_envs, config.env_config, seed=seed)
+        self.env = make_vec_env(config.env, self.num_envs, config.env_config, seed=seed,
+                                preprocessing=config.env_preprocessing)
+        self.signal = LearningSignal.for_config(config)  # Atari: clipped rewards, life-loss terminals
         self.obs_space = self.env.single_observation_space
         self.action_space = self.env.single_action_space
         self.policy = policy_cls(self.obs_space, self.action_space, config, seed)
-        raw, _ = self.env.reset(seed=seed)
+        raw, info = self.env.reset(seed=seed)
+        if self.signal is not None:
+            self.signal.start(info)
         self._obs = preprocess_obs(self.obs_space, raw)
         self._prev_done = np.zeros(self.num_envs, dtype=bool)
         self._ep_return = np.zeros(self.num_envs, dtype=np.float64)
@@ -123,7 +128,7 @@ class EnvRunner:
         T, N = self.fragment_length, self.num_envs
         policy, env = self.policy, self.env
         obs = self._obs
-        obs_buf = np.empty((T + 1, *obs.shape), dtype=np.float32)
+        obs_buf = np.empty((T + 1, *obs.shape), dtype=obs.dtype)  # uint8 frames stay uint8
         rewards = np.empty((T, N), dtype=np.float32)
         terms = np.empty((T, N), dtype=bool)
         truncs = np.empty((T, N), dtype=bool)
@@ -142,11 +147,13 @@ class EnvRunner:
                 actions_buf[t] = actions
                 for k, v in extras.items():
                     extras_buf[k][t] = v
-                raw, r, term, trunc, _ = env.step(policy.to_env_actions(actions))
+                raw, r, term, trunc, info = env.step(policy.to_env_actions(actions))
                 live = ~prev_done
                 valid[t] = live
-                rewards[t] = r
-                terms[t] = term
+                if self.signal is None:
+                    rewards[t], terms[t] = r, term
+                else:  # what the learner sees; the episode bookkeeping below uses the raw step
+                    rewards[t], terms[t] = self.signal.apply(r, term, info)
                 truncs[t] = trunc
                 ep_ret += r * live
                 ep_len += live
@@ -183,7 +190,8 @@ class EnvRunner:
                 env = self._eval_envs.get(k)
                 if env is None:
                     env = self._eval_envs[k] = make_vec_env(self.config.env, k, self.config.env_config,
-                                                            seed=evaluation_seed(self.seed))
+                                                            seed=evaluation_seed(self.seed),
+                                                            preprocessing=self.config.env_preprocessing)
                 raw, _ = env.reset()
                 ret, length = np.zeros(k), np.zeros(k, dtype=np.int64)
                 finished = np.zeros(k, dtype=bool)
@@ -199,7 +207,8 @@ class EnvRunner:
         return episode_summary(returns, lengths)
 
     def _evaluate_rendered(self, num_episodes: int) -> dict[str, float]:
-        env = make_env(self.config.env, self.config.env_config, render_mode="human")
+        env = make_env(self.config.env, self.config.env_config, preprocessing=self.config.env_preprocessing,
+                       render_mode="human")
         returns, lengths = [], []
         with torch.inference_mode():
             for _ in range(num_episodes):
