@@ -23,7 +23,7 @@ from __future__ import annotations
 import difflib
 import importlib
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable, Optional, Union
+from typing import Any, Callable, ClassVar, Iterable, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -87,8 +87,16 @@ class ModelConfig(Section):
     vf_share_layers: bool = Field(False, description="Share the hidden layers between policy and value heads.")
     init_log_std: float = Field(0.0, description="Initial log std of the diagonal Gaussian (Box actions).")
     conv_filters: list[list[int]] = Field(
-        default_factory=list, description="Conv layers [out_channels, kernel, stride] (no padding) before the MLPs, "
-        "for image-like (H, W, C) Box observations; empty: MLPs only.")
+        default_factory=list, description="Conv layers [out_channels, kernel, stride] (no padding) of the 'conv' torso, "
+        "for image-like (H, W, C) or (C, H, W) Box observations; empty: no such torso.")
+    torso: Literal["auto", "mlp", "nature_cnn", "impala_cnn", "conv"] = Field(
+        "auto", description="What sees the observation before the MLPs (hiddens): 'mlp' nothing (flat rows); 'nature_cnn' "
+        "the DQN Nature network (3 convs, dense 512); 'impala_cnn' IMPALA's residual network (15 convs, dense 256); "
+        "'conv' the conv_filters layers. 'auto': conv when conv_filters is set, nature_cnn for a 3-d uint8 Box "
+        "observation of frames at least 36x36, mlp otherwise. CNN torsos scale uint8 observations to [0, 1].")
+    frame_layout: Literal["auto", "channels_first", "channels_last"] = Field(
+        "auto", description="Axis order of image observations for CNN torsos: (C, H, W) or (H, W, C). 'auto' takes "
+        "the first or last axis as the channels when it is at most 16 long and shorter than the other two.")
 
     @field_validator("activation")
     @classmethod
@@ -106,6 +114,14 @@ class ModelConfig(Section):
                 raise ValueError(f"conv_filters[{i}] is {f}; each layer is [out_channels, kernel, stride], "
                                  "three positive integers")
         return v
+
+    @model_validator(mode="after")
+    def _filters_need_conv_torso(self) -> "ModelConfig":
+        if self.conv_filters and self.torso not in ("auto", "conv"):
+            raise ValueError(f"model.conv_filters is set, but model.torso is '{self.torso}': conv_filters are the "
+                             "layers of the 'conv' torso. Set model.torso to conv (or auto), or leave "
+                             "model.conv_filters empty")
+        return self
 
 
 class EnvPreprocessingConfig(Section):

@@ -1,7 +1,13 @@
 """From spaces to modules: actor-critic and Q networks for Box/Discrete observations.
 
-Each network is an optional convolutional torso (``model.conv_filters``, for image-like
-``(H, W, C)`` Box observations such as board games) followed by MLPs.
+Each network is a torso (``model.torso``) followed by MLPs (``model.hiddens``). The torso is
+nothing (``mlp``: the MLPs see flat rows) or a CNN for image-like Box observations: the DQN
+Nature network, IMPALA's residual network, or the ``model.conv_filters`` layers (board games).
+
+Observations reach the modules as flat rows ``(B, prod(obs_shape))``, as the rollout code
+keeps them; a CNN torso restores the image shape itself, in the space's axis order
+(``(C, H, W)`` or ``(H, W, C)``, see :func:`frame_layout`), and turns the rows of a uint8
+space into floats in [0, 1] on the module's device, so that frames travel as bytes.
 """
 
 from __future__ import annotations
@@ -13,9 +19,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from shoal.envs.make import flat_obs_dim
+from shoal.errors import ConfigError
 from shoal.models.distributions import DiagGaussian, dist_class_for
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
+TORSOS = ("mlp", "nature_cnn", "impala_cnn", "conv")
+MAX_CHANNELS = 16  # the longest axis frame_layout takes for channels
 
 
 def mlp(in_dim: int, hiddens: list[int], activation: str, out_dim: int | None = None, out_gain: float = 1.0) -> nn.Sequential:
@@ -23,71 +32,243 @@ def mlp(in_dim: int, hiddens: list[int], activation: str, out_dim: int | None = 
     layers: list[nn.Module] = []
     d = in_dim
     for h in hiddens:
-        lin = nn.Linear(d, h)
-        nn.init.orthogonal_(lin.weight, gain=np.sqrt(2))
-        nn.init.zeros_(lin.bias)
-        layers += [lin, _ACTIVATIONS[activation]()]
+        layers += [_init(nn.Linear(d, h)), _ACTIVATIONS[activation]()]
         d = h
     if out_dim is not None:
-        lin = nn.Linear(d, out_dim)
-        nn.init.orthogonal_(lin.weight, gain=out_gain)
-        nn.init.zeros_(lin.bias)
-        layers.append(lin)
+        layers.append(_init(nn.Linear(d, out_dim), out_gain))
     return nn.Sequential(*layers)
+
+
+def _init(layer: nn.Linear | nn.Conv2d, gain: float = np.sqrt(2)) -> nn.Linear | nn.Conv2d:
+    nn.init.orthogonal_(layer.weight, gain=gain)
+    nn.init.zeros_(layer.bias)
+    return layer
 
 
 _FUNCTIONAL = {nn.Tanh: torch.tanh, nn.ReLU: torch.relu, nn.ELU: F.elu}
 
 
 def run_mlp(seq: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
-    """``seq(x)`` without nn.Module call overhead (~3 us a layer; it adds up per env step)."""
+    """``seq(x)`` without nn.Module call overhead (~3 us a layer; it adds up per env step).
+
+    Takes the Linear and Conv2d layers and activations that :func:`mlp` and :class:`ConvTorso` make.
+    """
     for layer in seq:
-        if type(layer) is nn.Linear:
+        kind = type(layer)
+        if kind is nn.Linear:
             x = F.linear(x, layer.weight, layer.bias)
+        elif kind is nn.Conv2d:
+            x = F.conv2d(x, layer.weight, layer.bias, layer.stride, layer.padding)
         else:
-            x = _FUNCTIONAL[type(layer)](x)
+            x = _FUNCTIONAL[kind](x)
     return x
 
 
-class ConvTorso(nn.Module):
-    """Convolutions over flattened ``(H, W, C)`` observations, flattened again at the end.
+# ---- image observations -------------------------------------------------------------------
+def frame_layout(shape: tuple[int, ...], layout: str = "auto") -> str:
+    """``channels_first`` (C, H, W) or ``channels_last`` (H, W, C) for an image observation shape.
 
-    ``filters`` is a list of ``[out_channels, kernel, stride]`` without padding. The rollout
-    code keeps observations flat, so the torso restores the image shape itself.
+    ``auto`` takes the first or the last axis as the channels when it is at most 16 long and
+    shorter than both other axes (Atari's (4, 84, 84) stack, connect four's (6, 7, 2) planes);
+    a shape where neither qualifies (both cannot) is an error that asks for ``model.frame_layout``.
+    """
+    if layout in ("channels_first", "channels_last"):
+        return layout
+    if layout != "auto":
+        raise ConfigError(f"model.frame_layout must be auto, channels_first or channels_last; got '{layout}'.")
+    if shape[0] <= MAX_CHANNELS and shape[0] < min(shape[1], shape[2]):
+        return "channels_first"
+    if shape[2] <= MAX_CHANNELS and shape[2] < min(shape[0], shape[1]):
+        return "channels_last"
+    raise ConfigError(f"Cannot tell the channel axis of image observations of shape {tuple(shape)}: neither the "
+                      f"first nor the last axis is at most {MAX_CHANNELS} long and shorter than the other two. "
+                      "Set model.frame_layout: channels_first for (C, H, W) frames or channels_last for (H, W, C) "
+                      "frames.")
+
+
+def _uint8_image(space: gym.Space) -> bool:
+    return isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and space.dtype == np.uint8
+
+
+def resolve_torso(obs_space: gym.Space, torso: str = "auto", conv_filters: list[list[int]] | None = None) -> str:
+    """The torso ``model.torso`` names for ``obs_space``: ``auto`` becomes ``conv`` when conv_filters
+    is set, ``nature_cnn`` for a 3-d uint8 Box whose frames the Nature network fits (at least 36x36,
+    judged by the two longest axes), ``mlp`` otherwise."""
+    if conv_filters and torso not in ("auto", "conv"):
+        raise ConfigError(f"model.conv_filters is set, but model.torso is '{torso}': conv_filters are the layers of "
+                          "the 'conv' torso. Set model.torso to conv (or auto), or leave model.conv_filters empty.")
+    if torso == "conv" and not conv_filters:
+        raise ConfigError("model.torso 'conv' needs its layers in model.conv_filters ([[out_channels, kernel, stride], "
+                          "...]); for a ready-made network use torso nature_cnn or impala_cnn.")
+    if torso != "auto":
+        if torso not in TORSOS:
+            raise ConfigError(f"model.torso must be auto or one of {', '.join(TORSOS)}; got '{torso}'.")
+        return torso
+    if conv_filters:
+        return "conv"
+    if _uint8_image(obs_space) and sorted(obs_space.shape)[1] >= NatureCNN.MIN_SIZE:
+        return "nature_cnn"
+    return "mlp"
+
+
+class ImageTorso(nn.Module):
+    """Base of the CNN torsos: flat rows back to float ``(B, C, H, W)`` images (:meth:`images`).
+
+    ``out_dim`` is the width of the features ``forward`` returns, ``(B, out_dim)``.
     """
 
-    def __init__(self, obs_space: gym.Space, filters: list[list[int]], activation: str) -> None:
+    name = ""  # what the error messages call the torso
+    _other_observations = "Use model.torso: mlp for other observations."  # the end of the wrong-space error
+    _too_small = ""  # the end of the kernel-does-not-fit error
+
+    def __init__(self, obs_space: gym.Space, layout: str = "auto") -> None:
         super().__init__()
         shape = getattr(obs_space, "shape", None)
         if not isinstance(obs_space, gym.spaces.Box) or shape is None or len(shape) != 3:
-            raise ValueError(f"model.conv_filters needs an image-like Box observation of shape (H, W, C); "
-                             f"got {obs_space}. Leave conv_filters empty for other observations.")
+            raise ConfigError(f"{self.name} needs an image-like Box observation of shape (H, W, C) or (C, H, W); "
+                              f"got {obs_space}. {self._other_observations}")
         self.shape = tuple(int(d) for d in shape)
-        h, w, c = self.shape
+        self.layout = frame_layout(self.shape, layout)
+        self.channels_last = self.layout == "channels_last"
+        c_first = (self.shape[2], self.shape[0], self.shape[1]) if self.channels_last else self.shape
+        self.in_channels, self.height, self.width = c_first
+        # uint8 frames become [0, 1] floats: by the space's high, whatever dtype the rows arrive in.
+        high = float(np.max(obs_space.high)) if obs_space.dtype == np.uint8 else 1.0
+        self.scale = 1.0 / high if high > 0 else 1.0
+
+    def images(self, obs: torch.Tensor) -> torch.Tensor:
+        """``(B, C, H, W)`` float32 images from flat rows (or from images in the space's layout).
+
+        On the CPU they are channels-last in memory whatever the space's layout: oneDNN's
+        convolutions run 1.5x (training) to 2x (IMPALA CNN inference) faster on that than on
+        channel-first frames. Elsewhere the memory keeps the order the rows arrive in.
+        """
+        x = obs.reshape(obs.shape[0], *self.shape)
+        if self.channels_last:
+            x = x.permute(0, 3, 1, 2)
+        fmt = torch.channels_last if x.is_cpu else torch.preserve_format
+        if x.dtype is not torch.float32:  # uint8 frames: cast here, on the module's device
+            x = x.to(torch.float32, memory_format=fmt)
+            if self.scale != 1.0:
+                x.mul_(self.scale)  # a fresh tensor: scaling it in place spares an allocation
+            return x
+        if self.scale != 1.0:
+            x = x * self.scale
+        return x.contiguous(memory_format=torch.channels_last) if x.is_cpu else x
+
+    def _fits(self, kernel: int, stride: int, padding: int, h: int, w: int, what: str) -> tuple[int, int]:
+        if kernel > h + 2 * padding or kernel > w + 2 * padding:
+            raise ConfigError(f"{what}: a {kernel}x{kernel} kernel does not fit the {h}x{w} feature map of "
+                              f"observation shape {self.shape} ({self.layout}). {self._too_small}")
+        return (h + 2 * padding - kernel) // stride + 1, (w + 2 * padding - kernel) // stride + 1
+
+
+class ConvTorso(ImageTorso):
+    """Convolutions over flattened image observations (``model.conv_filters``), flattened again at the end.
+
+    ``filters`` is a list of ``[out_channels, kernel, stride]`` without padding, each followed by
+    ``activation``. Board games' ``(H, W, C)`` planes are what it was made for.
+    """
+
+    name = "model.conv_filters"
+    _other_observations = "Leave conv_filters empty for other observations."
+
+    def __init__(self, obs_space: gym.Space, filters: list[list[int]], activation: str, layout: str = "auto") -> None:
+        super().__init__(obs_space, layout)
+        c, h, w = self.in_channels, self.height, self.width
         layers: list[nn.Module] = []
         for out_ch, k, stride in filters:
-            if k > h or k > w:
-                raise ValueError(f"model.conv_filters: a {k}x{k} kernel does not fit the {h}x{w} feature map "
-                                 f"of observation shape {self.shape}")
-            conv = nn.Conv2d(c, out_ch, k, stride)
-            nn.init.orthogonal_(conv.weight, gain=np.sqrt(2))
-            nn.init.zeros_(conv.bias)
-            layers += [conv, _ACTIVATIONS[activation]()]
-            c, h, w = out_ch, (h - k) // stride + 1, (w - k) // stride + 1
+            h, w = self._fits(k, stride, 0, h, w, "model.conv_filters")
+            layers += [_init(nn.Conv2d(c, out_ch, k, stride)), _ACTIVATIONS[activation]()]
+            c = out_ch
         self.net = nn.Sequential(*layers)
         self.out_dim = c * h * w
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.reshape(obs.shape[0], *self.shape).permute(0, 3, 1, 2)
-        return self.net(x).flatten(1)
+        return run_mlp(self.net, self.images(obs)).flatten(1)
 
 
-def torso(obs_space: gym.Space, conv_filters: list[list[int]] | None, activation: str) -> tuple[nn.Module | None, int]:
-    """The conv torso (or None) and the width of what the MLP after it sees."""
-    if not conv_filters:
+class NatureCNN(ImageTorso):
+    """The DQN Nature paper's network (Mnih et al. 2015): conv 32 8x8 stride 4, conv 64 4x4 stride 2,
+    conv 64 3x3 stride 1, dense 512, each followed by ReLU. 84x84 frames give 3136 features to the
+    dense layer."""
+
+    name = "model.torso nature_cnn"
+    MIN_SIZE = 36  # the smallest frame side all three convolutions fit
+    LAYERS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
+    _too_small = f"nature_cnn needs frames of at least {MIN_SIZE}x{MIN_SIZE}; use model.torso impala_cnn or conv."
+
+    def __init__(self, obs_space: gym.Space, layout: str = "auto", features: int = 512) -> None:
+        super().__init__(obs_space, layout)
+        c, h, w = self.in_channels, self.height, self.width
+        self.convs = nn.ModuleList()
+        for out_ch, k, stride in self.LAYERS:
+            h, w = self._fits(k, stride, 0, h, w, self.name)
+            self.convs.append(_init(nn.Conv2d(c, out_ch, k, stride)))
+            c = out_ch
+        self.fc = _init(nn.Linear(c * h * w, features))
+        self.out_dim = features
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = self.images(obs)
+        for conv in self.convs:
+            x = torch.relu_(F.conv2d(x, conv.weight, conv.bias, conv.stride))
+        return torch.relu_(F.linear(x.flatten(1), self.fc.weight, self.fc.bias))
+
+
+class ImpalaCNN(ImageTorso):
+    """IMPALA's deep residual network (Espeholt et al. 2018): three sections of [conv 3x3, max-pool 3x3
+    stride 2, two residual blocks x + conv(relu(conv(relu(x))))] with 16, 32 and 32 channels, then
+    ReLU and dense 256 + ReLU. Convolutions and pools pad to keep "same" sizes: 84x84 frames become
+    11x11 maps, 3872 features to the dense layer. 15 convolutions in all."""
+
+    name = "model.torso impala_cnn"
+    CHANNELS = (16, 32, 32)
+
+    def __init__(self, obs_space: gym.Space, layout: str = "auto", features: int = 256) -> None:
+        super().__init__(obs_space, layout)
+        c, h, w = self.in_channels, self.height, self.width
+        self.sections = nn.ModuleList()
+        for out_ch in self.CHANNELS:
+            # [entry conv, block 1 conv a, conv b, block 2 conv a, conv b]. The second conv of a block
+            # starts small, so that the six residual additions leave the features' scale near the input's.
+            convs = [_init(nn.Conv2d(c, out_ch, 3, 1, 1))]
+            for _ in range(2):
+                convs += [_init(nn.Conv2d(out_ch, out_ch, 3, 1, 1)), _init(nn.Conv2d(out_ch, out_ch, 3, 1, 1), 0.1)]
+            self.sections.append(nn.ModuleList(convs))
+            c, h, w = out_ch, (h - 1) // 2 + 1, (w - 1) // 2 + 1  # 3x3 stride-2 pool, padding 1
+        self.fc = _init(nn.Linear(c * h * w, features))
+        self.out_dim = features
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = self.images(obs)
+        for entry, a1, b1, a2, b2 in self.sections:
+            x = F.max_pool2d(F.conv2d(x, entry.weight, entry.bias, 1, 1), 3, 2, 1)
+            for a, b in ((a1, b1), (a2, b2)):
+                r = F.conv2d(torch.relu(x), a.weight, a.bias, 1, 1)
+                x = x + F.conv2d(torch.relu_(r), b.weight, b.bias, 1, 1)
+        x = torch.relu_(x).flatten(1)  # x is the sum made above, not the caller's
+        return torch.relu_(F.linear(x, self.fc.weight, self.fc.bias))
+
+
+def build_torso(obs_space: gym.Space, torso: str = "auto", conv_filters: list[list[int]] | None = None,
+                activation: str = "relu", layout: str = "auto") -> tuple[ImageTorso | None, int]:
+    """The torso module (None for ``mlp``) and the width of what the MLPs after it see."""
+    kind = resolve_torso(obs_space, torso, conv_filters)
+    if kind == "mlp":
         return None, flat_obs_dim(obs_space)
-    t = ConvTorso(obs_space, conv_filters, activation)
+    if kind == "conv":
+        t = ConvTorso(obs_space, conv_filters, activation, layout)
+    else:
+        t = (NatureCNN if kind == "nature_cnn" else ImpalaCNN)(obs_space, layout)
     return t, t.out_dim
+
+
+def _features(t: ImageTorso | None, obs: torch.Tensor) -> torch.Tensor:
+    """What the MLPs see: the torso's features, or the rows themselves as floats (uint8 rows unscaled)."""
+    if t is not None:
+        return t(obs)
+    return obs if obs.is_floating_point() else obs.float()
 
 
 def preprocess_obs(space: gym.Space, obs: np.ndarray) -> np.ndarray:
@@ -100,21 +281,25 @@ def preprocess_obs(space: gym.Space, obs: np.ndarray) -> np.ndarray:
 
 
 class ActorCritic(nn.Module):
-    """Policy and value MLPs (separate by default, or sharing their hidden layers).
+    """Policy and value networks: a torso and MLPs each (separate by default), or one torso and
+    one encoder MLP shared by both heads (``vf_share_layers``).
 
     ``forward(obs) -> (action_dist_inputs, values)``. For Box actions the log std is a
-    state-independent parameter appended to the mean.
+    state-independent parameter appended to the mean. ``pi_conv``/``vf_conv`` hold the torsos
+    (None for ``mlp``; ``vf_conv`` is None when shared).
     """
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, hiddens: list[int], activation: str = "tanh",
                  vf_share_layers: bool = False, init_log_std: float = 0.0,
-                 conv_filters: list[list[int]] | None = None) -> None:
+                 conv_filters: list[list[int]] | None = None, torso: str = "auto", frame_layout: str = "auto") -> None:
         super().__init__()
         self.obs_space, self.action_space = obs_space, action_space
         self.dist_cls = dist_class_for(action_space)
-        # One conv torso in front of the shared encoder, or one per network when they are separate.
-        self.pi_conv, in_dim = torso(obs_space, conv_filters, activation)
-        self.vf_conv = None if vf_share_layers else torso(obs_space, conv_filters, activation)[0]
+        self.torso = resolve_torso(obs_space, torso, conv_filters)
+        # One torso in front of the shared encoder, or one per network when they are separate.
+        self.pi_conv, in_dim = build_torso(obs_space, self.torso, conv_filters, activation, frame_layout)
+        self.vf_conv = None if vf_share_layers else build_torso(obs_space, self.torso, conv_filters, activation,
+                                                                frame_layout)[0]
         self.gaussian = self.dist_cls is DiagGaussian
         n_out = int(action_space.shape[0]) if self.gaussian else self.dist_cls.num_inputs(action_space)
         last = hiddens[-1] if hiddens else in_dim
@@ -130,22 +315,24 @@ class ActorCritic(nn.Module):
             self.log_std = nn.Parameter(torch.full((n_out,), float(init_log_std)))
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        pi_in = obs if self.pi_conv is None else self.pi_conv(obs)
+        pi_in = _features(self.pi_conv, obs)
         if self.vf_share_layers:
             h = run_mlp(self.encoder, pi_in)
             out, v = run_mlp(self.pi_head, h), run_mlp(self.vf_head, h)
         else:
-            vf_in = obs if self.vf_conv is None else self.vf_conv(obs)
-            out, v = run_mlp(self.pi, pi_in), run_mlp(self.vf, vf_in)
+            out, v = run_mlp(self.pi, pi_in), run_mlp(self.vf, _features(self.vf_conv, obs))
         if self.gaussian:
             out = torch.cat([out, self.log_std.expand_as(out)], dim=-1)
         return out, v.squeeze(-1)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         if self.vf_share_layers:
-            h = obs if self.pi_conv is None else self.pi_conv(obs)
-            return run_mlp(self.vf_head, run_mlp(self.encoder, h)).squeeze(-1)
-        return run_mlp(self.vf, obs if self.vf_conv is None else self.vf_conv(obs)).squeeze(-1)
+            return run_mlp(self.vf_head, run_mlp(self.encoder, _features(self.pi_conv, obs))).squeeze(-1)
+        return run_mlp(self.vf, _features(self.vf_conv, obs)).squeeze(-1)
+
+
+def _torso_kwargs(model_config) -> dict:
+    return dict(conv_filters=model_config.conv_filters, torso=model_config.torso, frame_layout=model_config.frame_layout)
 
 
 def build_actor_critic(obs_space: gym.Space, action_space: gym.Space, model_config) -> ActorCritic:
@@ -156,19 +343,22 @@ def build_actor_critic(obs_space: gym.Space, action_space: gym.Space, model_conf
         activation=model_config.activation,
         vf_share_layers=model_config.vf_share_layers,
         init_log_std=model_config.init_log_std,
-        conv_filters=model_config.conv_filters,
+        **_torso_kwargs(model_config),
     )
 
 
 class QNetwork(nn.Module):
-    """Q(s, .) for Discrete actions; ``dueling`` splits the head into V(s) + A(s, a) - mean_a A(s, a)."""
+    """Q(s, .) for Discrete actions: a torso (``conv``, None for ``mlp``), an encoder MLP, and a head;
+    ``dueling`` splits the head into V(s) + A(s, a) - mean_a A(s, a)."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, hiddens: list[int], activation: str = "relu",
-                 dueling: bool = True, conv_filters: list[list[int]] | None = None) -> None:
+                 dueling: bool = True, conv_filters: list[list[int]] | None = None, torso: str = "auto",
+                 frame_layout: str = "auto") -> None:
         super().__init__()
         if not isinstance(action_space, gym.spaces.Discrete):
             raise TypeError(f"Q-learning needs a Discrete action space, got {action_space}")
-        self.conv, in_dim = torso(obs_space, conv_filters, activation)
+        self.torso = resolve_torso(obs_space, torso, conv_filters)
+        self.conv, in_dim = build_torso(obs_space, self.torso, conv_filters, activation, frame_layout)
         n = int(action_space.n)
         last = hiddens[-1] if hiddens else in_dim
         self.dueling = dueling
@@ -177,7 +367,7 @@ class QNetwork(nn.Module):
         self.v_head = mlp(last, [], activation, 1, out_gain=1.0) if dueling else None
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        h = run_mlp(self.encoder, obs if self.conv is None else self.conv(obs))
+        h = run_mlp(self.encoder, _features(self.conv, obs))
         adv = run_mlp(self.adv_head, h)
         if not self.dueling:
             return adv
@@ -186,4 +376,4 @@ class QNetwork(nn.Module):
 
 def build_q_network(obs_space: gym.Space, action_space: gym.Space, model_config, dueling: bool = True) -> QNetwork:
     return QNetwork(obs_space, action_space, list(model_config.hiddens), model_config.activation, dueling,
-                    conv_filters=model_config.conv_filters)
+                    **_torso_kwargs(model_config))
