@@ -133,9 +133,9 @@ class EnvPreprocessingConfig(Section):
     are always the raw game score over whole games.
     """
 
-    backend: str = Field("auto", description="auto (ale_vector), ale_vector (ale-py's threaded vector env, "
-                         "preprocessing in C++) or gymnasium (Gymnasium's AtariPreprocessing and "
-                         "FrameStackObservation wrappers in a sync vector env).")
+    backend: Literal["auto", "ale_vector", "gymnasium"] = Field(
+        "auto", description="auto (ale_vector), ale_vector (ale-py's threaded vector env, preprocessing in C++) or "
+        "gymnasium (Gymnasium's AtariPreprocessing and FrameStackObservation wrappers in a sync vector env).")
     noop_max: int = Field(30, ge=0, description="Up to this many no-op actions after each reset (random count).")
     frame_skip: int = Field(4, ge=1, description="Emulator frames per agent step (the action repeats).")
     max_pool: bool = Field(True, description="Each observation is the pixel-wise max of the last two frames of a "
@@ -152,14 +152,6 @@ class EnvPreprocessingConfig(Section):
         None, ge=1, description="Emulator frames before an episode is truncated; None keeps the id's own (108,000 for v5).")
     num_threads: int = Field(1, ge=1, description="Threads of the ale_vector back end per vector env (one per CPU "
                              "the rollout actor reserves is a good choice).")
-
-    @field_validator("backend")
-    @classmethod
-    def _known_backend(cls, v: str) -> str:
-        allowed = ("auto", "ale_vector", "gymnasium")
-        if v not in allowed:
-            raise ValueError(f"backend must be one of {', '.join(allowed)}")
-        return v
 
     @model_validator(mode="after")
     def _backend_supports(self):

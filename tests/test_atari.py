@@ -92,7 +92,7 @@ def test_spaces_ids_and_errors():
         env_info("ALE/Pongg-v5")
     from shoal.algorithms.appo import APPOConfig
 
-    with pytest.raises(ConfigError, match="backend must be one of auto, ale_vector, gymnasium"):
+    with pytest.raises(ConfigError, match="env_preprocessing.backend': Input should be 'auto', 'ale_vector' or 'gymnasium'"):
         APPOConfig(env="ALE/Pong-v5", env_preprocessing={"backend": "envpool"})
     with pytest.raises(ConfigError, match="always max-pools"):
         APPOConfig(env="ALE/Pong-v5", env_preprocessing={"backend": "gymnasium", "max_pool": False})

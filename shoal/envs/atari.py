@@ -57,9 +57,13 @@ def missing_ale_error(env_id: str) -> EnvError | None:
 
 
 def check_preprocessing_applies(env: Any, preprocessing) -> None:
-    """Setting ``env_preprocessing`` keys for an env that is not an ALE game is an error."""
-    if preprocessing is not None and preprocessing.model_fields_set and not is_ale_id(env):
-        keys = ", ".join(f"env_preprocessing.{k}" for k in sorted(preprocessing.model_fields_set))
+    """Changing ``env_preprocessing`` keys from their defaults for an env that is not an ALE game is an error."""
+    if preprocessing is None:
+        return
+    defaults = type(preprocessing)()
+    changed = sorted(k for k in type(preprocessing).model_fields if getattr(preprocessing, k) != getattr(defaults, k))
+    if changed and not is_ale_id(env):  # a checkpoint's config lists every key: only changed ones count
+        keys = ", ".join(f"env_preprocessing.{k}" for k in changed)
         raise ConfigError(f"{keys} set, but env {env!r} is not an Atari (ALE) game: env_preprocessing applies "
                           "only to ALE ids such as 'ALE/Pong-v5'.")
 

@@ -1,0 +1,97 @@
+"""Pong from scratch: seconds until the mean of the last 20 finished games first reaches +18.
+
+    python benchmarks/atari_pong.py [--budget-s 3600] [--algo appo] [--config examples/appo_pong.yaml]
+
+Trains in a fresh Python process (start-up counts) from the algorithm's preset
+``examples/<algo>_pong.yaml`` on ALE/Pong-v5 with the standard preprocessing; the score is
+the raw game score (-21..21) of whole games. Progress goes to stderr; the last stdout line is
+one JSON object: ``algo``, ``budget_s``, ``reached`` (bool), ``seconds_to_18`` (null if not
+reached), ``best_mean_20``, ``frames`` (emulator frames sampled), ``frames_per_s`` and
+``curve`` (``[seconds, frames, mean of the last 20 games]`` after each iteration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from _spawn import run_child
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET = 18.0
+WINDOW = 20
+
+
+def log(msg: str) -> None:
+    print(f"[atari_pong] {msg}", file=sys.stderr, flush=True)
+
+
+def child(algo_name: str, config_path: str, budget_s: float, spawn_time: float) -> dict:
+    import numpy as np
+    import torch
+
+    from shoal import runtime
+    from shoal.algorithms import get_config_class
+    from shoal.config import load_yaml
+
+    torch.set_num_threads(1)
+    data = load_yaml(config_path)
+    data.pop("stop", None)
+    if data.pop("algo", algo_name) != algo_name:
+        raise SystemExit(f"{config_path} is not a config for '{algo_name}'")
+    config = get_config_class(algo_name)(**data, seed=0)
+    skip = config.env_preprocessing.frame_skip
+    algo = config.build()
+    out = {"algo": algo_name, "budget_s": budget_s, "reached": False, "seconds_to_18": None,
+           "best_mean_20": None, "frames": 0, "frames_per_s": None, "curve": []}
+    try:
+        while time.time() - spawn_time < budget_s:
+            result = algo.train()
+            games = list(algo.episodes.returns)[-WINDOW:]
+            mean20 = float(np.mean(games)) if len(games) == WINDOW else None
+            seconds = time.time() - spawn_time
+            out["frames"] = int(result["env_steps_sampled"]) * skip
+            out["frames_per_s"] = out["frames"] / seconds
+            out["curve"].append([round(seconds, 1), out["frames"], mean20])
+            if mean20 is not None:
+                out["best_mean_20"] = mean20 if out["best_mean_20"] is None else max(out["best_mean_20"], mean20)
+            log(f"{seconds:.0f} s, {out['frames']} frames ({out['frames_per_s']:.0f}/s), "
+                f"{result['episodes_total']} games, mean of last {WINDOW}: {mean20}")
+            if mean20 is not None and mean20 >= TARGET:
+                out.update(reached=True, seconds_to_18=seconds)
+                break
+    finally:
+        algo.stop()
+        runtime.shutdown()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="Seconds until Pong's mean of the last 20 games reaches +18.")
+    p.add_argument("--budget-s", type=float, default=3600.0)
+    p.add_argument("--algo", default="appo")
+    p.add_argument("--config", default=None, help="default: examples/<algo>_pong.yaml")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--spawn-time", type=float, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    config = Path(args.config or REPO / "examples" / f"{args.algo}_pong.yaml")
+    config = config if config.is_absolute() else (REPO / config).resolve()
+    if not config.is_file():
+        raise SystemExit(f"config file {config} does not exist")
+    if args.child:
+        print(json.dumps(child(args.algo, str(config), args.budget_s, args.spawn_time or time.time())), flush=True)
+        return
+    log(f"{args.algo} from {config}, budget {args.budget_s:.0f} s, fresh process")
+    r = run_child(__file__, ["--child", "--algo", args.algo, "--config", str(config), "--budget-s", str(args.budget_s)],
+                  args.budget_s + 600)
+    out = {"benchmark": "atari_pong", **r}
+    out.setdefault("algo", args.algo)
+    out.setdefault("budget_s", args.budget_s)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
