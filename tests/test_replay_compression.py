@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from shoal import checkpoint as ckpt
+from shoal.algorithms.apex import ApeXConfig
+from shoal.algorithms.dqn import DQNConfig, make_replay
 from shoal.batch import Batch, Col
 from shoal.errors import ConfigError
 from shoal.replay import PrioritizedReplayBuffer, ReplayBuffer, ReplayShard, storage, warmup
@@ -181,6 +183,10 @@ def test_bad_compression_values_are_clear_errors():
     for bad in ("zstd", "LZ4", None, True):
         with pytest.raises(ConfigError, match="replay_compression must be one of auto, lz4, none"):
             ReplayBuffer(10, compression=bad)
+    with pytest.raises(ConfigError, match=r"replay_compression.*'auto', 'lz4' or 'none'"):
+        DQNConfig(env="CartPole-v1", replay_compression="zstd")
+    with pytest.raises(ConfigError, match="replay_compression"):
+        ApeXConfig(env="CartPole-v1", replay_compression="gzip")
     for bad in (0, 1.5, -0.1):
         with pytest.raises(ConfigError, match="memory_share"):
             ReplayBuffer(10, memory_share=bad)
@@ -269,3 +275,51 @@ def test_available_memory_reads_meminfo():
         assert isinstance(avail, int) and avail > 0
     else:
         assert avail is None
+
+
+# ---- wiring into DQN and Ape-X -----------------------------------------------------------
+def test_dqn_config_reaches_the_replay_shard():
+    assert DQNConfig(env="CartPole-v1").replay_compression == "auto"
+    for mode in ("auto", "lz4", "none"):
+        shard = make_replay(DQNConfig(env="CartPole-v1", replay_compression=mode), 100, seed=0)
+        assert shard.buffer.compression == mode and shard.buffer.memory_share == 1.0
+    shard = make_replay(DQNConfig(env="CartPole-v1", replay_compression="none"), 100, seed=0)
+    shard.add(transitions(range(4)))
+    assert shard.buffer.compressed_columns == []
+    shard = make_replay(DQNConfig(env="CartPole-v1", replay_compression="auto"), 100, seed=0)
+    shard.add(transitions(range(4)))
+    assert shard.buffer.compressed_columns == [Col.OBS, Col.NEXT_OBS]
+
+
+def apex_in_process(**kw):
+    return ApeXConfig(env="CartPole-v1", seed=0, min_time_s_per_iteration=0.0, learning_starts=64, train_batch_size=16,
+                      rollout_fragment_length=8, model={"hiddens": [16]},
+                      resources={"num_workers": 0, "num_envs_per_worker": 2, "num_replay_shards": 2}, **kw).build()
+
+
+def test_apex_shards_get_the_compression_and_an_equal_share_of_memory():
+    algo = apex_in_process(replay_compression="lz4")
+    try:
+        shards = algo.shards.start().actors
+        assert [(s.buffer.compression, s.buffer.memory_share) for s in shards.values()] == [("lz4", 0.5)] * 2
+        # lz4 asks for compressed uint8 observations; CartPole's are float32: a config error at the first add
+        with pytest.raises(ConfigError, match="lz4 compresses uint8 observation columns"):
+            for _ in range(10):
+                algo.train()
+    finally:
+        algo.stop()
+
+
+def test_apex_driver_raises_a_refusal_that_a_shard_answers_a_sample_request_with():
+    """On Ray, rollout actors add without waiting, so the driver learns of a refused first add
+    from the shard's answer to its next sample request (stood in for here in-process)."""
+    algo = apex_in_process()
+    try:
+        for shard in algo.shards.start().actors.values():
+            shard.refused = ConfigError("replay_capacity is too large for this machine's memory (test)")
+        with pytest.raises(ConfigError, match=r"too large for this machine's memory \(test\)"):
+            for _ in range(50):
+                algo.train()
+        assert sum(s["added"] for s in algo.shards.foreach("stats")) == 0
+    finally:
+        algo.stop()
