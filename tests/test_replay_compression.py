@@ -12,7 +12,7 @@ import torch
 
 from shoal import checkpoint as ckpt
 from shoal.algorithms.apex import ApeXConfig
-from shoal.algorithms.dqn import DQNConfig, make_replay
+from shoal.algorithms.dqn import DQNConfig, make_replay, replay_kwargs
 from shoal.batch import Batch, Col
 from shoal.errors import ConfigError
 from shoal.replay import PrioritizedReplayBuffer, ReplayBuffer, ReplayShard, storage, warmup
@@ -289,6 +289,21 @@ def test_dqn_config_reaches_the_replay_shard():
     shard = make_replay(DQNConfig(env="CartPole-v1", replay_compression="auto"), 100, seed=0)
     shard.add(transitions(range(4)))
     assert shard.buffer.compressed_columns == [Col.OBS, Col.NEXT_OBS]
+
+
+def test_a_replay_shard_retains_freed_memory_without_importing_torch():
+    """Ape-X shards are processes of their own: they apply resources.retain_freed_memory (a
+    sample of 512 Pong rows fills two fresh 14 MB arrays) and still start without torch."""
+    import subprocess
+
+    code = ("import sys; from shoal.replay import ReplayShard; from shoal import process; "
+            "ReplayShard(10, retain_freed_memory=sys.argv[1] == '1'); print(process._retained, 'torch' in sys.modules)")
+    for flag, retained in (("1", "True"), ("0", "False")):
+        out = subprocess.run([sys.executable, "-c", code, flag], capture_output=True, text=True, check=True).stdout
+        assert out.split() == [retained, "False"]
+    cfg = DQNConfig(env="CartPole-v1", resources={"retain_freed_memory": False})
+    assert replay_kwargs(cfg, 0, 4)["retain_freed_memory"] is False
+    assert replay_kwargs(DQNConfig(env="CartPole-v1"), 0, 4)["memory_share"] == 0.25
 
 
 def apex_in_process(**kw):

@@ -200,7 +200,8 @@ def replay_kwargs(config: DQNConfig, seed: int | None, num_shards: int = 1) -> d
     (each may plan to use an equal part of the machine's available memory)."""
     return {"prioritized": config.prioritized_replay, "alpha": config.prioritized_replay_alpha,
             "beta": config.prioritized_replay_beta, "eps": config.prioritized_replay_eps, "seed": seed,
-            "compression": config.replay_compression, "memory_share": 1.0 / num_shards}
+            "compression": config.replay_compression, "memory_share": 1.0 / num_shards,
+            "retain_freed_memory": config.resources.retain_freed_memory}
 
 
 def make_replay(config: DQNConfig, capacity: int, seed: int | None):
