@@ -14,7 +14,7 @@ STAMP   = $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)"
-	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q -e ".[test,atari]"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -21,8 +21,6 @@ import ctypes
 import ctypes.util
 import logging
 
-import torch
-
 log = logging.getLogger("shoal.process")
 
 M_TRIM_THRESHOLD = -1  # glibc mallopt parameters (malloc.h)
@@ -53,6 +51,8 @@ def retain_freed_memory() -> bool:
 
 def configure_process(resources) -> None:
     """Apply a ResourcesConfig's per-process settings (threads, memory) to this process."""
+    import torch  # here: replay shards import this module for retain_freed_memory and start without torch
+
     torch.set_num_threads(resources.torch_threads)
     if resources.retain_freed_memory:
         retain_freed_memory()

@@ -33,15 +33,17 @@ import numpy as np
 from pydantic import Field
 
 from shoal.algorithms.base import Algorithm
-from shoal.algorithms.dqn import DQNConfig, attach_target, build_q_learner, learn_on_replay_batch, n_step_postprocess
+from shoal.algorithms.dqn import (DQNConfig, attach_target, build_q_learner, learn_on_replay_batch, n_step_postprocess,
+                                  replay_kwargs)
 from shoal.batch import Col
 from shoal.config import ResourcesConfig
-from shoal.errors import NodeResourceError
+from shoal.errors import ConfigError, NodeResourceError
 from shoal.learn.replay_learner import ReplayLearnerThread
 from shoal.learn.threads import LearnerResult
 from shoal.rollout import EnvRunner
 from shoal.models.weights import weights_to_numpy
 from shoal.rollout.policies import EpsilonGreedyQPolicy, apex_epsilon
+from shoal.replay.storage import lz4_block
 from shoal.seeding import component_seed
 from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
 from shoal.logging.metrics import Phase
@@ -142,11 +144,12 @@ class ApeX(Algorithm):
             queue_size=cfg.learner_queue_size)
         self.learner_thread.start()
         per_shard = math.ceil(cfg.replay_capacity / res.num_replay_shards)
+        if cfg.replay_compression == "lz4":
+            lz4_block()  # here, not as replay shard actors that fail to start
         seed = cfg.seed
 
         def shard_ctor(i: int):
-            return (per_shard,), {"prioritized": cfg.prioritized_replay, "alpha": cfg.prioritized_replay_alpha, "beta": cfg.prioritized_replay_beta,
-                                  "eps": cfg.prioritized_replay_eps, "seed": component_seed(seed, i)}
+            return (per_shard,), replay_kwargs(cfg, component_seed(seed, i), res.num_replay_shards)
 
         from shoal.replay import ReplayShard
 
@@ -276,6 +279,8 @@ class ApeX(Algorithm):
         self._owed += max(0, self._replay_in_flight - len(ready) - in_flight)  # lost with a recreated shard
         self._replay_in_flight = in_flight
         for sid, batch in ready:
+            if isinstance(batch, ConfigError):  # the shard refused the rows (replay would not fit in memory)
+                raise batch
             self._shard_was_empty = batch is None
             if batch is None:
                 self._owed += 1

@@ -67,6 +67,10 @@ class DQNConfig(AlgorithmConfig):
     target_network_update_freq: int = Field(25_600, ge=1, description="Trained env steps between target-network updates.")
     tau: float = Field(1.0, gt=0, le=1, description="Target update: 1 copies, < 1 blends tau * online + (1 - tau) * target.")
     replay_capacity: int = Field(50_000, ge=1)
+    replay_compression: Literal["auto", "lz4", "none"] = Field(
+        "auto", description="auto compresses uint8 observation columns of at least 1 KiB per row with lz4 (e.g. "
+        "stacked Atari frames; needs pip install shoal[atari]); lz4 compresses every uint8 observation column; "
+        "none keeps raw rows.")
     prioritized_replay: bool = Field(True)
     prioritized_replay_alpha: float = Field(0.6, ge=0)
     prioritized_replay_beta: float = Field(0.4, ge=0, le=1, description="Initial importance-weight exponent.")
@@ -191,11 +195,19 @@ def check_discrete(action_space: gym.Space, algo: str) -> None:
                           "For continuous actions use ppo, appo or impala.")
 
 
+def replay_kwargs(config: DQNConfig, seed: int | None, num_shards: int = 1) -> dict[str, Any]:
+    """:class:`~shoal.replay.ReplayShard` keyword arguments of one of ``num_shards`` shards
+    (each may plan to use an equal part of the machine's available memory)."""
+    return {"prioritized": config.prioritized_replay, "alpha": config.prioritized_replay_alpha,
+            "beta": config.prioritized_replay_beta, "eps": config.prioritized_replay_eps, "seed": seed,
+            "compression": config.replay_compression, "memory_share": 1.0 / num_shards,
+            "retain_freed_memory": config.resources.retain_freed_memory}
+
+
 def make_replay(config: DQNConfig, capacity: int, seed: int | None):
     from shoal.replay import ReplayShard
 
-    return ReplayShard(capacity, prioritized=config.prioritized_replay, alpha=config.prioritized_replay_alpha,
-                       beta=config.prioritized_replay_beta, eps=config.prioritized_replay_eps, seed=seed)
+    return ReplayShard(capacity, **replay_kwargs(config, seed))
 
 
 def build_q_learner(algo: Algorithm, config: DQNConfig) -> Learner:

@@ -12,8 +12,17 @@ and ``sample`` returns the ids of the rows it drew beside their slots. Prioritie
 later for a slot that has been overwritten since (the ring wrapped while the learner
 worked) would land on a newer row: ``update_priorities`` drops them when given the ids.
 
+With ``compression`` ("auto", "lz4" or "none", :mod:`shoal.replay.storage`) large uint8
+observation columns keep each row as one lz4 block and are decompressed at sample time;
+they behave as plain columns in every other respect (row shape, dtype, slots, state). On the
+first add, once the row shapes are known and before anything is allocated, the buffer
+estimates what the full ring will hold and raises ConfigError if that exceeds
+``memory_share`` of the memory available (``storage.available_memory_bytes``).
+
 State (``get_state``) holds only torch tensors, numbers, strings, lists and dicts, so it
-loads with ``torch.load(weights_only=True)`` inside a shoal checkpoint.
+loads with ``torch.load(weights_only=True)`` inside a shoal checkpoint. A compressed column
+is saved as its blocks (one uint8 tensor and int64 offsets); ``set_state`` stores each
+column as this buffer's ``compression`` says, whichever way it was saved.
 
 A buffer is not thread-safe (the numba kernels release the GIL): use it from one thread, or
 through :class:`shoal.replay.ReplayShard`, which serializes calls.
@@ -27,6 +36,7 @@ import numpy as np
 
 from shoal.batch import Batch, Col
 from shoal.errors import ConfigError
+from shoal.replay import storage
 from shoal.replay import sum_tree as st
 
 _OUTPUT_COLUMNS = (Col.INDICES, Col.ROW_IDS, Col.WEIGHTS)
@@ -61,9 +71,16 @@ def _to_tensor(name: str, array: np.ndarray):
 class ReplayBuffer:
     """Fixed-capacity FIFO ring of transitions, sampled uniformly with replacement."""
 
-    def __init__(self, capacity: int, seed: int | None = None) -> None:
+    def __init__(self, capacity: int, seed: int | None = None, compression: str = "none",
+                 memory_share: float = 1.0) -> None:
         self.capacity = _positive_int("capacity", capacity)
-        self._columns: dict[str, np.ndarray] = {}
+        self.compression = storage.check_compression(compression)
+        if self.compression == "lz4":
+            storage.lz4_block()  # asked for by name: missing lz4 is an error now, not at the first add
+        if not 0 < _non_negative("memory_share", memory_share) <= 1:
+            raise ConfigError(f"memory_share must be in (0, 1], got {memory_share!r}")
+        self.memory_share = float(memory_share)  # of the available memory this buffer may plan to use
+        self._columns: dict[str, storage.PlainColumn | storage.Lz4Column] = {}
         self._pos = 0  # next slot to write
         self._size = 0
         self.added = 0  # rows ever added (including overwritten ones)
@@ -74,8 +91,18 @@ class ReplayBuffer:
 
     @property
     def columns(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        """Stored column names -> (row shape, dtype); empty before the first add."""
-        return {k: (v.shape[1:], v.dtype) for k, v in self._columns.items()}
+        """Stored column names -> (row shape, dtype); empty before the first add. Compressed
+        columns report the rows they give back (uint8, the row shape added)."""
+        return {k: (v.shape, v.dtype) for k, v in self._columns.items()}
+
+    @property
+    def compressed_columns(self) -> list[str]:
+        return [k for k, v in self._columns.items() if v.compressed]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the stored columns hold (a plain ring counts whole, a compressed column what it holds now)."""
+        return sum(v.nbytes for v in self._columns.values())
 
     # ---- writing -------------------------------------------------------------------------
     def _rows(self, batch: Batch) -> dict[str, np.ndarray]:
@@ -90,23 +117,34 @@ class ReplayBuffer:
             raise ValueError(f"batch columns {sorted(data)} differ from the buffer's columns {sorted(self._columns)}")
         for k, v in data.items():
             col = self._columns[k]
-            if v.shape[1:] != col.shape[1:]:
-                raise ValueError(f"column '{k}' has rows of shape {v.shape[1:]}, the buffer stores {col.shape[1:]}")
+            if v.shape[1:] != col.shape:
+                raise ValueError(f"column '{k}' has rows of shape {v.shape[1:]}, the buffer stores {col.shape}")
             if not np.can_cast(v.dtype, col.dtype, "same_kind"):
                 raise ValueError(f"column '{k}' has dtype {v.dtype}, which cannot be stored as {col.dtype}")
         return data
 
+    def _allocate(self, specs: dict[str, tuple[tuple[int, ...], np.dtype]],
+                  rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Choose each column's storage, check that the full ring fits in memory, then allocate;
+        returns ``rows`` prepared for writing (compressed where the column is)."""
+        packed = {k: storage.pack_rows(rows[k]) if rows[k].dtype != object else rows[k]
+                  for k in storage.compressed_names(specs, self.compression)}
+        storage.check_fits(self.capacity, storage.estimate_bytes(self.capacity, specs, packed), bool(packed),
+                           self.memory_share)
+        self._columns = {k: storage.Lz4Column(self.capacity, shape) if k in packed
+                         else storage.PlainColumn(self.capacity, shape, dtype) for k, (shape, dtype) in specs.items()}
+        return {k: packed.get(k, v) for k, v in rows.items()}
+
     def _write(self, data: dict[str, np.ndarray], n: int) -> np.ndarray:
         """Write ``n`` rows (n <= capacity) at the ring position; returns the slots."""
-        if not self._columns:
-            self._columns = {k: np.zeros((self.capacity,) + v.shape[1:], dtype=v.dtype) for k, v in data.items()}
+        if self._columns:
+            data = {k: self._columns[k].prepare(v) for k, v in data.items()}
+        else:
+            data = self._allocate({k: (v.shape[1:], v.dtype) for k, v in data.items()}, data)
         start = self._pos
         first = min(n, self.capacity - start)
         for k, v in data.items():
-            col = self._columns[k]
-            col[start:start + first] = v[:first]
-            if first < n:
-                col[:n - first] = v[first:]
+            self._columns[k].write(start, first, v)
         slots = np.arange(start, start + n, dtype=np.int64)
         if first < n:
             slots[first:] -= self.capacity
@@ -124,11 +162,11 @@ class ReplayBuffer:
             return np.empty(0, dtype=np.int64)
         data = self._rows(batch)
         n = len(batch)
-        self.added += n
         if n > self.capacity:
             data = {k: v[n - self.capacity:] for k, v in data.items()}
-            n = self.capacity
-        return self._write(data, n)
+        slots = self._write(data, min(n, self.capacity))
+        self.added += n  # after the write: a refused first add (memory) changes nothing
+        return slots
 
     # ---- reading -------------------------------------------------------------------------
     def _check_sample(self, n: int) -> int:
@@ -143,7 +181,7 @@ class ReplayBuffer:
 
     def _gather(self, idx: np.ndarray) -> Batch:
         out = Batch()
-        out.data = {k: np.take(v, idx, axis=0) for k, v in self._columns.items()}  # faster than v[idx]
+        out.data = {k: v.take(idx) for k, v in self._columns.items()}
         out.data[Col.INDICES] = idx
         out.data[Col.ROW_IDS] = self.row_ids(idx)
         return out
@@ -161,7 +199,8 @@ class ReplayBuffer:
             "pos": self._pos,
             "size": self._size,
             "added": self.added,
-            "columns": {k: _to_tensor(k, v[:self._size]) for k, v in self._columns.items()},
+            "columns": {k: v.state(self._size) if v.compressed else _to_tensor(k, v.rows(self._size))
+                        for k, v in self._columns.items()},
             "rng": self._rng.bit_generator.state,
         }
 
@@ -169,15 +208,24 @@ class ReplayBuffer:
         if int(state["capacity"]) != self.capacity:
             raise ValueError(f"replay state has capacity {state['capacity']}, this buffer {self.capacity}")
         size = int(state["size"])
-        columns = {}
+        specs, rows = {}, {}
         for k, t in state["columns"].items():
+            if isinstance(t, dict):  # a compressed column: its blocks
+                shape, rows[k] = storage.unpack_state(k, t, size)
+                specs[k] = (shape, np.dtype(np.uint8))
+                continue
             a = t.numpy() if hasattr(t, "numpy") else np.asarray(t)
             if len(a) != size:
                 raise ValueError(f"replay state column '{k}' has {len(a)} rows, expected {size}")
-            col = np.zeros((self.capacity,) + a.shape[1:], dtype=a.dtype)
-            col[:size] = a
-            columns[k] = col
-        self._columns = columns
+            specs[k], rows[k] = (a.shape[1:], a.dtype), a
+        if specs:
+            compress = storage.compressed_names(specs, self.compression)
+            for k in [k for k, v in rows.items() if v.dtype == object and k not in compress]:
+                rows[k] = storage.unpack_rows(rows[k], specs[k][0])  # saved compressed, stored plain here
+            for k, v in self._allocate(specs, rows).items():  # the old contents stay if it does not fit
+                self._columns[k].write(0, size, v)
+        else:
+            self._columns = {}
         self._size, self._pos, self.added = size, int(state["pos"]), int(state["added"])
         self._rng.bit_generator.state = state["rng"]
 
@@ -192,8 +240,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     """
 
     def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6,
-                 seed: int | None = None) -> None:
-        super().__init__(capacity, seed)
+                 seed: int | None = None, compression: str = "none", memory_share: float = 1.0) -> None:
+        super().__init__(capacity, seed, compression, memory_share)
         self.alpha = _non_negative("alpha", alpha)
         self.beta = _non_negative("beta", beta)
         self.eps = _non_negative("eps", eps, strict=True)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from shoal.batch import Batch, Col
+from shoal.errors import ConfigError
 from shoal.replay.buffers import PrioritizedReplayBuffer, ReplayBuffer, _non_negative
 
 
@@ -22,16 +23,32 @@ class ReplayShard:
     ignored and ``sample`` returns weights of 1, so callers need not tell the two apart.
     Calls are serialized by a lock, so threads (or a threaded actor) may share a shard; the
     buffers themselves are not thread-safe (their numba kernels release the GIL).
+
+    ``compression`` and ``memory_share`` go to the buffer. ``retain_freed_memory`` applies
+    :func:`shoal.process.retain_freed_memory` to this process: a sample of 512 compressed
+    Atari rows fills two fresh 14 MB arrays, and without it each is new pages (page faults). If the buffer refuses the first
+    add with a ConfigError (it would not fit in memory, or lz4 is missing), ``add`` raises it
+    that once and afterwards stores nothing and returns 0, and ``sample`` answers with the
+    error instead of a batch: rollout actors add without waiting for an answer, so the
+    driver learns of it from its next sample request (raising it inside a Ray actor would
+    read as a crash and recreate the shard).
     """
 
     def __init__(self, capacity: int, prioritized: bool = True, alpha: float = 0.6, beta: float = 0.4,
-                 eps: float = 1e-6, seed: int | None = None) -> None:
+                 eps: float = 1e-6, seed: int | None = None, compression: str = "none",
+                 memory_share: float = 1.0, retain_freed_memory: bool = False) -> None:
+        if retain_freed_memory:
+            from shoal.process import retain_freed_memory as retain
+
+            retain()
         self.prioritized = bool(prioritized)
+        store = {"seed": seed, "compression": compression, "memory_share": memory_share}
         if self.prioritized:
-            self.buffer: ReplayBuffer = PrioritizedReplayBuffer(capacity, alpha=alpha, beta=beta, eps=eps, seed=seed)
+            self.buffer: ReplayBuffer = PrioritizedReplayBuffer(capacity, alpha=alpha, beta=beta, eps=eps, **store)
         else:
-            self.buffer = ReplayBuffer(capacity, seed=seed)
+            self.buffer = ReplayBuffer(capacity, **store)
         self.counts = {"added": 0, "sampled": 0, "updated": 0, "stale": 0}
+        self.refused: ConfigError | None = None
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -41,18 +58,27 @@ class ReplayShard:
         return True
 
     def add(self, batch: Batch, priorities: np.ndarray | None = None) -> int:
-        """Store the batch's rows; returns how many rows were given."""
+        """Store the batch's rows; returns how many rows were given (0 once the buffer has refused them)."""
         with self._lock:
-            if self.prioritized:
-                self.buffer.add(batch, priorities)
-            else:
-                self.buffer.add(batch)
+            if self.refused is not None:
+                return 0
+            try:
+                if self.prioritized:
+                    self.buffer.add(batch, priorities)
+                else:
+                    self.buffer.add(batch)
+            except ConfigError as e:
+                self.refused = e
+                raise
             self.counts["added"] += len(batch)
         return len(batch)
 
-    def sample(self, n: int, beta: float | None = None) -> Batch | None:
-        """``n`` rows with ``Col.WEIGHTS``, ``Col.INDICES`` and ``Col.ROW_IDS``, or None while the shard is empty."""
+    def sample(self, n: int, beta: float | None = None) -> Batch | ConfigError | None:
+        """``n`` rows with ``Col.WEIGHTS``, ``Col.INDICES`` and ``Col.ROW_IDS``, None while the
+        shard is empty, or the ConfigError with which the buffer refused the rows."""
         with self._lock:
+            if self.refused is not None:
+                return self.refused
             if len(self.buffer) == 0:
                 return None
             if self.prioritized:
