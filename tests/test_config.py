@@ -299,7 +299,7 @@ UNUSED = {
     "ddppo": {"train_batch_size", "use_kl_loss", "kl_coeff", "kl_target", "resources.num_gpus"},
     "alpha_star": {"num_learner_devices", "fake_devices", "num_multi_gpu_tower_stacks", "num_data_load_threads",
                    "learner_queue_size", "learner_queue_timeout", "minibatch_buffer_size",
-                   "evaluation.evaluation_num_workers"},
+                   "evaluation.evaluation_num_workers", "env_preprocessing"},
 }
 ENVS = {"alpha_star": "pettingzoo.classic:tictactoe_v3"}
 
