@@ -36,6 +36,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/ddppo_scaling.py
 	$(PY) benchmarks/multi_device_learner.py
 	$(PY) benchmarks/league_connect4.py --budget-s 900
+	$(PY) benchmarks/atari_throughput.py --budget-s 120
+	$(PY) benchmarks/atari_pong.py --budget-s 3600
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

@@ -107,7 +107,7 @@ def _reward_threshold(cfg) -> Optional[float]:
     from shoal.envs import env_info
 
     try:
-        return env_info(cfg.env, cfg.env_config).reward_threshold
+        return env_info(cfg.env, cfg.env_config, cfg.env_preprocessing).reward_threshold
     except EnvError:
         return None
 
