@@ -5,7 +5,8 @@ env when it is installed (the ``bench`` extra).
     python benchmarks/atari_throughput.py [--budget-s 120] [--env ALE/Pong-v5]
 
 Each training run starts a fresh Python process from its preset (``examples/<algo>_pong.yaml``)
-and trains for its share of the budget; its rate is the env frames trained (agent steps x
+with the standard 84x84 frames and the Nature CNN in place of the preset's own frame size and
+model, and trains for its share of the budget; its rate is the env frames trained (agent steps x
 frame skip) between the end of its first iteration and the end of its last, over that wall
 time, so start-up is left out. SB3 runs the rl-zoo Atari PPO settings (8 envs, 128 steps,
 4 epochs, batch 256) on the same id with the same frame skip and sticky actions, through its
@@ -31,6 +32,7 @@ from _spawn import run_child
 
 REPO = Path(__file__).resolve().parent.parent
 ALGOS = ("appo", "impala", "ppo")
+NATURE_CNN = {"torso": "nature_cnn", "hiddens": [], "activation": "relu", "vf_share_layers": True}
 
 
 def log(msg: str) -> None:
@@ -66,7 +68,7 @@ def bytes_per_transition(config) -> float:
     runner = EnvRunner(config, 0, ActorCriticPolicy, sequence_postprocess, config.fragment_length())
     batch, _ = runner.sample()
     runner.stop()
-    return sum(v.nbytes for v in batch.values()) / len(batch)
+    return sum(v.nbytes for v in batch.data.values()) / len(batch)
 
 
 # ---- children: one training run each, in a fresh process -----------------------------------
@@ -82,6 +84,9 @@ def child_shoal(algo_name: str, env_id: str, seconds: float) -> dict:
     data.pop("stop", None)
     data.pop("algo", None)
     data["env"] = env_id
+    # The measurement is of the standard set-up, whatever a preset trains with: 84x84 frames, Nature CNN.
+    data.setdefault("env_preprocessing", {})["screen_size"] = 84
+    data["model"] = NATURE_CNN
     config = get_config_class(algo_name)(**data, seed=0)
     algo = config.build()
     skip = config.env_preprocessing.frame_skip
@@ -128,6 +133,10 @@ def child_sb3(env_id: str, seconds: float) -> dict:
         def _on_step(self) -> bool:
             return self.t0 is None or time.perf_counter() - self.t0 < seconds
 
+    import ale_py
+    import gymnasium as gym
+
+    gym.register_envs(ale_py)
     env = VecFrameStack(make_atari_env(env_id, n_envs=8, seed=0, env_kwargs={"frameskip": 1}), n_stack=4)
     model = PPO("CnnPolicy", env, n_steps=128, n_epochs=4, batch_size=256, learning_rate=2.5e-4, clip_range=0.1,
                 vf_coef=0.5, ent_coef=0.01, verbose=0, seed=0, device="cpu")
