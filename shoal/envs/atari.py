@@ -36,7 +36,7 @@ def register_ale() -> bool:
 
 def looks_like_ale(env_id: str) -> bool:
     """Ids ale-py registers: ``ALE/Game-v5`` and the older ``GameNoFrameskip-v4`` forms."""
-    return env_id.startswith("ALE/") or "NoFrameskip" in env_id or env_id.endswith(("-v4", "Deterministic-v4"))
+    return env_id.startswith("ALE/") or env_id.endswith("-v4")  # v4: Pong-v4, PongNoFrameskip-v4, ...
 
 
 def is_ale_id(env: Any) -> bool:
