@@ -51,7 +51,7 @@ def is_ale_id(env: Any) -> bool:
 
 def missing_ale_error(env_id: str) -> EnvError | None:
     """The error for an ALE-looking id when ale-py is not installed, else None."""
-    if looks_like_ale(env_id) and env_id.startswith("ALE/") and not register_ale():
+    if env_id.startswith("ALE/") and not register_ale():
         return EnvError(f"Env '{env_id}' is an Atari game. {INSTALL_HINT}")
     return None
 
