@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from shoal.algorithms.appo import APPOConfig, appo_loss_terms
+from shoal.algorithms.appo import APPOConfig, appo_loss, appo_loss_terms, standardize
 from shoal.algorithms.impala import IMPALAConfig, impala_loss_terms, sequence_postprocess, time_major, unroll, vtrace_for
 from shoal.batch import Col
 from shoal.config import load_yaml
 from shoal.envs import env_info
 from shoal.errors import ConfigError
 from shoal.learn import Learner
-from shoal.learn.target import TargetNetwork
+from shoal.learn.target import AdaptiveKL, TargetNetwork
 from shoal.learn.threads import LearnerThreadError
 from shoal.models import build_actor_critic
 from shoal.rollout import ActorCriticPolicy, EnvRunner, compute_gae
@@ -147,6 +147,34 @@ def test_appo_clipped_side_has_no_policy_gradient():
     np.testing.assert_allclose(logp.grad.numpy(), [0.0, -1.1 / 2], rtol=1e-5)  # d(-r A / 2)/dlogp = -r A / 2
 
 
+def test_standardize_uses_only_the_valid_steps():
+    adv = t(1.0, 9.0, 3.0, 5.0)
+    valid = torch.tensor([True, False, True, True])
+    # valid values 1, 3, 5: mean 3, unbiased std 2 -> -1, 0, 1; the masked step stays 0
+    np.testing.assert_allclose(standardize(adv, valid).numpy(), [-1.0, 0.0, 0.0, 1.0], atol=1e-6)
+    one = torch.tensor([False, True, False, False])
+    assert torch.equal(standardize(adv, one), adv)  # fewer than two steps: left as they are
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_appo_normalize_advantages_on_real_fragments(fragments, normalize):
+    """At the target network (ratio 1) the surrogate is A itself: standardized, its valid mean is 0."""
+    cfg, _, batches, weights = fragments
+    cfg = APPOConfig(**{**cfg.to_dict(), "normalize_advantages": normalize})
+    info = env_info(cfg.env, cfg.env_config)
+    module = build_actor_critic(info.observation_space, info.action_space, cfg.model)
+    module.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
+    target = TargetNetwork(module, 1)
+    batch = batches[0].to_torch()
+    with torch.no_grad():
+        _, stats = appo_loss(module, batch, None, cfg, target, AdaptiveKL(0.0, 0.01, enabled=False))
+        u = unroll(module, batch, T, cfg.gamma)
+        raw = vtrace_for(u, u.logp, cfg).pg_advantages
+    expected = 0.0 if normalize else -float(raw[u.valid].mean())
+    assert abs(float(stats["policy_loss"]) - expected) < 1e-5
+    assert abs(float(raw[u.valid].mean())) > 1e-3  # the raw advantages' mean is not 0: the switch matters
+
+
 # ---- config -----------------------------------------------------------------------------
 @pytest.mark.parametrize("kw, words", [
     (dict(train_batch_size=100, rollout_fragment_length=32), ["train_batch_size", "multiple", "32"]),
@@ -174,7 +202,7 @@ def test_appo_config_errors_and_defaults():
     with pytest.raises(ConfigError, match="target_update_frequency"):
         APPOConfig(env="CartPole-v1", target_update_frequency=0)
     cfg = APPOConfig(env="CartPole-v1")
-    assert cfg.clip_param == 0.4 and cfg.vtrace_clip_rho_threshold == 1.0 and cfg.vtrace_clip_pg_rho_threshold == 1.0
+    assert cfg.clip_param == 0.4 and not cfg.normalize_advantages and cfg.vtrace_clip_rho_threshold == 1.0 and cfg.vtrace_clip_pg_rho_threshold == 1.0
     assert cfg.fragment_length() == 50 and cfg.learner_devices() == ["cpu"]
     assert APPOConfig.from_dict(cfg.to_dict()) == cfg
 

@@ -81,6 +81,8 @@ class ClipTargetKeys(Section):
 
     clip_param: float = Field(0.4, gt=0, description="Clip of the ratio pi / pi_target in the surrogate.")
     target_update_frequency: int = Field(4, ge=1, description="Learner updates between target-network refreshes.")
+    normalize_advantages: bool = Field(
+        False, description="Standardize the V-trace advantages over each learner batch's valid steps (as PPO does).")
 
 
 class PPOLossKeys(Section):
