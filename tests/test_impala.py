@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from shoal.algorithms.appo import APPOConfig, appo_loss, appo_loss_terms, standardize
-from shoal.algorithms.impala import IMPALAConfig, impala_loss_terms, sequence_postprocess, time_major, unroll, vtrace_for
+from shoal.algorithms.appo import APPOConfig, appo_loss, appo_loss_terms
+from shoal.algorithms.impala import IMPALAConfig, impala_loss, impala_loss_terms, standardize, sequence_postprocess, time_major, unroll, vtrace_for
 from shoal.batch import Col
 from shoal.config import load_yaml
 from shoal.envs import env_info
@@ -173,6 +173,23 @@ def test_appo_normalize_advantages_on_real_fragments(fragments, normalize):
     expected = 0.0 if normalize else -float(raw[u.valid].mean())
     assert abs(float(stats["policy_loss"]) - expected) < 1e-5
     assert abs(float(raw[u.valid].mean())) > 1e-3  # the raw advantages' mean is not 0: the switch matters
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_impala_normalize_advantages_weighs_logp_by_the_standardized_advantages(fragments, normalize):
+    cfg, _, batches, weights = fragments
+    cfg = cfg.copy_with({"normalize_advantages": normalize})
+    info = env_info(cfg.env, cfg.env_config)
+    module = build_actor_critic(info.observation_space, info.action_space, cfg.model)
+    module.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
+    batch = batches[0].to_torch()
+    with torch.no_grad():
+        _, stats = impala_loss(module, batch, None, cfg)
+        u = unroll(module, batch, T, cfg.gamma)
+        adv = vtrace_for(u, u.logp, cfg).pg_advantages
+        adv = standardize(adv, u.valid) if normalize else adv
+    expected = -float((u.logp * adv)[u.valid].mean())
+    assert abs(float(stats["policy_loss"]) - expected) < 1e-5
 
 
 # ---- config -----------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from shoal.algorithms.base import Algorithm
 from shoal.algorithms.config_groups import (AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, LearnerThreadKeys,
                                            VTraceKeys, check_learner_thread, check_whole_sequences)
 from shoal.algorithms.impala import (make_async_learner, make_learner_thread, make_sequence_runners, masked_mean,
-                                     time_major, unroll, value_and_entropy, vtrace_for)
+                                     policy_advantages, time_major, unroll, value_and_entropy, vtrace_for)
 from shoal.algorithms.pipeline import AsyncPipeline
 from shoal.batch import Col
 from shoal.config import AlgorithmConfig
@@ -81,22 +81,6 @@ def appo_loss_terms(logp, target_logp, pg_advantages, values, vs, entropy, valid
             "clip_fraction": masked_mean(((ratio - 1).abs() > clip_param).float(), valid)}
 
 
-def standardize(advantages: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """``(A - mean) / (std + 1e-8)`` over the valid steps; masked steps stay 0.
-
-    Unnormalized V-trace advantages on a sparse-reward game (Pong: one +-1 every ~100 steps)
-    are small and mostly noise around a non-zero mean; standardizing removes the mean and
-    gives the surrogate PPO's scale, which is what its clip_param is tuned for.
-    """
-    mask = valid.to(advantages.dtype)
-    n = mask.sum()
-    if n < 2:
-        return advantages
-    mean = (advantages * mask).sum() / n
-    var = (((advantages - mean) * mask) ** 2).sum() / (n - 1)
-    return (advantages - mean) / (var.sqrt() + 1e-8) * mask
-
-
 def appo_loss(module, batch: dict, learner: Learner, config, target: TargetNetwork,
               kl: AdaptiveKL) -> tuple[torch.Tensor, dict]:
     T = config.fragment_length()
@@ -106,7 +90,7 @@ def appo_loss(module, batch: dict, learner: Learner, config, target: TargetNetwo
         target_dist = module.dist_cls(target_inputs)
         target_logp = time_major(target_dist.logp(batch[Col.ACTIONS]), T)
     vt = vtrace_for(u, target_logp, config)
-    advantages = standardize(vt.pg_advantages, u.valid) if config.normalize_advantages else vt.pg_advantages
+    advantages = policy_advantages(vt, u, config)
     kl_terms = time_major(target_dist.kl(u.dist), T) if config.use_kl_loss else None
     terms = appo_loss_terms(u.logp, target_logp, advantages, u.values, vt.vs, u.entropy, u.valid, kl_terms,
                             clip_param=config.clip_param, vf_loss_coeff=config.vf_loss_coeff,

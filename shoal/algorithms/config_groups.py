@@ -31,6 +31,8 @@ class VTraceKeys(Section):
     vtrace_lambda: float = Field(1.0, gt=0, le=1, description="V-trace's lambda: scales the traces c_t (1: the paper's main form).")
     vf_loss_coeff: float = Field(0.5, ge=0, description="Weight of the value loss.")
     entropy_coeff: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
+    normalize_advantages: bool = Field(
+        False, description="Standardize the V-trace advantages over each learner batch's valid steps (as PPO does).")
 
 
 class AsyncSamplingKeys(Section):
@@ -81,8 +83,6 @@ class ClipTargetKeys(Section):
 
     clip_param: float = Field(0.4, gt=0, description="Clip of the ratio pi / pi_target in the surrogate.")
     target_update_frequency: int = Field(4, ge=1, description="Learner updates between target-network refreshes.")
-    normalize_advantages: bool = Field(
-        False, description="Standardize the V-trace advantages over each learner batch's valid steps (as PPO does).")
 
 
 class PPOLossKeys(Section):

@@ -135,10 +135,31 @@ def value_and_entropy(values, vs, entropy, valid) -> tuple[torch.Tensor, torch.T
     return 0.5 * masked_mean((values - vs).pow(2), valid), masked_mean(entropy, valid)
 
 
+def standardize(advantages: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``(A - mean) / (std + 1e-8)`` over the valid steps; masked steps stay 0.
+
+    Unnormalized V-trace advantages on a sparse-reward game (Pong: one +-1 every ~100 steps)
+    are small and mostly noise around a non-zero mean; standardizing removes the mean and
+    gives the surrogate PPO's scale, which is what its clip_param is tuned for.
+    """
+    mask = valid.to(advantages.dtype)
+    n = mask.sum()
+    if n < 2:
+        return advantages
+    mean = (advantages * mask).sum() / n
+    var = (((advantages - mean) * mask) ** 2).sum() / (n - 1)
+    return (advantages - mean) / (var.sqrt() + 1e-8) * mask
+
+
+def policy_advantages(vt: VTraceReturns, u: Unroll, config: VTraceKeys) -> torch.Tensor:
+    """The advantages the policy gradient weighs: V-trace's, standardized with ``normalize_advantages``."""
+    return standardize(vt.pg_advantages, u.valid) if config.normalize_advantages else vt.pg_advantages
+
+
 def impala_loss(module, batch: dict, learner: Learner, config: IMPALAConfig) -> tuple[torch.Tensor, dict]:
     u = unroll(module, batch, config.fragment_length(), config.gamma)
     vt = vtrace_for(u, u.logp, config)
-    terms = impala_loss_terms(u.logp, u.entropy, u.values, vt.vs, vt.pg_advantages, u.valid,
+    terms = impala_loss_terms(u.logp, u.entropy, u.values, vt.vs, policy_advantages(vt, u, config), u.valid,
                               vf_loss_coeff=config.vf_loss_coeff, entropy_coeff=config.entropy_coeff)
     loss = terms.pop("total_loss")
     stats = {k: v.detach() for k, v in terms.items()}
