@@ -5,9 +5,12 @@
 Trains in a fresh Python process (start-up counts) from the algorithm's preset
 ``examples/<algo>_pong.yaml`` on ALE/Pong-v5 with the standard preprocessing; the score is
 the raw game score (-21..21) of whole games. Progress goes to stderr; the last stdout line is
-one JSON object: ``algo``, ``budget_s``, ``reached`` (bool), ``seconds_to_18`` (null if not
-reached), ``best_mean_20``, ``frames`` (emulator frames sampled), ``frames_per_s`` and
-``curve`` (``[seconds, frames, mean of the last 20 games]`` after each iteration).
+one JSON object: ``algo``; ``repeat_action_probability`` (the preset's sticky-action
+probability; null: the id's own, 0.25 for v5); ``budget_s``; ``reached`` (bool);
+``seconds_to_18`` (null if not reached); ``best_mean_20``; ``frames`` (emulator frames
+sampled); ``frames_per_s``; ``learner_busy_fraction`` (Ape-X: the learner thread's mean busy
+share over the iterations in which it trained; null for the others); and ``curve``
+(``[seconds, frames, mean of the last 20 games]`` after each iteration).
 """
 
 from __future__ import annotations
@@ -45,8 +48,10 @@ def child(algo_name: str, config_path: str, budget_s: float, spawn_time: float) 
     config = get_config_class(algo_name)(**data, seed=0)
     skip = config.env_preprocessing.frame_skip
     algo = config.build()
-    out = {"algo": algo_name, "budget_s": budget_s, "reached": False, "seconds_to_18": None,
-           "best_mean_20": None, "frames": 0, "frames_per_s": None, "curve": []}
+    sticky = config.env_preprocessing.repeat_action_probability
+    out = {"algo": algo_name, "repeat_action_probability": sticky, "budget_s": budget_s, "reached": False, "seconds_to_18": None,
+           "best_mean_20": None, "frames": 0, "frames_per_s": None, "learner_busy_fraction": None, "curve": []}
+    busy: list[float] = []  # Ape-X: the learner thread's busy share of each iteration once it trains
     try:
         while time.time() - spawn_time < budget_s:
             result = algo.train()
@@ -56,10 +61,14 @@ def child(algo_name: str, config_path: str, budget_s: float, spawn_time: float) 
             out["frames"] = int(result["env_steps_sampled"]) * skip
             out["frames_per_s"] = out["frames"] / seconds
             out["curve"].append([round(seconds, 1), out["frames"], mean20])
+            if "learner_busy_fraction" in result and result.get("env_steps_trained", 0) > 0:
+                busy.append(float(result["learner_busy_fraction"]))
+                out["learner_busy_fraction"] = float(np.mean(busy))
             if mean20 is not None:
                 out["best_mean_20"] = mean20 if out["best_mean_20"] is None else max(out["best_mean_20"], mean20)
             log(f"{seconds:.0f} s, {out['frames']} frames ({out['frames_per_s']:.0f}/s), "
-                f"{result['episodes_total']} games, mean of last {WINDOW}: {mean20}")
+                f"{result['episodes_total']} games, mean of last {WINDOW}: {mean20}"
+                + (f", learner busy {busy[-1]:.2f}" if busy else ""))
             if mean20 is not None and mean20 >= TARGET:
                 out.update(reached=True, seconds_to_18=seconds)
                 break

@@ -5,10 +5,12 @@ env when it is installed (the ``bench`` extra).
     python benchmarks/atari_throughput.py [--budget-s 120] [--env ALE/Pong-v5]
 
 Each training run starts a fresh Python process from its preset (``examples/<algo>_pong.yaml``)
-with the standard 84x84 frames and the Nature CNN in place of the preset's own frame size and
-model, and trains for its share of the budget; its rate is the env frames trained (agent steps x
-frame skip) between the end of its first iteration and the end of its last, over that wall
-time, so start-up is left out. SB3 runs the rl-zoo Atari PPO settings (8 envs, 128 steps,
+with the standard 84x84 frames, the id's sticky actions and the Nature CNN in place of the
+preset's own frame size, sticky actions and model; IMPALA and APPO learn each batch once
+(``ASYNC_SCHEDULE`` below: their papers' schedule, not the APPO preset's 4 passes). Each
+trains for its share of the budget; its rate is the env frames trained (agent steps x frame
+skip) between the end of its first iteration and the end of its last, over that wall time,
+so start-up is left out. SB3 runs the rl-zoo Atari PPO settings (8 envs, 128 steps,
 4 epochs, batch 256) on the same id with the same frame skip and sticky actions, through its
 own ``make_atari_env``, and is timed the same way (after its first rollout).
 
@@ -33,6 +35,10 @@ from _spawn import run_child
 REPO = Path(__file__).resolve().parent.parent
 ALGOS = ("appo", "impala", "ppo")
 NATURE_CNN = {"torso": "nature_cnn", "hiddens": [], "activation": "relu", "vf_share_layers": True}
+# IMPALA and APPO are measured with their own papers' schedule, each batch learned once (the
+# algorithms' default num_sgd_iter), not the Pong presets' sample-efficiency schedule (APPO's
+# learns each batch 4 times). PPO keeps its preset's 4 epochs, as SB3 runs 4.
+ASYNC_SCHEDULE = {"num_sgd_iter": 1, "minibatch_buffer_size": 1, "rollout_fragment_length": 32, "train_batch_size": 512}
 
 
 def log(msg: str) -> None:
@@ -84,9 +90,13 @@ def child_shoal(algo_name: str, env_id: str, seconds: float) -> dict:
     data.pop("stop", None)
     data.pop("algo", None)
     data["env"] = env_id
-    # The measurement is of the standard set-up, whatever a preset trains with: 84x84 frames, Nature CNN.
-    data.setdefault("env_preprocessing", {})["screen_size"] = 84
+    # The measurement is of the standard set-up, whatever a preset trains with: 84x84 frames,
+    # the id's own sticky actions (as SB3 gets them), the Nature CNN.
+    data["env_preprocessing"] = {**data.get("env_preprocessing", {}), "screen_size": 84}
+    data["env_preprocessing"].pop("repeat_action_probability", None)
     data["model"] = NATURE_CNN
+    if algo_name in ("appo", "impala"):
+        data.update(ASYNC_SCHEDULE)
     config = get_config_class(algo_name)(**data, seed=0)
     algo = config.build()
     skip = config.env_preprocessing.frame_skip
