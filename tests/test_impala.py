@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from shoal.algorithms.appo import APPOConfig, appo_loss, appo_loss_terms
-from shoal.algorithms.impala import IMPALAConfig, impala_loss, impala_loss_terms, standardize, sequence_postprocess, time_major, unroll, vtrace_for
+from shoal.algorithms.impala import IMPALAConfig, impala_loss, impala_loss_terms, sequence_postprocess, time_major, unroll, vtrace_for
 from shoal.batch import Col
 from shoal.config import load_yaml
 from shoal.envs import env_info
 from shoal.errors import ConfigError
 from shoal.learn import Learner
+from shoal.learn.stats import standardize
 from shoal.learn.target import AdaptiveKL, TargetNetwork
 from shoal.learn.threads import LearnerThreadError
 from shoal.models import build_actor_critic

@@ -30,6 +30,7 @@ from shoal.algorithms.pipeline import AsyncPipeline
 from shoal.batch import Batch, Col
 from shoal.config import AlgorithmConfig
 from shoal.learn import Learner, resolve_device
+from shoal.learn.stats import standardize
 from shoal.learn.vtrace import VTraceReturns, vtrace
 from shoal.models import build_actor_critic
 from shoal.rollout import ActorCriticPolicy, Fragment
@@ -133,22 +134,6 @@ def impala_loss_terms(logp, entropy, values, vs, pg_advantages, valid, *, vf_los
 def value_and_entropy(values, vs, entropy, valid) -> tuple[torch.Tensor, torch.Tensor]:
     """``0.5 * mean((V - vs)^2)`` and ``mean(H)`` over the valid steps."""
     return 0.5 * masked_mean((values - vs).pow(2), valid), masked_mean(entropy, valid)
-
-
-def standardize(advantages: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """``(A - mean) / (std + 1e-8)`` over the valid steps; masked steps stay 0.
-
-    Unnormalized V-trace advantages on a sparse-reward game (Pong: one +-1 every ~100 steps)
-    are small and mostly noise around a non-zero mean; standardizing removes the mean and
-    gives the surrogate PPO's scale, which is what its clip_param is tuned for.
-    """
-    mask = valid.to(advantages.dtype)
-    n = mask.sum()
-    if n < 2:
-        return advantages
-    mean = (advantages * mask).sum() / n
-    var = (((advantages - mean) * mask) ** 2).sum() / (n - 1)
-    return (advantages - mean) / (var.sqrt() + 1e-8) * mask
 
 
 def policy_advantages(vt: VTraceReturns, u: Unroll, config: VTraceKeys) -> torch.Tensor:

@@ -24,6 +24,7 @@ from shoal.batch import Batch, Col
 from shoal.config import AlgorithmConfig
 from shoal.learn import Learner, resolve_device
 from shoal.learn.target import AdaptiveKL
+from shoal.learn.stats import standardize
 from shoal.models import build_actor_critic
 from shoal.rollout import ActorCriticPolicy, Fragment, compute_gae, flatten_valid
 from shoal.logging.metrics import Phase
@@ -115,8 +116,8 @@ def ppo_loss(module, batch: dict, learner: Learner, config: PPOConfig, kl: Adapt
     inputs, values = module(batch[Col.OBS])
     dist = module.dist_cls(inputs)
     adv = batch[Col.ADVANTAGES]
-    if config.normalize_advantages and len(adv) > 1:
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    if config.normalize_advantages:
+        adv = standardize(adv)
     kl_old_new = module.dist_cls(batch[Col.ACTION_DIST_INPUTS]).kl(dist) if config.use_kl_loss else None
     terms = ppo_loss_terms(
         dist.logp(batch[Col.ACTIONS]), batch[Col.ACTION_LOGP], adv, values, batch[Col.VF_PREDS],

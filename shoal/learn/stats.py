@@ -1,4 +1,4 @@
-"""Means of loss statistics: the one place that averages them.
+"""Means of loss statistics (the one place that averages them), and advantage standardization.
 
 Every learner reports a dict of scalars per SGD step; a result row holds their mean over the
 steps (or over the learner results, or over DD-PPO's replicas) that reported each key.
@@ -11,6 +11,24 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 import torch
+
+
+def standardize(advantages: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """``(A - mean) / (std + 1e-8)`` over the valid steps (all when ``valid`` is None); masked steps stay 0.
+
+    Unnormalized V-trace advantages on a sparse-reward game (Pong: one +-1 every ~100 steps)
+    are small and mostly noise around a non-zero mean; standardizing removes the mean and
+    gives the surrogate PPO's scale, which is what its clip_param is tuned for.
+    """
+    if valid is None:
+        return (advantages - advantages.mean()) / (advantages.std() + 1e-8) if len(advantages) > 1 else advantages
+    mask = valid.to(advantages.dtype)
+    n = mask.sum()
+    if n < 2:
+        return advantages
+    mean = (advantages * mask).sum() / n
+    var = (((advantages - mean) * mask) ** 2).sum() / (n - 1)
+    return (advantages - mean) / (var.sqrt() + 1e-8) * mask
 
 
 class StatsMean:
