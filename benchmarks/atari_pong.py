@@ -49,8 +49,8 @@ def child(algo_name: str, config_path: str, budget_s: float, spawn_time: float) 
     skip = config.env_preprocessing.frame_skip
     algo = config.build()
     sticky = config.env_preprocessing.repeat_action_probability
-    out = {"algo": algo_name, "repeat_action_probability": sticky, "budget_s": budget_s, "reached": False, "seconds_to_18": None,
-           "best_mean_20": None, "frames": 0, "frames_per_s": None, "learner_busy_fraction": None, "curve": []}
+    out = {"algo": algo_name, "repeat_action_probability": sticky, "budget_s": budget_s, "reached": False,
+           "seconds_to_18": None, "best_mean_20": None, "frames": 0, "frames_per_s": None, "learner_busy_fraction": None, "curve": []}
     busy: list[float] = []  # Ape-X: the learner thread's busy share of each iteration once it trains
     try:
         while time.time() - spawn_time < budget_s:
