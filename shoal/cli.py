@@ -7,6 +7,7 @@ and exit with code 2; Ctrl-C saves a checkpoint and exits with 130.
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, List, Optional
@@ -287,6 +288,9 @@ def league(
 
 
 def main() -> None:
+    # 'module:Class' envs, models and leagues from the directory shoal starts in, as `python -m shoal` finds them
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         app()
     except ShoalError as e:  # raised outside a command body

@@ -98,6 +98,20 @@ class ModelConfig(Section):
         "auto", description="Axis order of image observations for CNN torsos: (C, H, W) or (H, W, C). 'auto' takes "
         "the first or last axis as the channels when it is at most 16 long and shorter than the other two.")
 
+    custom: Optional[str] = Field(None, description="Your own network, 'package.module:ClassName', built as "
+                                  "ClassName(obs_space, action_space, num_outputs, **custom_kwargs) in every process "
+                                  "(the protocol: shoal.models.custom). Replaces the network the keys above describe.")
+    custom_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the model.custom class.")
+    use_lstm: bool = Field(False, description="Recurrent policy and value: an LSTM after the MLP (hiddens), its state "
+                           "carried across steps and reset at episode starts. PPO, DD-PPO, IMPALA, APPO and "
+                           "alpha_star; not DQN or Ape-X.")
+    lstm_cell_size: int = Field(256, ge=1, description="Units of the LSTM (use_lstm); the state is twice that per "
+                                "network (h and c).")
+    max_seq_len: int = Field(32, ge=1, description="PPO and DD-PPO with use_lstm: steps per training sequence (the "
+                             "runner records the state every max_seq_len steps; gradients flow within a sequence). "
+                             "rollout_fragment_length must be a multiple of it. IMPALA, APPO and alpha_star unroll "
+                             "whole fragments instead.")
+
     @field_validator("activation")
     @classmethod
     def _known_activation(cls, v: str) -> str:
@@ -114,6 +128,49 @@ class ModelConfig(Section):
                 raise ValueError(f"conv_filters[{i}] is {f}; each layer is [out_channels, kernel, stride], "
                                  "three positive integers")
         return v
+
+    @model_validator(mode="after")
+    def _lstm_keys_need_lstm(self) -> "ModelConfig":
+        if self.custom is not None:
+            return self
+        stray = self.changed({"lstm_cell_size", "max_seq_len"})
+        if stray and not self.use_lstm:
+            raise ValueError(f"model.{stray[0]} is set but model.use_lstm is false: it sizes the LSTM's state and "
+                             "sequences. Set model.use_lstm: true, or leave it out")
+        return self
+
+    @model_validator(mode="after")
+    def _custom_model(self) -> "ModelConfig":
+        if self.custom is None:
+            if self.custom_kwargs:
+                raise ValueError("model.custom_kwargs is set but model.custom is not: they are the arguments of a "
+                                 "custom model class. Set model.custom: 'package.module:ClassName', or leave them out")
+            return self
+        from shoal.models.custom import load_custom_class
+
+        cls = load_custom_class(self.custom)  # a clear error now, before anything starts
+        builtin = self.changed({"hiddens", "activation", "vf_share_layers", "init_log_std", "conv_filters", "torso",
+                                "frame_layout", "use_lstm", "lstm_cell_size"})
+        if builtin:
+            raise ValueError(f"model.{builtin[0]} describes shoal's own network, which model.custom "
+                             f"('{self.custom}') replaces: pass your class's settings in model.custom_kwargs "
+                             "instead")
+        if self.changed({"max_seq_len"}) and not getattr(cls, "recurrent", False):
+            raise ValueError(f"model.max_seq_len is set, but model.custom '{self.custom}' is not recurrent (its class "
+                             "has no recurrent = True): leave it out")
+        return self
+
+    def changed(self, keys: set[str]) -> list[str]:
+        """Those of ``keys`` whose value is not the default (a saved config lists defaults too)."""
+        return sorted(k for k in keys if getattr(self, k) != type(self).model_fields[k].get_default(call_default_factory=True))
+
+    def is_recurrent(self) -> bool:
+        """Whether the model carries state: ``use_lstm``, or a custom class with ``recurrent = True``."""
+        if self.custom is not None:
+            from shoal.models.custom import load_custom_class
+
+            return bool(getattr(load_custom_class(self.custom), "recurrent", False))
+        return self.use_lstm
 
     @model_validator(mode="after")
     def _filters_need_conv_torso(self) -> "ModelConfig":
@@ -182,6 +239,11 @@ class AlgorithmConfig(Section):
     """The fewest rollout workers (``resources.num_workers``) the algorithm can run with. With 0,
     ``shoal evaluate`` restores a run with no workers and evaluates in the driver; an algorithm
     whose workers are its learners (DD-PPO: 1) keeps the saved number, and starts none to evaluate."""
+    lstm_sequences: ClassVar[Optional[str]] = None
+    """How the algorithm trains a recurrent model (``model.use_lstm``): ``"max_seq_len"`` (sequences
+    of ``model.max_seq_len`` steps), ``"fragments"`` (whole rollout fragments) or None (it cannot;
+    ``lstm_refusal`` says why)."""
+    lstm_refusal: ClassVar[str] = "this algorithm has no recurrent models"
     algorithm_cls: ClassVar[Optional[type]] = None
     """The :class:`~shoal.algorithms.base.Algorithm` subclass that ``build()`` makes. An algorithm
     class that names this class as its ``config_cls`` sets it when it is defined, so importing
@@ -231,6 +293,32 @@ class AlgorithmConfig(Section):
             if any(lr < 0 for _, lr in v):
                 raise ValueError("lr_schedule learning rates must be >= 0")
         return v
+
+    @model_validator(mode="after")
+    def _check_recurrent(self):
+        model = self.model
+        if not model.is_recurrent():
+            return self
+        name = type(self).algo or type(self).__name__
+        if self.lstm_sequences is None:
+            what = "model.use_lstm" if model.custom is None else f"a recurrent model.custom ('{model.custom}')"
+            raise ValueError(f"{what} is not supported by {name}: {self.lstm_refusal}")
+        if self.lstm_sequences == "fragments" and model.changed({"max_seq_len"}):
+            raise ValueError(f"model.max_seq_len is not used by {name}: it unrolls the LSTM over whole fragments; "
+                             "set rollout_fragment_length for the sequence length instead")
+        if self.lstm_sequences == "max_seq_len" and isinstance(self.rollout_fragment_length, int):
+            if self.rollout_fragment_length % model.max_seq_len:
+                raise ValueError(f"rollout_fragment_length ({self.rollout_fragment_length}) must be a multiple of "
+                                 f"model.max_seq_len ({model.max_seq_len}) with a recurrent model: each fragment is "
+                                 "cut into whole training sequences")
+        return self
+
+    def state_sequence_length(self) -> int:
+        """Steps per training sequence of a recurrent model: the runner records the state at each
+        sequence's start (``model.max_seq_len``, or the whole fragment)."""
+        if self.lstm_sequences == "max_seq_len":
+            return self.model.max_seq_len
+        return self.fragment_length()
 
     # ---- API -----------------------------------------------------------------------
     def build(self):

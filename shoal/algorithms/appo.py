@@ -40,6 +40,7 @@ from shoal.batch import Col
 from shoal.config import AlgorithmConfig
 from shoal.learn import Learner
 from shoal.learn.target import AdaptiveKL, TargetNetwork
+from shoal.models.recurrent import run_sequences
 from shoal.logging.metrics import Phase
 from shoal.rollout import ActorCriticPolicy
 
@@ -49,6 +50,7 @@ class APPOConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, L
     """IMPALA's groups plus the clipped surrogate, its target network and the KL penalty."""
 
     algo = "appo"
+    lstm_sequences = "fragments"
 
     @model_validator(mode="after")
     def _check_appo(self):
@@ -86,7 +88,11 @@ def appo_loss(module, batch: dict, learner: Learner, config, target: TargetNetwo
     T = config.fragment_length()
     u = unroll(module, batch, T, config.gamma)
     with torch.no_grad():
-        target_inputs, _ = target.for_module(module)(batch[Col.OBS])
+        target_net = target.for_module(module)
+        if getattr(module, "recurrent", False):
+            target_inputs = run_sequences(target_net, batch, T)[0]
+        else:
+            target_inputs, _ = target_net(batch[Col.OBS])
         target_dist = module.dist_cls(target_inputs)
         target_logp = time_major(target_dist.logp(batch[Col.ACTIONS]), T)
     vt = vtrace_for(u, target_logp, config)

@@ -30,7 +30,7 @@ from pydantic import Field, field_validator, model_validator
 
 from shoal.algorithms.base import Algorithm
 from shoal.algorithms.config_groups import KLPenaltyKeys, PPOLossKeys
-from shoal.algorithms.ppo import gae_postprocess, ppo_loss
+from shoal.algorithms.ppo import gae_postprocess, ppo_loss, sgd_sequence_length, transitions
 from shoal.config import AlgorithmConfig, ResourcesConfig
 from shoal.errors import WorkerError
 from shoal.learn import Learner, resolve_device
@@ -72,6 +72,7 @@ class DDPPOConfig(PPOLossKeys, KLPenaltyKeys, AlgorithmConfig):
     """PPO's loss keys, run on every worker; the KL penalty's keys are refused (``unused_keys``)."""
 
     algo = "ddppo"
+    lstm_sequences = "max_seq_len"
     min_workers: ClassVar[int] = 1
     unused_keys = {
         "train_batch_size": "DD-PPO derives the train batch: each worker trains on rollout_fragment_length x "
@@ -142,7 +143,11 @@ class DDPPOConfig(PPOLossKeys, KLPenaltyKeys, AlgorithmConfig):
         return self.fragment_length() * self.resources.num_envs_per_worker
 
     def num_minibatches(self) -> int:
-        """Minibatches (= all-reduces) per epoch on every worker, fixed: reset steps make batches a little shorter."""
+        """Minibatches (= all-reduces) per epoch on every worker, fixed: reset steps make batches a little shorter.
+        A recurrent model's minibatches are whole sequences of model.max_seq_len steps (at least one)."""
+        if self.model.is_recurrent():
+            seqs = self.worker_batch_size() // self.model.max_seq_len
+            return -(-seqs // max(1, self.minibatch_size // self.model.max_seq_len))
         return -(-self.worker_batch_size() // self.minibatch_size)
 
 
@@ -195,7 +200,8 @@ class DDPPOWorker:
         self.learner.set_env_steps(self.rounds * cfg.worker_batch_size() * self.learner.world_size)
         try:
             stats = self.learner.update(batch, cfg.num_sgd_iter, cfg.minibatch_size, self.rng,
-                                        num_minibatches=cfg.num_minibatches())
+                                        num_minibatches=cfg.num_minibatches(),
+                                        sequence_length=sgd_sequence_length(cfg))
         except CollectiveError as e:
             destroy_process_group()
             return RoundResult(metrics, error=f"worker {self.worker_index}: {e}")
@@ -206,7 +212,7 @@ class DDPPOWorker:
         stats.update(allreduce_ms_per_minibatch=1000.0 * (self.learner.allreduce_s - reduce_s) / n,
                      learn_time_s=time.perf_counter() - t0, sample_time_s=metrics.sample_time_s)
         keep = cfg.keep_local_weights_in_sync and self.rank == 0
-        return RoundResult(metrics, len(batch), stats, weights if keep else None, rounds=self.rounds)
+        return RoundResult(metrics, transitions(batch), stats, weights if keep else None, rounds=self.rounds)
 
     def get_sync_state(self) -> dict[str, Any]:
         return {"learner": self.learner.get_state(), "rounds": self.rounds}

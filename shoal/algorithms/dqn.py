@@ -54,6 +54,8 @@ class QModelConfig(ModelConfig):
 
 class DQNConfig(AlgorithmConfig):
     algo = "dqn"
+    lstm_refusal = ("Q-learning with recurrent state (R2D2) is not part of shoal; use ppo, ddppo, impala or appo for a "
+                    "recurrent policy")
 
     lr: float = Field(1e-3, gt=0)
     grad_clip: Optional[float] = Field(10.0, gt=0)

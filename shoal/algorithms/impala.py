@@ -30,10 +30,12 @@ from shoal.algorithms.pipeline import AsyncPipeline
 from shoal.batch import Batch, Col
 from shoal.config import AlgorithmConfig
 from shoal.learn import Learner, resolve_device
-from shoal.learn.stats import standardize
+from shoal.learn.stats import masked_mean, standardize
 from shoal.learn.vtrace import VTraceReturns, vtrace
 from shoal.models import build_actor_critic
+from shoal.models.recurrent import pack_state, run_sequences
 from shoal.rollout import ActorCriticPolicy, Fragment
+from shoal.rollout.postprocessing import env_major
 from shoal.logging.metrics import Phase
 
 
@@ -42,6 +44,7 @@ class IMPALAConfig(VTraceKeys, AsyncSamplingKeys, LearnerThreadKeys, AlgorithmCo
     """AlgorithmConfig + V-trace + asynchronous sampling + the learner thread (config_groups.py)."""
 
     algo = "impala"
+    lstm_sequences = "fragments"
 
     @model_validator(mode="after")
     def _check_impala(self):
@@ -52,12 +55,14 @@ class IMPALAConfig(VTraceKeys, AsyncSamplingKeys, LearnerThreadKeys, AlgorithmCo
 
 # ---- loss -------------------------------------------------------------------------------
 def sequence_postprocess(fragment: Fragment) -> Batch:
-    """Worker-side: keep every step (reset rows masked by VALID), one env's T steps after another."""
-    def seq(x: np.ndarray) -> np.ndarray:
-        x = np.swapaxes(x, 0, 1)
-        return x.reshape(-1, *x.shape[2:])
-
+    """Worker-side: keep every step (reset rows masked by VALID), one env's T steps after another;
+    a recurrent policy's state at each fragment's start rides along (``STATE_IN``)."""
+    seq = env_major
+    state = {}
+    if fragment.state_in is not None:
+        state[Col.STATE_IN] = pack_state(fragment.state_in[0], len(fragment.rewards))
     return Batch({
+        **state,
         Col.OBS: seq(fragment.obs[:-1]),
         Col.NEXT_OBS: seq(fragment.obs[1:]),
         Col.ACTIONS: seq(fragment.actions),
@@ -89,15 +94,22 @@ class Unroll:
 
 
 def unroll(module, batch: dict, T: int, gamma: float) -> Unroll:
-    inputs, values = module(batch[Col.OBS])
-    dist = module.dist_cls(inputs)
     last_next_obs = time_major(batch[Col.NEXT_OBS], T)[-1]
+    if getattr(module, "recurrent", False):  # the core over each whole fragment, from its recorded state
+        inputs, values, final_state = run_sequences(module, batch, T)
+        # after a last row that reset its env, the observation is a new episode's first: zero state
+        final_state = final_state * time_major(batch[Col.VALID], T)[-1].to(final_state.dtype)[:, None]
+        bootstrap = module.value_step(last_next_obs, final_state)
+    else:
+        inputs, values = module(batch[Col.OBS])
+        bootstrap = module.value(last_next_obs)
+    dist = module.dist_cls(inputs)
     return Unroll(
         dist=dist,
         logp=time_major(dist.logp(batch[Col.ACTIONS]), T),
         entropy=time_major(dist.entropy(), T),
         values=time_major(values, T),
-        bootstrap=module.value(last_next_obs),
+        bootstrap=bootstrap,
         behaviour_logp=time_major(batch[Col.ACTION_LOGP], T),
         rewards=time_major(batch[Col.REWARDS], T),
         discounts=gamma * (1.0 - time_major(batch[Col.TERMINATEDS], T).float()),
@@ -110,11 +122,6 @@ def vtrace_for(u: Unroll, target_logp: torch.Tensor, config: VTraceKeys) -> VTra
     return vtrace(target_logp.detach() - u.behaviour_logp, u.discounts, u.rewards, u.values.detach(), u.bootstrap.detach(),
                   u.valid, clip_rho_threshold=config.vtrace_clip_rho_threshold,
                   clip_pg_rho_threshold=config.vtrace_clip_pg_rho_threshold, lambda_=config.vtrace_lambda)
-
-
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    mask = mask.to(x.dtype)
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
 
 def impala_loss_terms(logp, entropy, values, vs, pg_advantages, valid, *, vf_loss_coeff: float,

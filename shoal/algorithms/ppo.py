@@ -24,9 +24,11 @@ from shoal.batch import Batch, Col
 from shoal.config import AlgorithmConfig
 from shoal.learn import Learner, resolve_device
 from shoal.learn.target import AdaptiveKL
-from shoal.learn.stats import standardize
+from shoal.learn.stats import masked_mean, standardize
 from shoal.models import build_actor_critic
+from shoal.models.recurrent import pack_state, run_sequences
 from shoal.rollout import ActorCriticPolicy, Fragment, compute_gae, flatten_valid
+from shoal.rollout.postprocessing import env_major
 from shoal.logging.metrics import Phase
 
 
@@ -35,6 +37,7 @@ class PPOConfig(PPOLossKeys, KLPenaltyKeys, AlgorithmConfig):
     """AlgorithmConfig + PPO's loss and SGD keys + the adaptive KL penalty (config_groups.py)."""
 
     algo = "ppo"
+    lstm_sequences = "max_seq_len"
 
     train_batch_size: int = Field(4096, ge=1, description="Env steps per training step (over all rollout actors).")
     kl_coeff: float = Field(0.2, ge=0, description="Initial KL penalty coefficient (adapted towards kl_target).")
@@ -60,7 +63,10 @@ class PPOConfig(PPOLossKeys, KLPenaltyKeys, AlgorithmConfig):
         if isinstance(self.rollout_fragment_length, int):
             return self.rollout_fragment_length
         n = self.resources.num_envs_per_worker * max(self.resources.num_workers, 1)
-        return max(1, math.ceil(self.train_batch_size / n))
+        frag = max(1, math.ceil(self.train_batch_size / n))
+        if self.model.is_recurrent():  # whole training sequences: up to the next multiple of max_seq_len
+            frag = -(-frag // self.model.max_seq_len) * self.model.max_seq_len
+        return frag
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
@@ -75,8 +81,9 @@ class PPOConfig(PPOLossKeys, KLPenaltyKeys, AlgorithmConfig):
 # ---- loss -------------------------------------------------------------------------------
 def ppo_loss_terms(logp, old_logp, advantages, values, old_values, value_targets, entropy, kl=None, *,
                    clip_param: float, vf_clip_param: float | None, vf_loss_coeff: float, entropy_coeff: float,
-                   kl_coeff: float = 0.0) -> dict[str, torch.Tensor]:
+                   kl_coeff: float = 0.0, valid: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The PPO objective from per-sample tensors; ``total_loss`` is what gets minimised.
+    Means run over the steps where ``valid`` is True (recurrent sequences keep their reset rows).
 
     policy_loss = -mean(min(r * A, clip(r, 1 - eps, 1 + eps) * A)),  r = exp(logp - old_logp)
     vf_loss     = 0.5 * mean((V - R)^2), or with clipping
@@ -89,41 +96,46 @@ def ppo_loss_terms(logp, old_logp, advantages, values, old_values, value_targets
     log_ratio = logp - old_logp
     ratio = torch.exp(log_ratio)
     surr = torch.min(ratio * advantages, ratio.clamp(1 - clip_param, 1 + clip_param) * advantages)
-    policy_loss = -surr.mean()
+    policy_loss = -masked_mean(surr, valid)
     vf_err = (values - value_targets).pow(2)
     if vf_clip_param is not None:
         clipped = old_values + (values - old_values).clamp(-vf_clip_param, vf_clip_param)
         vf_err = torch.max(vf_err, (clipped - value_targets).pow(2))
-    vf_loss = 0.5 * vf_err.mean()
-    mean_entropy = entropy.mean()
+    vf_loss = 0.5 * masked_mean(vf_err, valid)
+    mean_entropy = masked_mean(entropy, valid)
     total = policy_loss + vf_loss_coeff * vf_loss - entropy_coeff * mean_entropy
     if kl is not None:
-        mean_kl = kl.mean()
+        mean_kl = masked_mean(kl, valid)
         total = total + kl_coeff * mean_kl
     else:
-        mean_kl = ((ratio - 1) - log_ratio).mean().detach()
+        mean_kl = masked_mean((ratio - 1) - log_ratio, valid).detach()
     return {
         "total_loss": total,
         "policy_loss": policy_loss,
         "vf_loss": vf_loss,
         "entropy": mean_entropy,
         "kl": mean_kl,
-        "clip_fraction": ((ratio - 1).abs() > clip_param).float().mean(),
+        "clip_fraction": masked_mean(((ratio - 1).abs() > clip_param).float(), valid),
     }
 
 
 def ppo_loss(module, batch: dict, learner: Learner, config: PPOConfig, kl: AdaptiveKL) -> tuple[torch.Tensor, dict]:
-    inputs, values = module(batch[Col.OBS])
+    valid = None
+    if getattr(module, "recurrent", False):  # whole sequences, from the state recorded at each one's start
+        inputs, values, _ = run_sequences(module, batch, config.model.max_seq_len)
+        valid = batch[Col.VALID]
+    else:
+        inputs, values = module(batch[Col.OBS])
     dist = module.dist_cls(inputs)
     adv = batch[Col.ADVANTAGES]
     if config.normalize_advantages:
-        adv = standardize(adv)
+        adv = standardize(adv, valid)
     kl_old_new = module.dist_cls(batch[Col.ACTION_DIST_INPUTS]).kl(dist) if config.use_kl_loss else None
     terms = ppo_loss_terms(
         dist.logp(batch[Col.ACTIONS]), batch[Col.ACTION_LOGP], adv, values, batch[Col.VF_PREDS],
         batch[Col.VALUE_TARGETS], dist.entropy(), kl_old_new,
         clip_param=config.clip_param, vf_clip_param=config.vf_clip_param, vf_loss_coeff=config.vf_loss_coeff,
-        entropy_coeff=config.entropy_coeff, kl_coeff=kl.coeff,
+        entropy_coeff=config.entropy_coeff, kl_coeff=kl.coeff, valid=valid,
     )
     loss = terms.pop("total_loss")
     return loss, {k: v.detach() for k, v in terms.items()}
@@ -131,7 +143,8 @@ def ppo_loss(module, batch: dict, learner: Learner, config: PPOConfig, kl: Adapt
 
 
 def gae_postprocess(fragment: Fragment, gamma: float, gae_lambda: float) -> Batch:
-    """Worker-side: advantages and value targets, then the valid steps flattened."""
+    """Worker-side: advantages and value targets, then the valid steps flattened; for a recurrent
+    policy every step instead, as sequences with their start states (:func:`sequence_rows`)."""
     values = fragment.extras[Col.VF_PREDS]
     next_values = np.concatenate([values[1:], fragment.last_extras[Col.VF_PREDS][None]], axis=0)
     dones = fragment.terminateds | fragment.truncateds
@@ -145,7 +158,31 @@ def gae_postprocess(fragment: Fragment, gamma: float, gae_lambda: float) -> Batc
         Col.ADVANTAGES: adv,
         Col.VALUE_TARGETS: adv + values,
     }
+    if fragment.state_in is not None:
+        return sequence_rows(cols, fragment)
     return Batch(flatten_valid(cols, fragment.valid))
+
+
+def sequence_rows(cols: dict[str, np.ndarray], fragment: Fragment) -> Batch:
+    """Time-major ``(T, N, ...)`` columns as rows of training sequences: each env's T steps in order
+    (``VALID`` marks the reset rows), so each run of ``L = T // len(state_in)`` rows is one
+    sequence, and ``STATE_IN`` holds the state recorded at its start."""
+    T, n_seq = len(fragment.rewards), len(fragment.state_in)
+    rows = {k: env_major(v) for k, v in cols.items()}
+    rows[Col.VALID] = env_major(fragment.valid)
+    states = np.swapaxes(fragment.state_in, 0, 1)  # (N, T // L, size): env after env, sequences in order
+    rows[Col.STATE_IN] = pack_state(states.reshape(-1, states.shape[-1]), T // n_seq)
+    return Batch(rows)
+
+
+def sgd_sequence_length(config) -> int:
+    """Rows per minibatch unit: whole sequences for a recurrent model, single steps otherwise."""
+    return config.model.max_seq_len if config.model.is_recurrent() else 1
+
+
+def transitions(batch: Batch) -> int:
+    """Env steps a batch trains on: its rows, less the reset rows that sequences keep."""
+    return int(batch[Col.VALID].sum()) if Col.VALID in batch else len(batch)
 
 
 # ---- algorithm --------------------------------------------------------------------------
@@ -177,8 +214,9 @@ class PPO(Algorithm):
             self.record_rollouts([m for _, m in results])
         with self.timers.time(Phase.LEARN):
             self.learner.set_env_steps(self.counters["env_steps_sampled"])
-            stats = self.learner.update(batch, cfg.num_sgd_iter, cfg.minibatch_size, self.rng)
-            self.counters["env_steps_trained"] += len(batch)
+            stats = self.learner.update(batch, cfg.num_sgd_iter, cfg.minibatch_size, self.rng,
+                                        sequence_length=sgd_sequence_length(cfg))
+            self.counters["env_steps_trained"] += transitions(batch)
         with self.timers.time(Phase.POST_UPDATE):
             stats["kl_coeff"] = self.kl.update(stats["kl"]) if cfg.use_kl_loss else self.kl.coeff
         with self.timers.time(Phase.SYNC):

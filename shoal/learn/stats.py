@@ -31,6 +31,14 @@ def standardize(advantages: torch.Tensor, valid: torch.Tensor | None = None) -> 
     return (advantages - mean) / (var.sqrt() + 1e-8) * mask
 
 
+def masked_mean(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The mean of ``x`` over the steps where ``mask`` is True (all of them when it is None)."""
+    if mask is None:
+        return x.mean()
+    mask = mask.to(x.dtype)
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
 class StatsMean:
     """Accumulates statistics (tensors or floats) and averages each key over the adds that had it."""
 

@@ -10,6 +10,11 @@ step: its action is ignored, it carries no transition and is masked out (``valid
 So no transition ever spans two episodes, and the value the policy computes on a reset
 step's input is the value of the previous episode's final observation: the bootstrap for a
 truncated episode comes for free.
+
+A recurrent policy's state (``model.use_lstm``) is carried here, across fragments: an env's
+state is zeroed before the first step of each episode (the step after a reset step) and
+recorded at the start of every training sequence of ``config.state_sequence_length()`` steps
+(``Fragment.state_in``). Evaluation carries a state per evaluation env the same way.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from shoal.batch import Batch, Col
 from shoal.envs.atari import LearningSignal
 from shoal.envs.make import make_env, make_vec_env
 from shoal.models.catalog import preprocess_obs
+from shoal.rollout.policies import STATE_OUT
 from shoal.process import configure_process
 from shoal.seeding import evaluation_seed, worker_seed
 
@@ -42,6 +48,7 @@ class Fragment:
     valid: np.ndarray  # (T, N) bool: False on reset steps
     extras: dict[str, np.ndarray]  # (T, N, ...) per-step policy outputs
     last_extras: dict[str, np.ndarray]  # (N, ...) policy outputs on obs[T]
+    state_in: np.ndarray | None = None  # recurrent policies: (T // L, N, state_size), the state at each sequence start
 
 
 @dataclass
@@ -113,6 +120,11 @@ class EnvRunner:
         self._prev_done = np.zeros(self.num_envs, dtype=bool)
         self._ep_return = np.zeros(self.num_envs, dtype=np.float64)
         self._ep_len = np.zeros(self.num_envs, dtype=np.int64)
+        self.recurrent = self.policy.recurrent
+        if self.recurrent:
+            self.seq_len = config.state_sequence_length()
+            self._state = self.policy.initial_state(self.num_envs)
+            self._new_episode = np.zeros(self.num_envs, dtype=bool)  # zero the state before the next step
         self._eval_envs: dict[int, gym.vector.VectorEnv] = {}
         self.weights_version = 0
 
@@ -137,10 +149,24 @@ class EnvRunner:
         prev_done = self._prev_done
         ep_ret, ep_len = self._ep_return, self._ep_len
         metrics = RolloutMetrics(worker_index=self.worker_index)
+        recurrent = self.recurrent
+        if recurrent:
+            state, new_episode, L = self._state, self._new_episode, self.seq_len
+            if T % L:
+                raise ValueError(f"rollout fragments of {T} steps do not split into training sequences of {L}")
+            state_buf = np.empty((T // L, *state.shape), dtype=np.float32)
         with torch.inference_mode():
             for t in range(T):
                 obs_buf[t] = obs
-                actions, extras = policy.act(obs, explore)
+                if recurrent:
+                    if new_episode.any():
+                        state[new_episode] = 0.0
+                    if t % L == 0:
+                        state_buf[t // L] = state
+                    actions, extras = policy.act(obs, explore, state)
+                    state = extras.pop(STATE_OUT)
+                else:
+                    actions, extras = policy.act(obs, explore)
                 if actions_buf is None:
                     actions_buf = np.empty((T, *actions.shape), dtype=actions.dtype)
                     extras_buf = {k: np.empty((T, *v.shape), dtype=v.dtype) for k, v in extras.items()}
@@ -165,13 +191,20 @@ class EnvRunner:
                     ep_ret[idx] = 0.0
                     ep_len[idx] = 0
                 prev_done = done
+                if recurrent:
+                    new_episode = ~live  # a reset step's observation is the next episode's first
                 obs = preprocess_obs(self.obs_space, raw)
             obs_buf[T] = obs
-            last_extras = policy.bootstrap(obs)
+            if recurrent:
+                last_extras = policy.bootstrap(obs, state)
+                self._state, self._new_episode = state, new_episode
+            else:
+                last_extras = policy.bootstrap(obs)
         self._obs, self._prev_done = obs, prev_done
         rewards *= valid
         metrics.env_steps = int(valid.sum())
-        frag = Fragment(obs_buf, actions_buf, rewards, terms, truncs, valid, extras_buf, last_extras)
+        frag = Fragment(obs_buf, actions_buf, rewards, terms, truncs, valid, extras_buf, last_extras,
+                        state_buf if recurrent else None)
         return frag, metrics
 
     # ---- evaluation ---------------------------------------------------------------------
@@ -195,9 +228,10 @@ class EnvRunner:
                 raw, _ = env.reset()
                 ret, length = np.zeros(k), np.zeros(k, dtype=np.int64)
                 finished = np.zeros(k, dtype=bool)
+                state = self.policy.initial_state(k)  # only each env's first episode counts: no resets
                 while not finished.all():
                     obs = preprocess_obs(self.obs_space, raw)
-                    actions, _ = self.policy.act(obs, explore=False)
+                    actions, state = self._act_greedy(obs, state)
                     raw, r, term, trunc, _ = env.step(self.policy.to_env_actions(actions))
                     ret += r * ~finished
                     length += ~finished
@@ -214,15 +248,23 @@ class EnvRunner:
             for _ in range(num_episodes):
                 raw, _ = env.reset()
                 done, ret, n = False, 0.0, 0
+                state = self.policy.initial_state(1)
                 while not done:
                     obs = preprocess_obs(self.obs_space, np.asarray(raw)[None])
-                    actions, _ = self.policy.act(obs, explore=False)
+                    actions, state = self._act_greedy(obs, state)
                     raw, r, term, trunc, _ = env.step(self.policy.to_env_actions(actions)[0])
                     ret, n, done = ret + float(r), n + 1, term or trunc
                 returns.append(ret)
                 lengths.append(n)
         env.close()
         return episode_summary(returns, lengths)
+
+    def _act_greedy(self, obs: np.ndarray, state: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Greedy actions, and the next state for a recurrent policy."""
+        if not self.recurrent:
+            return self.policy.act(obs, explore=False)[0], None
+        actions, extras = self.policy.act(obs, False, state)
+        return actions, extras[STATE_OUT]
 
     # ---- weights ------------------------------------------------------------------------
     def get_weights(self) -> dict[str, np.ndarray]:

@@ -3,6 +3,11 @@
 A policy owns a torch module and turns a batch of preprocessed observations into actions
 plus "extras" (per-step columns the learner needs, e.g. log-probs and value predictions).
 ``bootstrap(obs)`` returns the extras of the observation after a fragment's last step.
+
+A ``recurrent`` policy (a model with ``model.use_lstm``) also takes each env's state:
+``act(obs, explore, state)`` returns the next state among the extras under :data:`STATE_OUT`
+(the runner takes it out before storing extras), ``bootstrap(obs, state)`` leaves it as it is,
+and ``initial_state(n)`` is the state before an episode's first step.
 """
 
 from __future__ import annotations
@@ -16,11 +21,18 @@ from shoal.models import build_actor_critic
 from shoal.models.weights import load_numpy_weights, weights_to_numpy
 from shoal.schedule import PiecewiseSchedule
 
+STATE_OUT = "state_out"  # a recurrent policy's extras key for the state after the step (not a Batch column)
+
 
 class InferencePolicy:
     """What a rollout actor's policy declares beyond ``act``/``get_weights``/``set_weights``."""
 
     trainable = True  # a multi-agent runner collects training rows only for trainable policies
+    recurrent = False  # act/bootstrap take each env's state (model.use_lstm)
+
+    def initial_state(self, n: int) -> np.ndarray | None:
+        """``(n, state_size)`` float32 zeros for a recurrent policy; None otherwise."""
+        return None
 
     def on_global_vars(self, global_vars: dict) -> None:
         """Follow driver-side state (``{"env_steps": t}``, e.g. for an epsilon schedule); default: ignore it."""
@@ -46,9 +58,17 @@ class ActorCriticPolicy(InferencePolicy):
             self.generator.seed()
         self.action_space = action_space
         self._box = isinstance(action_space, gym.spaces.Box)
+        self.recurrent = bool(getattr(self.module, "recurrent", False))
 
-    def act(self, obs: np.ndarray, explore: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        inputs, values = self.module(torch.from_numpy(obs))
+    def initial_state(self, n: int) -> np.ndarray | None:
+        return self.module.initial_state(n).numpy() if self.recurrent else None
+
+    def act(self, obs: np.ndarray, explore: bool = True,
+            state: np.ndarray | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        if self.recurrent:
+            inputs, values, state_out = self.module.step(torch.from_numpy(obs), torch.from_numpy(state))
+        else:
+            inputs, values = self.module(torch.from_numpy(obs))
         dist = self.dist_cls(inputs)
         actions = dist.sample(self.generator) if explore else dist.deterministic()
         extras = {
@@ -56,9 +76,13 @@ class ActorCriticPolicy(InferencePolicy):
             Col.VF_PREDS: values.numpy(),
             Col.ACTION_DIST_INPUTS: inputs.numpy(),
         }
+        if self.recurrent:
+            extras[STATE_OUT] = state_out.numpy()
         return actions.numpy(), extras
 
-    def bootstrap(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+    def bootstrap(self, obs: np.ndarray, state: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        if self.recurrent:
+            return {Col.VF_PREDS: self.module.value_step(torch.from_numpy(obs), torch.from_numpy(state)).numpy()}
         return {Col.VF_PREDS: self.module.value(torch.from_numpy(obs)).numpy()}
 
     def to_env_actions(self, actions: np.ndarray) -> np.ndarray:

@@ -42,6 +42,12 @@ def compute_gae(
     return adv
 
 
+def env_major(x: np.ndarray) -> np.ndarray:
+    """Time-major ``(T, N, ...)`` -> rows, one env's T steps after another (every step kept)."""
+    x = np.swapaxes(x, 0, 1)
+    return x.reshape(-1, *x.shape[2:])
+
+
 def flatten_valid(columns: dict[str, np.ndarray], valid: np.ndarray) -> dict[str, np.ndarray]:
     """(T, N, ...) columns -> rows of the valid steps, each env's steps contiguous and in order."""
     keep = valid.T.reshape(-1)

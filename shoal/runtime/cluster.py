@@ -19,7 +19,9 @@ def start(address: str | None = None, num_cpus: int | None = None, **kwargs) -> 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     # Workers inherit this: one torch/BLAS thread each unless the config says otherwise.
-    env_vars = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "RAY_USAGE_STATS_ENABLED": "0"}
+    env_vars = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "RAY_USAGE_STATS_ENABLED": "0",
+                # 'module:Class' envs and models from the driver's working directory import in every actor
+                "PYTHONPATH": os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         init_kwargs = dict(
