@@ -145,7 +145,14 @@ class AlphaStar(Algorithm):
 
     def describe_env(self):
         env = make_multi_agent_env(self.config.env, self.config.env_config)  # fails early on a bad env
-        agent = env.possible_agents[0]
+        agents = list(env.possible_agents)
+        if len(agents) != 2 and getattr(make_league_builder(self.config.league), "name", "") == "alpha_star":
+            env.close()
+            raise ConfigError(f"The alpha_star league builder plays two-player games; {self.config.env!r} has "
+                              f"{len(agents)} agents ({', '.join(agents)}). For more agents use ppo, impala or appo "
+                              "with a multi_agent section, or a league builder of your own (league: "
+                              "'package.module:Builder').")
+        agent = agents[0]
         self.obs_space, self.action_space = env.observation_space(agent), env.action_space(agent)
         env.close()
         return None

@@ -32,7 +32,8 @@ from pydantic import model_validator
 
 from shoal.algorithms.base import Algorithm
 from shoal.algorithms.config_groups import (AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, LearnerThreadKeys,
-                                           VTraceKeys, check_learner_thread, check_whole_sequences)
+                                           MultiAgentKeys, VTraceKeys, check_learner_thread, check_multi_agent,
+                                           check_whole_sequences)
 from shoal.algorithms.impala import (make_async_learner, make_learner_thread, make_sequence_runners, masked_mean,
                                      policy_advantages, time_major, unroll, value_and_entropy, vtrace_for)
 from shoal.algorithms.pipeline import AsyncPipeline
@@ -46,16 +47,19 @@ from shoal.rollout import ActorCriticPolicy
 
 
 # ---- config -----------------------------------------------------------------------------
-class APPOConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, LearnerThreadKeys, AlgorithmConfig):
+class APPOConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, LearnerThreadKeys, MultiAgentKeys,
+                 AlgorithmConfig):
     """IMPALA's groups plus the clipped surrogate, its target network and the KL penalty."""
 
     algo = "appo"
     lstm_sequences = "fragments"
 
+
     @model_validator(mode="after")
     def _check_appo(self):
         check_whole_sequences(self)
         check_learner_thread(self)
+        check_multi_agent(self)
         return self
 
 

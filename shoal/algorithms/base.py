@@ -51,6 +51,14 @@ class Algorithm:
         if "config_cls" in cls.__dict__:
             cls.config_cls.algorithm_cls = cls
 
+    def __new__(cls, config: AlgorithmConfig | None = None, *args: Any, **kwargs: Any):
+        # A config with a multi_agent section builds the algorithm's multi-agent form (shoal.algorithms.multi_agent).
+        if getattr(config, "multi_agent", None) is not None and not getattr(cls, "multi_agent_kind", ""):
+            from shoal.algorithms.multi_agent import multi_agent_class
+
+            cls = multi_agent_class(cls)
+        return super().__new__(cls)
+
     def __init__(self, config: AlgorithmConfig) -> None:
         if not isinstance(config, self.config_cls):
             raise ConfigError(f"{type(self).__name__} needs a {self.config_cls.__name__}, got {type(config).__name__}.")

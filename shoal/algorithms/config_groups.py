@@ -14,9 +14,9 @@ IMPALA's learner thread) lists them in ``unused_keys`` with the reason.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional, Union
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from shoal.config import Section
 
@@ -133,3 +133,107 @@ def check_learner_thread(cfg) -> None:
         raise ValueError(f"{', '.join(f'{k} ({v})' for k, v in stacks.items())}: settings of the multi-device learner, "
                          "which runs only with several devices or a GPU (num_learner_devices, resources.num_gpus); "
                          "the single-device learner thread uses minibatch_buffer_size instead")
+
+
+# ---- multi-agent without a league (PPO, IMPALA, APPO) ----------------------------------------
+class PolicyOverrides(Section):
+    """One policy of a ``multi_agent`` section: what differs from the algorithm's own config."""
+
+    model: dict[str, Any] = Field(default_factory=dict, description="Keys of the model section that differ for this "
+                                  "policy (e.g. {hiddens: [128]}).")
+    config: dict[str, Any] = Field(default_factory=dict, description="Hyperparameters that differ for this policy's "
+                                   "learner (lr, entropy_coeff, clip_param, num_sgd_iter, ...).")
+
+
+PER_RUN_KEYS = ("env", "env_config", "seed", "resources", "evaluation", "env_preprocessing", "rollout_fragment_length",
+                "train_batch_size", "min_time_s_per_iteration", "min_env_steps_per_iteration", "multi_agent", "model",
+                "max_requests_in_flight_per_worker", "broadcast_interval", "learner_queue_size",
+                "learner_queue_timeout", "minibatch_buffer_size", "num_learner_devices", "fake_devices",
+                "num_multi_gpu_tower_stacks", "num_data_load_threads")
+
+
+class MultiAgentConfig(Section):
+    """Several policies on a PettingZoo env (Parallel or AEC, any number of agents), without a league."""
+
+    policies: dict[str, Optional[PolicyOverrides]] = Field(
+        ..., description="Policy ids, each with optional model and hyperparameter overrides ({id: null} for none).")
+    policy_mapping: Union[str, dict[str, str], None] = Field(
+        None, description="Which policy plays each agent: a dict agent -> policy id, or an import path to a function "
+        "(agent_id, episode) -> policy_id called when each episode starts. None: the one policy plays every agent.")
+    policies_to_train: Optional[list[str]] = Field(
+        None, description="The policies that learn; the others keep their initial weights. None: all of them.")
+
+    @model_validator(mode="after")
+    def _check_policies(self) -> "MultiAgentConfig":
+        ids = list(self.policies)
+        if not ids:
+            raise ValueError("multi_agent.policies is empty: name at least one policy, e.g. {shared: null}")
+        if self.policy_mapping is None and len(ids) > 1:
+            raise ValueError(f"multi_agent.policy_mapping is needed with several policies ({', '.join(ids)}): a dict "
+                             "agent -> policy id, or an import path to a function (agent_id, episode) -> policy_id")
+        if isinstance(self.policy_mapping, dict):
+            unknown = sorted(set(self.policy_mapping.values()) - set(ids))
+            if unknown:
+                raise ValueError(f"multi_agent.policy_mapping maps agents to unknown policies {unknown}; policies: "
+                                 f"{', '.join(ids)}")
+        elif isinstance(self.policy_mapping, str):
+            from shoal.config import import_path
+
+            try:
+                fn = import_path(self.policy_mapping)
+            except (ImportError, AttributeError, ValueError) as e:
+                raise ValueError(f"multi_agent.policy_mapping '{self.policy_mapping}' cannot be imported: {e}") from None
+            if not callable(fn):
+                raise ValueError(f"multi_agent.policy_mapping '{self.policy_mapping}' is not callable")
+        if self.policies_to_train is not None:
+            unknown = sorted(set(self.policies_to_train) - set(ids))
+            if unknown:
+                raise ValueError(f"multi_agent.policies_to_train names unknown policies {unknown}; policies: "
+                                 f"{', '.join(ids)}")
+            if not self.policies_to_train:
+                raise ValueError("multi_agent.policies_to_train is empty: at least one policy must learn")
+        return self
+
+    def trained(self) -> list[str]:
+        return list(self.policies_to_train) if self.policies_to_train is not None else list(self.policies)
+
+
+class MultiAgentKeys(Section):
+    """The ``multi_agent`` section (PPO, IMPALA, APPO): see :mod:`shoal.algorithms.multi_agent`."""
+
+    multi_agent: Optional[MultiAgentConfig] = Field(
+        None, description="Several policies on a PettingZoo env (Parallel or AEC, any number of agents): policies, "
+        "policy_mapping, policies_to_train. None: a single-agent Gymnasium env.")
+
+
+def check_multi_agent(config) -> None:
+    """Each policy's overrides make a valid config of the algorithm; recurrent models wait for the league runner."""
+    ma = config.multi_agent
+    if ma is None:
+        return
+    if config.model.is_recurrent():
+        raise ValueError("a recurrent model (model.use_lstm or a recurrent model.custom) is not supported with "
+                         "multi_agent yet: the multi-agent rollout actor carries no state")
+    for pid, spec in ma.policies.items():
+        if spec is None:
+            continue
+        bad = sorted(set(spec.config) & set(PER_RUN_KEYS))
+        if bad:
+            raise ValueError(f"multi_agent.policies.{pid}.config sets {bad[0]}, which is one per run, not per policy "
+                             "(per-policy model keys go in multi_agent.policies.<id>.model)")
+        try:
+            policy_config(config, pid)
+        except Exception as e:  # a ConfigError naming the key, said for this policy
+            msg = str(e).removeprefix(f"Invalid {type(config).__name__}: ").rstrip(".")
+            raise ValueError(f"multi_agent.policies.{pid}: {msg}") from None
+
+
+def policy_config(config, pid: str):
+    """The algorithm's config as policy ``pid`` learns with it: its overrides applied, no multi_agent."""
+    spec = config.multi_agent.policies[pid]
+    data = config.to_dict()
+    data.pop("multi_agent", None)
+    if spec is not None:
+        data.update(spec.config)
+        data["model"] = {**data.get("model", {}), **spec.model}
+    return type(config).from_dict(data)

@@ -24,8 +24,8 @@ import torch
 from pydantic import model_validator
 
 from shoal.algorithms.base import Algorithm
-from shoal.algorithms.config_groups import (AsyncSamplingKeys, LearnerThreadKeys, VTraceKeys, check_learner_thread,
-                                           check_whole_sequences)
+from shoal.algorithms.config_groups import (AsyncSamplingKeys, LearnerThreadKeys, MultiAgentKeys, VTraceKeys,
+                                           check_learner_thread, check_multi_agent, check_whole_sequences)
 from shoal.algorithms.pipeline import AsyncPipeline
 from shoal.batch import Batch, Col
 from shoal.config import AlgorithmConfig
@@ -40,16 +40,18 @@ from shoal.logging.metrics import Phase
 
 
 # ---- config -----------------------------------------------------------------------------
-class IMPALAConfig(VTraceKeys, AsyncSamplingKeys, LearnerThreadKeys, AlgorithmConfig):
+class IMPALAConfig(VTraceKeys, AsyncSamplingKeys, LearnerThreadKeys, MultiAgentKeys, AlgorithmConfig):
     """AlgorithmConfig + V-trace + asynchronous sampling + the learner thread (config_groups.py)."""
 
     algo = "impala"
     lstm_sequences = "fragments"
 
+
     @model_validator(mode="after")
     def _check_impala(self):
         check_whole_sequences(self)
         check_learner_thread(self)
+        check_multi_agent(self)
         return self
 
 

@@ -19,7 +19,7 @@ import torch
 from pydantic import Field, model_validator
 
 from shoal.algorithms.base import Algorithm
-from shoal.algorithms.config_groups import KLPenaltyKeys, PPOLossKeys
+from shoal.algorithms.config_groups import KLPenaltyKeys, MultiAgentKeys, PPOLossKeys, check_multi_agent
 from shoal.batch import Batch, Col
 from shoal.config import AlgorithmConfig
 from shoal.learn import Learner, resolve_device
@@ -33,7 +33,7 @@ from shoal.logging.metrics import Phase
 
 
 # ---- config -----------------------------------------------------------------------------
-class PPOConfig(PPOLossKeys, KLPenaltyKeys, AlgorithmConfig):
+class PPOConfig(PPOLossKeys, KLPenaltyKeys, MultiAgentKeys, AlgorithmConfig):
     """AlgorithmConfig + PPO's loss and SGD keys + the adaptive KL penalty (config_groups.py)."""
 
     algo = "ppo"
@@ -41,6 +41,11 @@ class PPOConfig(PPOLossKeys, KLPenaltyKeys, AlgorithmConfig):
 
     train_batch_size: int = Field(4096, ge=1, description="Env steps per training step (over all rollout actors).")
     kl_coeff: float = Field(0.2, ge=0, description="Initial KL penalty coefficient (adapted towards kl_target).")
+
+    @model_validator(mode="after")
+    def _check_ppo_multi_agent(self):
+        check_multi_agent(self)
+        return self
 
     @model_validator(mode="after")
     def _check_ppo_batch(self):
@@ -120,10 +125,9 @@ def ppo_loss_terms(logp, old_logp, advantages, values, old_values, value_targets
 
 
 def ppo_loss(module, batch: dict, learner: Learner, config: PPOConfig, kl: AdaptiveKL) -> tuple[torch.Tensor, dict]:
-    valid = None
+    valid = batch.get(Col.VALID)  # sequences keep their reset rows (recurrent, multi-agent): mask them
     if getattr(module, "recurrent", False):  # whole sequences, from the state recorded at each one's start
         inputs, values, _ = run_sequences(module, batch, config.model.max_seq_len)
-        valid = batch[Col.VALID]
     else:
         inputs, values = module(batch[Col.OBS])
     dist = module.dist_cls(inputs)

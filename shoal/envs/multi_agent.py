@@ -85,15 +85,20 @@ def observation_part(space: gym.Space) -> gym.Space:
     return space
 
 
-def split_observation(raw: Any, info: dict | None = None) -> Obs:
-    """``(flat float32 obs, bool mask or None)`` from a raw PettingZoo observation."""
+def split_observation(raw: Any, info: dict | None = None, one_hot: int | None = None) -> Obs:
+    """``(flat float32 obs, bool mask or None)`` from a raw PettingZoo observation; with
+    ``one_hot`` n (a Discrete(n) observation) the observation is its one-hot row."""
     mask = None
     if isinstance(raw, dict) and "observation" in raw:
         mask = raw.get("action_mask")
         raw = raw["observation"]
     if mask is None and info:
         mask = info.get("action_mask")
-    obs = np.asarray(raw, dtype=np.float32).reshape(-1)
+    if one_hot is not None:
+        obs = np.zeros(one_hot, dtype=np.float32)
+        obs[int(raw)] = 1.0
+    else:
+        obs = np.asarray(raw, dtype=np.float32).reshape(-1)
     return obs, (None if mask is None else np.asarray(mask).astype(bool))
 
 
@@ -115,9 +120,20 @@ class MultiAgentEnvAdapter:
         self.env = env
         self.possible_agents: list[str] = list(env.possible_agents)
         self.turn_based = False
+        self._one_hot: dict[str, int | None] = {}  # agent -> n of a Discrete observation (one-hot), or None
 
     def observation_space(self, agent: str) -> gym.Space:
-        return observation_part(self.env.observation_space(agent))
+        """What the policies see: Discrete(n) observations become one-hot Box(0, 1, (n,)) rows."""
+        space = observation_part(self.env.observation_space(agent))
+        if isinstance(space, gym.spaces.Discrete):
+            return gym.spaces.Box(0.0, 1.0, (int(space.n),), np.float32)
+        return space
+
+    def _split(self, agent: str, raw: Any, info: dict | None = None) -> Obs:
+        if agent not in self._one_hot:
+            space = observation_part(self.env.observation_space(agent))
+            self._one_hot[agent] = int(space.n) if isinstance(space, gym.spaces.Discrete) else None
+        return split_observation(raw, info, self._one_hot[agent])
 
     def action_space(self, agent: str) -> gym.Space:
         return self.env.action_space(agent)
@@ -180,10 +196,10 @@ class AECAdapter(MultiAgentEnvAdapter):
             out.rewards[agent] = out.rewards.get(agent, 0.0) + float(reward)
             out.infos[agent] = info
             if term or trunc:
-                out.ended[agent] = (split_observation(raw, info), bool(term), bool(trunc))
+                out.ended[agent] = (self._split(agent, raw, info), bool(term), bool(trunc))
                 env.step(None)
                 continue
-            out.to_act[agent] = split_observation(raw, info)
+            out.to_act[agent] = self._split(agent, raw, info)
             self._mask = out.to_act[agent][1]
             return out
         out.done = True
@@ -195,13 +211,13 @@ class ParallelAdapter(MultiAgentEnvAdapter):
 
     def reset(self, seed: int | None = None) -> dict[str, Obs]:
         raw, infos = self.env.reset(seed=seed)
-        return {a: split_observation(raw[a], infos.get(a)) for a in self.env.agents}
+        return {a: self._split(a, raw[a], infos.get(a)) for a in self.env.agents}
 
     def step(self, actions: dict[str, Any]) -> MAStep:
         raw, rewards, terms, truncs, infos = self.env.step({a: _to_python(x) for a, x in actions.items()})
         out = MAStep({}, {a: float(r) for a, r in rewards.items()}, {}, False, dict(infos))
         for a, o in raw.items():
-            obs = split_observation(o, infos.get(a))
+            obs = self._split(a, o, infos.get(a))
             if terms.get(a, False) or truncs.get(a, False):
                 out.ended[a] = (obs, bool(terms.get(a, False)), bool(truncs.get(a, False)))
             else:
