@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/appo_cartpole.py
 	$(PY) benchmarks/ddppo_scaling.py
 	$(PY) benchmarks/multi_device_learner.py
+	$(PY) benchmarks/recurrent.py
 	$(PY) benchmarks/league_connect4.py --budget-s 900
 	$(PY) benchmarks/atari_throughput.py --budget-s 120
 	$(PY) benchmarks/atari_pong.py --budget-s 3600

@@ -12,7 +12,7 @@ and stops when the mean return of the last 100 episodes first reaches 450, or at
 - ``sb3``: sb3-contrib's RecurrentPPO (when installed: the ``bench`` extra) with the RL Zoo's
   tuned CartPoleNoVel-v1 settings (8 envs x 32 steps, 20 epochs of 256-step minibatches, LSTM of
   64, observation normalization, learning rate and clip range annealed over 100k steps, as the
-  zoo trains it).
+  zoo trains it; ``--sb3-timesteps`` stretches that schedule).
 
 Progress goes to stderr; the last stdout line is one JSON object with ``ppo_lstm_seconds_to_450``,
 ``appo_lstm_seconds_to_450``, ``mlp_best_return``, ``sb3_recurrent_ppo_seconds_to_450`` (null
@@ -81,7 +81,7 @@ def shoal_child(run: str, budget_s: float, seed: int, spawn_time: float) -> dict
     return out
 
 
-def sb3_child(budget_s: float, seed: int, spawn_time: float) -> dict:
+def sb3_child(budget_s: float, seed: int, spawn_time: float, timesteps: int) -> dict:
     out = {"run": "sb3", "reached": False, "seconds_to_450": None, "env_steps": 0, "best_return": None}
     try:
         from sb3_contrib import RecurrentPPO
@@ -97,7 +97,7 @@ def sb3_child(budget_s: float, seed: int, spawn_time: float) -> dict:
     import shoal.envs  # noqa: F401  (registers the env id)
 
     torch.set_num_threads(1)
-    z = SB3_ZOO
+    z = {**SB3_ZOO, "n_timesteps": timesteps}
 
     def linear(start: float):
         return lambda progress_remaining: progress_remaining * start
@@ -132,12 +132,15 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=300.0, help="per run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", default=",".join(RUNS), help=f"comma-separated subset of {', '.join(RUNS)}")
+    p.add_argument("--sb3-timesteps", type=int, default=SB3_ZOO["n_timesteps"],
+                   help="RecurrentPPO's total timesteps (its learning rate and clip range anneal over them); default: "
+                        "the RL Zoo's 100,000")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--spawn-time", type=float, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         spawn = args.spawn_time or time.time()
-        r = sb3_child(args.budget_s, args.seed, spawn) if args.child == "sb3" else \
+        r = sb3_child(args.budget_s, args.seed, spawn, args.sb3_timesteps) if args.child == "sb3" else \
             shoal_child(args.child, args.budget_s, args.seed, spawn)
         print(json.dumps(r), flush=True)
         return
@@ -148,8 +151,8 @@ def main() -> None:
     results = {}
     for run in runs:
         log(f"{run}: fresh process, budget {args.budget_s:.0f} s")
-        results[run] = run_child(__file__, ["--child", run, "--budget-s", str(args.budget_s), "--seed", str(args.seed)],
-                                 args.budget_s + 300)
+        results[run] = run_child(__file__, ["--child", run, "--budget-s", str(args.budget_s), "--seed", str(args.seed),
+                                            "--sb3-timesteps", str(args.sb3_timesteps)], args.budget_s + 300)
         log(f"{run}: {results[run]}")
 
     def seconds(run: str):
@@ -158,7 +161,7 @@ def main() -> None:
     out = {"benchmark": "recurrent", "env": ENV, "budget_s": args.budget_s, "seed": args.seed,
            "ppo_lstm_seconds_to_450": seconds("ppo_lstm"), "appo_lstm_seconds_to_450": seconds("appo_lstm"),
            "mlp_best_return": results.get("mlp", {}).get("best_return"),
-           "sb3_recurrent_ppo_seconds_to_450": seconds("sb3"), "runs": results}
+           "sb3_recurrent_ppo_seconds_to_450": seconds("sb3"), "sb3_timesteps": args.sb3_timesteps, "runs": results}
     print(json.dumps(out))
 
 
