@@ -169,11 +169,9 @@ def test_multi_agent_config_errors_name_the_key(multi_agent, message):
         _config("ppo", multi_agent)
 
 
-def test_a_mapping_that_misses_an_agent_and_recurrent_models_are_refused():
+def test_a_mapping_that_misses_an_agent_is_refused():
     with pytest.raises(ConfigError, match=r"must map exactly the env's agents .* missing: \['agent_2'\]"):
         _config("ppo", {"policies": {"a": None}, "policy_mapping": {"agent_0": "a", "agent_1": "a"}}).build()
-    with pytest.raises(ConfigError, match="not supported with multi_agent yet"):
-        _config("appo", {"policies": {"a": None}}, model={"use_lstm": True})
 
 
 def test_alpha_star_on_a_game_with_more_than_two_seats_names_the_limit():

@@ -76,7 +76,7 @@ class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKe
     """APPO's groups (config_groups.py) plus the league; IMPALA's learner-thread keys are refused."""
 
     algo = "alpha_star"
-    lstm_refusal = "the league's policies are feed-forward for now; use ppo, ddppo, impala or appo for a recurrent policy"
+    lstm_sequences = "fragments"
     unused_keys = {
         "num_learner_devices": _ONE_DEVICE, "fake_devices": _ONE_DEVICE, "num_multi_gpu_tower_stacks": _ONE_DEVICE,
         "num_data_load_threads": _ONE_DEVICE, "learner_queue_size": _NO_LEARNER_QUEUE,

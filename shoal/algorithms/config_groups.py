@@ -207,13 +207,10 @@ class MultiAgentKeys(Section):
 
 
 def check_multi_agent(config) -> None:
-    """Each policy's overrides make a valid config of the algorithm; recurrent models wait for the league runner."""
+    """Each policy's overrides make a valid config of the algorithm."""
     ma = config.multi_agent
     if ma is None:
         return
-    if config.model.is_recurrent():
-        raise ValueError("a recurrent model (model.use_lstm or a recurrent model.custom) is not supported with "
-                         "multi_agent yet: the multi-agent rollout actor carries no state")
     for pid, spec in ma.policies.items():
         if spec is None:
             continue

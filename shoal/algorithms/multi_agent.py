@@ -40,12 +40,21 @@ from shoal.learn.masking import ActionMasked
 from shoal.learn.target import AdaptiveKL
 from shoal.logging.metrics import Phase
 from shoal.models import build_actor_critic
+from shoal.models.recurrent import run_sequences
 from shoal.rollout.multi_agent import MultiAgentEnvRunner, PolicyReturnWindows
 from shoal.rollout.postprocessing import compute_gae
 from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
 
 
 # ---- the learners, one per policy -------------------------------------------------------------
+def sequence_length(config) -> int:
+    """Decisions per sequence the runner cuts: PPO with a recurrent model trains on sequences of
+    model.max_seq_len; otherwise (and for V-trace) a sequence is rollout_fragment_length."""
+    if config.algo == "ppo" and config.model.is_recurrent():
+        return config.model.max_seq_len
+    return config.fragment_length()
+
+
 class PolicyLearner:
     """One learning policy: a Learner with the algorithm's loss under the batch's action masks."""
 
@@ -80,11 +89,12 @@ class PolicyLearner:
         return masked_appo_loss(module, batch, learner, self.config, self.target, self.kl)
 
     def learn(self, batch: Batch, env_steps: int, rng: np.random.Generator) -> dict[str, float]:
-        cfg, T = self.config, self.config.fragment_length()
+        cfg, T = self.config, sequence_length(self.config)
         self.learner.set_env_steps(env_steps)
         if self.kind == "ppo":
             batch = self._with_gae(batch, T)
-            stats = self.learner.update(batch, cfg.num_sgd_iter, cfg.minibatch_size, rng)
+            stats = self.learner.update(batch, cfg.num_sgd_iter, cfg.minibatch_size, rng,
+                                        sequence_length=T if cfg.model.is_recurrent() else 1)
         else:  # V-trace runs over whole sequences: each pass takes the batch as it is
             stats = self.learner.update(batch, cfg.num_sgd_iter, len(batch), rng, sequence_length=T)
         if self.kl.enabled and "kl" in stats:
@@ -100,8 +110,14 @@ class PolicyLearner:
         bootstraps from the value of that row's next observation."""
         t = batch.to_torch(self.learner.device)
         module = ActionMasked(self.learner.module, t[Col.ACTION_MASK])
-        inputs, values = module(t[Col.OBS])
-        next_values = module.value(t[Col.NEXT_OBS])
+        if module.recurrent:  # the next row's value, and after a sequence the value from its final state
+            inputs, values, final = run_sequences(module, t, T)
+            last = t[Col.NEXT_OBS].reshape(-1, T, *t[Col.NEXT_OBS].shape[1:])[:, -1]
+            seq_values = values.reshape(-1, T)
+            next_values = torch.cat([seq_values[:, 1:], module.value_step(last, final)[:, None]], dim=1).reshape(-1)
+        else:
+            inputs, values = module(t[Col.OBS])
+            next_values = module.value(t[Col.NEXT_OBS])
 
         def tm(x: np.ndarray) -> np.ndarray:  # rows, sequence after sequence -> (T, sequences)
             return x.reshape(-1, T).T
@@ -195,7 +211,8 @@ class MultiAgentMixin:
         specs = {pid: {"weights": w, "model": dict(spec.model) if spec else {}, "agent": self._agent_for(pid),
                        "trainable": pid in self.trained}
                  for pid, spec, w in ((p, s, self._weights_of(p)) for p, s in ma.policies.items())}
-        kwargs: dict[str, Any] = {"policies_to_train": self.trained, "rollout_fragment_length": cfg.fragment_length()}
+        kwargs: dict[str, Any] = {"policies_to_train": self.trained, "rollout_fragment_length": sequence_length(cfg),
+                                  "ticks_per_sample": cfg.fragment_length()}
         mapping = ma.policy_mapping
         if isinstance(mapping, dict):
             kwargs["matchmaking"] = {"matches": [{"policies": dict(mapping)}], "shuffle_seats": False}

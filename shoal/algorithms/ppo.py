@@ -174,6 +174,7 @@ def sequence_rows(cols: dict[str, np.ndarray], fragment: Fragment) -> Batch:
     T, n_seq = len(fragment.rewards), len(fragment.state_in)
     rows = {k: env_major(v) for k, v in cols.items()}
     rows[Col.VALID] = env_major(fragment.valid)
+    rows[Col.TERMINATEDS] = env_major(fragment.terminateds)  # where the learner zeroes the state, as the runner did
     states = np.swapaxes(fragment.state_in, 0, 1)  # (N, T // L, size): env after env, sequences in order
     rows[Col.STATE_IN] = pack_state(states.reshape(-1, states.shape[-1]), T // n_seq)
     return Batch(rows)

@@ -17,6 +17,8 @@ class ActionMasked:
 
     def __init__(self, module, mask: torch.Tensor) -> None:
         self.module, self.mask, self.dist_cls = module, mask, module.dist_cls
+        self.recurrent = bool(getattr(module, "recurrent", False))
+        self.state_size = getattr(module, "state_size", 0)
 
     def __call__(self, obs: torch.Tensor):
         inputs, values = self.module(obs)
@@ -24,6 +26,14 @@ class ActionMasked:
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.module.value(obs)
+
+    # a recurrent module: the same, over sequences (the mask has one row per batch row)
+    def unroll(self, obs: torch.Tensor, state: torch.Tensor, starts, seq_len: int):
+        inputs, values, final = self.module.unroll(obs, state, starts, seq_len)
+        return masked_logits(inputs, self.mask), values, final
+
+    def value_step(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        return self.module.value_step(obs, state)
 
 
 __all__ = ["ActionMasked"]

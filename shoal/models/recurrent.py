@@ -10,8 +10,10 @@ laid out in a batch one after another, rows that carry no transition (next-step 
 rows, ``Col.VALID`` False) included.
 
 The learner replays the same computation: it starts each sequence from the recorded state and
-zeroes it wherever the runner did, which is after every autoreset row (the row after it holds
-the new episode's first observation). :func:`episode_starts` finds those rows from ``VALID``.
+zeroes it wherever the runner did: after every autoreset row (the row after it holds the new
+episode's first observation) and after every terminal row (in a multi-agent stream the next
+row is the agent's first decision in its next game). :func:`episode_starts` finds those rows
+from ``VALID`` and ``TERMINATEDS``.
 
 The state at a sequence's start rides in the batch as the ``Col.STATE_IN`` column, packed
 over the sequence's own ``L`` rows (:func:`pack_state`): a batch's columns all have one row per
@@ -87,13 +89,14 @@ def unpack_state(rows: torch.Tensor, seq_len: int, state_size: int) -> torch.Ten
     return rows.reshape(-1, seq_len * rows.shape[1])[:, :state_size]
 
 
-def episode_starts(valid: torch.Tensor, seq_len: int) -> torch.Tensor:
+def episode_starts(valid: torch.Tensor, seq_len: int, terminateds: torch.Tensor | None = None) -> torch.Tensor:
     """``(S * seq_len,)`` bool: rows whose previous row in the same sequence was an autoreset row
-    (``valid`` False), so the state is zeroed before them. A sequence's first row is never one:
-    the recorded state already is what the runner used there."""
+    (``valid`` False) or a terminal one, so the state is zeroed before them. A sequence's first
+    row is never one: the recorded state already is what the runner used there."""
     v = valid.reshape(-1, seq_len).bool()
+    ended = ~v if terminateds is None else ~v | terminateds.reshape(-1, seq_len).bool()
     starts = torch.zeros_like(v)
-    starts[:, 1:] = ~v[:, :-1]
+    starts[:, 1:] = ended[:, :-1]
     return starts.reshape(-1)
 
 
@@ -101,4 +104,5 @@ def run_sequences(module, batch: dict, seq_len: int) -> tuple[torch.Tensor, torc
     """A recurrent module over a batch of sequences (``OBS``, ``VALID``, ``STATE_IN`` tensors):
     ``(action_dist_inputs, values, state after each sequence)``, one row of the first two per batch row."""
     state = unpack_state(batch[Col.STATE_IN], seq_len, module.state_size)
-    return module.unroll(batch[Col.OBS], state, episode_starts(batch[Col.VALID], seq_len), seq_len)
+    starts = episode_starts(batch[Col.VALID], seq_len, batch.get(Col.TERMINATEDS))
+    return module.unroll(batch[Col.OBS], state, starts, seq_len)

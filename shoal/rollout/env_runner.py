@@ -12,7 +12,8 @@ step's input is the value of the previous episode's final observation: the boots
 truncated episode comes for free.
 
 A recurrent policy's state (``model.use_lstm``) is carried here, across fragments: an env's
-state is zeroed before the first step of each episode (the step after a reset step) and
+state is zeroed after a terminal step and before the first step of each episode (the step
+after a reset step; the learner zeroes at the same rows) and
 recorded at the start of every training sequence of ``config.state_sequence_length()`` steps
 (``Fragment.state_in``). Evaluation carries a state per evaluation env the same way.
 """
@@ -191,8 +192,8 @@ class EnvRunner:
                     ep_ret[idx] = 0.0
                     ep_len[idx] = 0
                 prev_done = done
-                if recurrent:
-                    new_episode = ~live  # a reset step's observation is the next episode's first
+                if recurrent:  # zero after a terminal step and after a reset step (its obs starts an episode)
+                    new_episode = ~live | terms[t]
                 obs = preprocess_obs(self.obs_space, raw)
             obs_buf[T] = obs
             if recurrent:

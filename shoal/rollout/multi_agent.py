@@ -41,7 +41,8 @@ from shoal.envs.multi_agent import SCRIPTED_PLAYERS, MultiAgentEnvAdapter, make_
 from shoal.errors import ConfigError
 from shoal.models.distributions import masked_logits
 from shoal.rollout.env_runner import RolloutMetrics
-from shoal.rollout.policies import ActorCriticPolicy
+from shoal.models.recurrent import pack_state
+from shoal.rollout.policies import STATE_OUT, ActorCriticPolicy
 from shoal.process import configure_process
 from shoal.seeding import evaluation_seed, policy_seed, worker_seed
 
@@ -58,13 +59,21 @@ class MaskedActorCriticPolicy(ActorCriticPolicy):
     trainable = True
 
     @torch.inference_mode()
-    def act(self, obs: np.ndarray, explore: bool = True, masks: np.ndarray | None = None):
-        inputs, values = self.module(torch.from_numpy(obs))
+    def act(self, obs: np.ndarray, explore: bool = True, masks: np.ndarray | None = None,
+            state: np.ndarray | None = None):
+        state_out = None
+        if self.recurrent:
+            inputs, values, state_out = self.module.step(torch.from_numpy(obs), torch.from_numpy(state))
+        else:
+            inputs, values = self.module(torch.from_numpy(obs))
         if masks is not None:
             inputs = masked_logits(inputs, torch.from_numpy(masks))
         dist = self.dist_cls(inputs)
         actions = dist.sample(self.generator) if explore else dist.deterministic()
-        return actions.numpy(), {Col.ACTION_LOGP: dist.logp(actions).numpy(), Col.VF_PREDS: values.numpy()}
+        extras = {Col.ACTION_LOGP: dist.logp(actions).numpy(), Col.VF_PREDS: values.numpy()}
+        if state_out is not None:
+            extras[STATE_OUT] = state_out.numpy()
+        return actions.numpy(), extras
 
 
 def _is_weights(spec: Mapping) -> bool:
@@ -81,6 +90,7 @@ class _OpenStep:
     action: Any
     logp: float
     reward: float = 0.0
+    state: np.ndarray | None = None  # a recurrent policy's state before this decision
 
 
 class _Row(NamedTuple):
@@ -94,13 +104,15 @@ class _Row(NamedTuple):
     terminated: bool
     valid: bool
     mask: np.ndarray
+    state: np.ndarray | None = None  # recurrent policies: the state before this row (not a column of its own)
 
 
-def _reset_row(last: _Row) -> _Row:
+def _reset_row(last: _Row, state: np.ndarray | None = None) -> _Row:
     """The masked row that ends a stream's episode without termination (like a single-agent reset
-    row): it holds ``last``'s next observation, which V-trace bootstraps from."""
+    row): it holds ``last``'s next observation, which V-trace bootstraps from (a recurrent policy
+    from ``state``, its state after ``last``'s decision)."""
     return _Row(last.next_obs, last.next_obs, np.zeros_like(last.action), 0.0, 0.0, False, False,
-                np.ones_like(last.mask))
+                np.ones_like(last.mask), state)
 
 
 class _ActRequest(NamedTuple):
@@ -353,6 +365,7 @@ class MultiAgentEnvRunner:
         self._streams: dict[tuple, list[_Row]] = defaultdict(list)  # (env, agent, policy) -> rows not yet in a sequence
         self._ready: dict[str, list[list[_Row]]] = defaultdict(list)  # policy -> full sequences
         self._open: list[dict[str, _OpenStep]] = [{} for _ in self.envs]  # agent -> decision waiting for its next obs
+        self._states: dict[tuple[int, str], np.ndarray] = {}  # (env, agent) -> a recurrent policy's state this episode
         self._metrics = MultiAgentRolloutMetrics(worker_index=worker_index)
         self._to_act: list[dict] = [env.reset(seed=None if self.seed is None else self.seed + i)
                                     for i, env in enumerate(self.envs)]
@@ -505,8 +518,12 @@ class MultiAgentEnvRunner:
             else:
                 self._to_act[i] = out.to_act
 
-    def _act(self, requests, explore: bool, record: bool) -> list[dict[str, Any]]:
-        """One forward per policy over every (env, agent) that must act; ``requests``: (env, mapping, to_act)."""
+    def _act(self, requests, explore: bool, record: bool,
+             states: dict[tuple[int, str], np.ndarray] | None = None) -> list[dict[str, Any]]:
+        """One forward per policy over every (env, agent) that must act; ``requests``: (env, mapping, to_act).
+        A recurrent policy's state per (env, agent) lives in ``states`` (the training games' by default):
+        missing means a new episode (zeros), and each act stores the next one."""
+        states = self._states if states is None else states
         groups: dict[str, list[_ActRequest]] = defaultdict(list)
         for i, mapping, to_act in requests:
             for a, (obs, mask) in to_act.items():
@@ -519,12 +536,21 @@ class MultiAgentEnvRunner:
             if any(r.mask is not None for r in reqs):
                 n = next(len(r.mask) for r in reqs if r.mask is not None)
                 masks = np.stack([r.mask if r.mask is not None else np.ones(n, dtype=bool) for r in reqs])
-            acts, extras = policy.act(obs, explore=explore, masks=masks)
+            before = None
+            if getattr(policy, "recurrent", False):
+                zero = policy.initial_state(1)[0]
+                before = np.stack([states.get((r.env, r.agent), zero) for r in reqs])
+                acts, extras = policy.act(obs, explore=explore, masks=masks, state=before)
+                for j, r in enumerate(reqs):
+                    states[(r.env, r.agent)] = extras[STATE_OUT][j]
+            else:
+                acts, extras = policy.act(obs, explore=explore, masks=masks)
             keep = record and isinstance(pid, str) and self._collects(pid)
             for j, r in enumerate(reqs):
                 actions[r.env][r.agent] = acts[j]
                 if keep:
-                    self._open[r.env][r.agent] = _OpenStep(r.obs, r.mask, acts[j], extras[Col.ACTION_LOGP][j])
+                    self._open[r.env][r.agent] = _OpenStep(r.obs, r.mask, acts[j], extras[Col.ACTION_LOGP][j],
+                                                           state=None if before is None else before[j])
         return actions
 
     def _close(self, i: int, agent: str, next_obs: np.ndarray, terminated: bool, truncated: bool) -> None:
@@ -538,9 +564,9 @@ class MultiAgentEnvRunner:
             space = self.envs[i].action_space(agent)
             mask = np.ones(int(space.n), dtype=bool) if isinstance(space, gym.spaces.Discrete) else np.ones(1, dtype=bool)
         stream = self._streams[(i, agent, pid)]
-        stream.append(_Row(step.obs, next_obs, step.action, step.logp, step.reward, terminated, True, mask))
+        stream.append(_Row(step.obs, next_obs, step.action, step.logp, step.reward, terminated, True, mask, step.state))
         if truncated:
-            stream.append(_reset_row(stream[-1]))
+            stream.append(_reset_row(stream[-1], self._states.get((i, agent)) if step.state is not None else None))
         self._cut_sequences(stream, pid)
 
     def _cut_sequences(self, stream: list[_Row], pid: str) -> None:
@@ -557,15 +583,23 @@ class MultiAgentEnvRunner:
         for agent, pid in ep.policies.items():
             stream = self._streams.get((i, agent, pid))
             if stream and stream[-1].valid and not stream[-1].terminated:
-                stream.append(_reset_row(stream[-1]))
+                recurrent = stream[-1].state is not None
+                stream.append(_reset_row(stream[-1], self._states.get((i, agent)) if recurrent else None))
                 self._cut_sequences(stream, pid)
         self._open[i].clear()
+        self._forget_states(i)
         self._to_act[i] = self.envs[i].reset()
         self._episodes[i] = self._new_episode(i)
+
+    def _forget_states(self, i: int) -> None:
+        """A new game on env copy ``i``: its agents' recurrent states start from zeros."""
+        for agent in self.agents:
+            self._states.pop((i, agent), None)
 
     def _finish_episode(self, i: int) -> None:
         ep = self._episodes[i]
         self._open[i].clear()
+        self._forget_states(i)
         m = self._metrics
         m.episode_returns.append(float(sum(ep.returns.values())))
         m.episode_lengths.append(ep.length)
@@ -579,8 +613,11 @@ class MultiAgentEnvRunner:
         rows = [row for seq in seqs for row in seq]
         cols = list(zip(*rows))
         dtypes = (np.float32, np.float32, None, np.float32, np.float32, bool, bool, bool)
-        return Batch({name: np.asarray(np.stack(col) if np.ndim(col[0]) else col, dtype=dt)
-                      for name, col, dt in zip(_COLUMNS, cols, dtypes)})
+        batch = Batch({name: np.asarray(np.stack(col) if np.ndim(col[0]) else col, dtype=dt)
+                       for name, col, dt in zip(_COLUMNS, cols, dtypes)})
+        if seqs[0][0].state is not None:  # a recurrent policy: each sequence's start state (shoal.models.recurrent)
+            batch[Col.STATE_IN] = pack_state(np.stack([seq[0].state for seq in seqs]), len(seqs[0]))
+        return batch
 
     # ---- evaluation ----------------------------------------------------------------------------
     def evaluate_vs(self, policy_id: str, opponent: str = "random", num_games: int = 100, *, explore: bool = False,
@@ -616,12 +653,16 @@ class MultiAgentEnvRunner:
         tally = _EvalTally()
         games: list[_EvalGame | None] = [self._start_eval_game(j, j, player, opp) for j in range(k)]
         started = k
+        states: dict[tuple[int, str], np.ndarray] = {}  # recurrent players' states, per evaluation game
         while any(g is not None for g in games):
             live = [j for j in range(k) if games[j] is not None]
-            actions = self._act([(j, games[j].mapping, games[j].to_act) for j in live], explore, record=False)
+            actions = self._act([(j, games[j].mapping, games[j].to_act) for j in live], explore, record=False,
+                                states=states)
             for j in live:
                 if not self._step_eval_game(j, games[j], actions[j]):
                     continue
+                for agent in self.agents:
+                    states.pop((j, agent), None)
                 tally.add(games[j], self.agents)
                 games[j] = None
                 if started < num_games:
