@@ -154,9 +154,9 @@ def test_ppo_first_update_sees_ratio_one_on_recurrent_sequences():
         algo.stop()
 
 
-def test_evaluation_carries_the_state():
+def test_evaluation_and_predict_carry_the_state():
     from shoal.algorithms.ppo import PPOConfig
-    from shoal.trainer import train
+    from shoal.envs.memory import RememberCue
 
     config = PPOConfig(env=CUE, env_config={"delay": 3}, seed=0, lr=1e-3, rollout_fragment_length=64,
                        minibatch_size=128, model={**LSTM, "lstm_cell_size": 32, "hiddens": [32]},
@@ -168,6 +168,30 @@ def test_evaluation_carries_the_state():
                 break
         # greedy play with the state carried scores like the trained policy; a stateless one could not beat 0
         assert algo.evaluate(num_episodes=40)["episode_return_mean"] >= 0.9
+
+        # predict: passing each returned state back solves it; a memoryless caller scores like chance
+        def play(carry: bool, episodes: int = 40) -> float:
+            env, total = RememberCue(delay=3), 0.0
+            for ep in range(episodes):
+                obs, _ = env.reset(seed=ep)
+                state, done = None, False
+                while not done:
+                    action, new_state = algo.predict(obs, state)
+                    assert new_state.shape == (algo.learner.module.state_size,)
+                    state = new_state if carry else None
+                    obs, r, term, trunc, _ = env.step(action)
+                    total, done = total + r, term or trunc
+            return total / episodes
+
+        assert play(carry=True) >= 0.9
+        assert play(carry=False) <= 0.5
+        # a batch, with episode_start zeroing the rows that begin an episode
+        obs = np.stack([RememberCue(delay=3).reset(seed=s)[0] for s in range(4)])
+        actions, state = algo.predict(obs, np.ones((4, algo.learner.module.state_size), np.float32),
+                                      episode_start=np.ones(4, bool))
+        ref_actions, ref_state = algo.predict(obs)
+        assert np.array_equal(actions, ref_actions) and np.allclose(state, ref_state)
+        assert isinstance(algo.predict(obs[0])[0], (np.integer, int))
     finally:
         algo.stop()
 
@@ -331,3 +355,16 @@ def test_multi_agent_section_learns_with_recurrent_policies(algo):
         assert r["policy_return_mean/shared"] >= 8.5, (r["policy_return_mean/shared"], r["env_steps_sampled"])
     finally:
         a.stop()
+
+
+def test_predict_on_a_feed_forward_policy_returns_no_state():
+    from shoal.algorithms.ppo import PPOConfig
+
+    algo = PPOConfig(env="CartPole-v1", seed=0).build()
+    try:
+        obs = np.zeros((3, 4), np.float32)
+        actions, state = algo.predict(obs)
+        assert actions.shape == (3,) and state is None
+        assert algo.predict(obs[0])[1] is None
+    finally:
+        algo.stop()

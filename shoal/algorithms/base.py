@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -204,6 +205,45 @@ class Algorithm:
         if ev.evaluation_interval and self.iteration % ev.evaluation_interval == 0:
             result.update({f"evaluation/{k}": v for k, v in self.evaluate().items()})
         return result
+
+    # ---- inference ----------------------------------------------------------------------
+    def predict(self, obs, state: np.ndarray | None = None, episode_start: np.ndarray | None = None,
+                deterministic: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+        """Actions for observations, in the driver, with the current weights: ``(actions, state)``.
+
+        ``obs`` is one observation or a batch of them. A recurrent policy takes ``state`` (None:
+        the initial state; one row per observation) and returns the next one to pass back with
+        the next observation; rows where ``episode_start`` is True start from the initial state.
+        Without recurrence the returned state is None.
+        """
+        from shoal.models.catalog import preprocess_obs
+        from shoal.rollout.policies import STATE_OUT
+
+        if self.policy_cls is None:
+            raise ConfigError(f"{type(self).__name__}.predict serves single-agent policies; this algorithm has none")
+        space = self.env_info.observation_space
+        if getattr(self, "_predict_policy", None) is None:
+            self._predict_policy = self.policy_cls(space, self.env_info.action_space, self.config, self.config.seed)
+        policy = self._predict_policy
+        policy.set_weights(self.get_weights())
+        obs = np.asarray(obs)
+        single = obs.shape == tuple(space.shape or ()) and not (isinstance(space, gym.spaces.Discrete) and obs.ndim)
+        rows = preprocess_obs(space, obs[None] if single else obs)
+        with torch.inference_mode():
+            if not getattr(policy, "recurrent", False):
+                actions, _ = policy.act(rows, explore=not deterministic)
+                out_state = None
+            else:
+                n = len(rows)
+                state = policy.initial_state(n) if state is None else np.array(state, dtype=np.float32).reshape(n, -1)
+                if episode_start is not None:
+                    state[np.asarray(episode_start, dtype=bool).reshape(n)] = 0.0
+                actions, extras = policy.act(rows, not deterministic, state)
+                out_state = extras[STATE_OUT]
+        actions = policy.to_env_actions(actions)
+        if single:
+            return actions[0], (None if out_state is None else out_state[0])
+        return actions, out_state
 
     # ---- evaluation ---------------------------------------------------------------------
     def evaluate(self, num_episodes: int | None = None, render: bool = False) -> dict[str, float]:
