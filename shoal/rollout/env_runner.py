@@ -11,11 +11,12 @@ So no transition ever spans two episodes, and the value the policy computes on a
 step's input is the value of the previous episode's final observation: the bootstrap for a
 truncated episode comes for free.
 
-A recurrent policy's state (``model.use_lstm``) is carried here, across fragments: an env's
-state is zeroed after a terminal step and before the first step of each episode (the step
-after a reset step; the learner zeroes at the same rows) and
-recorded at the start of every training sequence of ``config.state_sequence_length()`` steps
-(``Fragment.state_in``). Evaluation carries a state per evaluation env the same way.
+A recurrent policy's state (``model.use_lstm``) is carried here, across fragments. An env's
+state is zeroed after a terminal step (Atari's life-loss terminals included, when the learning
+signal has them) and before the first step of each episode (the step after a reset step); the
+learner zeroes at the same rows. It is recorded at the start of every training sequence of
+``config.state_sequence_length()`` steps (``Fragment.state_in``). Evaluation carries a state
+per evaluation env the same way.
 """
 
 from __future__ import annotations
