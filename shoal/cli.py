@@ -22,9 +22,24 @@ app = typer.Typer(
     name="shoal",
     help="Distributed reinforcement learning on Ray and PyTorch. `shoal algos` lists the algorithms.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish, PowerShell
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from shoal import __version__
+
+        out.print(f"shoal {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", "-V", callback=_print_version, is_eager=True,
+                                       help="Print shoal's version and exit.")) -> None:
+    """Distributed reinforcement learning on Ray and PyTorch. `shoal algos` lists the algorithms."""
 out = Console()
 err = Console(stderr=True)
 

@@ -259,3 +259,27 @@ def test_apex_preset_is_announced_and_recorded_in_config_yaml(tmp_path, monkeypa
     (run_b,) = list((tmp_path / "b").iterdir())
     assert yaml.safe_load((run_b / "config.yaml").read_text()) == cfg
     assert not (run_b / "config.yaml").read_text().startswith("#")
+
+
+def test_version_and_short_help():
+    import shoal
+
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output.strip() == f"shoal {shoal.__version__}"
+    r = runner.invoke(app, ["-h"])
+    assert r.exit_code == 0 and "train" in r.output and "--install-completion" in r.output
+    r = runner.invoke(app, ["train", "-h"])
+    assert r.exit_code == 0 and "--stop-time" in r.output
+
+
+def test_license_matches_pyproject_and_the_package_is_typed():
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    meta = tomllib.loads((root / "pyproject.toml").read_text())
+    assert meta["project"]["license"]["text"] == "Apache-2.0"
+    assert "Apache License" in (root / "LICENSE").read_text() and "Version 2.0" in (root / "LICENSE").read_text()
+    assert (root / "shoal" / "py.typed").is_file()
+    assert "py.typed" in meta["tool"]["setuptools"]["package-data"]["shoal"]
+    assert (root / "CHANGELOG.md").is_file()
