@@ -267,6 +267,32 @@ def resume(
     _print_summary(summary, stop)
 
 
+@app.command("config")
+def config_reference(
+    algo: str = typer.Argument(..., help="Algorithm name (see `shoal algos`)."),
+    as_yaml: bool = typer.Option(False, "--yaml", help="Print a complete config file, each key under its description."),
+) -> None:
+    """Every config key of ALGO, nested sections too: type, default and what it does."""
+    from shoal.algorithms import get_config_class
+    from shoal.config import commented_yaml, key_reference
+
+    try:
+        cls = get_config_class(algo)
+    except ShoalError as e:
+        _fail(e)
+    if as_yaml:
+        out.print(f"# shoal train {algo} -c this_file.yaml\nalgo: {algo}\n"
+                  + commented_yaml(cls, required={"env": "CartPole-v1"}), highlight=False, markup=False, soft_wrap=True)
+        return
+    table = Table(show_header=True, header_style="bold", box=None)
+    for column in ("key", "type", "default", "description"):
+        table.add_column(column, overflow="fold")
+    for key, type_name, default, description in key_reference(cls):
+        table.add_row(key, type_name, repr(default) if not isinstance(default, str) or not default.startswith("(")
+                      else default, description)
+    out.print(table)
+
+
 @app.command()
 def algos() -> None:
     """List the algorithms, one line each."""

@@ -253,18 +253,18 @@ class AlgorithmConfig(Section):
     env: EnvSpec = Field(..., description="Gymnasium id, 'module:callable' import path, or a callable returning an env.")
     env_config: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the env constructor.")
     seed: Optional[int] = Field(None, description="Seed for torch, numpy and the envs; runs with num_workers=0 are then reproducible.")
-    gamma: float = Field(0.99, ge=0.0, le=1.0)
-    lr: float = Field(3e-4, gt=0)
+    gamma: float = Field(0.99, ge=0.0, le=1.0, description="Discount factor of future rewards.")
+    lr: float = Field(3e-4, gt=0, description="Adam learning rate (lr_schedule overrides it).")
     lr_schedule: Optional[list[tuple[int, float]]] = Field(
         None, description="Piecewise-linear [[env_steps, lr], ...]; overrides lr when set."
     )
     grad_clip: Optional[float] = Field(0.5, gt=0, description="Global gradient-norm clip; None disables.")
     rollout_fragment_length: Union[int, str] = Field("auto", description="Steps per env per sample call, or 'auto'.")
-    min_time_s_per_iteration: float = Field(0.0, ge=0)
-    min_env_steps_per_iteration: int = Field(0, ge=0)
-    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    min_time_s_per_iteration: float = Field(0.0, ge=0, description="An iteration repeats training steps until it has lasted this long.")
+    min_env_steps_per_iteration: int = Field(0, ge=0, description="An iteration repeats training steps until it has sampled this many env steps.")
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="Where things run: rollout actors, envs per actor, CPUs, GPUs, Ray address.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The network: torso, hidden layers, LSTM, or a custom class.")
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig, description="Greedy evaluation episodes during training.")
     env_preprocessing: EnvPreprocessingConfig = Field(
         default_factory=EnvPreprocessingConfig, description="Frame preprocessing for Atari (ALE) envs.")
 
@@ -569,3 +569,54 @@ __all__ = [
     "deep_merge",
     "import_path",
 ]
+
+
+# ---- the key reference (`shoal config ALGO`) ----------------------------------------------------
+def _type_name(annotation: Any) -> str:
+    text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
+    return text or str(annotation).replace("typing.", "")
+
+
+def key_reference(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, Any, str]]:
+    """``(dotted key, type, default, description)`` for every key that may be set, sections
+    included (a section's own row comes before its keys; unused keys are left out)."""
+    rows = []
+    for name in used_keys(model):
+        field = model.model_fields[name]
+        sub = _section_type(model, name)
+        if field.is_required():
+            default: Any = "(required)"
+        elif sub is not None:
+            default = "(section)"
+        else:
+            default = field.get_default(call_default_factory=True)
+        rows.append((prefix + name, _type_name(field.annotation), default, field.description or ""))
+        if sub is not None:
+            rows.extend(key_reference(sub, prefix + name + "."))
+    return rows
+
+
+def commented_yaml(model: type[BaseModel], indent: str = "", required: Optional[dict[str, Any]] = None) -> str:
+    """A complete config file of ``model``'s defaults, each key under its description as a comment.
+    ``required`` gives placeholder values for keys without a default."""
+    lines = []
+    for name in used_keys(model):
+        field = model.model_fields[name]
+        if field.description:
+            lines.append(f"{indent}# {field.description}")
+        sub = _section_type(model, name)
+        if sub is not None:
+            lines.append(f"{indent}{name}:")
+            lines.append(commented_yaml(sub, indent + "  "))
+            continue
+        if field.is_required():
+            value = (required or {}).get(name)
+        else:
+            value = field.get_default(call_default_factory=True)
+        if isinstance(value, BaseModel):
+            value = value.model_dump()
+        if callable(value) and not isinstance(value, type):
+            value = env_spec_to_str(value)
+        dumped = yaml.safe_dump({name: value}, default_flow_style=True, sort_keys=False, width=10_000).strip()
+        lines.append(f"{indent}{dumped.removeprefix('{').removesuffix('}')}")
+    return "\n".join(lines)

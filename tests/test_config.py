@@ -421,3 +421,44 @@ def test_a_checkpoint_saved_with_keys_now_unused_still_loads(tmp_path):
         again.stop()
     with pytest.raises(ConfigError, match="init_log_std"):  # an override is the user's input: refused
         Algorithm.from_checkpoint(path, overrides={"model": {"init_log_std": 0.5}})
+
+
+# ---- the key reference ------------------------------------------------------------------------
+def test_every_config_key_has_a_description():
+    from shoal.algorithms import REGISTRY, get_config_class
+    from shoal.config import key_reference
+
+    missing = [f"{algo}: {key}" for algo in REGISTRY for key, _, _, desc in key_reference(get_config_class(algo))
+               if not desc]
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn", "apex", "impala", "appo", "ddppo", "alpha_star"])
+def test_shoal_config_yaml_is_a_complete_config_that_validates(algo, tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from shoal.algorithms import get_config_class
+    from shoal.cli import app
+    from shoal.config import key_reference
+
+    r = CliRunner().invoke(app, ["config", algo, "--yaml"])
+    assert r.exit_code == 0, r.output
+    data = yaml.safe_load(r.output)
+    assert data.pop("algo") == algo
+    config = get_config_class(algo)(**data)  # what `shoal train ALGO -c` would load
+    top = {key for key, *_ in key_reference(get_config_class(algo)) if "." not in key}
+    assert set(data) == top and config.gamma == get_config_class(algo).model_fields["gamma"].default
+    assert r.output.count("\n# ") > 20  # a description above the keys
+    table = CliRunner().invoke(app, ["config", algo])
+    assert table.exit_code == 0 and "(section)" in table.output
+    assert ("(required)" in table.output) == (algo != "alpha_star")  # alpha_star's env has a default
+
+
+def test_shoal_config_names_an_unknown_algorithm():
+    from typer.testing import CliRunner
+
+    from shoal.cli import app
+
+    r = CliRunner().invoke(app, ["config", "ppo2"])
+    assert r.exit_code == 2 and "ppo" in r.output

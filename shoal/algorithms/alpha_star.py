@@ -85,8 +85,8 @@ class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKe
     }
 
     env: EnvSpec = Field("pettingzoo.classic:tictactoe_v3", description="A PettingZoo env: import path, module or callable.")
-    resources: AlphaStarResourcesConfig = Field(default_factory=AlphaStarResourcesConfig)
-    evaluation: AlphaStarEvaluationConfig = Field(default_factory=AlphaStarEvaluationConfig)
+    resources: AlphaStarResourcesConfig = Field(default_factory=AlphaStarResourcesConfig, description="Rollout actors plus the learner shards.")
+    evaluation: AlphaStarEvaluationConfig = Field(default_factory=AlphaStarEvaluationConfig, description="Main against a random player during training.")
     league: Union[str, dict[str, Any], None] = Field(
         "alpha_star", description="League builder: a name (alpha_star, no_league), an import path, or {type: ..., **kwargs}.")
     replay_ratio: float = Field(0.0, ge=0, le=1, description="Fraction of learned batches that are replayed ones.")

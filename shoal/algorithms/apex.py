@@ -65,20 +65,20 @@ class ApeXConfig(DQNConfig):
     unused_keys = {"exploration_initial_eps": _FIXED_EPSILONS, "exploration_final_eps": _FIXED_EPSILONS,
                    "exploration_timesteps": _FIXED_EPSILONS}
 
-    resources: ApeXResourcesConfig = Field(default_factory=ApeXResourcesConfig)
-    n_step: int = Field(3, ge=1)
+    resources: ApeXResourcesConfig = Field(default_factory=ApeXResourcesConfig, description="Rollout actors plus the replay shards.")
+    n_step: int = Field(3, ge=1, description="Rewards summed per transition before bootstrapping.")
     replay_capacity: int = Field(2_000_000, ge=1, description="Total over all replay shards.")
-    learning_starts: int = Field(50_000, ge=0)
-    train_batch_size: int = Field(512, ge=1)
+    learning_starts: int = Field(50_000, ge=0, description="Sampled env steps before the learner starts.")
+    train_batch_size: int = Field(512, ge=1, description="Transitions per replayed batch (one SGD step).")
     rollout_fragment_length: Union[int, str] = Field(50, description="Steps per env per sample call.")
     target_network_update_freq: int = Field(500_000, ge=1, description="Trained env steps between target-network updates.")
     training_intensity: float = Field(1.0, gt=0, description="Replayed env steps per sampled env step.")
-    prioritized_replay: bool = Field(True)
-    worker_side_prioritization: bool = Field(True)
+    prioritized_replay: bool = Field(True, description="Sample by TD-error priority; false: uniformly.")
+    worker_side_prioritization: bool = Field(True, description="Rollout actors compute initial priorities from their own Q-values.")
     min_time_s_per_iteration: float = Field(1.0, ge=0, description="Asynchronous: one result (and row) per second, not per step.")
     max_weight_sync_delay: int = Field(400, ge=1, description="Steps an actor samples before its weights are refreshed.")
-    max_requests_in_flight_per_worker: int = Field(4, ge=1)
-    max_replay_requests_in_flight_per_shard: int = Field(16, ge=1)
+    max_requests_in_flight_per_worker: int = Field(4, ge=1, description="Sample requests kept open per rollout actor.")
+    max_replay_requests_in_flight_per_shard: int = Field(16, ge=1, description="Replay requests kept open per replay shard.")
     learner_queue_size: int = Field(64, ge=1, description="Replayed batches waiting for the learner thread; with the "
                                     "requests in flight it bounds how far replay runs ahead of learning.")
     final_prioritized_replay_beta: float = Field(0.4, ge=0, le=1, description="Ape-X keeps beta fixed by default.")

@@ -38,7 +38,7 @@ class VTraceKeys(Section):
 class AsyncSamplingKeys(Section):
     """Asynchronous sampling into train batches of whole sequences (IMPALA, APPO, AlphaStar)."""
 
-    lr: float = Field(5e-4, gt=0)
+    lr: float = Field(5e-4, gt=0, description="Adam learning rate (lr_schedule overrides it).")
     min_time_s_per_iteration: float = Field(1.0, ge=0, description="Asynchronous steps are short: report about once a second.")
     train_batch_size: int = Field(500, ge=1, description="Rows (env steps, whole sequences) per learner update.")
     num_sgd_iter: int = Field(1, ge=1, description="Times the learner learns on each train batch.")

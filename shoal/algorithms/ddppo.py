@@ -80,7 +80,7 @@ class DDPPOConfig(PPOLossKeys, KLPenaltyKeys, AlgorithmConfig):
         "use_kl_loss": _NO_CENTRAL_LEARNER, "kl_coeff": _NO_CENTRAL_LEARNER, "kl_target": _NO_CENTRAL_LEARNER,
     }
 
-    lr: float = Field(3e-4, gt=0)
+    lr: float = Field(3e-4, gt=0, description="Adam learning rate of every worker (lr_schedule overrides it).")
     train_batch_size: int = Field(4096, ge=1, description="Not used: each worker's batch is derived (unused_keys).")
     rollout_fragment_length: Union[int, str] = Field(64, description="Steps per env per round; each worker's batch is this x num_envs_per_worker.")
     minibatch_size: int = Field(256, ge=1, description="Rows per SGD minibatch on each worker.")
@@ -91,7 +91,7 @@ class DDPPOConfig(PPOLossKeys, KLPenaltyKeys, AlgorithmConfig):
     collective_wait: str = Field("auto", description="How a worker waits for each gradient all-reduce: spin (poll, yielding the "
                                  "CPU: no wake-up delay), block (sleep), or auto (spin on gloo when each worker reserves "
                                  "at least one CPU, else block).")
-    resources: DDPPOResourcesConfig = Field(default_factory=DDPPOResourcesConfig)
+    resources: DDPPOResourcesConfig = Field(default_factory=DDPPOResourcesConfig, description="The workers, each a sampler and a learner.")
 
     @field_validator("torch_distributed_backend")
     @classmethod
