@@ -31,6 +31,7 @@ _LAZY = {
     "train": ("shoal.trainer", "train"),
     "Stop": ("shoal.trainer", "Stop"),
     "load": ("shoal.trainer", "load"),
+    "load_policy": ("shoal.policy", "load_policy"),
 }
 
 
