@@ -287,9 +287,8 @@ def config_reference(
     table = Table(show_header=True, header_style="bold", box=None)
     for column in ("key", "type", "default", "description"):
         table.add_column(column, overflow="fold")
-    for key, type_name, default, description in key_reference(cls):
-        table.add_row(key, type_name, repr(default) if not isinstance(default, str) or not default.startswith("(")
-                      else default, description)
+    for row in key_reference(cls):
+        table.add_row(*row)
     out.print(table)
 
 

@@ -577,19 +577,19 @@ def _type_name(annotation: Any) -> str:
     return text or str(annotation).replace("typing.", "")
 
 
-def key_reference(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, Any, str]]:
-    """``(dotted key, type, default, description)`` for every key that may be set, sections
-    included (a section's own row comes before its keys; unused keys are left out)."""
+def key_reference(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """``(dotted key, type, default, description)`` as text for every key that may be set, sections
+    included (a section's own row, default "(section)", comes before its keys; unused keys are left out)."""
     rows = []
     for name in used_keys(model):
         field = model.model_fields[name]
         sub = _section_type(model, name)
         if field.is_required():
-            default: Any = "(required)"
+            default = "(required)"
         elif sub is not None:
             default = "(section)"
         else:
-            default = field.get_default(call_default_factory=True)
+            default = repr(field.get_default(call_default_factory=True))
         rows.append((prefix + name, _type_name(field.annotation), default, field.description or ""))
         if sub is not None:
             rows.extend(key_reference(sub, prefix + name + "."))

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-import gymnasium as gym
 import numpy as np
 import torch
 
@@ -227,7 +226,7 @@ class Algorithm:
         policy = self._predict_policy
         policy.set_weights(self.get_weights())
         obs = np.asarray(obs)
-        single = obs.shape == tuple(space.shape or ()) and not (isinstance(space, gym.spaces.Discrete) and obs.ndim)
+        single = obs.shape == tuple(space.shape or ())
         rows = preprocess_obs(space, obs[None] if single else obs)
         with torch.inference_mode():
             if not getattr(policy, "recurrent", False):

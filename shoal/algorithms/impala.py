@@ -59,7 +59,7 @@ class IMPALAConfig(VTraceKeys, AsyncSamplingKeys, LearnerThreadKeys, MultiAgentK
 def sequence_postprocess(fragment: Fragment) -> Batch:
     """Worker-side: keep every step (reset rows masked by VALID), one env's T steps after another;
     a recurrent policy's state at each fragment's start rides along (``STATE_IN``)."""
-    seq = env_major
+    seq = env_major  # (T, N, ...) -> rows, one env's T steps after another
     state = {}
     if fragment.state_in is not None:
         state[Col.STATE_IN] = pack_state(fragment.state_in[0], len(fragment.rewards))

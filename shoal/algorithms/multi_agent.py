@@ -29,7 +29,9 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from shoal.algorithms.base import Algorithm
 from shoal.algorithms.config_groups import policy_config
+from shoal.algorithms.ppo import sgd_sequence_length
 from shoal.batch import Batch, Col
 from shoal.config import import_path
 from shoal.envs import EnvInfo
@@ -48,11 +50,9 @@ from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
 
 # ---- the learners, one per policy -------------------------------------------------------------
 def sequence_length(config) -> int:
-    """Decisions per sequence the runner cuts: PPO with a recurrent model trains on sequences of
-    model.max_seq_len; otherwise (and for V-trace) a sequence is rollout_fragment_length."""
-    if config.algo == "ppo" and config.model.is_recurrent():
-        return config.model.max_seq_len
-    return config.fragment_length()
+    """Decisions per sequence the runner cuts: a recurrent model's training sequence
+    (``state_sequence_length``: max_seq_len for PPO), otherwise rollout_fragment_length."""
+    return config.state_sequence_length() if config.model.is_recurrent() else config.fragment_length()
 
 
 class PolicyLearner:
@@ -94,7 +94,7 @@ class PolicyLearner:
         if self.kind == "ppo":
             batch = self._with_gae(batch, T)
             stats = self.learner.update(batch, cfg.num_sgd_iter, cfg.minibatch_size, rng,
-                                        sequence_length=T if cfg.model.is_recurrent() else 1)
+                                        sequence_length=sgd_sequence_length(cfg))
         else:  # V-trace runs over whole sequences: each pass takes the batch as it is
             stats = self.learner.update(batch, cfg.num_sgd_iter, len(batch), rng, sequence_length=T)
         if self.kl.enabled and "kl" in stats:
@@ -248,8 +248,6 @@ class MultiAgentMixin:
         return dict(self._stats)
 
     def train(self) -> dict[str, Any]:
-        from shoal.algorithms.base import Algorithm
-
         result = Algorithm.train(self)  # not the single-agent class's (IMPALA's adds its learner thread's stats)
         result.update(self.returns.metrics())
         return result
@@ -275,14 +273,10 @@ class MultiAgentMixin:
                 "episode_len_mean": float(np.mean(lengths[:n])), "num_episodes": n, **windows.metrics()}
 
     def get_state(self) -> dict[str, Any]:
-        from shoal.algorithms.base import Algorithm
-
         return {**Algorithm.get_state(self), "policies": {pid: l.get_state() for pid, l in self.learners.items()},
                 "frozen": {pid: {k: torch.from_numpy(np.array(v)) for k, v in w.items()} for pid, w in self.frozen.items()}}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        from shoal.algorithms.base import Algorithm
-
         Algorithm.set_state(self, state)
         for pid, s in state["policies"].items():
             if pid in self.learners:
@@ -293,8 +287,6 @@ class MultiAgentMixin:
         self.broadcast_weights()
 
     def stop(self) -> None:
-        from shoal.algorithms.base import Algorithm
-
         Algorithm.stop(self)
 
 
