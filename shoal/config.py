@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import re
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Literal, Optional, Union
 
@@ -390,8 +391,18 @@ def env_spec_to_str(env: EnvSpec) -> str:
 
 
 def env_spec_name(env: EnvSpec) -> str:
-    s = env_spec_to_str(env)
-    return s.split(":")[-1].split(".")[-1].replace("/", "_").replace("<", "").replace(">", "")
+    """A short name for run directories and titles: the Gymnasium id (``ALE/Pong-v5`` ->
+    ``ALE_Pong-v5``), or the function or class name of an import path or callable
+    (``make_env``; a lambda is ``lambda``, a ``functools.partial`` its function's name)."""
+    if isinstance(env, str):
+        name = env.split(":")[-1] if ":" in env else env
+        if ":" in env:
+            name = name.split(".")[-1]
+    else:
+        target = getattr(env, "func", env)  # functools.partial
+        name = getattr(target, "__name__", None) or type(target).__name__
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", name.replace("<lambda>", "lambda"))
+    return name or "env"
 
 
 def import_path(path: str) -> Any:
