@@ -257,7 +257,8 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
     reason, result = None, {}
     title = f"{config.algo} on {config.env_name()}" + (f"  ->  {run_dir}" if run_dir else "")
     try:
-        with ProgressDisplay(title, stop, enabled=progress, best_metric=session.best.metric) as display:
+        with ProgressDisplay(title, stop, enabled=progress, best_metric=session.best.metric,
+                             metrics=algo.display_metrics()) as display:
             while not reason:
                 result = algo.train()
                 session.record(result)

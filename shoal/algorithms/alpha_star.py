@@ -235,6 +235,10 @@ class AlphaStar(Algorithm):
         return {"weights": dict(self.weights if full else self.sync.changed), "matchmaking": self._mm(),
                 "train": list(self.learners.policy_ids), "replay": self._replay(), "remove": list(self.sync.removed)}
 
+    def display_metrics(self) -> list[tuple[str, str]]:
+        """Main's learner figures (the headline is its win rate against frozen players, ``best_metric``)."""
+        return [(f"learner/main/{k}", f"main/{k}") for k in ("policy_loss", "vf_loss", "entropy")]
+
     def get_weights(self, policy_ids=None) -> dict[str, dict]:
         return {pid: self.weights[pid] for pid in (policy_ids or self.weights)}
 

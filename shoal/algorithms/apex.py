@@ -33,7 +33,7 @@ import numpy as np
 from pydantic import Field
 
 from shoal.algorithms.base import Algorithm
-from shoal.algorithms.dqn import (DQNConfig, attach_target, build_q_learner, learn_on_replay_batch, n_step_postprocess,
+from shoal.algorithms.dqn import (Q_DISPLAY_METRICS, DQNConfig, attach_target, build_q_learner, learn_on_replay_batch, n_step_postprocess,
                                   replay_kwargs)
 from shoal.batch import Col
 from shoal.config import ResourcesConfig
@@ -185,6 +185,9 @@ class ApeX(Algorithm):
         self._owed = 0.0  # replay requests owed (the fraction of one included)
         self._replay_in_flight = 0  # replay requests sent and not yet returned, as this driver counts them
         self._shard_was_empty = False  # the last replay answer was None
+
+    def display_metrics(self) -> list[tuple[str, str]]:
+        return Q_DISPLAY_METRICS
 
     def get_weights(self):
         return self.learner_thread.get_weights()

@@ -136,6 +136,9 @@ class APPO(Algorithm):
     def _loss(self, module, batch: dict, learner: Learner):
         return appo_loss(module, batch, learner, self.config, self.target, self.kl)
 
+    def display_metrics(self) -> list[tuple[str, str]]:
+        return super().display_metrics() + [("learner/mean_rho", "mean_rho")]  # V-trace's mean importance ratio
+
     def get_weights(self) -> dict[str, np.ndarray]:
         return self.thread.get_weights()
 

@@ -140,6 +140,12 @@ class Algorithm:
         """Extra (method, args) calls that re-sync a recreated rollout actor (global vars, replay shards...)."""
         return []
 
+    def display_metrics(self) -> list[tuple[str, str]]:
+        """The learner figures the live display shows beside the headline (``best_metric``):
+        ``(result key, label)`` pairs. The default fits policy-gradient learners; an algorithm
+        whose learner reports other figures overrides it. A key missing from a result shows "-"."""
+        return [("learner/policy_loss", "policy_loss"), ("learner/vf_loss", "vf_loss"), ("learner/entropy", "entropy")]
+
     def log_tensorboard_extras(self, writer, step: int) -> None:
         """Write what a result dict cannot hold (tables, images) to TensorBoard; nothing by default.
 

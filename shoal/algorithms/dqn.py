@@ -222,6 +222,10 @@ def build_q_learner(algo: Algorithm, config: DQNConfig) -> Learner:
 
 
 # ---- algorithm --------------------------------------------------------------------------
+Q_DISPLAY_METRICS = [("learner/loss", "loss"), ("learner/mean_q", "mean_q"), ("learner/mean_td_error", "td_error")]
+"""What the live display shows of a Q-learner (DQN, Ape-X): its loss, mean Q and mean |TD error|."""
+
+
 class DQN(Algorithm):
     config_cls = DQNConfig
 
@@ -236,6 +240,9 @@ class DQN(Algorithm):
                                         priorities=cfg.worker_side_prioritization and cfg.prioritized_replay)
         self.env_runners = self.make_env_runners(EpsilonGreedyQPolicy, postprocess, cfg.fragment_length())
         self.broadcast_weights()
+
+    def display_metrics(self) -> list[tuple[str, str]]:
+        return Q_DISPLAY_METRICS
 
     def get_weights(self):
         return weights_to_numpy(self.learner.module.q)

@@ -209,6 +209,9 @@ class IMPALA(Algorithm):
         self.pipeline = AsyncPipeline.from_config(self.env_runners, self.thread, self.config)
         self.broadcast_weights()
 
+    def display_metrics(self) -> list[tuple[str, str]]:
+        return super().display_metrics() + [("learner/mean_rho", "mean_rho")]  # V-trace's mean importance ratio
+
     def get_weights(self) -> dict[str, np.ndarray]:
         return self.thread.get_weights()
 

@@ -223,6 +223,13 @@ class MultiAgentMixin:
     def _weights_of(self, pid: str) -> dict[str, np.ndarray]:
         return self.learners[pid].learner.get_weights() if pid in self.learners else self.frozen[pid]
 
+    def display_metrics(self) -> list[tuple[str, str]]:
+        """The single-agent figures of the first trained policy (results key them ``learner/<policy>/...``)."""
+        pid = next(iter(self.trained), None)
+        if pid is None:
+            return []
+        return [(f"learner/{pid}/{key.removeprefix('learner/')}", f"{pid}/{label}") for key, label in super().display_metrics()]
+
     def get_weights(self) -> dict[str, dict[str, np.ndarray]]:
         return {pid: self._weights_of(pid) for pid in self.config.multi_agent.policies}
 

@@ -1,0 +1,103 @@
+"""The live display: losses and the headline shown, ETAs from given rates, bars only for targets,
+and plain one-line output off a terminal."""
+
+import io
+import re
+
+from rich.console import Console
+
+from shoal.logging.progress import ProgressDisplay, format_eta, metric_label
+from shoal.trainer import Stop
+
+PG = [("learner/policy_loss", "policy_loss"), ("learner/vf_loss", "vf_loss"), ("learner/entropy", "entropy")]
+
+
+def result(it, steps, t, ret=20.0, **extra):
+    return {"iteration": it, "env_steps_sampled": steps, "time_total_s": t, "time_this_iter_s": 2.0,
+            "env_steps_per_s": 500.0, "episode_return_mean": ret, "episodes_total": 3 * it,
+            "learner/policy_loss": -0.0123, "learner/vf_loss": 12.5, "learner/entropy": 0.61, **extra}
+
+
+def display(stop, terminal, width=200, **kw):
+    console = Console(file=io.StringIO(), force_terminal=terminal, width=width, record=True, color_system=None)
+    return ProgressDisplay("ppo on CartPole-v1", Stop(**stop), console=console, metrics=PG, plain_every_s=0.0, **kw)
+
+
+def test_format_eta_and_labels():
+    assert [format_eta(s) for s in (0, 42, 185, 7384, None)] == ["0s", "42s", "3m05s", "2h03m", "-"]
+    assert metric_label("episode_return_mean") == "return"
+    assert metric_label("league/main_win_rate_vs_frozen") == "main win rate vs frozen"
+
+
+def test_etas_from_recent_rates():
+    d = display({"env_steps": 10_000, "time_s": 100, "iterations": 50}, terminal=False)
+    # 2,000 steps over 4 s of training: 500 steps/s; 2 iterations in 4 s: 2 s each.
+    d.observe(result(1, 1000, 2.0))
+    d.observe(result(3, 3000, 6.0))
+    crit = {c.name: c for c in d.criteria(result(3, 3000, 6.0))}
+    assert crit["env steps"].eta_s == (10_000 - 3000) / 500  # 14 s
+    assert crit["time"].eta_s == 100 - 6.0  # exact
+    assert crit["iterations"].eta_s == (50 - 3) * 2.0
+    assert crit["env steps"].fraction == 0.3
+    assert "ETA 14s" in crit["env steps"].text() and "ETA 1m34s" in crit["time"].text()
+
+
+def test_reward_bar_runs_from_first_return_and_has_no_eta():
+    d = display({"reward": 200}, terminal=False)
+    d.observe(result(1, 100, 1.0, ret=20.0))
+    d.observe(result(2, 200, 2.0, ret=110.0))
+    (c,) = d.criteria(result(2, 200, 2.0, ret=110.0))
+    assert c.name == "return" and c.fraction == 0.5 and c.eta_s is None and "ETA" not in c.text()
+
+
+def test_live_panel_shows_losses_and_bars_only_for_targets():
+    d = display({"env_steps": 10_000}, terminal=True)
+    r = result(2, 2500, 5.0)
+    d.observe(r)
+    d.console.print(d.renderable(r, best=25.0))
+    text = d.console.export_text()
+    assert "policy_loss -0.0123" in text and "vf_loss 12.5" in text and "entropy 0.61" in text
+    assert "return 20" in text and "best return 25" in text
+    assert "env steps ━" in text and "2,500/10,000  25% ETA 15s" in text  # the one bar: 7,500 steps at 500/s
+    assert "time" not in text.replace("time_", "") and "iterations" not in text  # no target, no row
+    no_target = display({}, terminal=True)
+    no_target.observe(r)
+    no_target.console.print(no_target.renderable(r))
+    assert "━" not in no_target.console.export_text() and "ETA" not in no_target.console.export_text()
+
+
+def test_league_headline_is_main_win_rate():
+    d = display({}, terminal=False, best_metric="league/main_win_rate_vs_frozen")
+    line = d.plain_line({"iteration": 4, "league/main_win_rate_vs_frozen": 0.625})
+    assert "main win rate vs frozen 0.625" in line
+
+
+def test_plain_lines_off_terminal_are_never_wrapped():
+    d = display({"env_steps": 123_456_789, "time_s": 3600, "iterations": 100_000, "reward": 475}, terminal=False, width=40)
+    assert not d.live_mode
+    with d:
+        d.update(result(7, 1_234_567, 321.5, **{"learner/vf_loss": 123456.789}), best=19.5)
+        d.update(result(8, 1_334_567, 341.5), best=19.5)
+    lines = d.console.file.getvalue().splitlines()
+    assert lines[0] == "ppo on CartPole-v1" and len(lines) == 3  # title, then one line per update
+    first = lines[1]
+    assert len(first) > 40  # longer than the console, and still one line
+    assert "steps 1,234,567/123,456,789" in first and "vf_loss 1.235e+05" in first
+    assert re.search(r"time 321\.5/3,600\.0 s\s+9% ETA 54m38s", first)
+    assert "policy_loss -0.0123" in first and "return 20" in first
+
+
+def test_missing_figures_show_a_dash():
+    d = display({}, terminal=False)
+    line = d.plain_line({"iteration": 1, "env_steps_sampled": 10, "time_total_s": 1.0})
+    assert "policy_loss -" in line and "return -" in line and "ETA" not in line
+
+
+def test_off_terminal_the_interval_holds_lines_back_but_the_last_is_printed():
+    d = display({"iterations": 10}, terminal=False)
+    d.plain_every_s = 3600.0
+    with d:
+        for i in range(1, 5):
+            d.update(result(i, 100 * i, float(i)))
+    lines = d.console.file.getvalue().splitlines()
+    assert len(lines) == 3 and lines[1].startswith("iter 1 ") and lines[2].startswith("iter 4 ")
