@@ -225,6 +225,41 @@ class EnvPreprocessingConfig(Section):
         return "ale_vector" if self.backend == "auto" else self.backend
 
 
+class NormalizeConfig(Section):
+    """Observation and reward normalization by running statistics (shoal.envs.normalize).
+
+    Each rollout actor gathers running means and variances; the driver merges them by counts
+    and sends the merged ones back with the weights. They are saved in checkpoints and used,
+    frozen, wherever the policy acts outside training (evaluation, ``predict``, ``load_policy``).
+    Reported episode returns are always the env's raw rewards.
+    """
+
+    obs: bool = Field(False, description="Feed the policy (obs - running mean) / running std of each observation "
+                      "feature, clipped to clip_obs. Box observations of floats only (not uint8 frames).")
+    reward: bool = Field(False, description="Learn from rewards divided by the running std of the discounted "
+                         "return (gamma), clipped to clip_reward; reported returns stay raw.")
+    clip_obs: float = Field(10.0, gt=0, description="Normalized observations are clipped to [-clip_obs, clip_obs].")
+    clip_reward: float = Field(10.0, gt=0, description="Scaled rewards are clipped to [-clip_reward, clip_reward].")
+    gamma: Optional[float] = Field(None, ge=0.0, le=1.0, description="Discount of the return whose std scales "
+                                   "rewards; None: the algorithm's gamma.")
+    epsilon: float = Field(1e-8, gt=0, description="Added to the variance before the square root (no division by zero).")
+
+    @model_validator(mode="after")
+    def _keys_need_a_switch(self) -> "NormalizeConfig":
+        defaults = {k: f.get_default() for k, f in type(self).model_fields.items()}
+        needs = {"clip_obs": "obs", "clip_reward": "reward", "gamma": "reward"}
+        for key, switch in needs.items():
+            if getattr(self, key) != defaults[key] and not getattr(self, switch):
+                raise ValueError(f"normalize.{key} is set but normalize.{switch} is false: it applies to "
+                                 f"{switch} normalization only. Set normalize.{switch}: true, or leave it out")
+        if self.epsilon != defaults["epsilon"] and not (self.obs or self.reward):
+            raise ValueError("normalize.epsilon is set but neither normalize.obs nor normalize.reward is true")
+        return self
+
+    def enabled(self) -> bool:
+        return self.obs or self.reward
+
+
 class EvaluationConfig(Section):
     evaluation_interval: Optional[int] = Field(None, ge=1, description="Evaluate every N iterations; None never.")
     evaluation_num_workers: int = Field(0, ge=0, description="Separate evaluation actors; 0 evaluates in the driver.")
@@ -268,6 +303,8 @@ class AlgorithmConfig(Section):
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig, description="Greedy evaluation episodes during training.")
     env_preprocessing: EnvPreprocessingConfig = Field(
         default_factory=EnvPreprocessingConfig, description="Frame preprocessing for Atari (ALE) envs.")
+    normalize: NormalizeConfig = Field(default_factory=NormalizeConfig, description="Observation and reward "
+                                       "normalization by running mean and std, saved in checkpoints.")
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -573,6 +610,7 @@ __all__ = [
     "ResourcesConfig",
     "ModelConfig",
     "EvaluationConfig",
+    "NormalizeConfig",
     "ConfigError",
     "model_validator",
     "parse_set_overrides",

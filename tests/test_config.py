@@ -293,13 +293,13 @@ UNUSED = {
     "ppo": set(),
     "dqn": {"model.vf_share_layers", "model.init_log_std"},
     "apex": {"exploration_initial_eps", "exploration_final_eps", "exploration_timesteps", "model.vf_share_layers",
-             "model.init_log_std"},
+             "model.init_log_std", "normalize"},
     "impala": set(),
     "appo": set(),
-    "ddppo": {"train_batch_size", "use_kl_loss", "kl_coeff", "kl_target", "resources.num_gpus"},
+    "ddppo": {"train_batch_size", "use_kl_loss", "kl_coeff", "kl_target", "resources.num_gpus", "normalize"},
     "alpha_star": {"num_learner_devices", "fake_devices", "num_multi_gpu_tower_stacks", "num_data_load_threads",
                    "learner_queue_size", "learner_queue_timeout", "minibatch_buffer_size",
-                   "evaluation.evaluation_num_workers", "env_preprocessing"},
+                   "evaluation.evaluation_num_workers", "env_preprocessing", "normalize"},
 }
 ENVS = {"alpha_star": "pettingzoo.classic:tictactoe_v3"}
 

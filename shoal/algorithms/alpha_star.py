@@ -82,6 +82,7 @@ class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKe
         "num_data_load_threads": _ONE_DEVICE, "learner_queue_size": _NO_LEARNER_QUEUE,
         "learner_queue_timeout": _NO_LEARNER_QUEUE, "minibatch_buffer_size": _NO_LEARNER_QUEUE,
         "env_preprocessing": "a league plays PettingZoo envs; Atari frame preprocessing applies to ALE envs",
+        "normalize": "a league's players share no single observation stream to normalize by",
     }
 
     env: EnvSpec = Field("pettingzoo.classic:tictactoe_v3", description="A PettingZoo env: import path, module or callable.")

@@ -63,7 +63,9 @@ _FIXED_EPSILONS = ("Ape-X gives rollout actor i of N the fixed epsilon explorati
 class ApeXConfig(DQNConfig):
     algo = "apex"
     unused_keys = {"exploration_initial_eps": _FIXED_EPSILONS, "exploration_final_eps": _FIXED_EPSILONS,
-                   "exploration_timesteps": _FIXED_EPSILONS}
+                   "exploration_timesteps": _FIXED_EPSILONS,
+                   "normalize": "Ape-X's actors write to the replay shards and sync with the driver only for "
+                                "weights, so running statistics could not be merged across them"}
 
     resources: ApeXResourcesConfig = Field(default_factory=ApeXResourcesConfig, description="Rollout actors plus the replay shards.")
     n_step: int = Field(3, ge=1, description="Rewards summed per transition before bootstrapping.")

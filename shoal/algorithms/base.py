@@ -19,6 +19,7 @@ from shoal import checkpoint as ckpt
 from shoal.config import AlgorithmConfig
 from shoal.envs import env_info
 from shoal.envs.atari import check_preprocessing_applies
+from shoal.envs.normalize import RunningStats, check_normalize_applies
 from shoal.errors import CheckpointError, ConfigError
 from shoal.logging.metrics import EpisodeWindow, Timers
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
@@ -71,6 +72,7 @@ class Algorithm:
             torch.manual_seed(seed)
         self.rng = np.random.default_rng(seed)
         self.env_info = self.describe_env()  # fails early on a bad env
+        self.norm_stats = self._normalization_stats()  # merged from the rollout actors (normalize section)
         self.iteration = 0
         self.counters: dict[str, float] = {k: 0 for k in COUNTERS}
         self.episodes = EpisodeWindow(100)
@@ -87,6 +89,19 @@ class Algorithm:
         """The env's spaces and spec facts (Gymnasium); multi-agent algorithms check their own env instead."""
         check_preprocessing_applies(self.config.env, self.config.env_preprocessing)
         return env_info(self.config.env, self.config.env_config, self.config.env_preprocessing)
+
+    def _normalization_stats(self) -> RunningStats | None:
+        """Empty running statistics for the ``normalize`` section, or None when it is off."""
+        if not self.config.normalize.enabled():
+            return None
+        if getattr(self, "multi_agent_kind", ""):
+            raise ConfigError(f"normalize is not supported with a multi_agent section ({self.config.algo}): each "
+                              "policy sees its own observations. Leave normalize.obs and normalize.reward false.")
+        from shoal.models.catalog import preprocess_obs
+
+        space = self.env_info.observation_space
+        check_normalize_applies(self.config, space)
+        return RunningStats.for_config(self.config, preprocess_obs(space, space.sample()[None]).shape[1:])
 
     def setup(self) -> None:
         raise NotImplementedError
@@ -123,7 +138,7 @@ class Algorithm:
             max_in_flight=max_in_flight, name="rollout actor", first_index=first,
         ), n, first_index=first, max_in_flight=max_in_flight)
         group.on_restart = lambda: ([("set_weights", (self._weights_ref,))] if self._weights_ref is not None else []) \
-            + self.restart_calls()
+            + self._normalizer_calls() + self.restart_calls()
         return group
 
     def start_actors(self) -> None:
@@ -135,6 +150,9 @@ class Algorithm:
         """
         if self.env_runners is not None:
             self.env_runners.start()
+
+    def _normalizer_calls(self) -> list[tuple[str, tuple]]:
+        return [] if self.norm_stats is None else [("set_normalizer", (self.norm_stats.get_state(),))]
 
     def restart_calls(self) -> list[tuple[str, tuple]]:
         """Extra (method, args) calls that re-sync a recreated rollout actor (global vars, replay shards...)."""
@@ -165,12 +183,16 @@ class Algorithm:
             if g is self.env_runners:
                 self._weights_ref = ref
             g.foreach("set_weights", ref, wait=False)
+            for method, args in self._normalizer_calls():  # the merged statistics travel with the weights
+                g.foreach(method, *args, wait=False)
 
     def record_rollouts(self, metrics: list[RolloutMetrics]) -> int:
         steps = 0
         for m in metrics:
             steps += m.env_steps
             self.episodes.add(m.episode_returns, m.episode_lengths)
+            if self.norm_stats is not None and m.normalizer_new is not None:
+                self.norm_stats.merge(m.normalizer_new)
         self.counters["env_steps_sampled"] += steps
         return steps
 
@@ -234,6 +256,9 @@ class Algorithm:
         obs = np.asarray(obs)
         single = obs.shape == tuple(space.shape or ())
         rows = preprocess_obs(space, obs[None] if single else obs)
+        if self.norm_stats is not None:  # the saved statistics, frozen
+            norm = self.config.normalize
+            rows = self.norm_stats.normalize_obs(rows, norm.clip_obs, norm.epsilon)
         with torch.inference_mode():
             if not getattr(policy, "recurrent", False):
                 actions, _ = policy.act(rows, explore=not deterministic)
@@ -266,6 +291,8 @@ class Algorithm:
             k = len(self.eval_runners.actor_ids)
             ref = self.eval_runners.put(weights)
             self.eval_runners.foreach("set_weights", ref, wait=False)
+            for method, args in self._normalizer_calls():
+                self.eval_runners.foreach(method, *args, wait=False)
             shares = [n // k + (1 if i < n % k else 0) for i in range(k)]
             outs = [self.eval_runners.call(i, "evaluate", s) for i, s in zip(self.eval_runners.actor_ids, shares) if s]
             total = sum(o["num_episodes"] for o in outs)
@@ -277,6 +304,8 @@ class Algorithm:
         if self._eval_local is None:
             self._eval_local = EnvRunner(self.config, EVAL_RUNNER_INDEX, self.policy_cls, None, 1, num_envs=1)
         self._eval_local.set_weights(weights)
+        for method, args in self._normalizer_calls():
+            getattr(self._eval_local, method)(*args)
         return self._eval_local.evaluate(n, render=render)
 
     # ---- state and checkpoints ----------------------------------------------------------
@@ -285,12 +314,22 @@ class Algorithm:
             "iteration": self.iteration,
             "counters": {k: float(v) for k, v in self.counters.items()},
             "episodes": self.episodes.get_state(),
+            **({"normalize": self.norm_stats.get_state()} if self.norm_stats is not None else {}),
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.iteration = int(state["iteration"])
         self.counters.update({k: state["counters"][k] for k in COUNTERS if k in state["counters"]})
         self.episodes.set_state(state["episodes"])
+        if self.norm_stats is not None:
+            if "normalize" not in state:
+                raise CheckpointError("This checkpoint holds no normalization statistics, but the config sets "
+                                      "normalize.obs or normalize.reward: it was written without them.")
+            self.norm_stats = RunningStats.from_state(state["normalize"])
+            for method, args in self._normalizer_calls():  # actors started (or to start) before the restore
+                for g in (self.env_runners, self.eval_runners):
+                    if g is not None:
+                        g.foreach(method, *args, wait=False)
 
     def checkpoint_meta(self, **extra: Any) -> dict[str, Any]:
         """meta.json content: what rebuilds the algorithm (algo, config) plus readable facts.

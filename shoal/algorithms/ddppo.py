@@ -78,6 +78,8 @@ class DDPPOConfig(PPOLossKeys, KLPenaltyKeys, AlgorithmConfig):
         "train_batch_size": "DD-PPO derives the train batch: each worker trains on rollout_fragment_length x "
                             "resources.num_envs_per_worker steps per round",
         "use_kl_loss": _NO_CENTRAL_LEARNER, "kl_coeff": _NO_CENTRAL_LEARNER, "kl_target": _NO_CENTRAL_LEARNER,
+        "normalize": "DD-PPO's workers learn on their own samples with no driver between them to merge running "
+                     "statistics",
     }
 
     lr: float = Field(3e-4, gt=0, description="Adam learning rate of every worker (lr_schedule overrides it).")

@@ -32,6 +32,7 @@ import torch
 from shoal.batch import Batch, Col
 from shoal.envs.atari import LearningSignal
 from shoal.envs.make import make_env, make_vec_env
+from shoal.envs.normalize import Normalizer, RunningStats
 from shoal.models.catalog import preprocess_obs
 from shoal.rollout.policies import STATE_OUT
 from shoal.process import configure_process
@@ -60,6 +61,7 @@ class RolloutMetrics:
     episode_lengths: list[int] = field(default_factory=list)
     sample_time_s: float = 0.0
     worker_index: int = 0
+    normalizer_new: RunningStats | None = None  # normalization statistics gathered since the last sample, for the driver
 
 
 def episode_summary(returns: list[float], lengths: list[int]) -> dict[str, float]:
@@ -119,6 +121,10 @@ class EnvRunner:
         if self.signal is not None:
             self.signal.start(info)
         self._obs = preprocess_obs(self.obs_space, raw)
+        stats = RunningStats.for_config(config, self._obs.shape[1:])
+        self.normalizer = Normalizer(config, stats, self.num_envs) if stats is not None else None
+        if self.normalizer is not None:
+            self._obs = self.normalizer.observations(self._obs)
         self._prev_done = np.zeros(self.num_envs, dtype=bool)
         self._ep_return = np.zeros(self.num_envs, dtype=np.float64)
         self._ep_len = np.zeros(self.num_envs, dtype=np.int64)
@@ -136,6 +142,8 @@ class EnvRunner:
         fragment, metrics = self._run_fragment(explore)
         batch = self.postprocess(fragment)
         metrics.sample_time_s = time.perf_counter() - t0
+        if self.normalizer is not None:
+            metrics.normalizer_new = self.normalizer.take_new()
         return batch, metrics
 
     def _run_fragment(self, explore: bool) -> tuple[Fragment, RolloutMetrics]:
@@ -151,7 +159,7 @@ class EnvRunner:
         prev_done = self._prev_done
         ep_ret, ep_len = self._ep_return, self._ep_len
         metrics = RolloutMetrics(worker_index=self.worker_index)
-        recurrent = self.recurrent
+        recurrent, norm = self.recurrent, self.normalizer
         if recurrent:
             state, new_episode, L = self._state, self._new_episode, self.seq_len
             if T % L:
@@ -186,6 +194,8 @@ class EnvRunner:
                 ep_ret += r * live
                 ep_len += live
                 done = term | trunc
+                if norm is not None:  # what the learner sees; the returns reported stay raw
+                    rewards[t] = norm.rewards(rewards[t], done, live)
                 if done.any():
                     idx = np.flatnonzero(done)
                     metrics.episode_returns.extend(ep_ret[idx].tolist())
@@ -195,7 +205,7 @@ class EnvRunner:
                 prev_done = done
                 if recurrent:  # zero after a terminal step and after a reset step (its obs starts an episode)
                     new_episode = ~live | terms[t]
-                obs = preprocess_obs(self.obs_space, raw)
+                obs = self._policy_input(raw)
             obs_buf[T] = obs
             if recurrent:
                 last_extras = policy.bootstrap(obs, state)
@@ -232,7 +242,7 @@ class EnvRunner:
                 finished = np.zeros(k, dtype=bool)
                 state = self.policy.initial_state(k)  # only each env's first episode counts: no resets
                 while not finished.all():
-                    obs = preprocess_obs(self.obs_space, raw)
+                    obs = self._policy_input(raw, update=False)
                     actions, state = self._act_greedy(obs, state)
                     raw, r, term, trunc, _ = env.step(self.policy.to_env_actions(actions))
                     ret += r * ~finished
@@ -252,7 +262,7 @@ class EnvRunner:
                 done, ret, n = False, 0.0, 0
                 state = self.policy.initial_state(1)
                 while not done:
-                    obs = preprocess_obs(self.obs_space, np.asarray(raw)[None])
+                    obs = self._policy_input(np.asarray(raw)[None], update=False)
                     actions, state = self._act_greedy(obs, state)
                     raw, r, term, trunc, _ = env.step(self.policy.to_env_actions(actions)[0])
                     ret, n, done = ret + float(r), n + 1, term or trunc
@@ -260,6 +270,12 @@ class EnvRunner:
                 lengths.append(n)
         env.close()
         return episode_summary(returns, lengths)
+
+    def _policy_input(self, raw: np.ndarray, update: bool = True) -> np.ndarray:
+        """Observations as the policy takes them: rows, normalized when ``normalize.obs`` is on
+        (counted into the statistics with ``update``; evaluation uses them frozen)."""
+        rows = preprocess_obs(self.obs_space, raw)
+        return rows if self.normalizer is None else self.normalizer.observations(rows, update)
 
     def _act_greedy(self, obs: np.ndarray, state: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
         """Greedy actions, and the next state for a recurrent policy."""
@@ -276,6 +292,11 @@ class EnvRunner:
         self.policy.set_weights(weights)
         if version is not None:
             self.weights_version = version
+
+    def set_normalizer(self, state: dict) -> None:
+        """The driver's merged normalization statistics (``RunningStats.get_state()``)."""
+        if self.normalizer is not None:
+            self.normalizer.set_stats(state)
 
     def set_global_vars(self, global_vars: dict) -> None:
         """Driver-side state the policy follows (e.g. ``env_steps`` for an epsilon schedule)."""
