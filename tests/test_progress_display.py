@@ -101,3 +101,21 @@ def test_off_terminal_the_interval_holds_lines_back_but_the_last_is_printed():
             d.update(result(i, 100 * i, float(i)))
     lines = d.console.file.getvalue().splitlines()
     assert len(lines) == 3 and lines[1].startswith("iter 1 ") and lines[2].startswith("iter 4 ")
+
+
+def test_declared_display_metrics_are_what_the_learners_report():
+    from shoal.algorithms.dqn import DQNConfig
+    from shoal.algorithms.ppo import PPOConfig
+
+    configs = [PPOConfig(env="CartPole-v1", seed=0, train_batch_size=256, minibatch_size=256, num_sgd_iter=1),
+               DQNConfig(env="CartPole-v1", seed=0, learning_starts=64, min_env_steps_per_iteration=128)]
+    for config in configs:
+        algo = config.build()
+        try:
+            r = {}
+            for _ in range(2):
+                r = algo.train()
+            keys = [key for key, _ in algo.display_metrics()]
+            assert keys and all(k in r for k in keys), (config.algo, keys, sorted(r))
+        finally:
+            algo.stop()
