@@ -139,6 +139,9 @@ def test_refusals():
         PPOConfig(env="CartPole-v1", normalize={"obs": True, "gamma": 0.9})
     with pytest.raises(ConfigError, match="not used by apex"):
         ApeXConfig(env="CartPole-v1", normalize={"reward": True})
+    with pytest.raises(ConfigError, match="not supported with a multi_agent section"):
+        PPOConfig(env="shoal.envs.signal_match:parallel_env", multi_agent={"policies": {"shared": None}},
+                  normalize={"reward": True}).build()
     PPOConfig(env=PixelCatch, normalize={"reward": True}).build().stop()  # rewards of pixel envs may be scaled
 
 

@@ -47,7 +47,7 @@ def test_reward_bar_runs_from_first_return_and_has_no_eta():
     d.observe(result(1, 100, 1.0, ret=20.0))
     d.observe(result(2, 200, 2.0, ret=110.0))
     (c,) = d.criteria(result(2, 200, 2.0, ret=110.0))
-    assert c.name == "return" and c.fraction == 0.5 and c.eta_s is None and "ETA" not in c.text()
+    assert c.name == "reward" and c.fraction == 0.5 and c.eta_s is None and "ETA" not in c.text()
 
 
 def test_live_panel_shows_losses_and_bars_only_for_targets():

@@ -60,7 +60,7 @@ def metric_label(key: str) -> str:
 class CriterionProgress:
     """One stop criterion that has a target, as the display shows it."""
 
-    name: str  # "env steps", "time", "iterations", "return"
+    name: str  # "reward", "env steps", "time", "iterations"
     value: Optional[float]
     target: float
     fraction: float  # of the way to the target, 0..1
@@ -70,7 +70,7 @@ class CriterionProgress:
     def text(self) -> str:
         unit = " s" if self.name == "time" else ""
         pct = f" {self.fraction:4.0%}"
-        eta = f" ETA {format_eta(self.eta_s)}" if self.name != "return" else ""
+        eta = f" ETA {format_eta(self.eta_s)}" if self.name != "reward" else ""
         return f"{_fmt(self.value, self.spec)}/{_fmt(self.target, self.spec)}{unit}{pct}{eta}"
 
 
@@ -165,7 +165,7 @@ class ProgressDisplay:
             ret = r.get("episode_return_mean")
             ok = isinstance(ret, (int, float)) and math.isfinite(ret)
             start = self.first_return if self.first_return is not None else 0.0
-            out.append(CriterionProgress("return", ret if ok else None, stop.reward,
+            out.append(CriterionProgress("reward", ret if ok else None, stop.reward,
                                          _fraction(ret, start, stop.reward) if ok else 0.0, None, ",.1f"))
         if stop.env_steps is not None:
             steps = r.get("env_steps_sampled", 0)
