@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.wrappers.utils import RunningMeanStd
+from gymnasium.wrappers.utils import RunningMeanStd, update_mean_var_count_from_moments
 
 from shoal.errors import ConfigError
 
@@ -37,6 +37,22 @@ def _empty(shape: tuple[int, ...]) -> RunningMeanStd:
 def _merge(into: RunningMeanStd, other: RunningMeanStd) -> None:
     if other.count > 0:
         into.update_from_moments(other.mean, other.var, other.count)
+
+
+def _pooled(a: RunningMeanStd, b: RunningMeanStd) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and variance of ``a``'s and ``b``'s samples together, leaving both as they are."""
+    if b.count == 0 or a.count == 0:
+        return (a.mean, a.var) if b.count == 0 else (b.mean, b.var)
+    mean, var, _ = update_mean_var_count_from_moments(a.mean, a.var, a.count, b.mean, b.var, b.count)
+    return mean, var
+
+
+def _standardize(x: np.ndarray, mean: np.ndarray, var: np.ndarray, clip: float, epsilon: float) -> np.ndarray:
+    return np.clip((x - mean) / np.sqrt(var + epsilon), -clip, clip).astype(np.float32)
+
+
+def _scale(rewards: np.ndarray, var: np.ndarray, clip: float, epsilon: float) -> np.ndarray:
+    return np.clip(rewards / np.sqrt(var + epsilon), -clip, clip).astype(np.float32)
 
 
 class RunningStats:
@@ -62,15 +78,10 @@ class RunningStats:
         return out
 
     def normalize_obs(self, rows: np.ndarray, clip: float, epsilon: float) -> np.ndarray:
-        if self.obs is None:
-            return rows
-        out = (rows - self.obs.mean) / np.sqrt(self.obs.var + epsilon)
-        return np.clip(out, -clip, clip).astype(np.float32)
+        return rows if self.obs is None else _standardize(rows, self.obs.mean, self.obs.var, clip, epsilon)
 
     def scale_rewards(self, rewards: np.ndarray, clip: float, epsilon: float) -> np.ndarray:
-        if self.ret is None:
-            return rewards
-        return np.clip(rewards / np.sqrt(self.ret.var + epsilon), -clip, clip).astype(np.float32)
+        return rewards if self.ret is None else _scale(rewards, self.ret.var, clip, epsilon)
 
     def get_state(self) -> dict[str, Any]:
         return {k: None if s is None else {"mean": np.asarray(s.mean, dtype=np.float64).tolist(),
@@ -134,7 +145,8 @@ class Normalizer:
         if not update:
             return self.synced.normalize_obs(rows, self.cfg.clip_obs, self.cfg.epsilon)
         self.new.obs.update(np.asarray(rows, dtype=np.float64))
-        return self.current().normalize_obs(rows, self.cfg.clip_obs, self.cfg.epsilon)
+        mean, var = _pooled(self.synced.obs, self.new.obs)
+        return _standardize(rows, mean, var, self.cfg.clip_obs, self.cfg.epsilon)
 
     def rewards(self, rewards: np.ndarray, done: np.ndarray, live: np.ndarray) -> np.ndarray:
         """What the learner gets for the raw ``rewards`` of one step of all envs (``live``: not a reset step)."""
@@ -144,7 +156,7 @@ class Normalizer:
         if live.any():
             self.new.ret.update(self.returns[live])
         self.returns[done] = 0.0  # a new episode starts its own return
-        return self.current().scale_rewards(rewards, self.cfg.clip_reward, self.cfg.epsilon)
+        return _scale(rewards, _pooled(self.synced.ret, self.new.ret)[1], self.cfg.clip_reward, self.cfg.epsilon)
 
     def take_new(self) -> RunningStats:
         """The samples counted since the last call (for the driver to merge), counted into ``synced`` here too."""
