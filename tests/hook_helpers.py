@@ -63,3 +63,6 @@ class AgentReturns(shoal.Callbacks):
 
     def on_episode_end(self, episode):
         return {"agents": len(episode.agent_returns), "sum_gap": sum(episode.agent_returns.values()) - episode.total_return}
+
+    def on_train_result(self, algorithm, result):  # after the league's own keys (added after super().train())
+        result["saw_num_policies"] = float("num_policies" in result)

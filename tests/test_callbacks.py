@@ -178,3 +178,54 @@ def test_cli_bad_import_path_is_exit_2_with_one_paragraph(tmp_path):
     text = " ".join(r.output.split())
     assert "Traceback" not in text and "callbacks" in text and "cannot import 'hook_helpers:Nope'" in text
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("algo, kw", [
+    ("dqn", dict(learning_starts=100, train_batch_size=32, model={"hiddens": [16]})),
+    ("apex", dict(learning_starts=100, train_batch_size=32, replay_capacity=1000, min_time_s_per_iteration=0,
+                  model={"hiddens": [16]})),
+    ("impala", dict(train_batch_size=100, min_time_s_per_iteration=0, model={"hiddens": [16]})),
+    ("appo", dict(train_batch_size=100, min_time_s_per_iteration=0, model={"hiddens": [16]})),
+])
+def test_every_single_agent_algorithm_reports_custom_metrics(algo, kw):
+    from shoal.algorithms import get_config_class
+
+    config = get_config_class(algo)(env="CartPole-v1", seed=0, callbacks="hook_helpers:EndOnly",
+                                    resources={"num_envs_per_worker": 4}, min_env_steps_per_iteration=200, **kw)
+    with config.build() as a:
+        for _ in range(6):  # until episodes end (Ape-X's low-epsilon actor keeps CartPole up longer)
+            r = a.train()
+            if r["episodes_total"]:
+                break
+        lengths = list(a.episodes.lengths)  # all ended in this iteration: the earlier ones had none
+    assert 0 < len(lengths) < 100 and r["episodes_total"] == len(lengths)
+    assert r["custom/length_mean"] == pytest.approx(np.mean(lengths))  # the same episodes as the return window
+    assert r["custom/length_min"] == min(lengths) and r["custom/has_info_mean"] == 1.0
+
+
+def test_ddppo_workers_gather_custom_metrics():
+    from shoal.algorithms.ddppo import DDPPOConfig, DDPPOWorker
+
+    cfg = DDPPOConfig(env="CartPole-v1", rollout_fragment_length=32, minibatch_size=64, num_sgd_iter=1, seed=0,
+                      resources={"num_workers": 1, "num_envs_per_worker": 4}, callbacks="hook_helpers:EndOnly")
+    worker = DDPPOWorker(cfg, 1)
+    try:
+        r = worker.sample_and_train()
+        assert r.metrics.episode_lengths
+        assert [c["length"] for c in r.metrics.custom_metrics] == r.metrics.episode_lengths
+    finally:
+        worker.stop()
+
+
+def test_the_league_reports_custom_metrics_and_its_keys_reach_on_train_result():
+    from shoal.algorithms.alpha_star import AlphaStarConfig
+
+    league = {"type": "alpha_star", "seed": 0, "min_games_for_snapshot": 5, "win_rate_window": 20}
+    config = AlphaStarConfig(env="pettingzoo.classic:tictactoe_v3", seed=0, rollout_fragment_length=8,
+                             train_batch_size=128, min_time_s_per_iteration=0.0, min_env_steps_per_iteration=300,
+                             league=league, model={"hiddens": [32]}, resources={"num_envs_per_worker": 8},
+                             callbacks="hook_helpers:AgentReturns")
+    with config.build() as algo:
+        r = algo.train()
+    assert r["custom/agents_mean"] == 2.0 and abs(r["custom/sum_gap_max"]) < 1e-6
+    assert r["saw_num_policies"] == 1.0
