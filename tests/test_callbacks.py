@@ -35,9 +35,9 @@ def test_aggregate_custom_by_hand():
 
 
 def test_env_info_at_applies_the_vector_masks():
-    info = {"x": np.array([1, 2]), "_x": np.array([False, True]), "episode": {"r": np.array([3.0, 4.0])}}
-    assert env_info_at(info, 0) == {"episode": {"r": 3.0}}
-    assert env_info_at(info, 1) == {"x": 2, "episode": {"r": 4.0}}
+    info = {"x": np.array([1, 2]), "_x": np.array([False, True]), "episode": {"r": np.array([3.0, 4.0])}, "k": "v"}
+    assert env_info_at(info, 0) == {"episode": {"r": 3.0}, "k": "v"}
+    assert env_info_at(info, 1) == {"x": 2, "episode": {"r": 4.0}, "k": "v"}
 
 
 def test_driver_hooks_run_in_order_with_their_arguments(tmp_path):

@@ -98,7 +98,10 @@ def env_info_at(info: dict, i: int) -> dict:
         mask = info.get("_" + k)
         if mask is not None and not mask[i]:
             continue
-        out[k] = env_info_at(v, i) if isinstance(v, dict) else v[i]
+        if isinstance(v, dict):
+            out[k] = env_info_at(v, i)
+        else:  # one entry per env; anything else (a wrapper's scalar) is the same for every env
+            out[k] = v[i] if isinstance(v, (np.ndarray, list, tuple)) else v
     return out
 
 
