@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import time
 
 import pytest
 
@@ -94,15 +95,27 @@ def test_mlflow_file_store_has_params_metrics_and_checkpoints_and_resume_continu
     assert client.get_run(run_id).data.tags["shoal.checkpoint.final"].endswith("checkpoint_000003")
 
 
+def wandb_log(folder, run_id: str, keys: tuple[bytes, ...], timeout_s: float = 60.0) -> bytes:
+    """The offline run's transaction log once it holds ``keys``: W&B's service process may still be
+    writing it when finish() returns on a busy machine."""
+    (log,) = folder.glob(f"run-{run_id}.wandb")
+    deadline = time.monotonic() + timeout_s
+    while not all(k in log.read_bytes() for k in keys) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return log.read_bytes()
+
+
 def test_wandb_offline_run_holds_the_history_and_resume_reuses_the_id(tmp_path):
     run_dir = train(tmp_path, ["wandb"], wandb={"project": "hooks-test", "tags": ["a"]}).run_dir
     run_id = read_run_id(run_dir, "wandb_run_id")
     (first,) = run_dir.glob(f"wandb/offline-run-*-{run_id}")
-    (log,) = first.glob(f"run-{run_id}.wandb")
-    data = log.read_bytes()
-    for key in (b"episode_return_mean", b"env_steps_sampled", b"hooks-test", b"train_batch_size", b"checkpoint/final"):
+    keys = (b"episode_return_mean", b"env_steps_sampled", b"hooks-test", b"train_batch_size", b"checkpoint/final")
+    data = wandb_log(first, run_id, keys)
+    for key in keys:
         assert key in data, key
 
+    # a session's folder is named to the second it started: start the next one in a later second
+    time.sleep(1.05 - time.time() % 1)
     resume(run_dir, stop={"iterations": 3}, progress=False)
     assert read_run_id(run_dir, "wandb_run_id") == run_id
     assert len(list(run_dir.glob(f"wandb/offline-run-*-{run_id}"))) == 2  # a second session of the same run
