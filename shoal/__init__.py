@@ -28,6 +28,7 @@ _LAZY = {
     "DDPPOConfig": ("shoal.algorithms.ddppo", "DDPPOConfig"), "DDPPO": ("shoal.algorithms.ddppo", "DDPPO"),
     "AlphaStarConfig": ("shoal.algorithms.alpha_star", "AlphaStarConfig"), "AlphaStar": ("shoal.algorithms.alpha_star", "AlphaStar"),
     "Algorithm": ("shoal.algorithms.base", "Algorithm"),
+    "Callbacks": ("shoal.callbacks", "Callbacks"),
     "train": ("shoal.trainer", "train"),
     "Stop": ("shoal.trainer", "Stop"),
     "load": ("shoal.trainer", "load"),

@@ -266,6 +266,57 @@ class EvaluationConfig(Section):
     evaluation_num_episodes: int = Field(10, ge=1, description="Greedy episodes per evaluation.")
 
 
+class WandbConfig(Section):
+    """Weights & Biases settings (used when ``logging.writers`` lists wandb)."""
+
+    project: str = Field("shoal", description="W&B project the run goes to.")
+    entity: Optional[str] = Field(None, description="W&B entity (user or team); None: your default entity.")
+    group: Optional[str] = Field(None, description="W&B group that gathers related runs.")
+    mode: Literal["offline", "online", "disabled"] = Field(
+        "offline", description="offline writes under the run directory (upload later with `wandb sync`); online "
+        "streams to the W&B server; disabled logs nothing.")
+    tags: list[str] = Field(default_factory=list, description="W&B tags of the run.")
+
+
+class MlflowConfig(Section):
+    """MLflow settings (used when ``logging.writers`` lists mlflow)."""
+
+    tracking_uri: Optional[str] = Field(None, description="MLflow tracking URI; None: a file store in the run "
+                                        "directory's mlruns/ folder.")
+    experiment_name: str = Field("shoal", description="MLflow experiment the run is filed under (created if missing).")
+
+
+LOGGER_EXTRAS = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}  # writer -> (module, pip extra)
+
+
+class LoggingConfig(Section):
+    """Where each iteration's result goes besides results.jsonl and progress.csv (always written)."""
+
+    writers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=lambda: ["tensorboard"], description="Loggers of the run directory: any of tensorboard, "
+        "wandb (pip install 'shoal[wandb]'), mlflow (pip install 'shoal[mlflow]').")
+    wandb: WandbConfig = Field(default_factory=WandbConfig, description="Weights & Biases settings.")
+    mlflow: MlflowConfig = Field(default_factory=MlflowConfig, description="MLflow settings.")
+
+    @model_validator(mode="after")
+    def _settings_need_writer(self) -> "LoggingConfig":
+        for name in ("wandb", "mlflow"):
+            if name not in self.writers and getattr(self, name) != type(getattr(self, name))():
+                raise ValueError(f"logging.{name} settings are given but logging.writers does not list {name}: "
+                                 f"add {name} to logging.writers, or leave logging.{name} out")
+        return self
+
+    def check_installed(self) -> None:
+        """A ConfigError naming the extra to install for each chosen logger whose package is missing."""
+        import importlib.util
+
+        for name in self.writers:
+            module, extra = LOGGER_EXTRAS.get(name, (None, None))
+            if module and importlib.util.find_spec(module) is None:
+                raise ConfigError(f"logging.writers lists {name}, but the {module} package is not installed: "
+                                  f"pip install 'shoal[{extra}]', or remove {name} from logging.writers.")
+
+
 class AlgorithmConfig(Section):
     """Fields every algorithm shares. Subclasses add their hyperparameters and may override the
     hooks declared here (``min_workers``, ``small_machine_preset()``, ``epsilon_schedule()``)."""
@@ -305,6 +356,11 @@ class AlgorithmConfig(Section):
         default_factory=EnvPreprocessingConfig, description="Frame preprocessing for Atari (ALE) envs.")
     normalize: NormalizeConfig = Field(default_factory=NormalizeConfig, description="Observation and reward "
                                        "normalization by running mean and std, saved in checkpoints.")
+    callbacks: Optional[Union[str, type]] = Field(
+        None, description="Your hooks, a shoal.Callbacks subclass: 'package.module:ClassName' (or the class, in "
+        "Python); built with no arguments in the driver and in every rollout actor. See docs/guide/callbacks.md.")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Loggers besides results.jsonl and "
+                                   "progress.csv: TensorBoard, Weights & Biases, MLflow.")
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -318,6 +374,15 @@ class AlgorithmConfig(Section):
         if v == "auto" or (isinstance(v, int) and v >= 1):
             return v
         raise ValueError("rollout_fragment_length must be a positive integer or 'auto'")
+
+    @field_validator("callbacks")
+    @classmethod
+    def _callbacks_class(cls, v: Any) -> Any:
+        if v is not None:
+            from shoal.callbacks import resolve_callbacks
+
+            resolve_callbacks(v)  # importable, a Callbacks subclass, builds with no arguments
+        return v
 
     @field_validator("lr_schedule")
     @classmethod
@@ -393,6 +458,10 @@ class AlgorithmConfig(Section):
         d = self.model_dump(mode="python", exclude=_unused_tree(type(self)) or None)
         d["env"] = env_spec_to_str(self.env)
         d["lr_schedule"] = [list(p) for p in self.lr_schedule] if self.lr_schedule else None
+        if "callbacks" in d:
+            from shoal.callbacks import callbacks_to_str
+
+            d["callbacks"] = callbacks_to_str(self.callbacks)
         return d
 
     def to_yaml(self) -> str:

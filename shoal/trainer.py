@@ -12,6 +12,7 @@ import numbers
 import shutil
 import textwrap
 import time
+import warnings
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -24,7 +25,7 @@ from shoal import checkpoint as ckpt
 from shoal.config import AlgorithmConfig
 from shoal.errors import CheckpointError, ConfigError
 from shoal.logging.progress import ProgressDisplay
-from shoal.logging.writers import CsvWriter, JsonlWriter, TensorBoardWriter, truncate_results
+from shoal.logging.writers import TensorBoardWriter, build_writers, truncate_results
 
 
 class Stop(BaseModel):
@@ -137,6 +138,10 @@ def new_run_dir(out: str | Path, config: AlgorithmConfig) -> Path:
 
 def _write_config(run_dir: Path, config: AlgorithmConfig, config_note: str | None) -> None:
     """config.yaml, led by ``config_note`` as YAML comment lines."""
+    if config.callbacks is not None and config.to_dict()["callbacks"] is None:
+        warnings.warn(f"callbacks class {config.callbacks.__qualname__} is defined in __main__ or inside a function, "
+                      "so config.yaml and checkpoints record no callbacks (resume and evaluate run without them); "
+                      "define it in a module to keep it.", stacklevel=3)
     comment = "".join(f"# {line}\n" for line in textwrap.wrap(config_note or "", 100, break_on_hyphens=False))
     (run_dir / "config.yaml").write_text(comment + config.to_yaml())
 
@@ -166,8 +171,7 @@ class _Session:
 
     def __init__(self, algo, run_dir: Path | None, keep_checkpoints: int) -> None:
         self.algo, self.run_dir, self.keep_checkpoints = algo, run_dir, keep_checkpoints
-        self.writers = [JsonlWriter(run_dir / "results.jsonl"), CsvWriter(run_dir / "progress.csv"),
-                        TensorBoardWriter(run_dir)] if run_dir else []
+        self.writers = build_writers(run_dir, algo.config, algo.best_metric) if run_dir else []
         self.ckpt_dir = run_dir / "checkpoints" if run_dir else None
         self.best = BestMetric(algo)
         self.best_return = -math.inf  # the highest episode_return_mean, whatever best_metric is
@@ -191,9 +195,9 @@ class _Session:
                 self._best_state = copy.deepcopy(algo.get_state())
                 self._best_meta = algo.checkpoint_meta(best_metric=self.best.metric, best_value=self.best.value)
 
-    def checkpoint(self, result: dict[str, Any]) -> None:
+    def checkpoint(self, result: dict[str, Any], final: bool = False) -> None:
         """A numbered checkpoint (and ``best``, when it changed), then the algorithm's TensorBoard extras."""
-        self.last_ckpt = self._save_numbered()
+        self.last_ckpt = self._save_numbered(final)
         tb = next((w.w for w in self.writers if isinstance(w, TensorBoardWriter) and w.w is not None), None)
         if tb is not None:  # e.g. the league's tables and heatmap
             self.algo.log_tensorboard_extras(tb, int(result.get("env_steps_sampled", self.algo.iteration)))
@@ -202,16 +206,24 @@ class _Session:
         """On Ctrl-C: a numbered checkpoint of the last iteration, unless it has one already."""
         it = self.algo.iteration
         if self.ckpt_dir is not None and it and (self.last_ckpt is None or not self.last_ckpt.name.endswith(f"{it:06d}")):
-            self.last_ckpt = self._save_numbered()
+            self.last_ckpt = self._save_numbered(final=True)
 
-    def _save_numbered(self) -> Path:
+    def _save_numbered(self, final: bool = False) -> Path:
         p = self.algo.save(self.ckpt_dir / f"checkpoint_{self.algo.iteration:06d}")
         for old in ckpt.list_checkpoints(self.ckpt_dir)[:-self.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
+        self._saved(p, "final" if final else "numbered")
         if self._best_state is not None and self._saved_best_iter != self._best_iter:
-            ckpt.save_checkpoint(self.ckpt_dir / "best", self._best_state, self._best_meta)
+            self._saved(ckpt.save_checkpoint(self.ckpt_dir / "best", self._best_state, self._best_meta), "best")
             self._saved_best_iter = self._best_iter
         return p
+
+    def _saved(self, path: Path, kind: str) -> None:
+        """A checkpoint is on disk: tell the writers that track them, then the user's callbacks."""
+        for w in self.writers:
+            if hasattr(w, "checkpoint"):
+                w.checkpoint(path, kind)
+        self.algo.callbacks.on_checkpoint(self.algo, path, kind)
 
     def close(self) -> None:
         for w in self.writers:
@@ -244,6 +256,7 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
     stop = _as_stop(stop)
     if checkpoint_every < 1 or keep_checkpoints < 1:
         raise ConfigError("checkpoint_every and keep_checkpoints must be at least 1.")
+    config.logging.check_installed()  # a missing wandb/mlflow package is a config error, before anything starts
     t_start = time.perf_counter()
     algo = _algo or config.build()
     _start_actors(algo, owned=_algo is None)  # a cluster too small for the run fails before the run directory is written
@@ -253,7 +266,12 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
         _write_config(run_dir, config, config_note)
     if run_dir is not None:
         _write_run_settings(run_dir, stop, checkpoint_every, keep_checkpoints)
-    session = _Session(algo, run_dir, keep_checkpoints)
+    try:
+        session = _Session(algo, run_dir, keep_checkpoints)  # opens the loggers: W&B or MLflow may refuse
+    except BaseException:
+        if _algo is None:
+            algo.stop()
+        raise
     reason, result = None, {}
     title = f"{config.algo} on {config.env_name()}" + (f"  ->  {run_dir}" if run_dir else "")
     try:
@@ -265,7 +283,7 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
                 display.update(result, time.perf_counter() - t_start, best=session.best.value)
                 reason = stop.reached(result)
                 if session.ckpt_dir is not None and (algo.iteration % checkpoint_every == 0 or reason):
-                    session.checkpoint(result)
+                    session.checkpoint(result, final=bool(reason))
     except KeyboardInterrupt:
         reason = "interrupted"
         session.save_interrupted()

@@ -325,6 +325,7 @@ class ApeX(Algorithm):
             self.steps_since_sync[i] = self.steps_since_sync.get(i, 0) + m.env_steps
             if i in self.reporting_ids:
                 self.episodes.add(m.episode_returns, m.episode_lengths)
+                self.custom_metrics.extend(m.custom_metrics)
         self.counters["env_steps_sampled"] += steps
         return steps
 

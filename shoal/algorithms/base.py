@@ -6,6 +6,7 @@ visible execution plan) plus ``get_state``/``set_state`` for anything they add.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import time
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 
 from shoal import checkpoint as ckpt
+from shoal.callbacks import Callbacks, aggregate_custom, build_callbacks
 from shoal.config import AlgorithmConfig
 from shoal.envs import env_info
 from shoal.envs.atari import check_preprocessing_applies
@@ -28,6 +30,25 @@ from shoal.process import configure_process
 from shoal.seeding import EVAL_ACTORS_FIRST_INDEX, EVAL_RUNNER_INDEX
 
 COUNTERS = ("env_steps_sampled", "env_steps_trained", "time_total_s")
+
+
+def _reports_to_callbacks(train):
+    """Wrap an algorithm's ``train()`` so that ``callbacks.on_train_result`` sees the finished result:
+    once per iteration, after the outermost override (which adds its keys after ``super().train()``)."""
+
+    @functools.wraps(train)
+    def wrapper(self):
+        self._train_depth = getattr(self, "_train_depth", 0) + 1
+        try:
+            result = train(self)
+        finally:
+            self._train_depth -= 1
+        if self._train_depth == 0:
+            self.callbacks.on_train_result(self, result)
+        return result
+
+    wrapper.reports_to_callbacks = True
+    return wrapper
 
 
 class Algorithm:
@@ -51,6 +72,8 @@ class Algorithm:
         super().__init_subclass__(**kwargs)
         if "config_cls" in cls.__dict__:
             cls.config_cls.algorithm_cls = cls
+        if not getattr(cls.train, "reports_to_callbacks", False):  # a train() of its own (or of a mixin)
+            cls.train = _reports_to_callbacks(cls.train)
 
     def __new__(cls, config: AlgorithmConfig | None = None, *args: Any, **kwargs: Any):
         # A config with a multi_agent section builds the algorithm's multi-agent form (shoal.algorithms.multi_agent).
@@ -76,6 +99,8 @@ class Algorithm:
         self.iteration = 0
         self.counters: dict[str, float] = {k: 0 for k in COUNTERS}
         self.episodes = EpisodeWindow(100)
+        self.callbacks: Callbacks = build_callbacks(config.callbacks) or Callbacks()  # the driver's instance
+        self.custom_metrics: list[dict[str, float]] = []  # on_episode_end's, since the last result
         self.timers = Timers()
         self.env_runners = None
         self.eval_runners = None
@@ -193,10 +218,12 @@ class Algorithm:
             self.episodes.add(m.episode_returns, m.episode_lengths)
             if self.norm_stats is not None and m.normalizer_new is not None:
                 self.norm_stats.merge(m.normalizer_new)
+            self.custom_metrics.extend(m.custom_metrics)
         self.counters["env_steps_sampled"] += steps
         return steps
 
     # ---- the iteration ------------------------------------------------------------------
+    @_reports_to_callbacks
     def train(self) -> dict[str, Any]:
         """Run ``training_step()`` until the per-iteration minimums are met; one result dict."""
         cfg = self.config
@@ -227,10 +254,14 @@ class Algorithm:
             "num_dropped_requests": self.env_runners.num_dropped_requests if self.env_runners is not None else 0,
             **step_metrics,
             **self.timers.report(),
+            **aggregate_custom(self.custom_metrics),
         }
+        self.custom_metrics = []
         ev = cfg.evaluation
         if ev.evaluation_interval and self.iteration % ev.evaluation_interval == 0:
-            result.update({f"evaluation/{k}": v for k, v in self.evaluate().items()})
+            evaluation = self.evaluate()
+            self.callbacks.on_evaluate(self, evaluation)
+            result.update({f"evaluation/{k}": v for k, v in evaluation.items()})
         return result
 
     # ---- inference ----------------------------------------------------------------------

@@ -1,4 +1,9 @@
-"""Per-iteration result writers: results.jsonl, progress.csv and TensorBoard events."""
+"""Per-iteration result writers: results.jsonl, progress.csv and TensorBoard events.
+
+A writer has ``write(result)`` and ``close()``; one may also have ``checkpoint(path, kind)``,
+which the trainer calls once a checkpoint is on disk. Weights & Biases and MLflow writers live
+in :mod:`shoal.logging.trackers`; :func:`build_writers` makes the ones a config chooses.
+"""
 
 from __future__ import annotations
 
@@ -81,10 +86,23 @@ class CsvWriter:
         self.f.close()
 
 
-class TensorBoardWriter:
-    """Scalars against env_steps_sampled. Missing tensorboard only warns."""
+def flatten_config(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested config dict -> ``{"resources.num_workers": 0, ...}``: numbers, strings and bools kept,
+    anything else (lists, None) as its text."""
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        if isinstance(v, dict) and v:
+            out.update(flatten_config(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v if isinstance(v, (bool, int, float, str)) else str(v)
+    return out
 
-    def __init__(self, logdir: Path) -> None:
+
+class TensorBoardWriter:
+    """Scalars against env_steps_sampled; with ``config``, the resolved config as YAML text and as
+    hparams (flattened keys) under the ``headline`` metric. Missing tensorboard only warns."""
+
+    def __init__(self, logdir: Path, config: dict[str, Any] | None = None, headline: str = "episode_return_mean") -> None:
         self.w = None
         try:
             with warnings.catch_warnings():
@@ -93,6 +111,18 @@ class TensorBoardWriter:
             self.w = SummaryWriter(log_dir=str(logdir), flush_secs=10)
         except Exception as e:  # noqa: BLE001 - TensorBoard is a convenience, never a reason to stop training
             warnings.warn(f"TensorBoard logging disabled: {e}", stacklevel=2)
+        if self.w is not None and config is not None:
+            self._write_config(config, headline)
+
+    def _write_config(self, config: dict[str, Any], headline: str) -> None:
+        import yaml
+        from torch.utils.tensorboard.summary import hparams
+
+        text = yaml.safe_dump(config, sort_keys=False)
+        self.w.add_text("config", "".join(f"    {line}\n" for line in text.splitlines()))  # a Markdown code block
+        writer = self.w._get_file_writer()
+        for summary in hparams(flatten_config(config), {headline: math.nan}):
+            writer.add_summary(summary)
 
     def write(self, result: dict[str, Any]) -> None:
         if self.w is None:
@@ -104,6 +134,28 @@ class TensorBoardWriter:
     def close(self) -> None:
         if self.w is not None:
             self.w.close()
+
+
+def build_writers(run_dir: Path, config, headline: str) -> list:
+    """The writers of a run directory: results.jsonl and progress.csv always, then the loggers
+    ``config.logging.writers`` chooses (TensorBoard, W&B, MLflow), which get the resolved config."""
+    from shoal.logging.trackers import MlflowWriter, WandbWriter
+
+    data = {"algo": config.algo, **config.to_dict()}
+    writers: list = [JsonlWriter(run_dir / "results.jsonl"), CsvWriter(run_dir / "progress.csv")]
+    try:
+        for name in config.logging.writers:
+            if name == "tensorboard":
+                writers.append(TensorBoardWriter(run_dir, data, headline))
+            elif name == "wandb":
+                writers.append(WandbWriter(run_dir, data, config.logging.wandb))
+            elif name == "mlflow":
+                writers.append(MlflowWriter(run_dir, data, config.logging.mlflow))
+    except BaseException:
+        for w in writers:
+            w.close()
+        raise
+    return writers
 
 
 def truncate_results(run_dir: Path, max_iteration: int) -> None:

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from shoal.batch import Batch, Col
+from shoal.callbacks import Episode, build_callbacks, call_episode_end, overrides
 from shoal.envs.atari import LearningSignal
 from shoal.envs.make import make_env, make_vec_env
 from shoal.envs.normalize import Normalizer, RunningStats
@@ -62,6 +63,7 @@ class RolloutMetrics:
     sample_time_s: float = 0.0
     worker_index: int = 0
     normalizer_new: RunningStats | None = None  # normalization statistics gathered since the last sample, for the driver
+    custom_metrics: list[dict[str, float]] = field(default_factory=list)  # on_episode_end's, one dict per episode
 
 
 def episode_summary(returns: list[float], lengths: list[int]) -> dict[str, float]:
@@ -87,6 +89,31 @@ def fragment_to_batch(fragment: Fragment) -> Batch:
         **fragment.extras,
     }
     return Batch(flatten_valid(cols, fragment.valid))
+
+
+def env_info_at(info: dict, i: int) -> dict:
+    """Env ``i``'s entries of a Gymnasium vector env's info dict (the ``_key`` masks applied, nested dicts too)."""
+    out = {}
+    for k, v in info.items():
+        if k.startswith("_"):
+            continue
+        mask = info.get("_" + k)
+        if mask is not None and not mask[i]:
+            continue
+        if isinstance(v, dict):
+            out[k] = env_info_at(v, i)
+        else:  # one entry per env; anything else (a wrapper's scalar) is the same for every env
+            out[k] = v[i] if isinstance(v, (np.ndarray, list, tuple)) else v
+    return out
+
+
+def row_at(obs, i: int):
+    """Env ``i``'s observation from a vector env's batch (dict and tuple spaces too)."""
+    if isinstance(obs, dict):
+        return {k: row_at(v, i) for k, v in obs.items()}
+    if isinstance(obs, tuple):
+        return tuple(row_at(v, i) for v in obs)
+    return obs[i]
 
 
 class EnvRunner:
@@ -135,6 +162,11 @@ class EnvRunner:
             self._new_episode = np.zeros(self.num_envs, dtype=bool)  # zero the state before the next step
         self._eval_envs: dict[int, gym.vector.VectorEnv] = {}
         self.weights_version = 0
+        self.callbacks = build_callbacks(config.callbacks)
+        self._step_hook = overrides(self.callbacks, "on_episode_step")
+        self._end_hook = overrides(self.callbacks, "on_episode_end")
+        self._episodes = [Episode(i, worker_index) for i in range(self.num_envs)] \
+            if self._step_hook or self._end_hook else None  # None: no per-step work for callbacks
 
     # ---- sampling -----------------------------------------------------------------------
     def sample(self, explore: bool = True) -> tuple[Batch, RolloutMetrics]:
@@ -196,6 +228,8 @@ class EnvRunner:
                 done = term | trunc
                 if norm is not None:  # what the learner sees; the returns reported stay raw
                     rewards[t] = norm.rewards(rewards[t], done, live)
+                if self._episodes is not None:
+                    self._episode_hooks(raw, r, live, done, info, metrics)
                 if done.any():
                     idx = np.flatnonzero(done)
                     metrics.episode_returns.extend(ep_ret[idx].tolist())
@@ -218,6 +252,21 @@ class EnvRunner:
         frag = Fragment(obs_buf, actions_buf, rewards, terms, truncs, valid, extras_buf, last_extras,
                         state_buf if recurrent else None)
         return frag, metrics
+
+    def _episode_hooks(self, obs, rewards, live, done, info, metrics: RolloutMetrics) -> None:
+        """The user's on_episode_step (live envs) and on_episode_end (envs whose episode just ended)."""
+        cb, episodes = self.callbacks, self._episodes
+        for i in np.flatnonzero(live | done) if self._step_hook else ():
+            ep = episodes[i]
+            ep.total_return, ep.length = float(self._ep_return[i]), int(self._ep_len[i])
+            ep.info = env_info_at(info, i)
+            cb.on_episode_step(ep, row_at(obs, i), float(rewards[i]), ep.info)
+        for i in np.flatnonzero(done):
+            ep = episodes[i]
+            ep.total_return, ep.length, ep.info = float(self._ep_return[i]), int(self._ep_len[i]), env_info_at(info, i)
+            if self._end_hook:
+                metrics.custom_metrics.append(call_episode_end(cb, ep))
+            episodes[i] = Episode(int(i), self.worker_index)
 
     # ---- evaluation ---------------------------------------------------------------------
     def evaluate(self, num_episodes: int, render: bool = False) -> dict[str, float]:

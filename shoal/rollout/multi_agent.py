@@ -40,6 +40,7 @@ from shoal.batch import Batch, Col
 from shoal.envs.multi_agent import SCRIPTED_PLAYERS, MultiAgentEnvAdapter, make_multi_agent_env, make_scripted_player
 from shoal.errors import ConfigError
 from shoal.models.distributions import masked_logits
+from shoal.callbacks import Episode, build_callbacks, call_episode_end, overrides
 from shoal.rollout.env_runner import RolloutMetrics
 from shoal.models.recurrent import pack_state
 from shoal.rollout.policies import STATE_OUT, ActorCriticPolicy
@@ -371,6 +372,7 @@ class MultiAgentEnvRunner:
                                     for i, env in enumerate(self.envs)]
         self._episodes: list[EpisodeInfo] = [self._new_episode(i) for i in range(self.num_envs)]
         self._eval_envs: list[MultiAgentEnvAdapter] = []
+        self.callbacks = build_callbacks(config.callbacks)  # on_episode_end only: no per-step hook here
 
     # ---- policies -----------------------------------------------------------------------------
     def add_policy(self, policy_id: str, spec: Any = None, *, trainable: bool | None = None,
@@ -606,6 +608,10 @@ class MultiAgentEnvRunner:
         for a, pid in ep.policies.items():
             m.policy_returns[pid].append(float(ep.returns.get(a, 0.0)))
         m.matches.append(match_outcome(ep))
+        if overrides(self.callbacks, "on_episode_end"):
+            record = Episode(i, self.worker_index, total_return=m.episode_returns[-1], length=ep.length,
+                             agent_returns={a: float(r) for a, r in ep.returns.items()}, agent_policies=dict(ep.policies))
+            m.custom_metrics.append(call_episode_end(self.callbacks, record))
         self._to_act[i] = self.envs[i].reset()
         self._episodes[i] = self._new_episode(i)
 
