@@ -1,4 +1,4 @@
-"""`shoal train | evaluate | resume | algos | config | league`.
+"""`shoal train | evaluate | export | resume | algos | config | league`.
 
 Errors caused by input (unknown key, bad env id, missing checkpoint...) print one paragraph
 and exit with code 2; Ctrl-C saves a checkpoint and exits with 130.
@@ -289,6 +289,22 @@ def _evaluation_line(rep: dict[str, Any]) -> str:
     return (f"{rep['checkpoint']}: mean return {rep['return_mean']:.2f} ± {rep['return_std']:.2f} over "
             f"{rep['episodes']} {how} episodes (min {rep['return_min']:.2f}, max {rep['return_max']:.2f}, "
             f"mean length {rep['length_mean']:.1f})")
+
+
+@app.command("export")
+def export_cmd(
+    path: Path = typer.Argument(..., help="A checkpoint directory, or a run directory (its best checkpoint)."),
+    fmt: str = typer.Option("torchscript", "--format", "-f", help="torchscript (torch.jit.load runs it) or onnx (onnxruntime; needs pip install 'shoal[export]')."),
+    out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="File to write; default policy.pt / policy.onnx in the checkpoint directory."),
+) -> None:
+    """Export a checkpoint's policy for deployment: raw observations in, greedy action (and logits/Q-values, value) out."""
+    from shoal.export import export_policy, sidecar_path
+
+    try:
+        written = export_policy(path, fmt, out_file)
+    except ShoalError as e:
+        _fail(e)
+    out.print(f"Wrote {written} ({fmt}) and {sidecar_path(written)} (inputs, outputs, spaces)", highlight=False)
 
 
 @app.command()
