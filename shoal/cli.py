@@ -234,7 +234,9 @@ def evaluate(
         return
     out.print(_evaluation_line(rep), highlight=False)
     if video is not None:
-        out.print(f"Video: {video} ({min(video_episodes or episodes, episodes)} episodes)", highlight=False)
+        k = min(video_episodes or episodes, episodes)
+        out.print(f"Video: {video} (the first {k} of {episodes} episodes)" if k < episodes else f"Video: {video}",
+                  highlight=False)
 
 
 def _evaluation_report(p: Path, algo, n: int, deterministic: bool, opponent: Optional[str], video: Optional[Path],

@@ -130,7 +130,7 @@ def play_episodes(algo, num_episodes: int, deterministic: bool = True, record: i
         raise ConfigError(f"{type(algo).__name__} has no single-agent policy to play episodes with.")
     seed = algo.config.seed
     env = _make_eval_env(algo.config, "rgb_array" if record > 0 else "human" if human else None)
-    out = Episodes(fps=float(env.metadata.get("render_fps") or 30))
+    out = Episodes(fps=_video_fps(algo.config, env))
     try:
         for i in range(num_episodes):
             obs, _ = env.reset(seed=None if seed is None else seed + i)
@@ -149,6 +149,16 @@ def play_episodes(algo, num_episodes: int, deterministic: bool = True, record: i
     finally:
         env.close()
     return out
+
+
+def _video_fps(cfg, env) -> float:
+    """The env's ``render_fps`` (30 when it declares none). An Atari game is recorded once per
+    ``frame_skip`` frames of the 60 Hz console, so its video plays at 60 / frame_skip: real speed."""
+    from shoal.envs.atari import is_ale_id
+
+    if is_ale_id(cfg.env):
+        return 60.0 / cfg.env_preprocessing.frame_skip
+    return float(env.metadata.get("render_fps") or 30)
 
 
 def write_video(frames: list[np.ndarray], path: str | Path, fps: float) -> Path:

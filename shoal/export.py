@@ -99,6 +99,8 @@ def policy_model(algo) -> ExportedPolicy:
         raise ConfigError(f"shoal export takes Box or Discrete observations; this policy observes {space}.")
     policy = algo.policy_cls(space, action_space, algo.config, algo.config.seed)
     policy.set_weights(algo.get_weights())
+    for param in policy.module.parameters():
+        param.requires_grad_(False)  # inference only: the exported outputs carry no autograd history
     return ExportedPolicy(policy.module, space, action_space).eval()
 
 
