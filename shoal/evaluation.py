@@ -20,6 +20,7 @@ import numpy as np
 
 from shoal import checkpoint as ckpt
 from shoal.errors import CheckpointError, ConfigError, EnvError, ShoalError
+from shoal.rollout.policies import EpsilonGreedyQPolicy
 
 CHECKPOINT_CHOICES = ("best", "last")
 SCRIPTED_OPPONENTS = ("random", "heuristic")
@@ -128,6 +129,9 @@ def play_episodes(algo, num_episodes: int, deterministic: bool = True, record: i
     """
     if algo.policy_cls is None:
         raise ConfigError(f"{type(algo).__name__} has no single-agent policy to play episodes with.")
+    if not deterministic and algo.policy_cls is EpsilonGreedyQPolicy and not algo.config.epsilon_schedule():
+        raise ConfigError(f"--stochastic: {type(algo).__name__}'s actors explore with fixed epsilons of their own, so "
+                          "its policy has no epsilon to sample with; evaluate it greedily (leave --stochastic out).")
     seed = algo.config.seed
     env = _make_eval_env(algo.config, "rgb_array" if record > 0 else "human" if human else None)
     out = Episodes(fps=_video_fps(algo.config, env))

@@ -138,6 +138,17 @@ def test_stochastic_dqn_uses_the_checkpoint_s_epsilon(tmp_path):
     assert greedy["returns"] != sampled["returns"]
 
 
+def test_stochastic_is_refused_for_ape_x_whose_policy_has_no_epsilon(tmp_path):
+    from shoal import ApeXConfig
+
+    algo = ApeXConfig(env="CartPole-v1", seed=0, replay_capacity=1000, learning_starts=100).build()
+    path = str(algo.save(tmp_path / "apex"))
+    algo.stop()
+    r = invoke("evaluate", path, "-n", 1, "--stochastic")
+    assert r.exit_code == 2 and "leave --stochastic out" in flat(r.output)
+    assert evaluate_json(path, "-n", 1)["deterministic"]
+
+
 # ---- --video -----------------------------------------------------------------------------------
 def test_video_writes_the_first_k_episodes_as_an_mp4(tmp_path):
     import imageio.v2 as imageio
@@ -198,3 +209,22 @@ def test_opponent_errors_exit_2(game_checkpoint, run_dir, tmp_path):
     r = invoke("evaluate", rps, "-n", 2, "--opponent", "heuristic")
     assert r.exit_code == 2 and "connect four" in flat(r.output) and "tic-tac-toe" in flat(r.output)
     assert evaluate_json(rps, "-n", 4, "--opponent", "random")["wins"] >= 0  # random plays any two-player game
+
+
+def test_a_league_checkpoint_plays_its_main_policy(game_checkpoint, tmp_path):
+    from shoal import AlphaStarConfig
+
+    algo = AlphaStarConfig(env=TTT, seed=0, rollout_fragment_length=8, train_batch_size=64, min_time_s_per_iteration=0.0,
+                           resources={"num_envs_per_worker": 4}).build()
+    try:
+        algo.train()
+        league = str(algo.save(tmp_path / "league"))
+    finally:
+        algo.stop()
+    rep = evaluate_json(league, "-n", 8, "--opponent", "heuristic")
+    assert rep["algo"] == "alpha_star" and rep["player"] == "main" and rep["opponent"] == "heuristic"
+    assert rep["wins"] + rep["draws"] + rep["losses"] == 8
+    # against a multi-agent PPO checkpoint's main policy; both greedy, so each seat repeats one game
+    rep = evaluate_json(league, "-n", 8, "--opponent", game_checkpoint)
+    assert rep["wins"] + rep["draws"] + rep["losses"] == 8
+    assert rep["win_rate_first"] in (0.0, 1.0) and rep["win_rate_second"] in (0.0, 1.0)
