@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -206,6 +205,7 @@ def main_policy(algo) -> tuple[str, dict[str, Any]]:
 
 
 def agents_of(algo) -> list[str]:
+    """The agents of ``algo``'s multi-agent env."""
     from shoal.envs.multi_agent import make_multi_agent_env
 
     env = make_multi_agent_env(algo.config.env, algo.config.env_config)
@@ -249,15 +249,13 @@ def play_games(algo, opponent: str, num_games: int, deterministic: bool = True, 
 # ---- the report -------------------------------------------------------------------------------
 def report(checkpoint: Path, algo, returns: list[float], lengths: list[float], deterministic: bool,
            games: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The figures ``shoal evaluate`` prints (``--json``: exactly this object)."""
+    """The figures ``shoal evaluate`` prints (``--json``: exactly this object) of at least one episode."""
     r = np.asarray(returns, dtype=np.float64)
     out: dict[str, Any] = {
         "checkpoint": str(checkpoint), "algo": algo.config.algo, "env": str(algo.config.env),
         "episodes": len(returns), "deterministic": deterministic,
-        "return_mean": float(r.mean()) if len(r) else math.nan, "return_std": float(r.std()) if len(r) else math.nan,
-        "return_min": float(r.min()) if len(r) else math.nan, "return_max": float(r.max()) if len(r) else math.nan,
-        "length_mean": float(np.mean(lengths)) if len(lengths) else math.nan,
-        "returns": [float(x) for x in returns],
+        "return_mean": float(r.mean()), "return_std": float(r.std()), "return_min": float(r.min()),
+        "return_max": float(r.max()), "length_mean": float(np.mean(lengths)), "returns": r.tolist(),
     }
     if games is not None:
         out.update({k: games[k] for k in ("player", "opponent", "wins", "draws", "losses", "win_rate", "draw_rate",
@@ -265,5 +263,5 @@ def report(checkpoint: Path, algo, returns: list[float], lengths: list[float], d
     return out
 
 
-__all__ = ["CHECKPOINT_CHOICES", "Episodes", "SCRIPTED_OPPONENTS", "is_game", "load_for_evaluation", "main_policy", "play_episodes",
-           "play_games", "report", "select_checkpoint", "write_video"]
+__all__ = ["CHECKPOINT_CHOICES", "Episodes", "SCRIPTED_OPPONENTS", "agents_of", "is_game", "load_for_evaluation",
+           "main_policy", "play_episodes", "play_games", "report", "select_checkpoint", "write_video"]

@@ -228,3 +228,14 @@ def test_a_league_checkpoint_plays_its_main_policy(game_checkpoint, tmp_path):
     rep = evaluate_json(league, "-n", 8, "--opponent", game_checkpoint)
     assert rep["wins"] + rep["draws"] + rep["losses"] == 8
     assert rep["win_rate_first"] in (0.0, 1.0) and rep["win_rate_second"] in (0.0, 1.0)
+
+
+def test_a_multi_agent_env_of_three_agents_plays_its_policies_together(tmp_path):
+    path = untrained(tmp_path, "signals", env="shoal.envs.signal_match:parallel_env", env_config={"episode_len": 4},
+                     multi_agent={"policies": {"shared": None}})
+    rep = evaluate_json(path, "-n", 5)
+    # SignalMatch pays each of its 3 agents at most 1 per step: a 4-step episode sums to at most 12
+    assert rep["episodes"] == 5 == len(rep["returns"]) and rep["length_mean"] == 4 and "wins" not in rep
+    assert all(0 <= x <= 12 for x in rep["returns"]) and rep["return_mean"] == pytest.approx(np.mean(rep["returns"]))
+    r = invoke("evaluate", path, "--opponent", "random")
+    assert r.exit_code == 2 and "two-player games" in flat(r.output) and "3 agents" in flat(r.output)
