@@ -207,7 +207,7 @@ def evaluate(
     checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="Which checkpoint of a run directory: best, last (the newest numbered one), or a checkpoint directory (a path, or a name in the run's checkpoints/)."),
     stochastic: bool = typer.Option(False, "--stochastic", help="Sample actions from the policy (DQN: epsilon-greedy at the checkpoint's epsilon) instead of greedy ones."),
     opponent: Optional[str] = typer.Option(None, "--opponent", help="Two-player games: play the checkpoint's main policy against random, heuristic, or another checkpoint (a path); seats alternate. Default for a two-player game: random."),
-    video: Optional[Path] = typer.Option(None, "--video", help="Record the episodes to this file (e.g. out.mp4) from render_mode='rgb_array' frames; needs pip install 'shoal[video]'."),
+    video: Optional[Path] = typer.Option(None, "--video", help="Record the episodes to this file (e.g. out.mp4) from render_mode='rgb_array' frames; needs pip install 'shoal\\[video]'."),
     video_episodes: Optional[int] = typer.Option(None, "--video-episodes", min=1, help="With --video: record only the first K episodes."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the figures and per-episode returns, and nothing else, on stdout."),
     render: bool = typer.Option(False, "--render", help="Render each episode on screen (render_mode='human'; needs a display and pygame)."),
@@ -296,7 +296,7 @@ def _evaluation_line(rep: dict[str, Any]) -> str:
 @app.command("export")
 def export_cmd(
     path: Path = typer.Argument(..., help="A checkpoint directory, or a run directory (its best checkpoint)."),
-    fmt: str = typer.Option("torchscript", "--format", "-f", help="torchscript (torch.jit.load runs it) or onnx (onnxruntime; needs pip install 'shoal[export]')."),
+    fmt: str = typer.Option("torchscript", "--format", "-f", help="torchscript (torch.jit.load runs it) or onnx (onnxruntime; needs pip install 'shoal\\[export]')."),
     out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="File to write; default policy.pt / policy.onnx in the checkpoint directory."),
 ) -> None:
     """Export a checkpoint's policy for deployment: raw observations in, greedy action (and logits/Q-values, value) out."""
