@@ -20,13 +20,14 @@ from shoal.rollout.policies import STATE_OUT
 runner = CliRunner()
 SMALL_CNN = {"torso": "conv", "conv_filters": [[8, 3, 2]], "hiddens": [32], "activation": "relu"}
 LSTM = {"use_lstm": True, "lstm_cell_size": 8, "hiddens": [16]}
-CASES = {  # name -> (config class, config): MLP, Q network, CNN on uint8 frames, LSTM, Box actions, Discrete obs
+CASES = {  # name -> (config class, config): MLP, Q network, CNN on uint8 frames, LSTM, Box actions, Discrete obs, custom
     "ppo_mlp": (PPOConfig, {"env": "CartPole-v1"}),
     "dqn": (DQNConfig, {"env": "CartPole-v1"}),
     "ppo_cnn": (PPOConfig, {"env": "shoal.envs.pixel_catch:PixelCatch", "model": SMALL_CNN}),
     "ppo_lstm": (PPOConfig, {"env": "shoal/StatelessCartPole-v1", "model": LSTM}),
     "ppo_box": (PPOConfig, {"env": "Pendulum-v1", "model": {"init_log_std": -0.5}}),
     "ppo_discrete_obs": (PPOConfig, {"env": "FrozenLake-v1"}),
+    "dqn_custom": (DQNConfig, {"env": "CartPole-v1", "model": {"custom": "custom_models:SmallQ"}}),  # a model.custom class
 }
 FORMATS = ("torchscript", "onnx")
 
@@ -85,7 +86,7 @@ def check_outputs(outs: list[np.ndarray], ref: dict[str, np.ndarray], q_network:
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("case", ["ppo_mlp", "dqn", "ppo_cnn", "ppo_box", "ppo_discrete_obs"])
+@pytest.mark.parametrize("case", ["ppo_mlp", "dqn", "ppo_cnn", "ppo_box", "ppo_discrete_obs", "dqn_custom"])
 def test_exported_model_matches_the_in_process_policy(checkpoints, tmp_path, case, fmt):
     path = checkpoints[case]
     out = export_policy(path, fmt, tmp_path / f"policy.{fmt}")
@@ -93,7 +94,7 @@ def test_exported_model_matches_the_in_process_policy(checkpoints, tmp_path, cas
     obs = random_obs(algo.env_info.observation_space, 7)  # not the batch size the export traced with
     ref = reference(algo, obs)
     outs = run_exported(out, fmt, obs)
-    check_outputs(outs, ref, q_network=case == "dqn")
+    check_outputs(outs, ref, q_network=case.startswith("dqn"))
     with shoal.load_policy(path) as policy:
         greedy, _ = policy.predict(obs)
     if case == "ppo_box":
