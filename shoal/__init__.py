@@ -33,6 +33,7 @@ _LAZY = {
     "Stop": ("shoal.trainer", "Stop"),
     "load": ("shoal.trainer", "load"),
     "load_policy": ("shoal.policy", "load_policy"),
+    "export_policy": ("shoal.export", "export_policy"),
 }
 
 

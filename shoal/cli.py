@@ -1,4 +1,4 @@
-"""`shoal train | evaluate | resume | algos | league`.
+"""`shoal train | evaluate | export | resume | algos | config | league`.
 
 Errors caused by input (unknown key, bad env id, missing checkpoint...) print one paragraph
 and exit with code 2; Ctrl-C saves a checkpoint and exits with 130.
@@ -14,6 +14,7 @@ from typing import Any, List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from shoal.errors import ConfigError, EnvError, ShoalError
@@ -47,7 +48,8 @@ STOP_KEYS = ("reward", "env_steps", "time_s", "iterations")
 
 
 def _fail(e: ShoalError) -> None:
-    err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+    # escaped: a message may hold brackets that are not markup (pip install 'shoal[video]')
+    err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -200,41 +202,111 @@ def train(
 
 @app.command()
 def evaluate(
-    path: Path = typer.Argument(..., help="A checkpoint directory, or a run directory (its best checkpoint is used)."),
-    episodes: int = typer.Option(10, "--episodes", "-n", min=1, help="Greedy episodes to run."),
+    path: Path = typer.Argument(..., help="A checkpoint directory, or a run directory (its best checkpoint unless --checkpoint says otherwise)."),
+    episodes: int = typer.Option(10, "--episodes", "-n", min=1, help="Episodes (games, with --opponent) to run."),
+    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="Which checkpoint of a run directory: best, last (the newest numbered one), or a checkpoint directory (a path, or a name in the run's checkpoints/)."),
+    stochastic: bool = typer.Option(False, "--stochastic", help="Sample actions from the policy (DQN: epsilon-greedy at the checkpoint's epsilon) instead of greedy ones."),
+    opponent: Optional[str] = typer.Option(None, "--opponent", help="Two-player games: play the checkpoint's main policy against random, heuristic, or another checkpoint (a path); seats alternate. Default for a two-player game: random."),
+    video: Optional[Path] = typer.Option(None, "--video", help="Record the episodes to this file (e.g. out.mp4) from render_mode='rgb_array' frames; needs pip install 'shoal\\[video]'."),
+    video_episodes: Optional[int] = typer.Option(None, "--video-episodes", min=1, help="With --video: record only the first K episodes."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the figures and per-episode returns, and nothing else, on stdout."),
     render: bool = typer.Option(False, "--render", help="Render each episode on screen (render_mode='human'; needs a display and pygame)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for the evaluation envs."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for the evaluation envs and the sampling; episode i resets with seed + i."),
 ) -> None:
-    """Load a checkpoint and report the mean and std return over N greedy episodes."""
+    """Load a checkpoint and report its returns over N episodes: greedy or sampled, recorded to a video, or games against an opponent."""
+    from shoal.evaluation import load_for_evaluation, select_checkpoint
+
     try:
-        from shoal import checkpoint as ckpt
-        from shoal.trainer import load
-
-        p = ckpt.resolve_checkpoint(path, prefer="best")
-        from shoal.algorithms import get_config_class
-
-        # Evaluate in this process; an algorithm that needs workers (DD-PPO) keeps them but starts none to evaluate.
-        cfg_cls = get_config_class(ckpt.read_meta(p)["algo"])
-        overrides = {"resources": {"num_workers": 0}} if cfg_cls.min_workers == 0 else {}
-        evaluation_cls = cfg_cls.model_fields["evaluation"].annotation
-        if "evaluation_num_workers" not in evaluation_cls.unused_keys:
-            overrides["evaluation"] = {"evaluation_num_workers": 0}
-        if seed is not None:
-            overrides["seed"] = seed
-        algo = load(p, overrides=overrides)
+        if video_episodes is not None and video is None:
+            raise ConfigError("--video-episodes says how many episodes to record; give --video FILE too.")
+        p = select_checkpoint(path, checkpoint)
+        algo = load_for_evaluation(p, seed)
         try:
-            r = algo.evaluate(num_episodes=episodes, render=render)
-        except Exception as e:  # noqa: BLE001 - rendering needs optional deps; report plainly
-            if render:
-                raise ShoalError(f"Rendering failed: {e}. Rendering needs a display and the env's render dependencies "
-                                 "(e.g. pip install pygame); run without --render to evaluate only.") from None
-            raise
+            rep = _evaluation_report(p, algo, episodes, not stochastic, opponent, video, video_episodes, render, seed)
         finally:
             algo.stop()
     except ShoalError as e:
         _fail(e)
-    out.print(f"{p}: mean return {r['episode_return_mean']:.2f} ± {r['episode_return_std']:.2f} over "
-              f"{r['num_episodes']} greedy episodes (mean length {r['episode_len_mean']:.1f})", highlight=False)
+    if as_json:
+        import json
+
+        print(json.dumps(rep))
+        return
+    out.print(_evaluation_line(rep), highlight=False)
+    if video is not None:
+        k = min(video_episodes or episodes, episodes)
+        out.print(f"Video: {video} (the first {k} of {episodes} episodes)" if k < episodes else f"Video: {video}",
+                  highlight=False)
+
+
+def _evaluation_report(p: Path, algo, n: int, deterministic: bool, opponent: Optional[str], video: Optional[Path],
+                       video_episodes: Optional[int], render: bool, seed: Optional[int]) -> dict[str, Any]:
+    """Play what `shoal evaluate` asked for and return :func:`shoal.evaluation.report`'s figures."""
+    from shoal import evaluation as ev
+
+    if not ev.is_game(algo):
+        if opponent is not None:
+            raise ConfigError(f"--opponent plays two-player games (PettingZoo envs trained with a multi_agent section or "
+                              f"alpha_star); {algo.config.env!r} is a single-agent env. Leave --opponent out.")
+        record = min(video_episodes or n, n) if video is not None else 0
+        try:
+            eps = ev.play_episodes(algo, n, deterministic, record=record, human=render)
+        except Exception as e:  # noqa: BLE001 - rendering needs optional deps; report plainly
+            if render and not isinstance(e, ShoalError):
+                raise ShoalError(f"Rendering failed: {e}. Rendering needs a display and the env's render dependencies "
+                                 "(e.g. pip install pygame); run without --render to evaluate only.") from None
+            raise
+        if record:
+            ev.write_video(eps.frames, video, eps.fps)
+        return ev.report(p, algo, eps.returns, eps.lengths, deterministic)
+    if video is not None or render:
+        raise ConfigError("--video and --render show single-agent episodes; a multi-agent env has no rgb_array recording here.")
+    if opponent is None and len(ev.agents_of(algo)) != 2:
+        if not hasattr(algo, "evaluation_episodes"):
+            raise ConfigError(f"shoal evaluate plays a league's main policy in two-player games; {algo.config.env!r} "
+                              f"has agents {', '.join(ev.agents_of(algo))}.")
+        returns, lengths, _ = algo.evaluation_episodes(n, explore=not deterministic)
+        return ev.report(p, algo, returns[:n], lengths[:n], deterministic)
+    opponent = opponent or "random"
+    other = None
+    if opponent not in ev.SCRIPTED_OPPONENTS:
+        if not Path(opponent).exists():
+            raise ConfigError(f"--opponent must be {' or '.join(ev.SCRIPTED_OPPONENTS)} or a checkpoint path; "
+                              f"'{opponent}' is neither.")
+        other = ev.load_for_evaluation(ev.select_checkpoint(opponent), seed)
+    try:
+        games = ev.play_games(algo, opponent, n, deterministic, opponent_algo=other)
+    finally:
+        if other is not None:
+            other.stop()
+    return ev.report(p, algo, games["returns"], games["lengths"], deterministic, games)
+
+
+def _evaluation_line(rep: dict[str, Any]) -> str:
+    how = "greedy" if rep["deterministic"] else "stochastic"
+    if "wins" in rep:
+        return (f"{rep['checkpoint']}: {rep['player']} vs {rep['opponent']} over {rep['episodes']} {how} games: "
+                f"{rep['wins']} wins, {rep['draws']} draws, {rep['losses']} losses (win rate {rep['win_rate']:.2f}, "
+                f"draw rate {rep['draw_rate']:.2f}, loss rate {rep['loss_rate']:.2f}; mean length {rep['length_mean']:.1f})")
+    return (f"{rep['checkpoint']}: mean return {rep['return_mean']:.2f} ± {rep['return_std']:.2f} over "
+            f"{rep['episodes']} {how} episodes (min {rep['return_min']:.2f}, max {rep['return_max']:.2f}, "
+            f"mean length {rep['length_mean']:.1f})")
+
+
+@app.command("export")
+def export_cmd(
+    path: Path = typer.Argument(..., help="A checkpoint directory, or a run directory (its best checkpoint)."),
+    fmt: str = typer.Option("torchscript", "--format", "-f", help="torchscript (torch.jit.load runs it) or onnx (onnxruntime; needs pip install 'shoal\\[export]')."),
+    out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="File to write; default policy.pt / policy.onnx in the checkpoint directory."),
+) -> None:
+    """Export a checkpoint's policy for deployment: raw observations in, greedy action (and logits/Q-values, value) out."""
+    from shoal.export import export_policy, sidecar_path
+
+    try:
+        written = export_policy(path, fmt, out_file)
+    except ShoalError as e:
+        _fail(e)
+    out.print(f"Wrote {written} ({fmt}) and {sidecar_path(written)} (inputs, outputs, spaces)", highlight=False)
 
 
 @app.command()
@@ -334,7 +406,7 @@ def main() -> None:
     try:
         app()
     except ShoalError as e:  # raised outside a command body
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         sys.exit(2)
 
 

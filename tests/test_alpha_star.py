@@ -421,7 +421,7 @@ def test_shoal_league_prints_the_report_and_writes_the_heatmap(tmp_path):
     events.Reload()
     assert "league/win_rates" in events.Tags()["images"] and "league/report/text_summary" in events.Tags()["tensors"]
     r = runner.invoke(app, ["evaluate", str(run_dir), "--episodes", "10"])  # main vs the random player
-    assert r.exit_code == 0 and "over 10 greedy episodes" in " ".join(r.output.split()), r.output
+    assert r.exit_code == 0 and "main vs random over 10 greedy games" in " ".join(r.output.split()), r.output
     empty = tmp_path / "not_a_league"
     empty.mkdir()
     r = runner.invoke(app, ["league", str(empty)])

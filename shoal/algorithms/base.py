@@ -272,7 +272,9 @@ class Algorithm:
         ``obs`` is one observation or a batch of them. A recurrent policy takes ``state`` (None:
         the initial state; one row per observation) and returns the next one to pass back with
         the next observation; rows where ``episode_start`` is True start from the initial state.
-        Without recurrence the returned state is None.
+        Without recurrence the returned state is None. ``deterministic=False`` samples the way
+        training does at the current step: from the action distribution, or epsilon-greedy with
+        the epsilon a DQN schedule gives after the env steps sampled so far.
         """
         from shoal.models.catalog import preprocess_obs
         from shoal.rollout.policies import STATE_OUT
@@ -283,6 +285,7 @@ class Algorithm:
         if getattr(self, "_predict_policy", None) is None:
             self._predict_policy = self.policy_cls(space, self.env_info.action_space, self.config, self.config.seed)
         policy = self._predict_policy
+        policy.on_global_vars({"env_steps": int(self.counters["env_steps_sampled"])})  # e.g. DQN's epsilon now
         policy.set_weights(self.get_weights())
         obs = np.asarray(obs)
         single = obs.shape == tuple(space.shape or ())

@@ -264,20 +264,26 @@ class MultiAgentMixin:
         if render:
             raise ConfigError("rendering is not supported for multi-agent evaluation")
         n = num_episodes or self.config.evaluation.evaluation_num_episodes
+        returns, lengths, windows = self.evaluation_episodes(n)
+        return {"episode_return_mean": float(np.mean(returns[:n])), "episode_return_std": float(np.std(returns[:n])),
+                "episode_len_mean": float(np.mean(lengths[:n])), "num_episodes": n, **windows.metrics()}
+
+    def evaluation_episodes(self, n: int, explore: bool = False) -> tuple[list[float], list[int], PolicyReturnWindows]:
+        """At least ``n`` episodes on a separate runner in the driver, greedy unless ``explore``: their
+        returns (summed over agents) and lengths in finishing order, and the per-policy returns."""
         args, kwargs = self._runner_args(0)
         kwargs.update(policies_to_train=[], num_envs=min(n, 8))
         runner = MultiAgentEnvRunner(*args, **kwargs)
         returns, lengths, windows = [], [], PolicyReturnWindows(n)
         try:
             while len(returns) < n:
-                _, m = runner.sample(explore=False)
+                _, m = runner.sample(explore=explore)
                 returns.extend(m.episode_returns)
                 lengths.extend(m.episode_lengths)
                 windows.add(m)
         finally:
             runner.stop()
-        return {"episode_return_mean": float(np.mean(returns[:n])), "episode_return_std": float(np.std(returns[:n])),
-                "episode_len_mean": float(np.mean(lengths[:n])), "num_episodes": n, **windows.metrics()}
+        return returns, lengths, windows
 
     def get_state(self) -> dict[str, Any]:
         return {**Algorithm.get_state(self), "policies": {pid: l.get_state() for pid, l in self.learners.items()},

@@ -239,17 +239,20 @@ class _EvalTally:
     draws: list[int] = field(default_factory=lambda: [0, 0])
     losses: list[int] = field(default_factory=lambda: [0, 0])
     lengths: list[int] = field(default_factory=list)
+    returns: list[float] = field(default_factory=list)  # the evaluated policy's return in each game
 
     def add(self, game: _EvalGame, agents: list[str]) -> None:
         mine, theirs = game.returns[agents[game.seat]], game.returns[agents[1 - game.seat]]
         outcome = self.wins if mine > theirs else self.draws if mine == theirs else self.losses
         outcome[game.seat] += 1
         self.lengths.append(game.length)
+        self.returns.append(float(mine))
 
     def _games(self, seat: int) -> int:
         return self.wins[seat] + self.draws[seat] + self.losses[seat]
 
-    def summary(self) -> dict[str, float]:
+    def summary(self) -> dict[str, Any]:
+        """Counts and rates, the win rate per seat, the mean length, and ``returns``: one per game in finishing order."""
         wins, draws, losses = sum(self.wins), sum(self.draws), sum(self.losses)
         n = wins + draws + losses
         return {
@@ -258,6 +261,7 @@ class _EvalTally:
             "win_rate_first": self.wins[0] / max(1, self._games(0)),
             "win_rate_second": self.wins[1] / max(1, self._games(1)),
             "mean_length": float(np.mean(self.lengths)),
+            "returns": list(self.returns), "lengths": list(self.lengths),
         }
 
 
