@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from shoal.errors import CheckpointError
+from shoal.errors import CheckpointError, DivergenceError
 
 FORMAT = "shoal-checkpoint"
 FORMAT_VERSION = 1
@@ -39,9 +39,37 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def nonfinite_tensor(state: Any, where: str = "") -> str | None:
+    """The key path of the first floating-point tensor in ``state`` holding NaN or inf, or None.
+
+    Replay contents (a ``replay`` key) are data, not weights, and are not looked at.
+    """
+    if isinstance(state, torch.Tensor):
+        return where if state.is_floating_point() and not bool(torch.isfinite(state).all()) else None
+    if isinstance(state, dict):
+        items = ((k, v) for k, v in state.items() if k != "replay")
+    elif isinstance(state, (list, tuple)):
+        items = enumerate(state)
+    else:
+        return None
+    for k, v in items:
+        bad = nonfinite_tensor(v, f"{where}.{k}" if where else str(k))
+        if bad is not None:
+            return bad
+    return None
+
+
 def save_checkpoint(path: str | Path, state: dict[str, Any], meta: dict[str, Any]) -> Path:
-    """Write ``state`` and ``meta`` to directory ``path`` atomically; replaces an existing one."""
+    """Write ``state`` and ``meta`` to directory ``path`` atomically; replaces an existing one.
+
+    A state whose weights (or optimizer moments) hold NaN or inf is refused with
+    :class:`~shoal.errors.DivergenceError`, so no checkpoint ever holds diverged weights.
+    """
     path = Path(path)
+    bad = nonfinite_tensor(state)
+    if bad is not None:
+        raise DivergenceError(f"refusing to write checkpoint '{path}': '{bad}' holds NaN or inf. The checkpoints "
+                              "already written are kept; lower lr or check the env's observations and rewards.")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()

@@ -21,6 +21,7 @@ A checkpoint written before a key was declared unused still loads (``without_unu
 from __future__ import annotations
 
 import difflib
+import math
 import importlib
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Literal, Optional, Union
@@ -254,11 +255,14 @@ class AlgorithmConfig(Section):
     env_config: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the env constructor.")
     seed: Optional[int] = Field(None, description="Seed for torch, numpy and the envs; runs with num_workers=0 are then reproducible.")
     gamma: float = Field(0.99, ge=0.0, le=1.0, description="Discount factor of future rewards.")
-    lr: float = Field(3e-4, gt=0, description="Adam learning rate (lr_schedule overrides it).")
+    lr: float = Field(3e-4, gt=0, allow_inf_nan=False, description="Adam learning rate (lr_schedule overrides it).")
     lr_schedule: Optional[list[tuple[int, float]]] = Field(
         None, description="Piecewise-linear [[env_steps, lr], ...]; overrides lr when set."
     )
     grad_clip: Optional[float] = Field(0.5, gt=0, description="Global gradient-norm clip; None disables.")
+    max_nonfinite_updates: int = Field(
+        20, ge=1, description="Learner updates with a NaN/inf loss or gradient are skipped; this many in a row stop "
+        "the run with a DivergenceError (counted in num_nonfinite_updates_skipped).")
     rollout_fragment_length: Union[int, str] = Field("auto", description="Steps per env per sample call, or 'auto'.")
     min_time_s_per_iteration: float = Field(0.0, ge=0, description="An iteration repeats training steps until it has lasted this long.")
     min_env_steps_per_iteration: int = Field(0, ge=0, description="An iteration repeats training steps until it has sampled this many env steps.")
@@ -290,8 +294,8 @@ class AlgorithmConfig(Section):
             steps = [s for s, _ in v]
             if steps != sorted(steps) or steps[0] < 0:
                 raise ValueError("lr_schedule points must have non-negative, increasing env_steps")
-            if any(lr < 0 for _, lr in v):
-                raise ValueError("lr_schedule learning rates must be >= 0")
+            if any(not (0 <= lr < math.inf) for _, lr in v):
+                raise ValueError("lr_schedule learning rates must be finite numbers >= 0")
         return v
 
     @model_validator(mode="after")

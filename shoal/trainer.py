@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shoal import checkpoint as ckpt
 from shoal.config import AlgorithmConfig
-from shoal.errors import CheckpointError, ConfigError
+from shoal.errors import (CheckpointError, ConfigError, DivergenceError, EnvFailureError, NonFiniteEnvError,
+                          ShoalError)
 from shoal.logging.progress import ProgressDisplay
 from shoal.logging.writers import CsvWriter, JsonlWriter, TensorBoardWriter, truncate_results
 
@@ -204,6 +205,21 @@ class _Session:
         if self.ckpt_dir is not None and it and (self.last_ckpt is None or not self.last_ckpt.name.endswith(f"{it:06d}")):
             self.last_ckpt = self._save_numbered()
 
+    def fatal(self, e: ShoalError) -> ShoalError:
+        """``e``, which stops the run, told where the last good checkpoint is. An env that kept failing
+        (or sent NaN) leaves the learner's state good, so that state is saved first; a divergence saves nothing."""
+        if self.ckpt_dir is None:
+            return e
+        if not isinstance(e, DivergenceError):
+            try:
+                self.save_interrupted()
+            except DivergenceError:
+                pass
+        last = ckpt.list_checkpoints(self.ckpt_dir)
+        note = f"The last good checkpoint is {last[-1]}." if last else "No checkpoint had been written yet."
+        e.args = (f"{e} {note}",)
+        return e
+
     def _save_numbered(self) -> Path:
         p = self.algo.save(self.ckpt_dir / f"checkpoint_{self.algo.iteration:06d}")
         for old in ckpt.list_checkpoints(self.ckpt_dir)[:-self.keep_checkpoints]:
@@ -268,6 +284,8 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
     except KeyboardInterrupt:
         reason = "interrupted"
         session.save_interrupted()
+    except (EnvFailureError, NonFiniteEnvError, DivergenceError) as e:
+        raise session.fatal(e) from None
     finally:
         session.close()
         if _algo is None:

@@ -19,7 +19,7 @@ from shoal import checkpoint as ckpt
 from shoal.config import AlgorithmConfig
 from shoal.envs import env_info
 from shoal.envs.atari import check_preprocessing_applies
-from shoal.errors import CheckpointError, ConfigError
+from shoal.errors import CheckpointError, ConfigError, DivergenceError
 from shoal.logging.metrics import EpisodeWindow, Timers
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
 from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
@@ -136,6 +136,12 @@ class Algorithm:
         if self.env_runners is not None:
             self.env_runners.start()
 
+    def nonfinite_updates_skipped(self) -> int:
+        """Learner updates skipped over the run for a NaN/inf loss or gradient (the result's
+        ``num_nonfinite_updates_skipped``); the driver's ``self.learner`` by default."""
+        learner = getattr(self, "learner", None)
+        return int(getattr(learner, "num_nonfinite_skipped", 0))
+
     def restart_calls(self) -> list[tuple[str, tuple]]:
         """Extra (method, args) calls that re-sync a recreated rollout actor (global vars, replay shards...)."""
         return []
@@ -178,7 +184,10 @@ class Algorithm:
         trained0 = self.counters["env_steps_trained"]
         step_metrics: dict[str, Any] = {}
         while True:
-            step_metrics.update(self.training_step())
+            try:
+                step_metrics.update(self.training_step())
+            except DivergenceError as e:
+                raise e.at_iteration(self.iteration + 1) from None
             elapsed = time.perf_counter() - t0
             if elapsed >= cfg.min_time_s_per_iteration and \
                     self.counters["env_steps_sampled"] - sampled0 >= cfg.min_env_steps_per_iteration:
@@ -197,6 +206,7 @@ class Algorithm:
             "env_steps_trained_per_s": (self.counters["env_steps_trained"] - trained0) / elapsed if elapsed > 0 else 0.0,
             "num_worker_restarts": self.env_runners.num_restarts if self.env_runners is not None else 0,
             "num_dropped_requests": self.env_runners.num_dropped_requests if self.env_runners is not None else 0,
+            "num_nonfinite_updates_skipped": self.nonfinite_updates_skipped(),
             **step_metrics,
             **self.timers.report(),
         }

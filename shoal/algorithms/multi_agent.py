@@ -68,7 +68,7 @@ class PolicyLearner:
                              enabled=getattr(config, "use_kl_loss", False))
         self.target = None
         self.learner = Learner(module, self._loss, lr=config.lr, grad_clip=config.grad_clip,
-                               lr_schedule=config.lr_schedule, device=resolve_device(config.resources.num_gpus))
+                               max_nonfinite_updates=config.max_nonfinite_updates, lr_schedule=config.lr_schedule, device=resolve_device(config.resources.num_gpus))
         if kind == "appo":
             from shoal.algorithms.appo import make_appo_target
 
@@ -222,6 +222,9 @@ class MultiAgentMixin:
 
     def _weights_of(self, pid: str) -> dict[str, np.ndarray]:
         return self.learners[pid].learner.get_weights() if pid in self.learners else self.frozen[pid]
+
+    def nonfinite_updates_skipped(self) -> int:
+        return sum(pl.learner.num_nonfinite_skipped for pl in self.learners.values())
 
     def get_weights(self) -> dict[str, dict[str, np.ndarray]]:
         return {pid: self._weights_of(pid) for pid in self.config.multi_agent.policies}
