@@ -260,6 +260,9 @@ class AlgorithmConfig(Section):
         None, description="Piecewise-linear [[env_steps, lr], ...]; overrides lr when set."
     )
     grad_clip: Optional[float] = Field(0.5, gt=0, description="Global gradient-norm clip; None disables.")
+    max_consecutive_env_failures: int = Field(
+        5, ge=1, description="An env that raises in step/reset is recreated, its fragment dropped (num_env_failures); "
+        "this many failures in a row, with no fragment sampled between them, stop the run with an EnvFailureError.")
     max_nonfinite_updates: int = Field(
         20, ge=1, description="Learner updates with a NaN/inf loss or gradient are skipped; this many in a row stop "
         "the run with a DivergenceError (counted in num_nonfinite_updates_skipped).")

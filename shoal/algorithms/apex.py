@@ -317,6 +317,7 @@ class ApeX(Algorithm):
         steps = 0
         for i, m in ready:
             steps += m.env_steps
+            self.counters["num_env_failures"] += m.env_failures
             self.steps_since_sync[i] = self.steps_since_sync.get(i, 0) + m.env_steps
             if i in self.reporting_ids:
                 self.episodes.add(m.episode_returns, m.episode_lengths)

@@ -26,7 +26,7 @@ from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
 from shoal.process import configure_process
 from shoal.seeding import EVAL_ACTORS_FIRST_INDEX, EVAL_RUNNER_INDEX
 
-COUNTERS = ("env_steps_sampled", "env_steps_trained", "time_total_s")
+COUNTERS = ("env_steps_sampled", "env_steps_trained", "time_total_s", "num_env_failures")
 
 
 class Algorithm:
@@ -171,6 +171,7 @@ class Algorithm:
         for m in metrics:
             steps += m.env_steps
             self.episodes.add(m.episode_returns, m.episode_lengths)
+            self.counters["num_env_failures"] += getattr(m, "env_failures", 0)
         self.counters["env_steps_sampled"] += steps
         return steps
 
@@ -207,6 +208,7 @@ class Algorithm:
             "num_worker_restarts": self.env_runners.num_restarts if self.env_runners is not None else 0,
             "num_dropped_requests": self.env_runners.num_dropped_requests if self.env_runners is not None else 0,
             "num_nonfinite_updates_skipped": self.nonfinite_updates_skipped(),
+            "num_env_failures": int(self.counters["num_env_failures"]),
             **step_metrics,
             **self.timers.report(),
         }

@@ -10,12 +10,13 @@ from typing import Any, Callable, Iterable
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from shoal.errors import ActorLostError, WorkerError
+from shoal.errors import ActorLostError, DivergenceError, NonFiniteEnvError, WorkerError
 from shoal.runtime.cluster import release, reserve
 from shoal.runtime.local import ActorGroupBase
 from shoal.runtime.resources import ActorResources
 
 log = logging.getLogger("shoal.runtime")
+FATAL_ERRORS = (DivergenceError, NonFiniteEnvError)  # raised in an actor, they stop the run instead of restarting it
 
 
 class RayActorGroup(ActorGroupBase):
@@ -82,6 +83,9 @@ class RayActorGroup(ActorGroupBase):
     # ---- failures -------------------------------------------------------------------
     def _failed(self, i: int, handle: Any, err: BaseException) -> None:
         self.num_dropped_requests += 1
+        cause = getattr(err, "cause", None)
+        if isinstance(cause, FATAL_ERRORS):  # a verdict on the run (diverged, NaN from the env): no restart helps
+            raise cause
         if self.actors.get(i) is not handle:
             return  # that actor was already replaced after an earlier failed request
         self.last_failure = "".join(traceback.format_exception_only(type(err), err)).strip()
