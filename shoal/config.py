@@ -78,7 +78,10 @@ class ResourcesConfig(Section):
     retain_freed_memory: bool = Field(True, description="Every shoal process keeps freed memory below 32 MB for reuse (glibc "
                                       "mallopt) instead of returning it to the kernel: no page faults per minibatch.")
     address: Optional[str] = Field(None, description="Ray address: None starts a local instance; 'auto' or 'ray://host:port' connects.")
-    max_worker_restarts: int = Field(100, ge=0, description="Restarts of failed rollout actors allowed per run before training stops.")
+    max_worker_restarts: int = Field(100, ge=0, description="Restarts of failed actors (of one kind) allowed in any "
+                                     "worker_restart_window_s seconds; one more stops the run with a WorkerError.")
+    worker_restart_window_s: float = Field(600.0, gt=0, description="The rolling window of max_worker_restarts: only "
+                                           "restarts within the last this many seconds count.")
     resource_wait_s: float = Field(30.0, gt=0, description="Seconds to wait for the cluster to grant the placement group.")
 
 
