@@ -321,7 +321,14 @@ class Algorithm:
         state, meta = ckpt.load_checkpoint(path)
         if meta.get("algo") != self.config.algo:
             raise CheckpointError(f"Checkpoint '{path}' is for algorithm '{meta.get('algo')}', not '{self.config.algo}'.")
-        self.set_state(state)
+        try:
+            self.set_state(state)
+        except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
+            first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+            raise CheckpointError(
+                f"Checkpoint '{path}' holds a state that does not fit the {self.config.algo} run its meta.json "
+                f"describes ({type(e).__name__}: {first}). Its state.pt was written by another algorithm or "
+                "config, or replaced; use the checkpoint the run wrote.") from None
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, overrides: dict[str, Any] | None = None, **config_kwargs: Any) -> "Algorithm":
