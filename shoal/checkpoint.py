@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import re
 import shutil
 import time
 import uuid
@@ -18,7 +20,7 @@ from typing import Any
 
 import torch
 
-from shoal.errors import CheckpointError
+from shoal.errors import CheckpointError, DivergenceError
 
 FORMAT = "shoal-checkpoint"
 FORMAT_VERSION = 1
@@ -39,9 +41,38 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def nonfinite_tensor(state: Any, where: str = "") -> str | None:
+    """The key path of the first floating-point tensor in ``state`` holding NaN or inf, or None.
+
+    Replay contents (a ``replay`` key) are data, not weights, and are not looked at.
+    """
+    if isinstance(state, torch.Tensor):
+        return where if state.is_floating_point() and not bool(torch.isfinite(state).all()) else None
+    if isinstance(state, dict):
+        items = ((k, v) for k, v in state.items() if k != "replay")
+    elif isinstance(state, (list, tuple)):
+        items = enumerate(state)
+    else:
+        return None
+    for k, v in items:
+        bad = nonfinite_tensor(v, f"{where}.{k}" if where else str(k))
+        if bad is not None:
+            return bad
+    return None
+
+
 def save_checkpoint(path: str | Path, state: dict[str, Any], meta: dict[str, Any]) -> Path:
-    """Write ``state`` and ``meta`` to directory ``path`` atomically; replaces an existing one."""
+    """Write ``state`` and ``meta`` to directory ``path`` atomically; replaces an existing one.
+
+    A state whose weights (or optimizer moments) hold NaN or inf is refused with
+    :class:`~shoal.errors.DivergenceError`, so no checkpoint ever holds diverged weights.
+    """
     path = Path(path)
+    remove_leftovers(path.parent)
+    bad = nonfinite_tensor(state)
+    if bad is not None:
+        raise DivergenceError(f"refusing to write checkpoint '{path}': '{bad}' holds NaN or inf. The checkpoints "
+                              "already written are kept; lower lr or check the env's observations and rewards.")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
@@ -94,11 +125,61 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 def load_checkpoint(path: str | Path, map_location: str = "cpu") -> tuple[dict[str, Any], dict[str, Any]]:
     path = resolve_checkpoint(path)
     meta = read_meta(path)
+    return load_state(path / STATE_FILE, map_location), meta
+
+
+def load_state(file: Path, map_location: str = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """``torch.load(file, weights_only=True)``; an empty, truncated or foreign file is a CheckpointError
+    saying which (shoal never unpickles code, so it never loads with weights_only=False)."""
+    if not file.is_file():
+        raise CheckpointError(f"Cannot load '{file}': the file does not exist.")
+    size = file.stat().st_size
+    if size == 0:
+        raise CheckpointError(f"Cannot load '{file}': it is empty (0 bytes), probably because the process writing "
+                              "it was killed. Use an earlier checkpoint of the run.")
     try:
-        state = torch.load(path / STATE_FILE, map_location=map_location, weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unpickling failure means "not ours / corrupt"
-        raise CheckpointError(f"Cannot load '{path / STATE_FILE}': {e}") from None
-    return state, meta
+        state = torch.load(file, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"Cannot load '{file}': it holds objects other than tensors, numbers, strings, lists "
+                              "and dicts, so shoal did not write it; shoal loads no pickled code from a checkpoint."
+                              ) from None
+    except Exception as e:  # noqa: BLE001 - a torn zip archive fails in many ways
+        detail = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
+        detail = f"{type(e).__name__}: {detail}" if detail and "weights_only" not in detail else type(e).__name__
+        raise CheckpointError(f"Cannot load '{file}' ({size:,} bytes): it is truncated or corrupt, not a complete "
+                              f"torch archive ({detail}). Use an earlier checkpoint of the run.") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"Cannot load '{file}': it holds a {type(state).__name__}, not a shoal state dict.")
+    return state
+
+
+def verify_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Check that ``path`` is a whole, loadable checkpoint (tensors mapped, not read); its meta."""
+    path = Path(path)
+    meta = read_meta(path)
+    load_state(path / STATE_FILE, mmap=True)
+    return meta
+
+
+def remove_leftovers(ckpt_dir: str | Path) -> list[str]:
+    """Clean up after a save that was killed: a checkpoint moved aside (``.NAME.old-*``) whose
+    replacement never landed is put back; other ``.NAME.old-*`` and ``.NAME.tmp-*`` directories
+    are removed. Returns what was done, one line each."""
+    d, done = Path(ckpt_dir), []
+    if not d.is_dir():
+        return done
+    for p in sorted(d.iterdir()):
+        m = re.fullmatch(r"\.(.+)\.(old|tmp)-[0-9a-f]{8}", p.name)
+        if m is None or not p.is_dir():
+            continue
+        target = d / m.group(1)
+        if m.group(2) == "old" and not target.exists() and (p / META_FILE).is_file():
+            os.replace(p, target)
+            done.append(f"restored {target.name} from {p.name}")
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+            done.append(f"removed {p.name}")
+    return done
 
 
 def list_checkpoints(ckpt_dir: str | Path) -> list[Path]:

@@ -21,6 +21,7 @@ A checkpoint written before a key was declared unused still loads (``without_unu
 from __future__ import annotations
 
 import difflib
+import math
 import importlib
 import re
 from pathlib import Path
@@ -78,7 +79,10 @@ class ResourcesConfig(Section):
     retain_freed_memory: bool = Field(True, description="Every shoal process keeps freed memory below 32 MB for reuse (glibc "
                                       "mallopt) instead of returning it to the kernel: no page faults per minibatch.")
     address: Optional[str] = Field(None, description="Ray address: None starts a local instance; 'auto' or 'ray://host:port' connects.")
-    max_worker_restarts: int = Field(100, ge=0, description="Restarts of failed rollout actors allowed per run before training stops.")
+    max_worker_restarts: int = Field(100, ge=0, description="Restarts of failed actors (of one kind) allowed in any "
+                                     "worker_restart_window_s seconds; one more stops the run with a WorkerError.")
+    worker_restart_window_s: float = Field(600.0, gt=0, description="The rolling window of max_worker_restarts: only "
+                                           "restarts within the last this many seconds count.")
     resource_wait_s: float = Field(30.0, gt=0, description="Seconds to wait for the cluster to grant the placement group.")
 
 
@@ -341,11 +345,17 @@ class AlgorithmConfig(Section):
     env_config: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the env constructor.")
     seed: Optional[int] = Field(None, description="Seed for torch, numpy and the envs; runs with num_workers=0 are then reproducible.")
     gamma: float = Field(0.99, ge=0.0, le=1.0, description="Discount factor of future rewards.")
-    lr: float = Field(3e-4, gt=0, description="Adam learning rate (lr_schedule overrides it).")
+    lr: float = Field(3e-4, gt=0, allow_inf_nan=False, description="Adam learning rate (lr_schedule overrides it).")
     lr_schedule: Optional[list[tuple[int, float]]] = Field(
         None, description="Piecewise-linear [[env_steps, lr], ...]; overrides lr when set."
     )
     grad_clip: Optional[float] = Field(0.5, gt=0, description="Global gradient-norm clip; None disables.")
+    max_consecutive_env_failures: int = Field(
+        5, ge=1, description="An env that raises in step/reset is recreated, its fragment dropped (num_env_failures); "
+        "this many failures in a row, with no fragment sampled between them, stop the run with an EnvFailureError.")
+    max_nonfinite_updates: int = Field(
+        20, ge=1, description="Learner updates with a NaN/inf loss or gradient are skipped; this many in a row stop "
+        "the run with a DivergenceError (counted in num_nonfinite_updates_skipped).")
     rollout_fragment_length: Union[int, str] = Field("auto", description="Steps per env per sample call, or 'auto'.")
     min_time_s_per_iteration: float = Field(0.0, ge=0, description="An iteration repeats training steps until it has lasted this long.")
     min_env_steps_per_iteration: int = Field(0, ge=0, description="An iteration repeats training steps until it has sampled this many env steps.")
@@ -393,8 +403,8 @@ class AlgorithmConfig(Section):
             steps = [s for s, _ in v]
             if steps != sorted(steps) or steps[0] < 0:
                 raise ValueError("lr_schedule points must have non-negative, increasing env_steps")
-            if any(lr < 0 for _, lr in v):
-                raise ValueError("lr_schedule learning rates must be >= 0")
+            if any(not (0 <= lr < math.inf) for _, lr in v):
+                raise ValueError("lr_schedule learning rates must be finite numbers >= 0")
         return v
 
     @model_validator(mode="after")

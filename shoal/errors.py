@@ -38,3 +38,27 @@ class WorkerError(ShoalError):
 class ActorLostError(RuntimeError):
     """A call to another actor failed because that actor died (raised by the runtime's waiting
     proxies). Not a user error: the caller reports it so its owner can recreate the actor."""
+
+
+class DivergenceError(ShoalError):
+    """Training diverged: updates kept having a non-finite (NaN or inf) loss or gradient, or an
+    update left the weights non-finite. The skipped updates never reached the weights."""
+
+    def __init__(self, message: str, iteration: int | None = None) -> None:
+        super().__init__(message)
+        self.message, self.iteration = message, iteration
+
+    def at_iteration(self, iteration: int) -> "DivergenceError":
+        """This error, told the training iteration it happened in (once)."""
+        if self.iteration is None:
+            self.iteration = iteration
+            self.args = (f"Training diverged in iteration {iteration}: {self.message}",)
+        return self
+
+
+class EnvFailureError(EnvError):
+    """An env kept raising in ``step`` or ``reset`` after being recreated (``max_env_failures``)."""
+
+
+class NonFiniteEnvError(EnvError):
+    """An env returned a NaN or inf observation or reward."""

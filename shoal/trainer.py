@@ -7,6 +7,7 @@ so that importing shoal stays cheap.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import numbers
 import shutil
@@ -23,9 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shoal import checkpoint as ckpt
 from shoal.config import AlgorithmConfig
-from shoal.errors import CheckpointError, ConfigError
+from shoal.errors import (CheckpointError, ConfigError, DivergenceError, EnvFailureError, NonFiniteEnvError,
+                          ShoalError)
 from shoal.logging.progress import ProgressDisplay
 from shoal.logging.writers import TensorBoardWriter, build_writers, truncate_results
+
+log = logging.getLogger("shoal.trainer")
 
 
 class Stop(BaseModel):
@@ -98,6 +102,16 @@ class BestMetric:
         if self.mode not in ("max", "min"):
             raise ConfigError(f"{type(algo).__name__}.best_metric_mode is {self.mode!r}; it must be 'max' or 'min'.")
         self.value = math.nan
+
+    def remember(self, best_dir: Path) -> None:
+        """Take the value a run's ``checkpoints/best`` was saved with, so a resumed run only replaces it when better."""
+        try:
+            meta = ckpt.read_meta(best_dir)
+        except CheckpointError:
+            return  # no best yet, or a damaged one: the first result of this session becomes it
+        v = meta.get("best_value")
+        if meta.get("best_metric") == self.metric and isinstance(v, (int, float)) and math.isfinite(v):
+            self.value = float(v)
 
     def offer(self, result: dict[str, Any]) -> bool:
         """Take ``result``'s value if it is better; a missing, non-numeric or NaN value never is."""
@@ -208,6 +222,21 @@ class _Session:
         if self.ckpt_dir is not None and it and (self.last_ckpt is None or not self.last_ckpt.name.endswith(f"{it:06d}")):
             self.last_ckpt = self._save_numbered(final=True)
 
+    def fatal(self, e: ShoalError) -> ShoalError:
+        """``e``, which stops the run, told where the last good checkpoint is. An env that kept failing
+        (or sent NaN) leaves the learner's state good, so that state is saved first; a divergence saves nothing."""
+        if self.ckpt_dir is None:
+            return e
+        if not isinstance(e, DivergenceError):
+            try:
+                self.save_interrupted()
+            except DivergenceError:
+                pass
+        last = ckpt.list_checkpoints(self.ckpt_dir)
+        note = f"The last good checkpoint is {last[-1]}." if last else "No checkpoint had been written yet."
+        e.args = (f"{e} {note}",)
+        return e
+
     def _save_numbered(self, final: bool = False) -> Path:
         p = self.algo.save(self.ckpt_dir / f"checkpoint_{self.algo.iteration:06d}")
         for old in ckpt.list_checkpoints(self.ckpt_dir)[:-self.keep_checkpoints]:
@@ -272,6 +301,8 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
         if _algo is None:
             algo.stop()
         raise
+    if _run_dir is not None and session.ckpt_dir is not None:  # resuming: the run's best so far still counts
+        session.best.remember(session.ckpt_dir / "best")
     reason, result = None, {}
     title = f"{config.algo} on {config.env_name()}" + (f"  ->  {run_dir}" if run_dir else "")
     try:
@@ -287,6 +318,8 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
     except KeyboardInterrupt:
         reason = "interrupted"
         session.save_interrupted()
+    except (EnvFailureError, NonFiniteEnvError, DivergenceError) as e:
+        raise session.fatal(e) from None
     finally:
         session.close()
         if _algo is None:
@@ -304,9 +337,11 @@ def resume(run_dir: str | Path, stop: Stop | dict | None = None, overrides: dict
         raise CheckpointError(f"Run directory '{run_dir}' does not exist.")
     run_file = run_dir / "run.yaml"
     settings = yaml.safe_load(run_file.read_text()) if run_file.is_file() else {}
-    latest = ckpt.list_checkpoints(run_dir / "checkpoints")
-    if not latest:
+    for note in ckpt.remove_leftovers(run_dir / "checkpoints"):
+        log.warning("%s: %s (left by a save that was killed)", run_dir / "checkpoints", note)
+    if not ckpt.list_checkpoints(run_dir / "checkpoints"):
         raise CheckpointError(f"'{run_dir}' has no checkpoints/checkpoint_* to resume from; is it a shoal run directory?")
+    latest = [newest_intact_checkpoint(run_dir / "checkpoints")]
     saved_stop = _as_stop(settings.get("stop"))
     if stop is not None:
         merged = {**saved_stop.model_dump(), **{k: v for k, v in _as_stop(stop).model_dump().items() if v is not None}}
@@ -325,6 +360,20 @@ def resume(run_dir: str | Path, stop: Stop | dict | None = None, overrides: dict
                      keep_checkpoints=settings.get("keep_checkpoints", 3), progress=progress, _algo=algo, _run_dir=run_dir)
     finally:
         algo.stop()
+
+
+def newest_intact_checkpoint(ckpt_dir: Path) -> Path:
+    """The newest numbered checkpoint that loads; each broken newer one is skipped with a warning."""
+    problems = []
+    for p in reversed(ckpt.list_checkpoints(ckpt_dir)):
+        try:
+            ckpt.verify_checkpoint(p)
+        except CheckpointError as e:
+            problems.append(str(e))
+            log.warning("%s is damaged, so the run resumes from an earlier checkpoint: %s", p.name, e)
+            continue
+        return p
+    raise CheckpointError(f"No intact checkpoint in '{ckpt_dir}' to resume from: " + " ".join(problems))
 
 
 def checkpoint_progress(path: Path) -> dict[str, Any]:

@@ -39,3 +39,44 @@ def test_make_actor_group_accepts_the_record_or_single_fields():
     assert group.foreach("who") == [1, 2]
     with pytest.raises(TypeError):
         make_actor_group(Echo, 1, lambda i: ((i,), {}), remote=False, num_cpu=1)  # a typo is not swallowed
+
+
+def test_restart_budget_counts_a_rolling_window():
+    from shoal.runtime.restarts import RestartBudget
+
+    now = [0.0]
+    budget = RestartBudget(max_restarts=3, window_s=60.0, clock=lambda: now[0])
+    assert [budget.take() for _ in range(3)] == [True, True, True]  # t=0: three restarts
+    assert not budget.take()  # a fourth within 60 s is refused
+    now[0] = 59.0
+    assert not budget.take() and budget.in_window() == 3
+    now[0] = 60.0  # the three of t=0 leave the window
+    assert budget.in_window() == 0 and budget.take()
+    now[0] = 100.0
+    assert budget.take() and budget.take() and not budget.take()  # t=60, 100, 100 fill it again
+    now[0] = 120.5  # t=60 has left; t=100 twice remains
+    assert budget.in_window() == 2 and budget.take()
+
+
+def test_restart_budget_outlasts_a_lifetime_count():
+    """An env that kills its actor every 2 s for an hour: 1,800 restarts, at most 300 in any 600 s window."""
+    from shoal.runtime.restarts import RestartBudget
+
+    now = [0.0]
+    slow = RestartBudget(max_restarts=300, window_s=600.0, clock=lambda: now[0])
+    granted = []
+    for k in range(1800):
+        now[0] = 2.0 * k
+        granted.append(slow.take())
+    assert all(granted)
+    fast = RestartBudget(max_restarts=300, window_s=600.0, clock=lambda: now[0])
+    now[0] = 0.0
+    assert sum(fast.take() for _ in range(400)) == 300  # 400 deaths at once: the 301st stops the run
+
+
+def test_worker_restart_window_reaches_the_actor_resources():
+    res = ResourcesConfig(max_worker_restarts=5, worker_restart_window_s=30.0)
+    r = ActorResources.of_workers(res)
+    assert (r.max_restarts, r.restart_window_s) == (5, 30.0)
+    with pytest.raises(ValueError, match="restart_window_s"):
+        ActorResources(restart_window_s=0)

@@ -84,21 +84,23 @@ class FlakyEnv(gym.Env):
         return self.inner.step(action)
 
 
-def test_env_that_raises_inside_an_actor_restarts_it_and_training_goes_on(ray_cluster, tmp_path):
+def test_env_that_raises_inside_an_actor_is_recreated_there_and_training_goes_on(ray_cluster, tmp_path):
     marker = str(tmp_path / "crashed-once")
     algo = PPOConfig(env=FlakyEnv, env_config={"marker": marker}, seed=3,
                      resources={"num_workers": 2, "num_envs_per_worker": 2}, **SMALL).build()
     try:
         results = [algo.train() for _ in range(3)]
         assert Path(marker).exists()
-        assert results[-1]["num_worker_restarts"] == 1
+        assert results[-1]["num_env_failures"] == 1  # the actor rebuilt its env; the actor itself lives on
+        assert results[-1]["num_worker_restarts"] == 0
         assert results[-1]["env_steps_sampled"] > results[0]["env_steps_sampled"]
     finally:
         algo.stop()
 
 
 def test_env_that_always_raises_ends_the_run_with_its_error(ray_cluster):
-    algo = PPOConfig(env=FlakyEnv, env_config={"always": True}, seed=4,
+    # each actor gives up after 2 failed env rebuilds (EnvFailureError), which costs it a restart
+    algo = PPOConfig(env=FlakyEnv, env_config={"always": True}, seed=4, max_consecutive_env_failures=2,
                      resources={"num_workers": 1, "num_envs_per_worker": 1, "max_worker_restarts": 2}, **SMALL).build()
     try:
         with pytest.raises(WorkerError, match="simulated env crash") as info:
@@ -208,6 +210,31 @@ def test_dead_actor_requests_are_dropped_and_the_new_actor_is_resynced(ray_clust
         assert group.call(1, "get_value") == 42
         assert group.call(2, "get_value") == 0
         assert (group.generation(1), group.generation(2)) == (1, 0)  # per actor, bumped by its restart
+    finally:
+        group.stop()
+
+
+def test_restarts_are_budgeted_per_rolling_window(ray_cluster):
+    import ray
+
+    from shoal.errors import WorkerError
+    from shoal.runtime import ActorResources, make_actor_group
+
+    now = [0.0]
+    group = make_actor_group(Worker, 1, lambda i: ((i,), {}), remote=True,
+                             resources=ActorResources(num_cpus=0.5, max_restarts=1, restart_window_s=60.0))
+    group.restart_budget.clock = lambda: now[0]
+    try:
+        for t in (0.0, 61.0):  # one restart a minute is within the budget, however many minutes
+            now[0] = t
+            ray.kill(group.actors[1], no_restart=True)
+            group.foreach("get_value")
+            assert group.call(1, "get_value") == 0  # a fresh actor answers
+        now[0] = 90.0  # a second death within 60 s of the last restart
+        ray.kill(group.actors[1], no_restart=True)
+        with pytest.raises(WorkerError, match="restarted 1 times in the last 60 s"):
+            group.foreach("get_value")
+        assert group.num_restarts == 2
     finally:
         group.stop()
 

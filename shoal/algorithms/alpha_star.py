@@ -170,6 +170,7 @@ class AlphaStar(Algorithm):
             APPOPolicyLearner, BatchReplay, plan, remote=res.learners_remote(), max_in_flight=cfg.max_requests_in_flight_per_worker,
             replay_kwargs={"capacity": cfg.replay_buffer_capacity, "replay_ratio": cfg.replay_ratio, "seed": cfg.seed},
             policy_num_cpus=res.num_cpus_per_learner, max_restarts=res.max_worker_restarts,
+            restart_window_s=res.worker_restart_window_s,
             resource_wait_s=res.resource_wait_s, address=res.address)
         self.weights: dict[str, dict] = {}  # every policy's latest weights (driver copy)
         self.sync = LeagueSync()

@@ -55,7 +55,7 @@ class APPOPolicyLearner:
         module = build_actor_critic(obs_space, action_space, config.model)
         self.kl = AdaptiveKL(config.kl_coeff, config.kl_target, enabled=config.use_kl_loss)
         self.learner = Learner(module, self._loss, lr=config.lr, grad_clip=config.grad_clip, lr_schedule=config.lr_schedule,
-                               device=resolve_learner_device(device))
+                               max_nonfinite_updates=config.max_nonfinite_updates, device=resolve_learner_device(device))
         self.target = make_appo_target(self.learner, config)
         self.rng = np.random.default_rng(None if config.seed is None else [config.seed, *policy_id.encode()])
 

@@ -322,6 +322,7 @@ class ApeX(Algorithm):
         steps = 0
         for i, m in ready:
             steps += m.env_steps
+            self.counters["num_env_failures"] += m.env_failures
             self.steps_since_sync[i] = self.steps_since_sync.get(i, 0) + m.env_steps
             if i in self.reporting_ids:
                 self.episodes.add(m.episode_returns, m.episode_lengths)
@@ -346,7 +347,8 @@ class ApeX(Algorithm):
 
     def get_state(self) -> dict[str, Any]:
         with self.learner_thread.hold():
-            state = {**super().get_state(), "learner": self.learner.get_state(), "target": self.target.get_state()}
+            state = {**super().get_state(), "learner": self.learner.get_state(), "target": self.target.get_state(),
+                     "num_learner_updates": self.learner_thread.num_updates}
             # requests in flight or queued are lost with this process: a restored run owes them again
             owed = self._owed + self._replay_in_flight + self.learner_thread.inqueue.qsize()
             state["replay_schedule"] = {"owed": float(owed), "steps_not_owed": int(self._steps_not_owed),
@@ -360,6 +362,8 @@ class ApeX(Algorithm):
         with self.learner_thread.hold():
             self.learner.set_state(state["learner"])
             self.target.set_state(state["target"])
+            # the thread's SGD steps go on from the checkpoint (older ones did not save it: the learner's count)
+            self.learner_thread.num_updates = int(state.get("num_learner_updates", self.learner.num_updates))
         schedule = state.get("replay_schedule")
         if schedule is not None:
             self._owed, self._steps_not_owed = float(schedule["owed"]), int(schedule["steps_not_owed"])

@@ -22,14 +22,14 @@ from shoal.config import AlgorithmConfig
 from shoal.envs import env_info
 from shoal.envs.atari import check_preprocessing_applies
 from shoal.envs.normalize import RunningStats, check_normalize_applies
-from shoal.errors import CheckpointError, ConfigError
+from shoal.errors import CheckpointError, ConfigError, DivergenceError
 from shoal.logging.metrics import EpisodeWindow, Timers
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
 from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
 from shoal.process import configure_process
 from shoal.seeding import EVAL_ACTORS_FIRST_INDEX, EVAL_RUNNER_INDEX
 
-COUNTERS = ("env_steps_sampled", "env_steps_trained", "time_total_s")
+COUNTERS = ("env_steps_sampled", "env_steps_trained", "time_total_s", "num_env_failures")
 
 
 def _reports_to_callbacks(train):
@@ -178,6 +178,11 @@ class Algorithm:
 
     def _normalizer_calls(self) -> list[tuple[str, tuple]]:
         return [] if self.norm_stats is None else [("set_normalizer", (self.norm_stats.get_state(),))]
+    def nonfinite_updates_skipped(self) -> int:
+        """Learner updates skipped over the run for a NaN/inf loss or gradient (the result's
+        ``num_nonfinite_updates_skipped``); the driver's ``self.learner`` by default."""
+        learner = getattr(self, "learner", None)
+        return int(getattr(learner, "num_nonfinite_skipped", 0))
 
     def restart_calls(self) -> list[tuple[str, tuple]]:
         """Extra (method, args) calls that re-sync a recreated rollout actor (global vars, replay shards...)."""
@@ -219,6 +224,7 @@ class Algorithm:
             if self.norm_stats is not None and m.normalizer_new is not None:
                 self.norm_stats.merge(m.normalizer_new)
             self.custom_metrics.extend(m.custom_metrics)
+            self.counters["num_env_failures"] += getattr(m, "env_failures", 0)
         self.counters["env_steps_sampled"] += steps
         return steps
 
@@ -233,7 +239,10 @@ class Algorithm:
         trained0 = self.counters["env_steps_trained"]
         step_metrics: dict[str, Any] = {}
         while True:
-            step_metrics.update(self.training_step())
+            try:
+                step_metrics.update(self.training_step())
+            except DivergenceError as e:
+                raise e.at_iteration(self.iteration + 1) from None
             elapsed = time.perf_counter() - t0
             if elapsed >= cfg.min_time_s_per_iteration and \
                     self.counters["env_steps_sampled"] - sampled0 >= cfg.min_env_steps_per_iteration:
@@ -252,6 +261,8 @@ class Algorithm:
             "env_steps_trained_per_s": (self.counters["env_steps_trained"] - trained0) / elapsed if elapsed > 0 else 0.0,
             "num_worker_restarts": self.env_runners.num_restarts if self.env_runners is not None else 0,
             "num_dropped_requests": self.env_runners.num_dropped_requests if self.env_runners is not None else 0,
+            "num_nonfinite_updates_skipped": self.nonfinite_updates_skipped(),
+            "num_env_failures": int(self.counters["num_env_failures"]),
             **step_metrics,
             **self.timers.report(),
             **aggregate_custom(self.custom_metrics),
@@ -388,7 +399,14 @@ class Algorithm:
         state, meta = ckpt.load_checkpoint(path)
         if meta.get("algo") != self.config.algo:
             raise CheckpointError(f"Checkpoint '{path}' is for algorithm '{meta.get('algo')}', not '{self.config.algo}'.")
-        self.set_state(state)
+        try:
+            self.set_state(state)
+        except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
+            first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+            raise CheckpointError(
+                f"Checkpoint '{path}' holds a state that does not fit the {self.config.algo} run its meta.json "
+                f"describes ({type(e).__name__}: {first}). Its state.pt was written by another algorithm or "
+                "config, or replaced; use the checkpoint the run wrote.") from None
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, overrides: dict[str, Any] | None = None, **config_kwargs: Any) -> "Algorithm":

@@ -32,7 +32,7 @@ from shoal.algorithms.base import Algorithm
 from shoal.algorithms.config_groups import KLPenaltyKeys, PPOLossKeys
 from shoal.algorithms.ppo import gae_postprocess, ppo_loss, sgd_sequence_length, transitions
 from shoal.config import AlgorithmConfig, ResourcesConfig
-from shoal.errors import WorkerError
+from shoal.errors import DivergenceError, WorkerError
 from shoal.learn import Learner, resolve_device
 from shoal.learn.target import AdaptiveKL
 from shoal.learn.distributed import (BACKENDS, CollectiveError, DistributedLearner, backend_available,
@@ -162,6 +162,8 @@ class RoundResult:
     weights: Optional[dict] = None  # rank 0's, when the driver keeps a copy
     error: Optional[str] = None  # the collective failed: the group must be re-formed
     rounds: int = 0  # rounds the group has trained, counted by this worker after this one
+    diverged: Optional[str] = None  # the learner's DivergenceError: the run must stop
+    nonfinite_skipped: int = 0  # this replica's updates skipped for a NaN/inf gradient, over the run
 
 
 def make_learner(config: DDPPOConfig, obs_space, action_space, cls=Learner, device="cpu") -> Learner:
@@ -169,7 +171,7 @@ def make_learner(config: DDPPOConfig, obs_space, action_space, cls=Learner, devi
     extra = {"spin_wait": config.spin_wait()} if issubclass(cls, DistributedLearner) else {}
     no_kl = AdaptiveKL(0.0, config.kl_target, enabled=False)  # use_kl_loss is unused here: no central learner
     return cls(module, functools.partial(ppo_loss, config=config, kl=no_kl), lr=config.lr, grad_clip=config.grad_clip,
-               lr_schedule=config.lr_schedule, device=device, **extra)
+               max_nonfinite_updates=config.max_nonfinite_updates, lr_schedule=config.lr_schedule, device=device, **extra)
 
 
 class DDPPOWorker:
@@ -207,6 +209,8 @@ class DDPPOWorker:
         except CollectiveError as e:
             destroy_process_group()
             return RoundResult(metrics, error=f"worker {self.worker_index}: {e}")
+        except DivergenceError as e:  # every replica skipped the same all-reduced updates
+            return RoundResult(metrics, diverged=str(e))
         self.rounds += 1
         weights = self.learner.get_weights()
         self.runner.set_weights(weights)
@@ -214,7 +218,8 @@ class DDPPOWorker:
         stats.update(allreduce_ms_per_minibatch=1000.0 * (self.learner.allreduce_s - reduce_s) / n,
                      learn_time_s=time.perf_counter() - t0, sample_time_s=metrics.sample_time_s)
         keep = cfg.keep_local_weights_in_sync and self.rank == 0
-        return RoundResult(metrics, transitions(batch), stats, weights if keep else None, rounds=self.rounds)
+        return RoundResult(metrics, transitions(batch), stats, weights if keep else None, rounds=self.rounds,
+                           nonfinite_skipped=self.learner.num_nonfinite_skipped)
 
     def get_sync_state(self) -> dict[str, Any]:
         return {"learner": self.learner.get_state(), "rounds": self.rounds}
@@ -250,6 +255,7 @@ class DDPPO(Algorithm):
         self.rounds = 0
         self.num_regroups = 0
         self.num_failed_rounds = 0  # rounds whose collective failed (a peer died): sampled, not trained
+        self._nonfinite = 0  # the workers' count of updates skipped for a NaN/inf gradient
         self._members: dict[int, Any] = {}  # actor handles at the last group formation
         self._formed_restarts = 0
         self._round_failed = False
@@ -294,7 +300,11 @@ class DDPPO(Algorithm):
             results = self._gather()
         with self.timers.time(Phase.AGGREGATE):
             self.record_rollouts([r.metrics for r in results])
+            diverged = next((r.diverged for r in results if r.diverged), None)
+            if diverged:
+                raise DivergenceError(diverged)
             done = [r for r in results if r.error is None]
+            self._nonfinite = max([self._nonfinite] + [r.nonfinite_skipped for r in done])
             self.counters["env_steps_trained"] += sum(r.env_steps_trained for r in done)
             # The workers' count: an iteration may gather one worker's round and the next its peer's.
             self.rounds = max([self.rounds] + [r.rounds for r in done])
@@ -311,6 +321,10 @@ class DDPPO(Algorithm):
         return {**{f"learner/{k}": v for k, v in stats.items()}, "allreduce_ms_per_minibatch":
                 stats.get("allreduce_ms_per_minibatch", float("nan")), "num_regroups": self.num_regroups,
                 "num_failed_rounds": self.num_failed_rounds, "world_size": len(self.env_runners)}
+
+    def nonfinite_updates_skipped(self) -> int:
+        """The workers' count (replicas skip the same all-reduced updates)."""
+        return self._nonfinite
 
     def _gather(self) -> list[RoundResult]:
         """What has finished, without waiting for stragglers (at least one result, unless a worker died),

@@ -218,7 +218,7 @@ def build_q_learner(algo: Algorithm, config: DQNConfig) -> Learner:
     q = build_q_network(algo.env_info.observation_space, algo.env_info.action_space, config.model, config.dueling)
     return Learner(QLearnerModule(q), functools.partial(dqn_loss, config=config), lr=config.lr,
                    grad_clip=config.grad_clip, lr_schedule=config.lr_schedule,
-                   device=resolve_device(config.resources.num_gpus))
+                   max_nonfinite_updates=config.max_nonfinite_updates, device=resolve_device(config.resources.num_gpus))
 
 
 # ---- algorithm --------------------------------------------------------------------------

@@ -187,7 +187,7 @@ def make_async_learner(algo: Algorithm, loss_fn) -> Learner:
         resolve_device(cfg.resources.num_gpus)  # a clear ConfigError when GPUs are asked for but absent
     module = build_actor_critic(algo.env_info.observation_space, algo.env_info.action_space, cfg.model)
     return Learner(module, loss_fn, lr=cfg.lr, grad_clip=cfg.grad_clip, lr_schedule=cfg.lr_schedule,
-                   device=cfg.learner_devices()[0])
+                   max_nonfinite_updates=cfg.max_nonfinite_updates, device=cfg.learner_devices()[0])
 
 
 def make_sequence_runners(algo: Algorithm):

@@ -68,7 +68,8 @@ class PolicyLearner:
                              enabled=getattr(config, "use_kl_loss", False))
         self.target = None
         self.learner = Learner(module, self._loss, lr=config.lr, grad_clip=config.grad_clip,
-                               lr_schedule=config.lr_schedule, device=resolve_device(config.resources.num_gpus))
+                               max_nonfinite_updates=config.max_nonfinite_updates, lr_schedule=config.lr_schedule,
+                               device=resolve_device(config.resources.num_gpus))
         if kind == "appo":
             from shoal.algorithms.appo import make_appo_target
 
@@ -229,6 +230,9 @@ class MultiAgentMixin:
         if pid is None:
             return []
         return [(f"learner/{pid}/{key.removeprefix('learner/')}", f"{pid}/{label}") for key, label in super().display_metrics()]
+
+    def nonfinite_updates_skipped(self) -> int:
+        return sum(pl.learner.num_nonfinite_skipped for pl in self.learners.values())
 
     def get_weights(self) -> dict[str, dict[str, np.ndarray]]:
         return {pid: self._weights_of(pid) for pid in self.config.multi_agent.policies}

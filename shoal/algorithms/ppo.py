@@ -201,7 +201,7 @@ class PPO(Algorithm):
         self.kl = AdaptiveKL(cfg.kl_coeff, cfg.kl_target, enabled=cfg.use_kl_loss)
         self.learner = Learner(module, functools.partial(ppo_loss, config=cfg, kl=self.kl), lr=cfg.lr,
                                grad_clip=cfg.grad_clip, lr_schedule=cfg.lr_schedule,
-                               device=resolve_device(cfg.resources.num_gpus))
+                               max_nonfinite_updates=cfg.max_nonfinite_updates, device=resolve_device(cfg.resources.num_gpus))
         postprocess = functools.partial(gae_postprocess, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda)
         self.env_runners = self.make_env_runners(ActorCriticPolicy, postprocess, cfg.fragment_length())
         self.broadcast_weights()

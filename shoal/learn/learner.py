@@ -9,6 +9,7 @@ them (``reduce_gradients`` hook).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 
 from shoal.batch import Batch
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, DivergenceError
 from shoal.learn.stats import StatsMean
 from shoal.schedule import PiecewiseSchedule
 from shoal.models.weights import load_numpy_weights, weights_to_numpy
@@ -67,13 +68,24 @@ def make_adam(params, lr: float, eps: float) -> torch.optim.Adam:
         return torch.optim.Adam(params, lr=lr, eps=eps)
 
 
+def describe_nonfinite(stats: dict, grad_norm: torch.Tensor) -> str:
+    """Which loss terms of ``stats`` are NaN or inf, and the gradient norm: for a divergence message."""
+    bad = []
+    for k, v in stats.items():
+        x = float(v.detach().float().mean()) if isinstance(v, torch.Tensor) else v
+        if isinstance(x, float) and not math.isfinite(x):
+            bad.append(f"{k}={x}")
+    terms = f"non-finite loss terms: {', '.join(bad)}" if bad else "every loss term finite"
+    return f"{terms}; gradient norm {float(grad_norm)}"
+
+
 LossFn = Callable[[torch.nn.Module, dict, "Learner"], tuple[torch.Tensor, dict]]
 
 
 class Learner:
     def __init__(self, module: torch.nn.Module, loss_fn: LossFn, lr: float, grad_clip: float | None = None,
                  lr_schedule: list[tuple[int, float]] | None = None, device: torch.device | str = "cpu",
-                 adam_eps: float = 1e-5) -> None:
+                 adam_eps: float = 1e-5, max_nonfinite_updates: int = 20) -> None:
         self.device = torch.device(device)
         self.module = module.to(self.device)
         self.loss_fn = loss_fn
@@ -88,6 +100,10 @@ class Learner:
         self.post_update_hooks: list[Callable[[int], Any]] = []
         self.last_batch_rows = 0  # rows of the minibatch being learned (set by compute_gradients)
         self.num_updates = 0
+        self.max_nonfinite_updates = max_nonfinite_updates
+        self.num_nonfinite_skipped = 0  # updates skipped for a NaN/inf loss or gradient, over the run
+        self._nonfinite_in_a_row = 0
+        self._last_stats: dict = {}  # the loss terms of the minibatch being learned (named when one is NaN/inf)
 
     # ---- optimisation ------------------------------------------------------------------
     def set_env_steps(self, env_steps: int) -> None:
@@ -102,21 +118,52 @@ class Learner:
         self.last_batch_rows = len(next(iter(batch.values()))) if batch else 0
         loss, stats = self.loss_fn(self.module, batch, self)
         loss.backward()
+        self._last_stats = {"loss": loss.detach(), **stats}
         return stats
 
     def reduce_gradients(self) -> None:
         """Hook for data-parallel learners (all-reduce); a single learner has nothing to do."""
 
     def apply_gradients(self) -> torch.Tensor | None:
-        """Clip, step the optimizer, then run the post-update hooks with ``last_batch_rows``."""
-        norm = None
+        """Clip, step the optimizer, then run the post-update hooks with ``last_batch_rows``.
+
+        An update whose gradient norm is NaN or inf (a non-finite loss gives one) is skipped
+        before it reaches the weights and counted in ``num_nonfinite_skipped``;
+        ``max_nonfinite_updates`` of them in a row, or weights found non-finite, raise
+        :class:`~shoal.errors.DivergenceError`.
+        """
         if self.grad_clip is not None:
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+        weights_norm = torch.nn.utils.get_total_norm([p.detach() for p in self.params], norm_type=math.inf)  # max |w|
+        if not bool(torch.isfinite(torch.stack([norm.float(), weights_norm.float().to(norm.device)])).all()):
+            self._skip_nonfinite(norm, weights_norm)
+            return norm if self.grad_clip is not None else None
+        self._nonfinite_in_a_row = 0
         self.optimizer.step()
         self.num_updates += 1
         for hook in self.post_update_hooks:
             hook(self.last_batch_rows)
-        return norm
+        return norm if self.grad_clip is not None else None
+
+    def _skip_nonfinite(self, norm: torch.Tensor, weights_norm: torch.Tensor) -> None:
+        """Drop this update's gradients and count it; raise once the run of them reaches the limit."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if not math.isfinite(float(weights_norm)):
+            raise DivergenceError(
+                f"the weights hold NaN or inf after learner update {self.num_updates}: an update overflowed "
+                f"(learning rate {self.lr:g}). Likely causes: a learning rate far too high, or rewards or "
+                "observations of a huge scale; lower lr (or set grad_clip) and check the env's values.")
+        self.num_nonfinite_skipped += 1
+        self._nonfinite_in_a_row += 1
+        if self._nonfinite_in_a_row >= self.max_nonfinite_updates:
+            raise DivergenceError(
+                f"{self._nonfinite_in_a_row} learner updates in a row had a non-finite loss or gradient "
+                f"({describe_nonfinite(self._last_stats, norm)}) and were skipped, so the weights are those of "
+                f"learner update {self.num_updates}, the last finite one. Likely causes: a learning rate too high "
+                f"(lr {self.lr:g}), NaN or inf in observations or rewards, or a loss that divides by zero. "
+                f"max_nonfinite_updates={self.max_nonfinite_updates} sets how many in a row stop the run.")
 
     def add_post_update_hook(self, hook: Callable[[int], Any]) -> None:
         """Call ``hook(rows)`` after every optimizer step, in the thread that learns (e.g.
@@ -164,6 +211,7 @@ class Learner:
             "optimizer": self.optimizer.state_dict(),
             "extra": dict(self.extra_state),
             "num_updates": self.num_updates,
+            "num_nonfinite_skipped": self.num_nonfinite_skipped,
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -171,3 +219,4 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.extra_state = dict(state.get("extra", {}))
         self.num_updates = int(state.get("num_updates", 0))
+        self.num_nonfinite_skipped = int(state.get("num_nonfinite_skipped", 0))

@@ -121,6 +121,7 @@ class _Towers:
         self._average_gradients(weights)
         self.learner.reduce_gradients()
         self.learner.last_batch_rows = sum(len(next(iter(t.values()))) for t in shards if t)
+        self.learner._last_stats = combined  # named in a divergence message if a term is NaN/inf
         norm = self.learner.apply_gradients()
         if norm is not None:
             stats.add({"grad_norm": norm}, prefix)

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-from shoal.errors import ShoalError
+from shoal.errors import DivergenceError, ShoalError
 
 
 class LearnerThreadError(ShoalError):
@@ -141,6 +141,8 @@ class BackgroundThread(threading.Thread):
         if self.error is not None:
             if threading.current_thread() is not self:
                 self.join(1.0)  # it is on its way out; let it finish so callers see a dead thread
+            if isinstance(self.error, DivergenceError):  # a user-facing verdict, not a crash: no traceback
+                raise self.error
             raise LearnerThreadError(
                 f"The learner thread '{self.name}' died with {type(self.error).__name__}: {self.error}\n"
                 f"Its traceback:\n{self.error_traceback}"

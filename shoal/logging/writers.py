@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import os
 import warnings
@@ -158,11 +159,31 @@ def build_writers(run_dir: Path, config, headline: str) -> list:
     return writers
 
 
+def _row_iteration(path: Path, line: str) -> float:
+    """A results.jsonl row's iteration; a blank or torn row (a killed writer's last line) is dropped, with a note."""
+    if not line.strip():
+        return math.inf
+    try:
+        return json.loads(line).get("iteration", 0)
+    except (json.JSONDecodeError, AttributeError):
+        logging.getLogger("shoal.trainer").warning("%s: dropped a torn row (%d characters) left by a killed run",
+                                                   path, len(line))
+        return math.inf
+
+
+def _csv_iteration(row: list[str], column: int) -> float:
+    """A progress.csv row's iteration; a torn or empty one counts as past every iteration (dropped)."""
+    try:
+        return float(row[column]) if row[column] else math.inf
+    except (IndexError, ValueError):
+        return math.inf
+
+
 def truncate_results(run_dir: Path, max_iteration: int) -> None:
     """Drop rows past ``max_iteration`` (written after the checkpoint a resumed run starts from)."""
     jl = run_dir / "results.jsonl"
     if jl.exists():
-        rows = [line for line in jl.read_text().splitlines() if line.strip() and json.loads(line).get("iteration", 0) <= max_iteration]
+        rows = [line for line in jl.read_text().splitlines() if _row_iteration(jl, line) <= max_iteration]
         jl.write_text("".join(r + "\n" for r in rows))
     pc = run_dir / "progress.csv"
     if pc.exists():
@@ -171,6 +192,6 @@ def truncate_results(run_dir: Path, max_iteration: int) -> None:
         if rows:
             header, body = rows[0], rows[1:]
             it = header.index("iteration") if "iteration" in header else None
-            keep = [r for r in body if it is None or (r[it] and float(r[it]) <= max_iteration)]
+            keep = [r for r in body if it is None or _csv_iteration(r, it) <= max_iteration]
             with open(pc, "w", newline="") as f:
                 csv.writer(f).writerows([header, *keep])

@@ -35,6 +35,7 @@ from shoal.envs.atari import LearningSignal
 from shoal.envs.make import make_env, make_vec_env
 from shoal.envs.normalize import Normalizer, RunningStats
 from shoal.models.catalog import preprocess_obs
+from shoal.rollout.faults import EnvFaults, env_call
 from shoal.rollout.policies import STATE_OUT
 from shoal.process import configure_process
 from shoal.seeding import evaluation_seed, worker_seed
@@ -64,6 +65,7 @@ class RolloutMetrics:
     worker_index: int = 0
     normalizer_new: RunningStats | None = None  # normalization statistics gathered since the last sample, for the driver
     custom_metrics: list[dict[str, float]] = field(default_factory=list)  # on_episode_end's, one dict per episode
+    env_failures: int = 0  # times the env raised in step/reset and was recreated (its fragment dropped)
 
 
 def episode_summary(returns: list[float], lengths: list[int]) -> dict[str, float]:
@@ -138,40 +140,69 @@ class EnvRunner:
         self.postprocess = postprocess
         seed = worker_seed(config.seed, worker_index)
         self.seed = seed
-        self.env = make_vec_env(config.env, self.num_envs, config.env_config, seed=seed,
-                                preprocessing=config.env_preprocessing)
+        self.faults = EnvFaults(config, worker_index)
+        self.env = None
+        self.faults.guard(lambda: self._make_env(seed), lambda: None)
         self.signal = LearningSignal.for_config(config)  # Atari: clipped rewards, life-loss terminals
         self.obs_space = self.env.single_observation_space
         self.action_space = self.env.single_action_space
         self.policy = policy_cls(self.obs_space, self.action_space, config, seed)
-        raw, info = self.env.reset(seed=seed)
+        self.recurrent = self.policy.recurrent
+        if self.recurrent:
+            self.seq_len = config.state_sequence_length()
+        self.normalizer: Normalizer | None = None  # built at the first reset, kept across env rebuilds
+        self.callbacks = build_callbacks(config.callbacks)
+        self._step_hook = overrides(self.callbacks, "on_episode_step")
+        self._end_hook = overrides(self.callbacks, "on_episode_end")
+        self._episodes: list[Episode] | None = None  # stays None: no per-step work for callbacks
+        self.faults.guard(lambda: self._start_episodes(seed), self._recreate_env)
+        self._eval_envs: dict[int, gym.vector.VectorEnv] = {}
+        self.weights_version = 0
+        self._steps_sampled = 0  # vector steps sampled, for naming the step of a NaN in an error
+
+    def _start_episodes(self, seed: int | None) -> None:
+        """Reset every env: new episodes (and fresh recurrent states) from the next step on."""
+        raw, info = env_call("reset", self.env.reset, seed=seed)
         if self.signal is not None:
             self.signal.start(info)
         self._obs = preprocess_obs(self.obs_space, raw)
-        stats = RunningStats.for_config(config, self._obs.shape[1:])
-        self.normalizer = Normalizer(config, stats, self.num_envs) if stats is not None else None
+        if self.normalizer is None:
+            stats = RunningStats.for_config(self.config, self._obs.shape[1:])
+            self.normalizer = Normalizer(self.config, stats, self.num_envs) if stats is not None else None
         if self.normalizer is not None:
             self._obs = self.normalizer.observations(self._obs)
         self._prev_done = np.zeros(self.num_envs, dtype=bool)
         self._ep_return = np.zeros(self.num_envs, dtype=np.float64)
         self._ep_len = np.zeros(self.num_envs, dtype=np.int64)
-        self.recurrent = self.policy.recurrent
         if self.recurrent:
-            self.seq_len = config.state_sequence_length()
             self._state = self.policy.initial_state(self.num_envs)
             self._new_episode = np.zeros(self.num_envs, dtype=bool)  # zero the state before the next step
-        self._eval_envs: dict[int, gym.vector.VectorEnv] = {}
-        self.weights_version = 0
-        self.callbacks = build_callbacks(config.callbacks)
-        self._step_hook = overrides(self.callbacks, "on_episode_step")
-        self._end_hook = overrides(self.callbacks, "on_episode_end")
-        self._episodes = [Episode(i, worker_index) for i in range(self.num_envs)] \
-            if self._step_hook or self._end_hook else None  # None: no per-step work for callbacks
+        if self._step_hook or self._end_hook:  # fresh records: episodes in progress were dropped
+            self._episodes = [Episode(i, self.worker_index) for i in range(self.num_envs)]
+
+    def _make_env(self, seed: int | None) -> None:
+        """(Re)build the vector env, closing the old one (which may be broken)."""
+        if self.env is not None:
+            try:
+                self.env.close()
+            except Exception:  # noqa: BLE001 - it is broken already
+                pass
+        self.env = env_call("construction", make_vec_env, self.config.env, self.num_envs, self.config.env_config,
+                            seed=seed, preprocessing=self.config.env_preprocessing)
+
+    def _recreate_env(self) -> None:
+        """After the env raised: build it anew, with a fresh seed, and start fresh episodes (those in progress are dropped)."""
+        seed = self.faults.reseed(self.seed)
+        self._make_env(seed)
+        self._start_episodes(seed)
 
     # ---- sampling -----------------------------------------------------------------------
     def sample(self, explore: bool = True) -> tuple[Batch, RolloutMetrics]:
         t0 = time.perf_counter()
-        fragment, metrics = self._run_fragment(explore)
+        fragment, metrics = self.faults.guard(lambda: self._run_fragment(explore), self._recreate_env)
+        metrics.env_failures = self.faults.take_new()
+        self.faults.check_finite(fragment.obs, fragment.rewards, self._steps_sampled)
+        self._steps_sampled += self.fragment_length
         batch = self.postprocess(fragment)
         metrics.sample_time_s = time.perf_counter() - t0
         if self.normalizer is not None:
@@ -215,7 +246,7 @@ class EnvRunner:
                 actions_buf[t] = actions
                 for k, v in extras.items():
                     extras_buf[k][t] = v
-                raw, r, term, trunc, info = env.step(policy.to_env_actions(actions))
+                raw, r, term, trunc, info = env_call("step", env.step, policy.to_env_actions(actions))
                 live = ~prev_done
                 valid[t] = live
                 if self.signal is None:

@@ -10,12 +10,14 @@ from typing import Any, Callable, Iterable
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from shoal.errors import ActorLostError, WorkerError
+from shoal.errors import ActorLostError, DivergenceError, NonFiniteEnvError, WorkerError
 from shoal.runtime.cluster import release, reserve
 from shoal.runtime.local import ActorGroupBase
 from shoal.runtime.resources import ActorResources
+from shoal.runtime.restarts import RestartBudget
 
 log = logging.getLogger("shoal.runtime")
+FATAL_ERRORS = (DivergenceError, NonFiniteEnvError)  # raised in an actor, they stop the run instead of restarting it
 
 
 class RayActorGroup(ActorGroupBase):
@@ -23,8 +25,9 @@ class RayActorGroup(ActorGroupBase):
 
     A request that fails because its actor died, or because the actor raised, drops that
     request (counted in ``num_dropped_requests``), recreates the actor in the same bundle,
-    replays ``on_restart()`` on it and counts ``num_restarts``. Past ``max_restarts`` the
-    group raises :class:`WorkerError` carrying the last failure's traceback.
+    replays ``on_restart()`` on it and counts ``num_restarts``. A restart past ``max_restarts``
+    within ``restart_window_s`` seconds (:class:`RestartBudget`) raises :class:`WorkerError`
+    carrying the last failure's traceback.
     """
 
     def __init__(self, cls: type, num_actors: int, ctor: Callable[[int], tuple[tuple, dict]], resources: ActorResources,
@@ -37,6 +40,7 @@ class RayActorGroup(ActorGroupBase):
         self.num_cpus, self.num_gpus = resources.num_cpus, resources.num_gpus
         self.max_in_flight = max_in_flight
         self.max_restarts = resources.max_restarts
+        self.restart_budget = RestartBudget(resources.max_restarts, resources.restart_window_s)
         self.name = name
         self.ids = list(range(first_index, first_index + num_actors))
         # node: None (anywhere), "driver" (this process's node) or a Ray node id; the group's
@@ -82,6 +86,9 @@ class RayActorGroup(ActorGroupBase):
     # ---- failures -------------------------------------------------------------------
     def _failed(self, i: int, handle: Any, err: BaseException) -> None:
         self.num_dropped_requests += 1
+        cause = getattr(err, "cause", None)
+        if isinstance(cause, FATAL_ERRORS):  # a verdict on the run (diverged, NaN from the env): no restart helps
+            raise cause
         if self.actors.get(i) is not handle:
             return  # that actor was already replaced after an earlier failed request
         self.last_failure = "".join(traceback.format_exception_only(type(err), err)).strip()
@@ -89,10 +96,12 @@ class RayActorGroup(ActorGroupBase):
         self.restart(i)
 
     def restart(self, i: int) -> None:
-        if self.num_restarts >= self.max_restarts:
+        if not self.restart_budget.take():
             raise WorkerError(
-                f"{self.name} {i} failed and the run has used all {self.max_restarts} allowed restarts "
-                f"(resources.max_worker_restarts). Last failure:\n{self.last_failure}"
+                f"{self.name} {i} failed and {self.name}s were already restarted {self.max_restarts} times in the "
+                f"last {self.resources.restart_window_s:g} s (resources.max_worker_restarts per "
+                f"resources.worker_restart_window_s): they fail faster than restarts can help. "
+                f"Last failure:\n{self.last_failure}"
             )
         old = self.actors.get(i)
         if old is not None:

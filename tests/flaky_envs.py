@@ -1,0 +1,45 @@
+"""CartPole with injected faults, for the env-failure tests (importable by Ray actors too).
+
+``FlakyCartPole(fail_at=N)`` raises ``RuntimeError("boom ...")`` on the N-th step of each
+instance's life; ``healthy=K`` spares the first K instances built in this process under ``tag``,
+and ``faulty=M`` makes only the M after them fail (None: all of them). ``fail_in="reset"`` raises in
+every reset instead (after the first ``healthy`` instances). ``nan_at=N`` puts a NaN into the
+``nan_field`` ("reward" or "observation") of the N-th step instead of raising.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import gymnasium as gym
+import numpy as np
+
+INSTANCES: Counter = Counter()  # instances built per tag, in this process
+
+
+class FlakyCartPole(gym.Wrapper):
+    def __init__(self, fail_at: int | None = None, healthy: int = 0, faulty: int | None = None, tag: str = "",
+                 fail_in: str = "step",
+                 nan_at: int | None = None, nan_field: str = "reward", **kwargs) -> None:
+        super().__init__(gym.make("CartPole-v1", **kwargs))
+        INSTANCES[tag] += 1
+        self.faulty = healthy < INSTANCES[tag] <= (healthy + faulty if faulty is not None else INSTANCES[tag])
+        self.fail_at, self.fail_in, self.nan_at, self.nan_field = fail_at, fail_in, nan_at, nan_field
+        self.steps = 0
+
+    def reset(self, **kwargs):
+        if self.faulty and self.fail_in == "reset":
+            raise RuntimeError("boom in reset: the simulator would not start")
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        self.steps += 1
+        if self.faulty and self.fail_in == "step" and self.steps == self.fail_at:
+            raise RuntimeError(f"boom at step {self.steps}: the simulator crashed")
+        obs, r, term, trunc, info = self.env.step(action)
+        if self.nan_at is not None and self.steps == self.nan_at:
+            if self.nan_field == "reward":
+                r = float("nan")
+            else:
+                obs = np.full_like(obs, np.inf)
+        return obs, r, term, trunc, info
