@@ -358,6 +358,7 @@ class AlgorithmConfig(Section):
         return d
 
     def to_yaml(self) -> str:
+        """The config as a YAML document with every key (what a run's ``config.yaml`` holds)."""
         return yaml.safe_dump({"algo": self.algo, **self.to_dict()}, sort_keys=False)
 
     def copy_with(self, overrides: dict[str, Any]) -> "AlgorithmConfig":
@@ -372,6 +373,8 @@ class AlgorithmConfig(Section):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "AlgorithmConfig":
+        """A validated config from plain data (``to_dict``'s, or a YAML file's); an ``algo`` entry
+        must name this class's algorithm."""
         data = dict(data)
         algo = data.pop("algo", cls.algo)
         if algo != cls.algo:
