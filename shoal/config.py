@@ -82,6 +82,8 @@ class ResourcesConfig(Section):
 
 
 class ModelConfig(Section):
+    """The network: torso, MLP layers, an optional LSTM core, or a custom module by import path."""
+
     hiddens: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of each MLP.")
     activation: str = Field("tanh", description="tanh, relu or elu.")
     vf_share_layers: bool = Field(False, description="Share the hidden layers between policy and value heads.")
@@ -225,6 +227,8 @@ class EnvPreprocessingConfig(Section):
 
 
 class EvaluationConfig(Section):
+    """Greedy evaluation episodes during training, every ``evaluation_interval`` iterations."""
+
     evaluation_interval: Optional[int] = Field(None, ge=1, description="Evaluate every N iterations; None never.")
     evaluation_num_workers: int = Field(0, ge=0, description="Separate evaluation actors; 0 evaluates in the driver.")
     evaluation_num_episodes: int = Field(10, ge=1, description="Greedy episodes per evaluation.")
