@@ -114,7 +114,7 @@ def test_docs_links_stay_inside_the_site():
     """A link out of docs/ works on GitHub but not in the built site (MkDocs --strict refuses it)."""
     outside = [(page.relative_to(ROOT), t) for page in DOCS for t in relative_links(page)
                if DOCS_DIR not in (page.parent / t).resolve().parents]
-    assert not outside, f"links leaving docs/: {outside}"
+    assert not outside, f"links leaving docs/ (name such files in `code`, or link a page of the site): {outside}"
 
 
 @pytest.mark.parametrize("page", [p for p in DOCS if SNIPPET.search(p.read_text())], ids=page_id)
