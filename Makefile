@@ -9,7 +9,7 @@ PIP     = $(PY) -m pip
 TORCH  ?= torch==2.13.0
 STAMP   = $(VENV)/.installed
 
-.PHONY: train test bench setup clean
+.PHONY: train test bench docs setup clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,5 +40,10 @@ bench: $(STAMP)
 	$(PY) benchmarks/atari_throughput.py --budget-s 120
 	$(PY) benchmarks/atari_pong.py --budget-s 3600
 
+# The documentation site (MkDocs, Material theme) into site/; --strict: any warning fails the build.
+docs: $(STAMP)
+	$(PIP) install -q -e ".[docs]"
+	$(PY) -m mkdocs build --strict -d site
+
 clean:
-	rm -rf $(VENV) runs build *.egg-info
+	rm -rf $(VENV) runs build site *.egg-info

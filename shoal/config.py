@@ -87,6 +87,8 @@ class ResourcesConfig(Section):
 
 
 class ModelConfig(Section):
+    """The network: torso, MLP layers, an optional LSTM core, or a custom module by import path."""
+
     hiddens: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of each MLP.")
     activation: str = Field("tanh", description="tanh, relu or elu.")
     vf_share_layers: bool = Field(False, description="Share the hidden layers between policy and value heads.")
@@ -265,6 +267,8 @@ class NormalizeConfig(Section):
 
 
 class EvaluationConfig(Section):
+    """Greedy evaluation episodes during training, every ``evaluation_interval`` iterations."""
+
     evaluation_interval: Optional[int] = Field(None, ge=1, description="Evaluate every N iterations; None never.")
     evaluation_num_workers: int = Field(0, ge=0, description="Separate evaluation actors; 0 evaluates in the driver.")
     evaluation_num_episodes: int = Field(10, ge=1, description="Greedy episodes per evaluation.")
@@ -475,6 +479,7 @@ class AlgorithmConfig(Section):
         return d
 
     def to_yaml(self) -> str:
+        """The config as a YAML document with every key (what a run's ``config.yaml`` holds)."""
         return yaml.safe_dump({"algo": self.algo, **self.to_dict()}, sort_keys=False)
 
     def copy_with(self, overrides: dict[str, Any]) -> "AlgorithmConfig":
@@ -489,6 +494,8 @@ class AlgorithmConfig(Section):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "AlgorithmConfig":
+        """A validated config from plain data (``to_dict``'s, or a YAML file's); an ``algo`` entry
+        must name this class's algorithm."""
         data = dict(data)
         algo = data.pop("algo", cls.algo)
         if algo != cls.algo:

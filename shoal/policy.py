@@ -34,6 +34,7 @@ class Policy:
         return self._algo.predict(obs, state, episode_start=episode_start, deterministic=deterministic)
 
     def close(self) -> None:
+        """Release the algorithm behind the policy (leaving a ``with`` block calls it)."""
         self._algo.stop()
 
     def __enter__(self) -> "Policy":
@@ -45,7 +46,7 @@ class Policy:
 
 def load_policy(path: str | Path, **kwargs: Any) -> Policy:
     """The policy of a checkpoint, or of a run directory's best checkpoint. Keyword arguments go to
-    :meth:`Algorithm.from_checkpoint` (e.g. ``env=my_callable`` for an env saved without an import path)."""
+    ``Algorithm.from_checkpoint`` (e.g. ``env=my_callable`` for an env saved without an import path)."""
     from shoal.algorithms.base import Algorithm
 
     return Policy(Algorithm.from_checkpoint(ckpt.resolve_checkpoint(path, prefer="best"), **kwargs))

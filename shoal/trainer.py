@@ -75,6 +75,10 @@ def _number(x: float) -> str:
 
 @dataclass
 class TrainSummary:
+    """What ``train`` and ``resume`` return: the run directory, the last result, why
+    training stopped (``stop_reason``, ``stop_detail``), whether a reward criterion was met
+    (``solved``), the best value of the algorithm's ``best_metric`` and the checkpoints written."""
+
     run_dir: Path | None
     result: dict[str, Any]
     stop_reason: str | None  # reward / env_steps / time / iterations / interrupted
@@ -273,7 +277,7 @@ class _Session:
 def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str | Path | None = "runs",
           checkpoint_every: int = 10, keep_checkpoints: int = 3, progress: bool = True,
           config_note: str | None = None, _algo=None, _run_dir: Path | None = None) -> TrainSummary:
-    """Train until a stop criterion is met; returns a :class:`TrainSummary`.
+    """Train until a stop criterion is met; returns a ``TrainSummary``.
 
     With ``out`` set, a run directory ``<out>/<algo>_<env>_<timestamp>/`` gets config.yaml,
     results.jsonl, progress.csv, TensorBoard events and ``checkpoints/`` (every
@@ -398,7 +402,7 @@ def checkpoint_progress(path: Path) -> dict[str, Any]:
 def load(path: str | Path, **kwargs: Any):
     """An algorithm restored from a checkpoint (or a run directory's best checkpoint).
 
-    Keyword arguments go to :meth:`Algorithm.from_checkpoint`: ``overrides`` (a nested dict
+    Keyword arguments go to ``Algorithm.from_checkpoint``: ``overrides`` (a nested dict
     merged into the saved config) and top-level config keys such as ``env=my_callable``.
     """
     from shoal.algorithms.base import Algorithm

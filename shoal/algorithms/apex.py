@@ -61,6 +61,9 @@ _FIXED_EPSILONS = ("Ape-X gives rollout actor i of N the fixed epsilon explorati
 
 
 class ApeXConfig(DQNConfig):
+    """DQN's keys plus per-actor fixed epsilons, replay shards and the request pipeline; DQN's
+    epsilon schedule is refused (``unused_keys``)."""
+
     algo = "apex"
     unused_keys = {"exploration_initial_eps": _FIXED_EPSILONS, "exploration_final_eps": _FIXED_EPSILONS,
                    "exploration_timesteps": _FIXED_EPSILONS,

@@ -52,6 +52,10 @@ def _reports_to_callbacks(train):
 
 
 class Algorithm:
+    """A built algorithm (``config.build()``): trains one iteration per ``train()``, evaluates,
+    predicts, saves and restores. Rollout actors start on the first ``train()``; ``stop()`` (or
+    leaving a ``with`` block) stops them. Subclasses implement ``setup`` and ``training_step``."""
+
     config_cls: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
     """The config this algorithm takes. A subclass that sets it becomes that config class's
     ``algorithm_cls``, what its ``build()`` makes; one that inherits it (a variant of an
@@ -136,6 +140,7 @@ class Algorithm:
         raise NotImplementedError
 
     def get_weights(self) -> dict[str, np.ndarray]:
+        """The current policy's weights as numpy arrays, by parameter name (what actors receive)."""
         raise NotImplementedError
 
     def make_env_runners(self, policy_cls, postprocess, fragment_length: int, *, max_in_flight: int = 1,
@@ -396,6 +401,7 @@ class Algorithm:
         return ckpt.save_checkpoint(path, self.get_state(), self.checkpoint_meta())
 
     def restore(self, path: str | Path) -> None:
+        """Load a checkpoint of this algorithm into this instance (weights, optimizer state, counters)."""
         state, meta = ckpt.load_checkpoint(path)
         if meta.get("algo") != self.config.algo:
             raise CheckpointError(f"Checkpoint '{path}' is for algorithm '{meta.get('algo')}', not '{self.config.algo}'.")

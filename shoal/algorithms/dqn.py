@@ -53,6 +53,8 @@ class QModelConfig(ModelConfig):
 
 
 class DQNConfig(AlgorithmConfig):
+    """AlgorithmConfig plus replay, n-step targets, the target network and the epsilon schedule."""
+
     algo = "dqn"
     lstm_refusal = ("Q-learning with recurrent state (R2D2) is not part of shoal; use ppo, ddppo, impala or appo for a "
                     "recurrent policy")
