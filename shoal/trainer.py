@@ -229,7 +229,7 @@ class _Session:
             except DivergenceError:
                 pass
         last = ckpt.list_checkpoints(self.ckpt_dir)
-        note = f"The last good checkpoint is {last[-1]}." if last else "No checkpoint had been written yet."
+        note = f"The newest checkpoint (finite weights) is {last[-1]}." if last else "No checkpoint had been written yet."
         e.args = (f"{e} {note}",)
         return e
 

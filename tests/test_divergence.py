@@ -138,9 +138,22 @@ def test_cli_divergence_mid_run_exits_2_and_keeps_finite_checkpoints(tmp_path):
     assert "Training diverged in iteration 3" in out and "lr 1e+30" in out and "Traceback" not in out
     run = next(tmp_path.iterdir())
     assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == ["checkpoint_000001", "checkpoint_000002"]
-    assert "checkpoint_000002" in out  # the message names the last good checkpoint
+    assert "newest checkpoint (finite weights) is" in out and "checkpoint_000002" in out
     for p in [*ckpt.list_checkpoints(run / "checkpoints"), run / "checkpoints" / "best"]:
         state, _ = ckpt.load_checkpoint(p)
         assert ckpt.nonfinite_tensor(state) is None
     rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
     assert [row["iteration"] for row in rows] == [1, 2]
+
+
+def test_dqn_skipped_updates_leave_the_priorities_alone():
+    """A skipped update's TD errors are NaN: they must not reach the prioritized replay (it refuses NaN)."""
+    from shoal import DQNConfig
+
+    cfg = DQNConfig(env="CartPole-v1", seed=0, lr=1e30, learning_starts=64, train_batch_size=32,
+                    max_nonfinite_updates=3, resources={"num_envs_per_worker": 2})
+    with cfg.build() as algo:
+        with pytest.raises(DivergenceError, match="3 learner updates in a row"):
+            for _ in range(50):
+                algo.train()
+        assert np.isfinite(algo.replay.stats().get("max_priority", 1.0))
