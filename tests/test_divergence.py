@@ -157,3 +157,14 @@ def test_dqn_skipped_updates_leave_the_priorities_alone():
             for _ in range(50):
                 algo.train()
         assert np.isfinite(algo.replay.stats().get("max_priority", 1.0))
+
+
+def test_impala_learner_thread_divergence_stops_the_run_as_itself():
+    from shoal import IMPALAConfig
+
+    cfg = IMPALAConfig(env="CartPole-v1", seed=0, lr=1e30, max_nonfinite_updates=3, rollout_fragment_length=16,
+                       train_batch_size=64, resources={"num_envs_per_worker": 4})
+    with cfg.build() as algo:
+        with pytest.raises(DivergenceError, match=r"Training diverged in iteration \d+: .*3 learner updates in a row"):
+            for _ in range(30):
+                algo.train()
