@@ -168,3 +168,18 @@ def test_impala_learner_thread_divergence_stops_the_run_as_itself():
         with pytest.raises(DivergenceError, match=r"Training diverged in iteration \d+: .*3 learner updates in a row"):
             for _ in range(30):
                 algo.train()
+
+
+def test_league_policy_learner_counts_and_stops_on_divergence():
+    from shoal.algorithms.alpha_star import AlphaStarConfig
+
+    cfg = AlphaStarConfig(env="pettingzoo.classic:tictactoe_v3", seed=0, rollout_fragment_length=8,
+                          train_batch_size=64, min_time_s_per_iteration=0.0, league="no_league",
+                          max_num_policies_to_train=1, model={"hiddens": [16]}, lr=1e30, max_nonfinite_updates=6,
+                          num_sgd_iter=1, resources={"num_envs_per_worker": 4})
+    counts = []
+    with cfg.build() as algo:
+        with pytest.raises(DivergenceError, match="6 learner updates in a row"):
+            for _ in range(30):
+                counts.append(algo.train()["num_nonfinite_updates_skipped"])
+    assert counts == sorted(counts) and 0 < counts[-1] < 6  # counted while the run went on
