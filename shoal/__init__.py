@@ -12,7 +12,8 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from shoal.config import AlgorithmConfig  # noqa: E402
-from shoal.errors import CheckpointError, ConfigError, EnvError, ResourceError, ShoalError, WorkerError  # noqa: E402
+from shoal.errors import (CheckpointError, ConfigError, DivergenceError, EnvError, EnvFailureError,  # noqa: E402
+                          NonFiniteEnvError, ResourceError, ShoalError, WorkerError)
 
 _LAZY = {
     "PPOConfig": ("shoal.algorithms.ppo", "PPOConfig"),
@@ -47,4 +48,5 @@ def __getattr__(name: str):
 
 
 __all__ = ["AlgorithmConfig", "ShoalError", "ConfigError", "EnvError", "CheckpointError", "ResourceError", "WorkerError",
+           "DivergenceError", "EnvFailureError", "NonFiniteEnvError",
            *_LAZY]

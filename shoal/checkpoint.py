@@ -144,7 +144,7 @@ def load_state(file: Path, map_location: str = "cpu", mmap: bool = False) -> dic
                               "and dicts, so shoal did not write it; shoal loads no pickled code from a checkpoint."
                               ) from None
     except Exception as e:  # noqa: BLE001 - a torn zip archive fails in many ways
-        detail = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
+        detail = str(e).strip().splitlines()[0].split(". ")[0][:160] if str(e).strip() else ""
         detail = f"{type(e).__name__}: {detail}" if detail and "weights_only" not in detail else type(e).__name__
         raise CheckpointError(f"Cannot load '{file}' ({size:,} bytes): it is truncated or corrupt, not a complete "
                               f"torch archive ({detail}). Use an earlier checkpoint of the run.") from None

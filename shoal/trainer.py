@@ -237,7 +237,7 @@ class _Session:
             except DivergenceError:
                 pass
         last = ckpt.list_checkpoints(self.ckpt_dir)
-        note = f"The last good checkpoint is {last[-1]}." if last else "No checkpoint had been written yet."
+        note = f"The newest checkpoint (finite weights) is {last[-1]}." if last else "No checkpoint had been written yet."
         e.args = (f"{e} {note}",)
         return e
 
@@ -333,7 +333,7 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
 
 def resume(run_dir: str | Path, stop: Stop | dict | None = None, overrides: dict[str, Any] | None = None,
            progress: bool = True) -> TrainSummary:
-    """Continue a run from its latest checkpoint, with its counters, appending to its files."""
+    """Continue a run from its latest intact checkpoint, with its counters, appending to its files."""
     from shoal.algorithms.base import Algorithm
 
     run_dir = Path(run_dir)
@@ -345,19 +345,19 @@ def resume(run_dir: str | Path, stop: Stop | dict | None = None, overrides: dict
         log.warning("%s: %s (left by a save that was killed)", run_dir / "checkpoints", note)
     if not ckpt.list_checkpoints(run_dir / "checkpoints"):
         raise CheckpointError(f"'{run_dir}' has no checkpoints/checkpoint_* to resume from; is it a shoal run directory?")
-    latest = [newest_intact_checkpoint(run_dir / "checkpoints")]
+    start = newest_intact_checkpoint(run_dir / "checkpoints")
     saved_stop = _as_stop(settings.get("stop"))
     if stop is not None:
         merged = {**saved_stop.model_dump(), **{k: v for k, v in _as_stop(stop).model_dump().items() if v is not None}}
         saved_stop = _as_stop(merged)
-    at = checkpoint_progress(latest[-1])
+    at = checkpoint_progress(start)
     reason = saved_stop.reached(at)
     if reason:  # nothing to do: say so, without building the algorithm or starting actors
         best = run_dir / "checkpoints" / "best"
         return TrainSummary(run_dir=run_dir, result=at, stop_reason=reason, solved=reason == "reward",
-                            best_return=math.nan, wall_s=0.0, last_checkpoint=latest[-1],
+                            best_return=math.nan, wall_s=0.0, last_checkpoint=start,
                             best_checkpoint=best if best.is_dir() else None, stop_detail=saved_stop.explain(at))
-    algo = Algorithm.from_checkpoint(latest[-1], overrides=overrides)
+    algo = Algorithm.from_checkpoint(start, overrides=overrides)
     try:
         truncate_results(run_dir, algo.iteration)
         return train(algo.config, saved_stop, out=None, checkpoint_every=settings.get("checkpoint_every", 10),

@@ -43,3 +43,20 @@ class FlakyCartPole(gym.Wrapper):
             else:
                 obs = np.full_like(obs, np.inf)
         return obs, r, term, trunc, info
+
+
+def nan_multi_cartpole(nan_at: int = 5):
+    """Two CartPole agents (PettingZoo) whose rewards are NaN at the ``nan_at``-th step."""
+    from multi_cartpole import MultiCartPole
+
+    class NanMultiCartPole(MultiCartPole):
+        steps = 0
+
+        def step(self, actions):
+            obs, rew, term, trunc, infos = super().step(actions)
+            self.steps += 1
+            if self.steps == nan_at:
+                rew = {a: float("nan") for a in rew}
+            return obs, rew, term, trunc, infos
+
+    return NanMultiCartPole(num_agents=2)

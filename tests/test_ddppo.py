@@ -147,6 +147,19 @@ def test_all_reduce_averages_gradients_over_two_processes(spin):
     assert n0 == n1 == 1
 
 
+def test_a_nan_gradient_on_one_rank_is_skipped_by_every_rank():
+    import ddppo_helpers
+
+    # rank 0's input holds a NaN: the all-reduced gradient is [nan, 4] on both ranks, and both skip the step
+    procs, out = _spawn(ddppo_helpers.reduce_rank, 2, [[float("nan"), 2.0], [3.0, 6.0]], False)
+    results = sorted(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    (_, g0, w0, _), (_, g1, w1, _) = results
+    assert np.isnan(g0[0][0]) and np.isnan(g1[0][0]) and g0[0][1] == g1[0][1] == 4.0
+    assert w0 == w1 == [[0.5, -0.5]]  # the weights stay equal, and as they were
+
+
 @pytest.mark.parametrize("spin", [False, True], ids=["block", "spin"])
 def test_a_dead_peer_makes_the_all_reduce_fail_fast_with_a_collective_error(spin):
     import ddppo_helpers

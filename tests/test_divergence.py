@@ -138,9 +138,48 @@ def test_cli_divergence_mid_run_exits_2_and_keeps_finite_checkpoints(tmp_path):
     assert "Training diverged in iteration 3" in out and "lr 1e+30" in out and "Traceback" not in out
     run = next(tmp_path.iterdir())
     assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == ["checkpoint_000001", "checkpoint_000002"]
-    assert "checkpoint_000002" in out  # the message names the last good checkpoint
+    assert "newest checkpoint (finite weights) is" in out and "checkpoint_000002" in out
     for p in [*ckpt.list_checkpoints(run / "checkpoints"), run / "checkpoints" / "best"]:
         state, _ = ckpt.load_checkpoint(p)
         assert ckpt.nonfinite_tensor(state) is None
     rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
     assert [row["iteration"] for row in rows] == [1, 2]
+
+
+def test_dqn_skipped_updates_leave_the_priorities_alone():
+    """A skipped update's TD errors are NaN: they must not reach the prioritized replay (it refuses NaN)."""
+    from shoal import DQNConfig
+
+    cfg = DQNConfig(env="CartPole-v1", seed=0, lr=1e30, learning_starts=64, train_batch_size=32,
+                    max_nonfinite_updates=3, resources={"num_envs_per_worker": 2})
+    with cfg.build() as algo:
+        with pytest.raises(DivergenceError, match="3 learner updates in a row"):
+            for _ in range(50):
+                algo.train()
+        assert np.isfinite(algo.replay.stats().get("max_priority", 1.0))
+
+
+def test_impala_learner_thread_divergence_stops_the_run_as_itself():
+    from shoal import IMPALAConfig
+
+    cfg = IMPALAConfig(env="CartPole-v1", seed=0, lr=1e30, max_nonfinite_updates=3, rollout_fragment_length=16,
+                       train_batch_size=64, resources={"num_envs_per_worker": 4})
+    with cfg.build() as algo:
+        with pytest.raises(DivergenceError, match=r"Training diverged in iteration \d+: .*3 learner updates in a row"):
+            for _ in range(30):
+                algo.train()
+
+
+def test_league_policy_learner_counts_and_stops_on_divergence():
+    from shoal.algorithms.alpha_star import AlphaStarConfig
+
+    cfg = AlphaStarConfig(env="pettingzoo.classic:tictactoe_v3", seed=0, rollout_fragment_length=8,
+                          train_batch_size=64, min_time_s_per_iteration=0.0, league="no_league",
+                          max_num_policies_to_train=1, model={"hiddens": [16]}, lr=1e30, max_nonfinite_updates=6,
+                          num_sgd_iter=1, resources={"num_envs_per_worker": 4})
+    counts = []
+    with cfg.build() as algo:
+        with pytest.raises(DivergenceError, match="6 learner updates in a row"):
+            for _ in range(30):
+                counts.append(algo.train()["num_nonfinite_updates_skipped"])
+    assert counts == sorted(counts) and 0 < counts[-1] < 6  # counted while the run went on

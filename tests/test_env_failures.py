@@ -74,6 +74,15 @@ def test_nan_reward_and_inf_observation_are_reported():
             algo.train()
 
 
+def test_nan_reward_from_a_multi_agent_env_is_reported():
+    cfg = PPOConfig(env="flaky_envs:nan_multi_cartpole", seed=0, rollout_fragment_length=10, minibatch_size=40,
+                    resources={"num_envs_per_worker": 2},
+                    multi_agent={"policies": {"p": None}, "policy_mapping": {"agent_0": "p", "agent_1": "p"}})
+    with pytest.raises(NonFiniteEnvError, match="returned a reward holding NaN or inf to an agent of policy 'p'"):
+        with cfg.build() as algo:
+            algo.train()
+
+
 def _cli(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 

@@ -289,6 +289,10 @@ class AlphaStar(Algorithm):
                 self.broadcast()
         return dict(stats)
 
+    def nonfinite_updates_skipped(self) -> int:
+        """The policy learners' counts, as each last reported them."""
+        return int(sum(v for k, v in self._learner_stats.items() if k.endswith("/num_nonfinite_skipped")))
+
     def train(self) -> dict[str, Any]:
         self._matches_this_iter = 0
         result = super().train()

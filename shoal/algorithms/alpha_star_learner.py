@@ -78,7 +78,8 @@ class APPOPolicyLearner:
                                     sequence_length=cfg.fragment_length())
         if cfg.use_kl_loss:  # the post-update phase: once per learner result, like APPO's
             self.kl.update(stats["kl"])
-        stats.update(num_updates=self.learner.num_updates, kl_coeff=self.kl.coeff, device=str(self.learner.device))
+        stats.update(num_updates=self.learner.num_updates, num_nonfinite_skipped=self.learner.num_nonfinite_skipped,
+                     kl_coeff=self.kl.coeff, device=str(self.learner.device))
         return {"rows": rows, "stats": stats, "weights": self.get_weights()}
 
     def _pull(self) -> Union[list[Batch], str]:

@@ -302,7 +302,7 @@ class ApeX(Algorithm):
         for r in results:
             self.counters["env_steps_trained"] += r.env_steps
             stats = r.stats
-            if not self.config.prioritized_replay:
+            if not self.config.prioritized_replay or r.priorities is None:  # None: a skipped NaN/inf update
                 continue
             tag = r.replay
             if tag.shard_id in self.shards.actor_ids and tag.generation == self.shards.generation(tag.shard_id):

@@ -185,13 +185,14 @@ def n_step_postprocess(fragment: Fragment, n_step: int, gamma: float, priorities
     return Batch(flatten_valid(cols, fragment.valid))
 
 
-def learn_on_replay_batch(learner: Learner, batch: Batch) -> tuple[np.ndarray, dict]:
+def learn_on_replay_batch(learner: Learner, batch: Batch) -> tuple[np.ndarray | None, dict]:
     """One SGD step on a replayed batch (the learner's post-update hooks refresh the target
-    network); returns the new priorities (|TD|) and scalar stats."""
+    network); returns the new priorities (|TD|), or None when the step was skipped for a NaN/inf
+    loss (the rows keep their priorities), and scalar stats."""
     tensors = batch.to_torch(learner.device, exclude=(Col.INDICES, Col.ROW_IDS))
     stats = learner.update_minibatch(tensors)
     td = stats.pop("td_error").abs().cpu().numpy()
-    return td, {k: float(v) for k, v in stats.items()}
+    return (td if np.isfinite(td).all() else None), {k: float(v) for k, v in stats.items()}
 
 
 def check_discrete(action_space: gym.Space, algo: str) -> None:
@@ -271,7 +272,8 @@ class DQN(Algorithm):
                     self._update_credit -= 1.0
                     replayed = self.replay.sample(cfg.train_batch_size, beta)
                     td, stats = learn_on_replay_batch(self.learner, replayed)
-                    self.replay.update_priorities(replayed[Col.INDICES], td)
+                    if td is not None:
+                        self.replay.update_priorities(replayed[Col.INDICES], td)
                     self.counters["env_steps_trained"] += len(replayed)
         with self.timers.time(Phase.SYNC):
             self.env_runners.foreach("set_global_vars", {"env_steps": sampled}, wait=False)

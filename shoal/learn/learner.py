@@ -127,18 +127,18 @@ class Learner:
     def apply_gradients(self) -> torch.Tensor | None:
         """Clip, step the optimizer, then run the post-update hooks with ``last_batch_rows``.
 
-        An update whose gradient norm is NaN or inf (a non-finite loss gives one) is skipped
-        before it reaches the weights and counted in ``num_nonfinite_skipped``;
-        ``max_nonfinite_updates`` of them in a row, or weights found non-finite, raise
-        :class:`~shoal.errors.DivergenceError`.
+        An update whose gradient norm is NaN or inf (a non-finite loss, or weights an earlier
+        update overflowed, give one) is skipped before it reaches the weights and counted in
+        ``num_nonfinite_skipped``; ``max_nonfinite_updates`` of them in a row, or non-finite
+        weights, raise :class:`~shoal.errors.DivergenceError`. The check costs one host sync
+        per update.
         """
         if self.grad_clip is not None:
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
         else:
             norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
-        weights_norm = torch.nn.utils.get_total_norm([p.detach() for p in self.params], norm_type=math.inf)  # max |w|
-        if not bool(torch.isfinite(torch.stack([norm.float(), weights_norm.float().to(norm.device)])).all()):
-            self._skip_nonfinite(norm, weights_norm)
+        if not bool(torch.isfinite(norm)):
+            self._skip_nonfinite(norm)
             return norm if self.grad_clip is not None else None
         self._nonfinite_in_a_row = 0
         self.optimizer.step()
@@ -147,10 +147,12 @@ class Learner:
             hook(self.last_batch_rows)
         return norm if self.grad_clip is not None else None
 
-    def _skip_nonfinite(self, norm: torch.Tensor, weights_norm: torch.Tensor) -> None:
-        """Drop this update's gradients and count it; raise once the run of them reaches the limit."""
+    def _skip_nonfinite(self, norm: torch.Tensor) -> None:
+        """Drop this update's gradients and count it; raise once the run of them reaches the limit, or at
+        once when the weights themselves are NaN/inf (an earlier update overflowed them: nothing to wait for)."""
         self.optimizer.zero_grad(set_to_none=True)
-        if not math.isfinite(float(weights_norm)):
+        max_weight = torch.nn.utils.get_total_norm([p.detach() for p in self.params], norm_type=math.inf)
+        if not math.isfinite(float(max_weight)):
             raise DivergenceError(
                 f"the weights hold NaN or inf after learner update {self.num_updates}: an update overflowed "
                 f"(learning rate {self.lr:g}). Likely causes: a learning rate far too high, or rewards or "

@@ -102,3 +102,21 @@ class EnvFaults:
                     f"at its step {max(step, 0)}; shoal does not learn from it, and stops. Check the env's step() "
                     "(a division by zero, a state that grows without bound), or clean the values with a Gymnasium "
                     "wrapper (gymnasium.wrappers.TransformObservation or TransformReward).")
+
+
+def check_batch_finite(batches: dict, env_name: str, worker_index: int) -> None:
+    """A multi-agent runner's check: raise if a policy's batch has a NaN/inf float observation or reward."""
+    from shoal.batch import Col
+
+    where = "the driver's runner" if worker_index == 0 else f"rollout actor {worker_index}"
+    for pid, batch in batches.items():
+        for field, col in (("reward", Col.REWARDS), ("observation", Col.OBS)):
+            arr = batch[col] if col in batch else None
+            if arr is None or arr.dtype.kind != "f":
+                continue
+            bad = ~np.isfinite(arr.reshape(len(arr), -1)).all(axis=1)
+            if bad.any():
+                raise NonFiniteEnvError(
+                    f"The env '{env_name}' ({where}) returned a {field} holding NaN or inf to an agent of policy "
+                    f"'{pid}' ({int(bad.sum())} of the {len(arr)} rows sampled); shoal does not learn from it, and "
+                    "stops. Check the env's step(), or clean the values with a PettingZoo or Gymnasium wrapper.")

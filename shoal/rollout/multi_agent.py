@@ -42,6 +42,7 @@ from shoal.errors import ConfigError
 from shoal.models.distributions import masked_logits
 from shoal.callbacks import Episode, build_callbacks, call_episode_end, overrides
 from shoal.rollout.env_runner import RolloutMetrics
+from shoal.rollout.faults import check_batch_finite
 from shoal.models.recurrent import pack_state
 from shoal.rollout.policies import STATE_OUT, ActorCriticPolicy
 from shoal.process import configure_process
@@ -489,6 +490,7 @@ class MultiAgentEnvRunner:
                 self._tick(explore)
         batches = {pid: self._sequences_to_batch(seqs) for pid, seqs in self._ready.items() if seqs}
         self._ready = defaultdict(list)
+        check_batch_finite(batches, self.config.env_name(), self.worker_index)
         metrics, self._metrics = self._metrics, MultiAgentRolloutMetrics(worker_index=self.worker_index)
         metrics.sample_time_s = time.perf_counter() - t0
         return batches, metrics
