@@ -43,7 +43,7 @@ bench: $(STAMP)
 # The documentation site (MkDocs, Material theme) into site/; --strict: any warning fails the build.
 docs: $(STAMP)
 	$(PIP) install -q -e ".[docs]"
-	$(PY) -m mkdocs build --strict -d site
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -d site
 
 clean:
 	rm -rf $(VENV) runs build site *.egg-info
