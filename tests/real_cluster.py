@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 
-RAY = str(Path(sys.executable).with_name("ray"))
+RAY = str(Path(sys.executable).with_name("ray")) if Path(sys.executable).with_name("ray").exists() else (shutil.which("ray") or "ray")
 MARKER = "SHOAL_TEST_CLUSTER"
 PER_NODE_PORTS = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
                   "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port")
