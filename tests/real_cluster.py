@@ -121,11 +121,12 @@ class RealCluster:
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="shoal-ray-", dir="/tmp"))  # short: Ray's socket paths must fit 107 chars
         self.marker = secrets.token_hex(8)
-        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # only the addresses given here
+        self.env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
                     "RAY_USAGE_STATS_ENABLED": "0", MARKER: self.marker,
-                    # notice a lost node in about 3 s instead of Ray's default 15 s or more
-                    "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3",
-                    "RAY_health_check_timeout_ms": "1000"}
+                    # notice a lost node in 5-15 s instead of Ray's default 15-30 s, with room for a loaded machine
+                    "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "5",
+                    "RAY_health_check_timeout_ms": "2000"}
         self.nodes: list[RayNode] = []
         self.address: str | None = None
         self.other: list[subprocess.Popen] = []
