@@ -83,7 +83,11 @@ class ResourcesConfig(Section):
                                      "worker_restart_window_s seconds; one more stops the run with a WorkerError.")
     worker_restart_window_s: float = Field(600.0, gt=0, description="The rolling window of max_worker_restarts: only "
                                            "restarts within the last this many seconds count.")
-    resource_wait_s: float = Field(30.0, gt=0, description="Seconds to wait for the cluster to grant the placement group.")
+    resource_wait_s: float = Field(30.0, gt=0, description="Seconds to wait for the cluster to grant the placement group, "
+                                   "and, when an actor of a lost node is recreated, for its share to be re-placed.")
+    worker_placement: Literal["PACK", "SPREAD"] = Field(
+        "PACK", description="How rollout actors spread over a cluster's nodes: 'PACK' fills as few nodes as fit them, "
+        "'SPREAD' puts each on a different node where it can (so one lost node takes fewer of them).")
 
 
 class ModelConfig(Section):

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
+from shoal.algorithms.ppo import PPOConfig
 from shoal.config import ResourcesConfig
+from shoal.errors import ConfigError
 from shoal.runtime import ActorResources, make_actor_group
+
+HERE = Path(__file__).parent
 
 
 def test_of_workers_takes_the_run_resources_and_applies_changes():
@@ -80,3 +90,51 @@ def test_worker_restart_window_reaches_the_actor_resources():
     assert (r.max_restarts, r.restart_window_s) == (5, 30.0)
     with pytest.raises(ValueError, match="restart_window_s"):
         ActorResources(restart_window_s=0)
+
+
+def last_json_line(script: Path) -> dict:
+    """Run ``script`` with this interpreter (tests/ importable) and parse the JSON it prints last."""
+    path = os.pathsep.join(filter(None, (str(HERE.parent), os.environ.get("PYTHONPATH"))))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, cwd=HERE.parent,
+                          env=dict(os.environ, PYTHONPATH=path))
+    printed = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    assert done.returncode == 0 and printed, done.stderr[-3000:]
+    return json.loads(printed[-1])
+
+
+def test_worker_placement_reaches_the_rollout_actors_resources():
+    assert ActorResources.of_workers(ResourcesConfig()).strategy == "PACK"
+    assert ActorResources.of_workers(ResourcesConfig(worker_placement="SPREAD")).strategy == "SPREAD"
+    with pytest.raises(ConfigError, match="resources.worker_placement") as e:
+        PPOConfig(env="CartPole-v1", resources={"worker_placement": "STRICT_SPREAD"})
+    assert "'PACK'" in str(e.value) and "'SPREAD'" in str(e.value) and "STRICT_SPREAD" in str(e.value)
+
+
+def test_a_lost_node_is_said_in_one_line():
+    from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+    from shoal.runtime.ray_group import failure_summary
+
+    node_gone = ("ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n\tclass_name: "
+                 "EnvRunner\nThe actor died because its node has died. Node Id: 2384\n\tthe actor's node was terminated "
+                 "unexpectedly: health check failed due to missing too many heartbeats")
+    assert failure_summary(ActorDiedError(), node_gone) == "was lost with its node (the Ray node it ran on died)"
+    plain = "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n\tclass_name: X"
+    assert failure_summary(ActorDiedError(), plain) == \
+        "failed (ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.)"
+    unreachable = ActorUnavailableError("The actor is temporarily unavailable: RpcError: Connection reset by peer", None)
+    assert failure_summary(unreachable, str(unreachable)).startswith("is unreachable")
+
+
+@pytest.mark.ray
+def test_an_actor_on_a_lost_node_comes_back_where_there_is_room_or_the_run_stops_saying_why():
+    """In its own process: a ``ray.cluster_utils.Cluster`` needs its own Ray instance."""
+    room, no_room = last_json_line(HERE / "node_loss_multinode.py").values()
+    # One actor on each node (SPREAD); the side node's actor is recreated on the head, in the re-placed bundle.
+    assert room["before"] == sorted([room["head"], room["side"]])
+    assert room["after"] == [room["head"], room["head"]] and room["restarts"] >= 1
+    # With no room left on the head, the restart stops the run after resource_wait_s and says why.
+    assert no_room["before"] == sorted([no_room["head"], no_room["side"]])
+    msg = no_room.get("error") or ""
+    assert "cannot be recreated" in msg and "node that is gone" in msg and "resources.resource_wait_s" in msg, no_room
+    assert "--workers" in msg and "Last failure:" in msg, msg  # what to do, and the last failure

@@ -163,7 +163,8 @@ class ApeX(Algorithm):
                 return make_actor_group(
                     ReplayShard, res.num_replay_shards, shard_ctor, remote=res.num_workers > 0,
                     resources=ActorResources.of_workers(
-                        res, num_cpus=res.replay_shard_cpus, node="driver" if res.replay_shards_on_driver_node else None),
+                        res, num_cpus=res.replay_shard_cpus, node="driver" if res.replay_shards_on_driver_node else None,
+                        strategy="PACK"),
                     max_in_flight=cfg.max_replay_requests_in_flight_per_shard, name="replay shard", first_index=0)
             except NodeResourceError as e:
                 raise NodeResourceError(f"{e} Replay shards go to the driver's node (resources.replay_shards_on_driver_node): "

@@ -92,7 +92,7 @@ class RayActorGroup(ActorGroupBase):
         if self.actors.get(i) is not handle:
             return  # that actor was already replaced after an earlier failed request
         self.last_failure = "".join(traceback.format_exception_only(type(err), err)).strip()
-        log.warning("%s %d failed (%s); recreating it", self.name, i, self.last_failure.splitlines()[0][:200])
+        log.warning("%s %d %s; recreating it", self.name, i, failure_summary(err, self.last_failure))
         self.restart(i)
 
     def restart(self, i: int) -> None:
@@ -116,10 +116,29 @@ class RayActorGroup(ActorGroupBase):
                 self.num_dropped_requests += 1
         self.num_restarts += 1
         self.generations[i] = self.generation(i) + 1
+        self._await_bundle(i)
         actor = self._create(i)
         for method, args in (self.on_restart() if self.on_restart else []):
             getattr(actor, method).remote(*args)
         self.actors[i] = actor
+
+    def _await_bundle(self, i: int) -> None:
+        """Wait until actor ``i``'s reserved place exists, or fail clearly.
+
+        When a node dies, Ray moves the placement-group bundles it held to nodes with room;
+        until it has, an actor created in such a bundle waits unplaced (a synchronous call to it
+        would hang). So wait up to ``resource_wait_s`` and then stop the run with the reason.
+        """
+        if self.pg is None or self.pg.wait(timeout_seconds=self.resources.resource_wait_s):
+            return
+        free = ray.available_resources()
+        raise WorkerError(
+            f"{self.name} {i} cannot be recreated: its reserved place ({self.num_cpus:g} CPUs, {self.num_gpus:g} GPUs) "
+            f"was on a node that is gone, and the live nodes had no room for it within "
+            f"{self.resources.resource_wait_s:g} s (resources.resource_wait_s; free now: {free.get('CPU', 0):g} CPUs, "
+            f"{free.get('GPU', 0):g} GPUs). Add a node, or resume the run with fewer actors "
+            f"(shoal resume RUN_DIR --workers N). Last failure:\n{self.last_failure}"
+        )
 
     # ---- synchronous --------------------------------------------------------------------
     def foreach(self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, wait: bool = True, **kwargs: Any) -> list[Any]:
@@ -188,6 +207,15 @@ class RayActorGroup(ActorGroupBase):
         release(self.pg)
         self.pg = None
         time.sleep(0)  # let Ray process the kills
+
+
+def failure_summary(err: BaseException, text: str) -> str:
+    """One line on why an actor's request failed: a lost node is named as such, not as a Ray traceback."""
+    if isinstance(err, ray.exceptions.ActorDiedError) and ("node has died" in text or "node was terminated" in text):
+        return "was lost with its node (the Ray node it ran on died)"
+    if isinstance(err, ray.exceptions.ActorUnavailableError):
+        return "is unreachable (its process or node is gone, or the network is down)"
+    return f"failed ({text.splitlines()[0][:200]})"
 
 
 class ActorProxy:

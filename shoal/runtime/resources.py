@@ -46,5 +46,6 @@ class ActorResources:
         """What a run's ``resources`` config section gives each rollout actor, with ``changes``."""
         base = cls(num_cpus=resources.num_cpus_per_worker, max_restarts=resources.max_worker_restarts,
                    restart_window_s=resources.worker_restart_window_s,
-                   resource_wait_s=resources.resource_wait_s, address=resources.address)
+                   resource_wait_s=resources.resource_wait_s, address=resources.address,
+                   strategy=resources.worker_placement)
         return base.replace(**changes)
