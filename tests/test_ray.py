@@ -214,6 +214,24 @@ def test_dead_actor_requests_are_dropped_and_the_new_actor_is_resynced(ray_clust
         group.stop()
 
 
+def _kill_and_wait(handle) -> None:
+    """ray.kill, then wait until the actor is really gone: the kill is asynchronous, and a call
+    sent right after it may still be served by the old actor."""
+    import ray
+
+    ray.kill(handle, no_restart=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            ray.get(handle.get_value.remote(), timeout=30)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            continue
+        time.sleep(0.1)
+    raise AssertionError("the killed actor kept answering")
+
+
 def test_restarts_are_budgeted_per_rolling_window(ray_cluster):
     import ray
 
@@ -227,11 +245,11 @@ def test_restarts_are_budgeted_per_rolling_window(ray_cluster):
     try:
         for t in (0.0, 61.0):  # one restart a minute is within the budget, however many minutes
             now[0] = t
-            ray.kill(group.actors[1], no_restart=True)
+            _kill_and_wait(group.actors[1])
             group.foreach("get_value")
             assert group.call(1, "get_value") == 0  # a fresh actor answers
         now[0] = 90.0  # a second death within 60 s of the last restart
-        ray.kill(group.actors[1], no_restart=True)
+        _kill_and_wait(group.actors[1])
         with pytest.raises(WorkerError, match="restarted 1 times in the last 60 s"):
             group.foreach("get_value")
         assert group.num_restarts == 2
