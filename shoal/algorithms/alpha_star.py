@@ -76,6 +76,7 @@ class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKe
     """APPO's groups (config_groups.py) plus the league; IMPALA's learner-thread keys are refused."""
 
     algo = "alpha_star"
+    mutable_keys = frozenset()  # the learners live in other processes: nothing changes mid-run
     lstm_sequences = "fragments"
     unused_keys = {
         "num_learner_devices": _ONE_DEVICE, "fake_devices": _ONE_DEVICE, "num_multi_gpu_tower_stacks": _ONE_DEVICE,
@@ -183,7 +184,9 @@ class AlphaStar(Algorithm):
         # Lazy, like every algorithm's rollout actors: a run restored only to evaluate starts none.
         self.env_runners = LazyActorGroup(lambda: make_actor_group(
             LeagueRolloutActor, n, lambda i: ((cfg, i, self._specs(), self._mm(), self._replay()), {}),
-            remote=remote, resources=ActorResources.of_workers(res), max_in_flight=cfg.max_requests_in_flight_per_worker,
+            remote=remote,
+            resources=self.actor_resources("rollout actor") if remote else ActorResources.of_workers(res),
+            max_in_flight=cfg.max_requests_in_flight_per_worker,
             name="rollout actor", first_index=first), n, first_index=first, max_in_flight=cfg.max_requests_in_flight_per_worker)
         self.env_runners.on_restart = lambda: [("sync", (self._message(full=True),))]
         self.best_metric = self._best_metric()

@@ -46,6 +46,7 @@ from shoal.rollout.policies import EpsilonGreedyQPolicy, apex_epsilon
 from shoal.replay.storage import lz4_block
 from shoal.seeding import component_seed
 from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
+from shoal.runtime.placement import DRIVER, BundleGroup
 from shoal.logging.metrics import Phase
 
 
@@ -159,8 +160,10 @@ class ApeX(Algorithm):
             try:
                 return make_actor_group(
                     ReplayShard, res.num_replay_shards, shard_ctor, remote=res.num_workers > 0,
-                    resources=ActorResources.of_workers(
-                        res, num_cpus=res.replay_shard_cpus, node="driver" if res.replay_shards_on_driver_node else None),
+                    resources=self.actor_resources(
+                        "replay shard", num_cpus=res.replay_shard_cpus,
+                        node="driver" if res.replay_shards_on_driver_node else None)
+                    if res.num_workers > 0 else ActorResources.of_workers(res),
                     max_in_flight=cfg.max_replay_requests_in_flight_per_shard, name="replay shard", first_index=0)
             except NodeResourceError as e:
                 raise NodeResourceError(f"{e} Replay shards go to the driver's node (resources.replay_shards_on_driver_node): "
@@ -196,6 +199,16 @@ class ApeX(Algorithm):
 
     def restart_calls(self):
         return [("set_shards", (list(self.shards.proxies().values()),))]
+
+    @classmethod
+    def resource_plan(cls, config: ApeXConfig) -> list[BundleGroup]:
+        """The shared plan plus the replay shards (remote with rollout actors), pinned to the driver's
+        node when ``resources.replay_shards_on_driver_node`` is set."""
+        plan, res = super().resource_plan(config), config.resources
+        if res.num_workers > 0:
+            plan.insert(1, BundleGroup("replay shard", res.num_replay_shards, res.replay_shard_cpus,
+                                       node=DRIVER if res.replay_shards_on_driver_node else None))
+        return plan
 
     def start_actors(self) -> None:
         """The replay shards first, waiting until they are up (so iteration times measure training),

@@ -49,16 +49,38 @@ def shutdown() -> None:
 
 
 def reserve(bundles: list[dict[str, float]], *, what: str, wait_s: float, strategy: str = "PACK",
-            node_id: str | None = None):
+            node_id: str | None = None, parts: str = "", selectors: list[dict[str, str]] | None = None,
+            driver_node: str | None = None):
     """One placement group for ``bundles``; fails at once, with a clear message, if it cannot fit.
 
     Raises ResourceError when the cluster's total resources are too small (no waiting) or
     when the group is not granted within ``wait_s`` seconds (resources held by others).
+    ``node_id`` pins every bundle to one node; ``selectors`` (one per bundle, ``{}`` for any node)
+    pin single bundles, e.g. to ``driver_node``. ``parts`` names what the bundles are for.
     """
-    bundles = [{k: v for k, v in b.items() if v > 0} for b in bundles]
-    bundles = [b for b in bundles if b]
+    keep = [i for i, b in enumerate(bundles) if any(v > 0 for v in b.values())]
+    bundles = [{k: v for k, v in bundles[i].items() if v > 0} for i in keep]
+    if node_id is not None:
+        selectors = [{"ray.io/node-id": node_id} for _ in bundles]
+    elif selectors is not None:
+        selectors = [selectors[i] for i in keep]
     if not bundles:
         return None
+    _check_total_fits(bundles, what, parts)
+    for node in {s.get("ray.io/node-id") for s in selectors or []} - {None}:
+        _check_node_fits([b for b, s in zip(bundles, selectors) if s.get("ray.io/node-id") == node], what, node)
+    selector = {"bundle_label_selector": selectors} if selectors and any(selectors) else {}
+    pg = placement_group(bundles, strategy=strategy, **selector)
+    if not pg.wait(timeout_seconds=wait_s):
+        remove_placement_group(pg)
+        raise ResourceError(
+            f"{what}: the Ray cluster did not grant {bundles} within {wait_s:g} s; other jobs may hold the resources "
+            f"(available now: {ray.available_resources()}). Raise resources.resource_wait_s or free resources."
+        )
+    return pg
+
+
+def _check_total_fits(bundles: list[dict[str, float]], what: str, parts: str) -> None:
     total = ray.cluster_resources()
     for res in ("CPU", "GPU"):
         need = sum(b.get(res, 0.0) for b in bundles)
@@ -69,21 +91,10 @@ def reserve(bundles: list[dict[str, float]], *, what: str, wait_s: float, strate
                 if res == "CPU"
                 else " Lower resources.num_gpus."
             )
+            listed = f"{parts}" if parts else f"{len(bundles)} bundles: {bundles[:4]}{' ...' if len(bundles) > 4 else ''}"
             raise ResourceError(
-                f"{what} needs {need:g} {res}s but the Ray cluster has {have:g} in total "
-                f"({len(bundles)} bundles: {bundles[:4]}{' ...' if len(bundles) > 4 else ''}).{hint}"
+                f"{what} needs {need:g} {res}s but the Ray cluster has {have:g} in total ({listed}).{hint}"
             )
-    if node_id is not None:
-        _check_node_fits(bundles, what, node_id)
-    selector = {} if node_id is None else {"bundle_label_selector": [{"ray.io/node-id": node_id} for _ in bundles]}
-    pg = placement_group(bundles, strategy=strategy, **selector)
-    if not pg.wait(timeout_seconds=wait_s):
-        remove_placement_group(pg)
-        raise ResourceError(
-            f"{what}: the Ray cluster did not grant {bundles} within {wait_s:g} s; other jobs may hold the resources "
-            f"(available now: {ray.available_resources()}). Raise resources.resource_wait_s or free resources."
-        )
-    return pg
 
 
 def _check_node_fits(bundles: list[dict[str, float]], what: str, node_id: str) -> None:
