@@ -241,7 +241,7 @@ def run_tune(spec: TuneSpec, out: Path = Path("runs"), address: str | None = Non
     name = spec.name or f"tune_{spec.algo}_{time.strftime('%Y%m%d_%H%M%S')}"
     storage = Path(out).resolve()
     pbt = isinstance(spec.scheduler, PbtSpec)
-    checkpoints = tune.CheckpointConfig(num_to_keep=2, checkpoint_at_end=True,
+    checkpoints = tune.CheckpointConfig(num_to_keep=4 if pbt else 2, checkpoint_at_end=True,
                                         checkpoint_frequency=spec.scheduler.perturbation_interval if pbt else 0)
     reporter = tune.CLIReporter(metric_columns={metric: metric, "training_iteration": "iter",
                                                 "env_steps_sampled": "env_steps"},
