@@ -11,6 +11,7 @@ Needs ``pip install 'shoal[tune]'``.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +71,10 @@ def _make_trainable():
         def setup(self, config: dict[str, Any]) -> None:
             import logging
 
-            logging.getLogger("ray.tune").setLevel(logging.WARNING)  # no line per checkpoint saved or restored
+            for name in ("ray.tune", "ray.train"):  # no line per checkpoint saved or restored
+                logging.getLogger(name).setLevel(logging.WARNING)
             self.algo = algo_config(config).build()
+            self._fresh_state = copy.deepcopy(self.algo.get_state())  # what reset_config returns to
 
         def step(self) -> dict[str, Any]:
             return self.algo.train()
@@ -87,13 +90,15 @@ def _make_trainable():
             self.algo.update_config(self._mutable_values(self.algo.config.to_dict()))
 
         def reset_config(self, new_config: dict[str, Any]) -> bool:
-            """Apply a new config in place when only keys that can change mid-run differ; else False
-            (Tune then restarts the trial with the new config)."""
+            """Make this trainable a fresh trial of ``new_config`` without rebuilding the algorithm (its
+            actors, envs and network stay) when only keys that can change mid-run differ; else False,
+            and Tune starts a new trainable. Tune restores a checkpoint next where PBT copies one."""
+            new = algo_config(new_config)
             old = {"algo": self.algo.config.algo, **self.algo.config.to_dict()}
-            changes = changed_keys(old, algo_config(new_config).to_dict() | {"algo": new_config.get("algo")})
-            if set(changes) - type(self.algo.config).mutable_keys:
+            if set(changed_keys(old, {"algo": new.algo, **new.to_dict()})) - type(self.algo.config).mutable_keys:
                 return False
-            self.algo.update_config(changes)
+            self.algo.set_state(copy.deepcopy(self._fresh_state))  # a reused trainable starts from scratch
+            self.algo.update_config(self._mutable_values(new.to_dict()))
             self.config = new_config
             return True
 

@@ -130,7 +130,7 @@ class TuneSpec(_Strict):
                 close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
                 raise ConfigError(f"search key '{key}' is not a {self.algo} config key."
                                   + (f" Did you mean '{close[0]}'?" if close else " See `shoal config " + self.algo + "`."))
-        if not any(self.stop.model_dump().values()) and self.scheduler is None:
+        if not any(self.stop.model_dump().values()) and not isinstance(self.scheduler, AshaSpec):
             raise ConfigError("tune needs a stop criterion for its trials: set stop.iterations, stop.env_steps, "
                               "stop.time_s or stop.reward (or an asha scheduler's max_t).")
         if isinstance(self.scheduler, PbtSpec):

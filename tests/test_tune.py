@@ -171,9 +171,15 @@ def test_a_trial_restored_from_anothers_checkpoint_keeps_its_counters_and_its_ow
         assert b.algo.learner.optimizer.param_groups[0]["lr"] == 1e-4  # b's own lr applies again
         rb = b.step()
         assert rb["iteration"] == 4 and rb["env_steps_sampled"] > ra["env_steps_sampled"]
-        # explore: a change of mutable keys applies in place; any other key asks Tune for a restart
+        # a reused trainable: a change of mutable keys applies in place, from a fresh state (Tune
+        # restores a checkpoint next where PBT copies one); any other key asks Tune for a new one
+        algo = b.algo
         assert b.reset_config({"algo": "ppo", **TINY, "lr": 2e-4, "seed": 2, "entropy_coeff": 0.01}) is True
-        assert b.algo.learner.lr == 2e-4 and b.algo.config.entropy_coeff == 0.01
+        assert b.algo is algo and b.algo.iteration == 0 and b.algo.counters["env_steps_sampled"] == 0
+        assert b.algo.learner.optimizer.param_groups[0]["lr"] == 2e-4 and b.algo.config.entropy_coeff == 0.01
+        assert b.step()["env_steps_sampled"] < ra["env_steps_sampled"]
+        b.load_checkpoint(str(tmp_path))
+        assert b.algo.iteration == 3 and b.algo.learner.optimizer.param_groups[0]["lr"] == 2e-4
         assert b.reset_config({"algo": "ppo", **TINY, "lr": 2e-4, "seed": 2, "train_batch_size": 256}) is False
     finally:
         a.stop()
