@@ -112,10 +112,8 @@ class TuneSpec(_Strict):
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> "TuneSpec":
-        try:
-            spec = cls(**data)
-        except ValidationError as e:
-            raise ConfigError(format_validation_error(cls, e).replace("config key", "tune key")) from None
+        _check_scheduler(data.get("scheduler"))
+        spec = _validated(cls, data)
         spec.check()
         return spec
 
@@ -159,6 +157,25 @@ class TuneSpec(_Strict):
         from shoal.algorithms import get_config_class
 
         return get_config_class(self.algo)
+
+
+def _validated(model: type[BaseModel], data: dict[str, Any], name: str = "") -> Any:
+    try:
+        return model(**data)
+    except ValidationError as e:
+        msg = format_validation_error(model, e).replace("Config key", "Key").replace("config key", "key")
+        raise ConfigError(msg.replace(f"Invalid {model.__name__}", f"Invalid {name or 'tune file'}")) from None
+
+
+def _check_scheduler(data: Any) -> None:
+    """The scheduler section on its own, so a wrong key is named within it."""
+    if data is None or not isinstance(data, dict):
+        return
+    kinds = {"asha": AshaSpec, "pbt": PbtSpec}
+    if data.get("type") not in kinds:
+        raise ConfigError(f"scheduler.type must be 'asha' or 'pbt' (got {data.get('type')!r}); leave out the "
+                          "scheduler section to run every trial to its stop criterion.")
+    _validated(kinds[data["type"]], data, f"scheduler ({data['type']})")
 
 
 def _nest(dotted: dict[str, Any]) -> dict[str, Any]:

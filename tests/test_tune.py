@@ -107,6 +107,12 @@ def test_a_run_that_cannot_fit_fails_at_once_with_each_parts_needs(ray_cluster):
 def test_a_tune_file_with_a_typo_or_a_bad_search_key_is_refused_with_a_suggestion():
     with pytest.raises(ConfigError, match="num_sample.*Did you mean 'num_samples'"):
         TuneSpec.parse(_spec(num_sample=2))
+    with pytest.raises(ConfigError, match=r"scheduler \(asha\).*'grace_perod'.*Did you mean 'grace_period'"):
+        TuneSpec.parse(_spec(scheduler={"type": "asha", "grace_perod": 2}))
+    with pytest.raises(ConfigError, match="scheduler.type must be 'asha' or 'pbt'"):
+        TuneSpec.parse(_spec(scheduler={"type": "hyperband"}))
+    with pytest.raises(ConfigError, match="Unknown algorithm|ppoo"):
+        TuneSpec.parse(_spec(algo="ppoo"))
     with pytest.raises(ConfigError, match="search key 'entropy_coef' .*Did you mean 'entropy_coeff'"):
         TuneSpec.parse(_spec(search={"entropy_coef": {"uniform": [0.0, 0.01]}}))
     with pytest.raises(ConfigError, match="exactly one of grid, choice"):
