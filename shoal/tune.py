@@ -42,8 +42,12 @@ def trial_bundles(config: dict[str, Any]) -> list[dict[str, float]]:
     """What one trial asks Tune for: the driver's bundle (Tune's head), then one per actor."""
     from shoal.runtime.placement import tune_bundles
 
+    return tune_bundles(_plan(config))
+
+
+def _plan(config: dict[str, Any]):
     cfg = algo_config(config)
-    return tune_bundles(type(cfg).algorithm_cls.resource_plan(cfg))
+    return type(cfg).algorithm_cls.resource_plan(cfg)
 
 
 def changed_keys(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -66,7 +70,9 @@ def _make_trainable():
 
         @classmethod
         def default_resource_request(cls, config: dict[str, Any]):
-            return tune.PlacementGroupFactory(trial_bundles(config), strategy="PACK")
+            from shoal.runtime.placement import plan_strategy
+
+            return tune.PlacementGroupFactory(trial_bundles(config), strategy=plan_strategy(_plan(config)))
 
         def setup(self, config: dict[str, Any]) -> None:
             import logging

@@ -52,6 +52,25 @@ def test_ddppo_workers_are_planned_with_their_gpus_and_zero_cpu_parts_take_no_bu
     assert placement.indices == {"rollout actor": [1, 2]}
 
 
+LEAGUE = {"env": "pettingzoo.classic:tictactoe_v3", "seed": 0, "model": {"hiddens": [16]},
+          "league": {"type": "alpha_star", "seed": 0},
+          "resources": {"num_workers": 1, "num_cpus_per_worker": 0.25, "num_envs_per_worker": 2,
+                        "num_learner_shards": 2, "num_cpus_per_learner": 0.25}}
+
+
+def test_league_learner_shards_are_one_bundle_each_spread_over_the_nodes():
+    from shoal.algorithms.alpha_star import AlphaStarConfig
+    from shoal.runtime.placement import plan_strategy
+
+    cfg = AlphaStarConfig(**LEAGUE, max_num_policies_to_train=3)
+    plan = type(cfg).algorithm_cls.resource_plan(cfg)
+    # 3 learner slots over 2 shards: 2 + 1 learners of 0.25 CPUs, each shard's beside its replay actor
+    assert trial_bundles({"algo": "alpha_star", **cfg.to_dict()}) == [{"CPU": 1.0}, {"CPU": 0.5}, {"CPU": 0.25},
+                                                                       {"CPU": 0.25}]
+    assert plan_strategy(plan) == "SPREAD" and plan_strategy(plan[:1] + plan[2:]) == "PACK"
+    assert "2 learner shards x 0.5 CPU / 0.25 CPU" in RunPlacement(plan).describe()
+
+
 # ---- one placement group per run (Ray) -------------------------------------------------------------
 def _created_groups():
     import ray
@@ -100,6 +119,24 @@ def test_a_run_that_cannot_fit_fails_at_once_with_each_parts_needs(ray_cluster):
     msg = str(e.value)
     assert "needs 3 CPUs" in msg and "has 2 in total" in msg, msg
     assert "2 replay shards x 1 CPU" in msg and "1 rollout actor x 1 CPU" in msg, msg
+    assert len(_created_groups()) == before
+
+
+@pytest.mark.ray
+def test_a_leagues_learner_shards_and_rollout_actors_share_the_runs_placement_group(ray_cluster):
+    from shoal.algorithms.alpha_star import AlphaStarConfig
+
+    before = len(_created_groups())
+    with AlphaStarConfig(**LEAGUE, max_num_policies_to_train=3).build() as algo:
+        algo.start_actors()
+        pg = algo.placement.pg.id.hex()
+        assert len(_created_groups()) == before + 1 and algo.placement.indices == {"learner shard": [0, 1],
+                                                                                  "rollout actor": [2]}
+        learners = algo.learners
+        assert {_pg_of(learners.replays, s) for s in (0, 1)} == {pg} == {_pg_of(algo.env_runners.group, 1)}
+        for pid, group in learners.groups.items():  # each learner sits in its shard's bundle, beside its replay
+            shard = learners.where[pid][0]
+            assert _pg_of(group, 0) == pg and group.bundle_indices == (learners.shard_bundles[shard],)
     assert len(_created_groups()) == before
 
 

@@ -49,14 +49,13 @@ def shutdown() -> None:
 
 
 def reserve(bundles: list[dict[str, float]], *, what: str, wait_s: float, strategy: str = "PACK",
-            node_id: str | None = None, parts: str = "", selectors: list[dict[str, str]] | None = None,
-            driver_node: str | None = None):
+            node_id: str | None = None, parts: str = "", selectors: list[dict[str, str]] | None = None):
     """One placement group for ``bundles``; fails at once, with a clear message, if it cannot fit.
 
     Raises ResourceError when the cluster's total resources are too small (no waiting) or
     when the group is not granted within ``wait_s`` seconds (resources held by others).
     ``node_id`` pins every bundle to one node; ``selectors`` (one per bundle, ``{}`` for any node)
-    pin single bundles, e.g. to ``driver_node``. ``parts`` names what the bundles are for.
+    pin single bundles (e.g. to the driver's node). ``parts`` names what the bundles are for.
     """
     keep = [i for i, b in enumerate(bundles) if any(v > 0 for v in b.values())]
     bundles = [{k: v for k, v in bundles[i].items() if v > 0} for i in keep]

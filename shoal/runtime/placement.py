@@ -25,6 +25,9 @@ class BundleGroup:
     """``count`` actors named ``name`` (as in messages), each reserving ``cpus`` and ``gpus``.
 
     ``node``: None (any node) or ``"driver"`` (the driver's node, e.g. Ape-X replay shards).
+    ``spread``: spread the run's bundles over the nodes (the placement group's strategy becomes
+    SPREAD, e.g. for learner shards). ``sizes``: ``(cpus, gpus)`` per bundle where they differ
+    (``count`` is then their number; ``cpus`` and ``gpus`` the largest).
     """
 
     name: str
@@ -32,12 +35,19 @@ class BundleGroup:
     cpus: float
     gpus: float = 0.0
     node: str | None = None
+    spread: bool = False
+    sizes: tuple[tuple[float, float], ...] | None = None
 
-    def bundle(self) -> dict[str, float]:
-        return {k: v for k, v in (("CPU", self.cpus), ("GPU", self.gpus)) if v > 0}
+    def bundles(self) -> list[dict[str, float]]:
+        """One bundle per actor (empty ones left out: an actor that reserves nothing needs none)."""
+        sizes = self.sizes if self.sizes is not None else [(self.cpus, self.gpus)] * self.count
+        out = [{k: v for k, v in (("CPU", c), ("GPU", g)) if v > 0} for c, g in sizes]
+        return [b for b in out if b]
 
     def describe(self) -> str:
-        need = " + ".join(f"{v:g} {k}" for k, v in self.bundle().items()) or "nothing"
+        sizes = self.sizes if self.sizes is not None else [(self.cpus, self.gpus)]
+        need = " / ".join(" + ".join(f"{v:g} {k}" for k, v in (("CPU", c), ("GPU", g)) if v > 0) or "nothing"
+                          for c, g in dict.fromkeys(sizes))
         return f"{self.count} {self.name}{'s' if self.count != 1 else ''} x {need}"
 
 
@@ -45,8 +55,13 @@ def tune_bundles(groups: list[BundleGroup]) -> list[dict[str, float]]:
     """The bundles a Tune trial asks for: the driver's first (Tune's head bundle, where the trainable
     runs), then one per actor that reserves anything, in plan order."""
     driver = next((g for g in groups if g.name == DRIVER), BundleGroup(DRIVER, 1, 1.0))
-    head = driver.bundle() or {"CPU": 0.001}  # Tune wants a non-empty head bundle
-    return [head] + [g.bundle() for g in groups if g.name != DRIVER for _ in range(g.count) if g.bundle()]
+    head = (driver.bundles() or [{"CPU": 0.001}])[0]  # Tune wants a non-empty head bundle
+    return [head] + [b for g in groups if g.name != DRIVER for b in g.bundles()]
+
+
+def plan_strategy(groups: list[BundleGroup]) -> str:
+    """``"SPREAD"`` when a group asks to be spread over the nodes, else ``"PACK"``."""
+    return "SPREAD" if any(g.spread and g.bundles() for g in groups) else "PACK"
 
 
 class RunPlacement:
@@ -64,7 +79,7 @@ class RunPlacement:
 
     def actor_groups(self) -> list[BundleGroup]:
         """The parts that reserve a bundle each (the driver is not a Ray actor outside Tune)."""
-        return [g for g in self.groups if g.name != DRIVER and g.bundle() and g.count > 0]
+        return [g for g in self.groups if g.name != DRIVER and len(g.bundles()) == g.count > 0]
 
     def _assign(self, first: int) -> None:
         k = first
@@ -88,10 +103,10 @@ class RunPlacement:
         node = ray.get_runtime_context().get_node_id()
         bundles, selectors = [], []
         for g in self.actor_groups():
-            bundles += [g.bundle()] * g.count
+            bundles += g.bundles()
             selectors += [{"ray.io/node-id": node} if g.node == DRIVER else {}] * g.count
-        self.pg = reserve(bundles, what=self.what, wait_s=self.wait_s, parts=", ".join(g.describe() for g in self.actor_groups()),
-                          selectors=selectors, driver_node=node)
+        self.pg = reserve(bundles, what=self.what, wait_s=self.wait_s, strategy=plan_strategy(self.groups),
+                          parts=", ".join(g.describe() for g in self.actor_groups()), selectors=selectors)
         self.owned = True
         self._assign(0)
         return self
