@@ -1,6 +1,6 @@
 """A run's one placement group on a simulated three-node Ray cluster: where do its bundles land?
 
-Run by ``tests/test_tune.py`` in a fresh Python process (a ``ray.cluster_utils.Cluster`` needs
+Run by ``tests/test_tune.py`` in a spawned Python process (a ``ray.cluster_utils.Cluster`` needs
 its own Ray instance). The head (the driver's node) has 2 CPUs, node "a" 2 CPUs, node "gpu"
 2 CPUs and 2 (fake) GPUs. Prints one JSON line: for a plan of two GPU learner shards spread
 over the nodes plus two rollout actors, the node of every bundle; for a plan with replay shards

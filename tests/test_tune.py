@@ -142,17 +142,13 @@ def test_a_leagues_learner_shards_and_rollout_actors_share_the_runs_placement_gr
 
 @pytest.mark.ray
 def test_bundles_spread_pin_and_go_to_gpu_nodes_in_a_three_node_cluster():
-    """In its own process: a ``ray.cluster_utils.Cluster`` needs its own Ray instance."""
-    import os
-    import subprocess
-    import sys
+    """In a spawned process: a ``ray.cluster_utils.Cluster`` needs its own Ray instance."""
+    import multiprocessing
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run([sys.executable, str(HERE / "placement_multinode.py")], capture_output=True, text=True,
-                          timeout=240, env=env, cwd=HERE.parent)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    out = json.loads(lines[-1])
+    from placement_multinode import main
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        out = pool.apply(main)
     assert out["gpu_spread"]["learner shard"] == [out["gpu_node"]] * 2  # GPU bundles: on the GPU node
     assert len(set(out["gpu_spread"]["rollout actor"])) == 2  # SPREAD: the actors on two nodes
     assert len(set(out["cpu_spread"]["learner shard"])) == 3  # three CPU shards, three nodes
