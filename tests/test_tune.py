@@ -35,6 +35,11 @@ def test_apex_plan_lists_each_part_and_tune_asks_for_the_driver_first():
     assert plan[1].node == "driver"  # resources.replay_shards_on_driver_node
     bundles = trial_bundles({"algo": "apex", **cfg.to_dict()})
     assert bundles == [{"CPU": 1.0}] + [{"CPU": 0.25}] * 3 + [{"CPU": 0.5}] * 3
+    # Replay shards reserve a CPU each by default, as in the reference Ape-X; the small-machine preset none.
+    default = ApeXConfig(env="CartPole-v1", resources={"num_workers": 1})
+    assert trial_bundles({"algo": "apex", **default.to_dict()}) == [{"CPU": 1.0}] * 6
+    preset = ApeXConfig(**{**ApeXConfig.small_machine_preset(), "env": "CartPole-v1"})
+    assert trial_bundles({"algo": "apex", **preset.to_dict()}) == [{"CPU": 1.0}, {"CPU": 0.5}, {"CPU": 0.5}]
     # In-process parts reserve nothing: a num_workers=0 run is one bundle, the driver's.
     assert trial_bundles({"algo": "ppo", **TINY}) == [{"CPU": 1.0}]
 
@@ -119,6 +124,7 @@ def test_a_run_that_cannot_fit_fails_at_once_with_each_parts_needs(ray_cluster):
     msg = str(e.value)
     assert "needs 3 CPUs" in msg and "has 2 in total" in msg, msg
     assert "2 replay shards x 1 CPU" in msg and "1 rollout actor x 1 CPU" in msg, msg
+    assert "resources.replay_shard_cpus" in msg and "resources.num_cpus_per_worker" in msg, msg  # what to lower
     assert len(_created_groups()) == before
 
 

@@ -205,7 +205,7 @@ class AlphaStar(Algorithm):
         sizes = shard_sizes(shards, 0.0, res.num_cpus_per_learner)
         plan[0] = BundleGroup(DRIVER, 1, 1.0)
         plan.insert(1, BundleGroup("learner shard", len(sizes), max(c for c, _ in sizes), max(g for _, g in sizes),
-                                   spread=True, sizes=sizes))
+                                   spread=True, sizes=sizes, cpu_key="resources.num_cpus_per_learner"))
         return plan
 
     # ---- helpers ---------------------------------------------------------------------------

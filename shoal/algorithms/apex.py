@@ -53,7 +53,8 @@ from shoal.logging.metrics import Phase
 # ---- config -----------------------------------------------------------------------------
 class ApeXResourcesConfig(ResourcesConfig):
     num_replay_shards: int = Field(4, ge=1, description="Replay shard actors; the replay capacity is split evenly over them.")
-    replay_shard_cpus: float = Field(0.0, ge=0, description="CPUs each replay shard reserves (0: shards share the driver's).")
+    replay_shard_cpus: float = Field(1.0, ge=0, description="CPUs each replay shard reserves, 1 as in the reference Ape-X "
+                                     "(0: shards share the driver's; the small-machine preset's choice).")
     replay_shards_on_driver_node: bool = Field(True, description="Place replay shards on the driver's node (beside the learner).")
 
 
@@ -207,7 +208,8 @@ class ApeX(Algorithm):
         plan, res = super().resource_plan(config), config.resources
         if res.num_workers > 0:
             plan.insert(1, BundleGroup("replay shard", res.num_replay_shards, res.replay_shard_cpus,
-                                       node=DRIVER if res.replay_shards_on_driver_node else None))
+                                       node=DRIVER if res.replay_shards_on_driver_node else None,
+                                       cpu_key="resources.replay_shard_cpus"))
         return plan
 
     def start_actors(self) -> None:

@@ -25,6 +25,7 @@ class BundleGroup:
     """``count`` actors named ``name`` (as in messages), each reserving ``cpus`` and ``gpus``.
 
     ``node``: None (any node) or ``"driver"`` (the driver's node, e.g. Ape-X replay shards).
+    ``cpu_key``: the config key that sets the CPUs, for the advice when they are short.
     ``spread``: spread the run's bundles over the nodes (the placement group's strategy becomes
     SPREAD, e.g. for learner shards). ``sizes``: ``(cpus, gpus)`` per bundle where they differ
     (``count`` is then their number; ``cpus`` and ``gpus`` the largest).
@@ -37,6 +38,7 @@ class BundleGroup:
     node: str | None = None
     spread: bool = False
     sizes: tuple[tuple[float, float], ...] | None = None
+    cpu_key: str = "resources.num_cpus_per_worker"  # the config key that sets ``cpus``, named when CPUs are short
 
     def bundles(self) -> list[dict[str, float]]:
         """One bundle per actor (empty ones left out: an actor that reserves nothing needs none)."""
@@ -106,7 +108,8 @@ class RunPlacement:
             bundles += g.bundles()
             selectors += [{"ray.io/node-id": node} if g.node == DRIVER else {}] * g.count
         self.pg = reserve(bundles, what=self.what, wait_s=self.wait_s, strategy=plan_strategy(self.groups),
-                          parts=", ".join(g.describe() for g in self.actor_groups()), selectors=selectors)
+                          parts=", ".join(g.describe() for g in self.actor_groups()), selectors=selectors,
+                          cpu_hint=self.cpu_hint())
         self.owned = True
         self._assign(0)
         return self
@@ -121,6 +124,11 @@ class RunPlacement:
                                 f"({self.describe()}): ask for shoal.tune's resources (ShoalTrainable does).")
         self.pg, self.owned = pg, False
         self._assign(1)  # bundle 0 is the trial's head: the driver
+
+    def cpu_hint(self) -> str:
+        keys = list(dict.fromkeys(g.cpu_key for g in self.actor_groups() if g.cpus > 0))
+        return (f"Lower resources.num_workers, or what the parts reserve ({', '.join(keys)}; fractions share "
+                "cores, e.g. --set resources.num_cpus_per_worker=0.5).")
 
     def describe(self) -> str:
         return ", ".join(g.describe() for g in self.groups if g.count > 0)
