@@ -251,6 +251,17 @@ def test_a_trial_restored_from_anothers_checkpoint_keeps_its_counters_and_its_ow
         b.stop()
 
 
+def _wait_until_all_cpus_are_free(timeout_s: float = 60.0) -> None:
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"], ray.available_resources()
+
+
 # ---- tune runs (Ray) -----------------------------------------------------------------------------
 @pytest.mark.ray
 def test_a_two_trial_grid_finishes_reports_and_writes_a_best_config_train_accepts(ray_cluster, tmp_path):
@@ -262,6 +273,7 @@ def test_a_two_trial_grid_finishes_reports_and_writes_a_best_config_train_accept
     spec = TuneSpec.parse(_spec(max_concurrent_trials=2, name="grid"))
     summary = run_tune(spec, out=tmp_path, verbose=0)
     assert summary.run_dir == tmp_path / "grid" and summary.metric == "episode_return_mean"
+    _wait_until_all_cpus_are_free()  # the trials gave their placement groups back
     assert sorted(r["params"]["lr"] for r in summary.trials) == [1e-4, 1e-3]
     assert all(r["status"] == "TERMINATED" and r["iterations"] == 2 for r in summary.trials)
     best = max(summary.trials, key=lambda r: r["metric"])
@@ -307,3 +319,19 @@ def test_a_trial_whose_rollout_actor_is_killed_recovers_and_finishes(ray_cluster
     assert row["status"] == "TERMINATED" and row["iterations"] == 3
     last = json.loads((next(summary.run_dir.glob("ShoalTrainable*")) / "result.json").read_text().splitlines()[-1])
     assert last["num_worker_restarts"] == 1 and last["env_steps_sampled"] > 0
+
+
+def test_shoal_tune_turns_a_bad_file_into_one_paragraph_and_exit_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from shoal.cli import app
+
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(_spec(scheduler={"type": "pbt"}, search={"gamma": {"uniform": [0.9, 0.99]}})))
+    res = CliRunner().invoke(app, ["tune", "-c", str(path), "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "pbt cannot perturb 'gamma'" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(app, ["tune", "-c", str(path), "--set", "scheduler.type=asha", "--set", "num_samples=0"])
+    assert res.exit_code == 2 and "num_samples" in res.output, res.output
+    res = CliRunner().invoke(app, ["tune", "-c", str(tmp_path / "missing.yaml")])
+    assert res.exit_code == 2 and "does not exist" in res.output
+    assert [p.name for p in tmp_path.iterdir()] == ["t.yaml"]  # nothing was run or written
