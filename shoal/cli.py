@@ -1,4 +1,4 @@
-"""`shoal train | evaluate | export | resume | algos | config | league`.
+"""`shoal train | tune | evaluate | export | resume | algos | config | league`.
 
 Errors caused by input (unknown key, bad env id, missing checkpoint...) print one paragraph
 and exit with code 2; Ctrl-C saves a checkpoint and exits with 130.
@@ -337,6 +337,45 @@ def resume(
     except ShoalError as e:
         _fail(e)
     _print_summary(summary, stop)
+
+
+@app.command()
+def tune(
+    config: Path = typer.Option(..., "--config", "-c", help="Tune file: algo, config, search, num_samples, scheduler, metric, mode, stop, max_concurrent_trials (see docs/guide/tune.md)."),
+    set_: List[str] = typer.Option([], "--set", "-s", help="Override a key of the tune file: --set config.lr=0.001 --set num_samples=4 --set stop.iterations=5."),
+    out_dir: Path = typer.Option(Path("runs"), "--out", "-o", help="Parent directory of the tune run's directory."),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to connect to ('auto' or 'ray://host:port'); default starts a local Ray."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress table while the trials run."),
+) -> None:
+    """Search over an algorithm's config with Ray Tune (grid/random search, ASHA, PBT); prints every trial and writes best_config.yaml."""
+    try:
+        from shoal.tune_run import load_spec, run_tune
+
+        spec = load_spec(config, set_)
+        summary = run_tune(spec, out=out_dir, address=address, verbose=0 if quiet else 1)
+    except ShoalError as e:
+        _fail(e)
+    _print_tune_summary(summary)
+
+
+def _print_tune_summary(summary) -> None:
+    table = Table(show_header=True, header_style="bold", box=None)
+    for column in ("trial", "params", "iterations", summary.metric, "status"):
+        table.add_column(column, overflow="fold")
+    for row in summary.trials:
+        params = ", ".join(f"{k}={_short(v)}" for k, v in row["params"].items())
+        table.add_row(str(row["trial"]), params, str(row["iterations"]), _short(row["metric"]), row["status"])
+    out.print(table)
+    out.print(f"Tune results: {summary.run_dir}", highlight=False)
+    if summary.best_config is None:
+        out.print(f"No trial reported a finite {summary.metric}: no best config.", highlight=False)
+        return
+    out.print(f"Best {summary.metric}: {summary.best_metric:g}; its config: {summary.best_config_path} "
+              f"(shoal train {summary.best_config['algo']} -c {summary.best_config_path})", highlight=False, soft_wrap=True)
+
+
+def _short(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else "-" if v is None else str(v)
 
 
 @app.command("config")

@@ -343,6 +343,11 @@ class AlgorithmConfig(Section):
     of ``model.max_seq_len`` steps), ``"fragments"`` (whole rollout fragments) or None (it cannot;
     ``lstm_refusal`` says why)."""
     lstm_refusal: ClassVar[str] = "this algorithm has no recurrent models"
+    mutable_keys: ClassVar[frozenset[str]] = frozenset({"lr", "grad_clip"})
+    """Keys a run can change mid-run (``Algorithm.update_config``; what Tune's PBT may perturb):
+    values the driver's learner reads at each update. Keys that shape buffers, actors or the
+    network (batch sizes, ``gamma``, which the rollout actors' postprocessing bakes in, the
+    model) are not in it."""
     algorithm_cls: ClassVar[Optional[type]] = None
     """The :class:`~shoal.algorithms.base.Algorithm` subclass that ``build()`` makes. An algorithm
     class that names this class as its ``config_cls`` sets it when it is defined, so importing

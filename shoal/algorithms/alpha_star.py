@@ -40,12 +40,13 @@ from shoal.config import AlgorithmConfig, EnvSpec, EvaluationConfig, ResourcesCo
 from shoal.envs.multi_agent import make_multi_agent_env
 from shoal.errors import ConfigError
 from shoal.league import make_league_builder
-from shoal.learn.distributed_learners import DistributedLearners, shard_plan
+from shoal.learn.distributed_learners import DistributedLearners, shard_plan, shard_sizes
 from shoal.models import build_actor_critic
 from shoal.replay import BatchReplay
 from shoal.rollout.league import LeagueRolloutActor, store_batches
 from shoal.rollout.multi_agent import MultiAgentEnvRunner, PolicyReturnWindows
 from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
+from shoal.runtime.placement import DRIVER, BundleGroup
 from shoal.seeding import derive_seed
 from shoal.logging.metrics import Phase
 
@@ -76,6 +77,7 @@ class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKe
     """APPO's groups (config_groups.py) plus the league; IMPALA's learner-thread keys are refused."""
 
     algo = "alpha_star"
+    mutable_keys = frozenset()  # the learners live in other processes: nothing changes mid-run
     lstm_sequences = "fragments"
     unused_keys = {
         "num_learner_devices": _ONE_DEVICE, "fake_devices": _ONE_DEVICE, "num_multi_gpu_tower_stacks": _ONE_DEVICE,
@@ -171,7 +173,8 @@ class AlphaStar(Algorithm):
             replay_kwargs={"capacity": cfg.replay_buffer_capacity, "replay_ratio": cfg.replay_ratio, "seed": cfg.seed},
             policy_num_cpus=res.num_cpus_per_learner, max_restarts=res.max_worker_restarts,
             restart_window_s=res.worker_restart_window_s,
-            resource_wait_s=res.resource_wait_s, address=res.address)
+            resource_wait_s=res.resource_wait_s, address=res.address,
+            placement=self.actor_resources("learner shard").placement if res.learners_remote() else None)
         self.weights: dict[str, dict] = {}  # every policy's latest weights (driver copy)
         self.sync = LeagueSync()
         for pid, spec in self.league.initial_policies().items():
@@ -183,10 +186,27 @@ class AlphaStar(Algorithm):
         # Lazy, like every algorithm's rollout actors: a run restored only to evaluate starts none.
         self.env_runners = LazyActorGroup(lambda: make_actor_group(
             LeagueRolloutActor, n, lambda i: ((cfg, i, self._specs(), self._mm(), self._replay()), {}),
-            remote=remote, resources=ActorResources.of_workers(res), max_in_flight=cfg.max_requests_in_flight_per_worker,
+            remote=remote,
+            resources=self.actor_resources("rollout actor") if remote else ActorResources.of_workers(res),
+            max_in_flight=cfg.max_requests_in_flight_per_worker,
             name="rollout actor", first_index=first), n, first_index=first, max_in_flight=cfg.max_requests_in_flight_per_worker)
         self.env_runners.on_restart = lambda: [("sync", (self._message(full=True),))]
         self.best_metric = self._best_metric()
+
+    @classmethod
+    def resource_plan(cls, config: AlphaStarConfig) -> list[BundleGroup]:
+        """The shared plan plus the learner shards when they are Ray actors: one bundle per shard
+        (its replay actor and a learner per slot, with their GPUs), spread over the nodes; the
+        driver then needs no GPU."""
+        plan, res = super().resource_plan(config), config.resources
+        if not res.learners_remote():
+            return plan
+        shards = shard_plan(res.num_gpus, config.max_num_policies_to_train, res.num_learner_shards)
+        sizes = shard_sizes(shards, 0.0, res.num_cpus_per_learner)
+        plan[0] = BundleGroup(DRIVER, 1, 1.0)
+        plan.insert(1, BundleGroup("learner shard", len(sizes), max(c for c, _ in sizes), max(g for _, g in sizes),
+                                   spread=True, sizes=sizes, cpu_key="resources.num_cpus_per_learner"))
+        return plan
 
     # ---- helpers ---------------------------------------------------------------------------
     def _best_metric(self) -> str:

@@ -46,13 +46,15 @@ from shoal.rollout.policies import EpsilonGreedyQPolicy, apex_epsilon
 from shoal.replay.storage import lz4_block
 from shoal.seeding import component_seed
 from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
+from shoal.runtime.placement import DRIVER, BundleGroup
 from shoal.logging.metrics import Phase
 
 
 # ---- config -----------------------------------------------------------------------------
 class ApeXResourcesConfig(ResourcesConfig):
     num_replay_shards: int = Field(4, ge=1, description="Replay shard actors; the replay capacity is split evenly over them.")
-    replay_shard_cpus: float = Field(0.0, ge=0, description="CPUs each replay shard reserves (0: shards share the driver's).")
+    replay_shard_cpus: float = Field(1.0, ge=0, description="CPUs each replay shard reserves, 1 as in the reference Ape-X "
+                                     "(0: shards share the driver's; the small-machine preset's choice).")
     replay_shards_on_driver_node: bool = Field(True, description="Place replay shards on the driver's node (beside the learner).")
 
 
@@ -162,9 +164,10 @@ class ApeX(Algorithm):
             try:
                 return make_actor_group(
                     ReplayShard, res.num_replay_shards, shard_ctor, remote=res.num_workers > 0,
-                    resources=ActorResources.of_workers(
-                        res, num_cpus=res.replay_shard_cpus, node="driver" if res.replay_shards_on_driver_node else None,
-                        strategy="PACK"),
+                    resources=self.actor_resources(
+                        "replay shard", num_cpus=res.replay_shard_cpus,
+                        node="driver" if res.replay_shards_on_driver_node else None)
+                    if res.num_workers > 0 else ActorResources.of_workers(res),
                     max_in_flight=cfg.max_replay_requests_in_flight_per_shard, name="replay shard", first_index=0)
             except NodeResourceError as e:
                 raise NodeResourceError(f"{e} Replay shards go to the driver's node (resources.replay_shards_on_driver_node): "
@@ -200,6 +203,17 @@ class ApeX(Algorithm):
 
     def restart_calls(self):
         return [("set_shards", (list(self.shards.proxies().values()),))]
+
+    @classmethod
+    def resource_plan(cls, config: ApeXConfig) -> list[BundleGroup]:
+        """The shared plan plus the replay shards (remote with rollout actors), pinned to the driver's
+        node when ``resources.replay_shards_on_driver_node`` is set."""
+        plan, res = super().resource_plan(config), config.resources
+        if res.num_workers > 0:
+            plan.insert(1, BundleGroup("replay shard", res.num_replay_shards, res.replay_shard_cpus,
+                                       node=DRIVER if res.replay_shards_on_driver_node else None,
+                                       cpu_key="resources.replay_shard_cpus"))
+        return plan
 
     def start_actors(self) -> None:
         """The replay shards first, waiting until they are up (so iteration times measure training),

@@ -52,6 +52,7 @@ class APPOConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, L
     """IMPALA's groups plus the clipped surrogate, its target network and the KL penalty."""
 
     algo = "appo"
+    mutable_keys = AlgorithmConfig.mutable_keys | {"vf_loss_coeff", "entropy_coeff", "clip_param", "kl_target"}
     lstm_sequences = "fragments"
 
 

@@ -26,6 +26,7 @@ from shoal.errors import CheckpointError, ConfigError, DivergenceError
 from shoal.logging.metrics import EpisodeWindow, Timers
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
 from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
+from shoal.runtime.placement import DRIVER, BundleGroup, RunPlacement
 from shoal.process import configure_process
 from shoal.seeding import EVAL_ACTORS_FIRST_INDEX, EVAL_RUNNER_INDEX
 
@@ -111,6 +112,8 @@ class Algorithm:
         self._eval_local: EnvRunner | None = None
         self._weights_ref = None  # the last broadcast, replayed on recreated rollout actors
         self.policy_cls = None  # set by setup(): the inference policy rollout actors build
+        self.placement = RunPlacement(self.resource_plan(config), what=f"This {config.algo} run",
+                                      wait_s=config.resources.resource_wait_s)
         self.setup()
 
     # ---- for subclasses -------------------------------------------------------------------
@@ -134,6 +137,34 @@ class Algorithm:
 
     def setup(self) -> None:
         raise NotImplementedError
+
+    # ---- resources ------------------------------------------------------------------------
+    @classmethod
+    def resource_plan(cls, config: AlgorithmConfig) -> list[BundleGroup]:
+        """What a run needs, one bundle per actor: the driver, then each named group of Ray actors.
+
+        The run reserves one placement group for all the actor bundles when its first actor starts
+        (a Tune trial asks for the driver's bundle too, as its head). A subclass adds its own
+        groups (Ape-X: replay shards); with ``num_workers=0`` nothing remote is planned.
+        """
+        res = config.resources
+        plan = [BundleGroup(DRIVER, 1, 1.0, getattr(res, "num_gpus", 0.0))]
+        spread = res.worker_placement == "SPREAD"  # over the nodes: the run's placement group becomes SPREAD
+        if res.num_workers > 0:
+            plan.append(BundleGroup("rollout actor", res.num_workers, res.num_cpus_per_worker, spread=spread))
+        if config.evaluation.evaluation_num_workers > 0:  # remote even when rollouts are not
+            plan.append(BundleGroup("evaluation actor", config.evaluation.evaluation_num_workers, res.num_cpus_per_worker,
+                                    spread=spread))
+        return plan
+
+    def actor_resources(self, name: str, **changes: Any) -> ActorResources:
+        """What each actor of the planned group ``name`` reserves: its bundles in the run's placement
+        group (reserved now, for the whole run, if this is the first group to start)."""
+        from shoal import runtime
+
+        res = self.config.resources
+        runtime.start(res.address)
+        return ActorResources.of_workers(res, placement=self.placement.slot(name), **changes)
 
     def training_step(self) -> dict[str, Any]:
         """One pass of the execution plan; returns metrics for this step."""
@@ -164,7 +195,8 @@ class Algorithm:
             return (self.config, i, policy_cls, postprocess, fragment_length), {}
 
         group = LazyActorGroup(lambda: make_actor_group(
-            runner_cls, n, ctor, remote=remote, resources=ActorResources.of_workers(res),
+            runner_cls, n, ctor, remote=remote,
+            resources=self.actor_resources("rollout actor") if remote else ActorResources.of_workers(res),
             max_in_flight=max_in_flight, name="rollout actor", first_index=first,
         ), n, first_index=first, max_in_flight=max_in_flight)
         group.on_restart = lambda: ([("set_weights", (self._weights_ref,))] if self._weights_ref is not None else []) \
@@ -280,6 +312,35 @@ class Algorithm:
             result.update({f"evaluation/{k}": v for k, v in evaluation.items()})
         return result
 
+    # ---- changing the config mid-run ------------------------------------------------------
+    def update_config(self, changes: dict[str, Any]) -> None:
+        """Apply ``{key: value}`` changes of ``config.mutable_keys`` to the running algorithm.
+
+        The values are validated as the config would validate them; the learner reads the new
+        loss coefficients at its next update, the optimizer takes a new ``lr`` and ``grad_clip``
+        at once, an adaptive KL penalty its new ``kl_target``. Any other key is a ConfigError
+        naming the keys that may change (what Tune's PBT may perturb).
+        """
+        allowed = type(self.config).mutable_keys
+        bad = sorted(set(changes) - allowed)
+        if bad:
+            raise ConfigError(
+                f"{self.config.algo} cannot change {', '.join(map(repr, bad))} mid-run (it shapes buffers, actors or the "
+                f"network, or lives in another process); keys that can change: {', '.join(sorted(allowed)) or 'none'}.")
+        if "lr" in changes and self.config.lr_schedule:
+            raise ConfigError("lr cannot change mid-run while lr_schedule is set: the schedule decides the learning rate.")
+        checked = self.config.copy_with(dict(changes))  # validates the values (a ConfigError names a bad one)
+        for key in changes:
+            setattr(self.config, key, getattr(checked, key))  # in place: the loss functions hold this config
+        learner = getattr(self, "learner", None)
+        if learner is not None:
+            learner.grad_clip = self.config.grad_clip
+            if "lr" in changes:
+                learner.set_lr(self.config.lr)
+        kl = getattr(self, "kl", None)
+        if kl is not None and "kl_target" in changes:
+            kl.target = float(self.config.kl_target)
+
     # ---- inference ----------------------------------------------------------------------
     def predict(self, obs, state: np.ndarray | None = None, episode_start: np.ndarray | None = None,
                 deterministic: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
@@ -333,11 +394,10 @@ class Algorithm:
         weights = self.get_weights()
         if ev.evaluation_num_workers > 0 and not render:
             if self.eval_runners is None:
-                res = self.config.resources
                 self.eval_runners = make_actor_group(
                     EnvRunner, ev.evaluation_num_workers,
                     lambda i: ((self.config, EVAL_ACTORS_FIRST_INDEX + i, self.policy_cls, None, 1), {"num_envs": 1}),
-                    remote=True, resources=ActorResources.of_workers(res), name="evaluation actor")
+                    remote=True, resources=self.actor_resources("evaluation actor"), name="evaluation actor")
             k = len(self.eval_runners.actor_ids)
             ref = self.eval_runners.put(weights)
             self.eval_runners.foreach("set_weights", ref, wait=False)
@@ -441,6 +501,7 @@ class Algorithm:
             if g is not None:
                 g.stop()
         self.env_runners = self.eval_runners = None
+        self.placement.release()
         if self._eval_local is not None:
             self._eval_local.stop()
             self._eval_local = None

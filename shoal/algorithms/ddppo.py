@@ -40,7 +40,8 @@ from shoal.learn.distributed import (BACKENDS, CollectiveError, DistributedLearn
 from shoal.models import build_actor_critic
 from shoal.rollout import ActorCriticPolicy
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
-from shoal.runtime import ActorResources, make_actor_group
+from shoal.runtime import make_actor_group
+from shoal.runtime.placement import BundleGroup
 from shoal.process import configure_process
 from shoal.learn.stats import mean_stats
 from shoal.seeding import component_seed
@@ -72,6 +73,7 @@ class DDPPOConfig(PPOLossKeys, KLPenaltyKeys, AlgorithmConfig):
     """PPO's loss keys, run on every worker; the KL penalty's keys are refused (``unused_keys``)."""
 
     algo = "ddppo"
+    mutable_keys = frozenset()  # the learners live in other processes: nothing changes mid-run
     lstm_sequences = "max_seq_len"
     min_workers: ClassVar[int] = 1
     unused_keys = {
@@ -336,12 +338,21 @@ class DDPPO(Algorithm):
             ready = [r for _, r in self.env_runners.fetch_ready(timeout_s=0.05)]
         return ready
 
+    @classmethod
+    def resource_plan(cls, config: DDPPOConfig) -> list[BundleGroup]:
+        """The driver (which never trains) and the workers, each sampling and learning on its CPUs and GPUs."""
+        plan = [g for g in super().resource_plan(config) if g.name != "rollout actor"]
+        res = config.resources
+        plan.insert(1, BundleGroup("DD-PPO worker", res.num_workers, res.num_cpus_per_worker, res.num_gpus_per_worker,
+                                   spread=res.worker_placement == "SPREAD"))
+        return plan
+
     # ---- the process group ----------------------------------------------------------------
     def _start_workers(self) -> None:
         cfg, res = self.config, self.config.resources
         self.env_runners = make_actor_group(
             DDPPOWorker, res.num_workers, lambda i: ((cfg, i), {}), remote=True,
-            resources=ActorResources.of_workers(res, num_gpus=res.num_gpus_per_worker), name="DD-PPO worker")
+            resources=self.actor_resources("DD-PPO worker", num_gpus=res.num_gpus_per_worker), name="DD-PPO worker")
         self._form_group(source=None)
 
     def _regroup(self) -> None:

@@ -44,6 +44,7 @@ class IMPALAConfig(VTraceKeys, AsyncSamplingKeys, LearnerThreadKeys, MultiAgentK
     """AlgorithmConfig + V-trace + asynchronous sampling + the learner thread (config_groups.py)."""
 
     algo = "impala"
+    mutable_keys = AlgorithmConfig.mutable_keys | {"vf_loss_coeff", "entropy_coeff"}
     lstm_sequences = "fragments"
 
 

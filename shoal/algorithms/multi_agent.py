@@ -202,7 +202,8 @@ class MultiAgentMixin:
         remote = res.num_workers > 0
         n, first = max(res.num_workers, 1), 1 if remote else 0
         self.env_runners = LazyActorGroup(lambda: make_actor_group(
-            MultiAgentEnvRunner, n, self._runner_args, remote=remote, resources=ActorResources.of_workers(res),
+            MultiAgentEnvRunner, n, self._runner_args, remote=remote,
+            resources=self.actor_resources("rollout actor") if remote else ActorResources.of_workers(res),
             name="rollout actor", first_index=first), n, first_index=first)
         self.env_runners.on_restart = lambda: [("set_weights", (self._weights_ref,))] if self._weights_ref else []
         self.broadcast_weights()

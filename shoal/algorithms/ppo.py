@@ -37,6 +37,7 @@ class PPOConfig(PPOLossKeys, KLPenaltyKeys, MultiAgentKeys, AlgorithmConfig):
     """AlgorithmConfig + PPO's loss and SGD keys + the adaptive KL penalty (config_groups.py)."""
 
     algo = "ppo"
+    mutable_keys = AlgorithmConfig.mutable_keys | {"clip_param", "vf_clip_param", "vf_loss_coeff", "entropy_coeff", "kl_target"}
     lstm_sequences = "max_seq_len"
 
     train_batch_size: int = Field(4096, ge=1, description="Env steps per training step (over all rollout actors).")

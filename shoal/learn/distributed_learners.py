@@ -110,6 +110,11 @@ def shard_plan(num_gpus: float, max_policies: int, num_shards: int | None = None
                      policies_per_shard=math.ceil(max_policies / shards), max_policies=max_policies)
 
 
+def shard_sizes(plan: ShardPlan, replay_num_cpus: float, policy_num_cpus: float) -> tuple[tuple[float, float], ...]:
+    """``(cpus, gpus)`` per shard when each shard is one bundle: its replay actor plus one learner per slot."""
+    return tuple((replay_num_cpus + cap * policy_num_cpus, cap * plan.gpus_per_policy) for cap in plan.shard_capacities())
+
+
 # ---- the shards ----------------------------------------------------------------------------
 class DistributedLearners:
     """Learner shards: ``plan.num_shards`` replay actors and up to ``plan.max_policies`` policy
@@ -124,13 +129,17 @@ class DistributedLearners:
     def __init__(self, policy_learner_cls: type, replay_cls: type, plan: ShardPlan, *, remote: bool,
                  replay_kwargs: dict | None = None, replay_num_cpus: float = 0.0, policy_num_cpus: float = 1.0,
                  max_in_flight: int = 1, max_restarts: int = 100, restart_window_s: float = 600.0,
-                 resource_wait_s: float = 30.0, address: str | None = None) -> None:
+                 resource_wait_s: float = 30.0, address: str | None = None, placement: Any = None) -> None:
         self.policy_learner_cls, self.plan, self.remote = policy_learner_cls, plan, remote
         self.max_in_flight = max_in_flight
         common = runtime.ActorResources(max_restarts=max_restarts, restart_window_s=restart_window_s,
                                         resource_wait_s=resource_wait_s, address=address)
-        self.replay_resources = common.replace(num_cpus=replay_num_cpus, strategy="SPREAD")
+        self.replay_resources = common.replace(num_cpus=replay_num_cpus, strategy="SPREAD", placement=placement)
         self.policy_resources = common.replace(num_cpus=policy_num_cpus, num_gpus=plan.gpus_per_policy)
+        # With the run's placement group: shard s is one bundle (its replay actor plus every slot's
+        # learner), so a shard's learners share its node without pinning.
+        self.shard_bundles: tuple[int, ...] | None = placement[1] if placement is not None else None
+        self._pg = placement[0] if placement is not None else None
         self.replays = runtime.make_actor_group(
             replay_cls, plan.num_shards, lambda i: ((), dict(replay_kwargs or {})), remote=remote,
             resources=self.replay_resources, name="learner shard replay actor", first_index=0)
@@ -180,9 +189,12 @@ class DistributedLearners:
         def ctor(_i: int) -> tuple[tuple, dict]:  # looked up at each (re)start: a restarted replay actor's new handle
             return (policy_id, self.replays.proxies(wait=True)[shard], *args), kwargs
 
+        if self.shard_bundles is not None:  # in its shard's bundle of the run's placement group
+            resources = self.policy_resources.replace(placement=(self._pg, (self.shard_bundles[shard],)))
+        else:
+            resources = self.policy_resources.replace(node=self.replay_nodes.get(shard))
         group = runtime.make_actor_group(
-            self.policy_learner_cls, 1, ctor, remote=self.remote,
-            resources=self.policy_resources.replace(node=self.replay_nodes.get(shard)),
+            self.policy_learner_cls, 1, ctor, remote=self.remote, resources=resources,
             max_in_flight=self.max_in_flight, name=f"policy learner {policy_id!r}", first_index=0)
         group.on_restart = lambda: [("set_weights", (self.weights[policy_id],))]
         return group

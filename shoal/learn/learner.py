@@ -113,6 +113,12 @@ class Learner:
             for g in self.optimizer.param_groups:
                 g["lr"] = self.lr
 
+    def set_lr(self, lr: float) -> None:
+        """A new fixed learning rate, from the next update on (the optimizer's moments are kept)."""
+        self.lr = float(lr)
+        for g in self.optimizer.param_groups:
+            g["lr"] = self.lr
+
     def compute_gradients(self, batch: dict) -> dict:
         self.optimizer.zero_grad(set_to_none=True)
         self.last_batch_rows = len(next(iter(batch.values()))) if batch else 0

@@ -49,33 +49,28 @@ def shutdown() -> None:
 
 
 def reserve(bundles: list[dict[str, float]], *, what: str, wait_s: float, strategy: str = "PACK",
-            node_id: str | None = None):
+            node_id: str | None = None, parts: str = "", selectors: list[dict[str, str]] | None = None,
+            cpu_hint: str = ""):
     """One placement group for ``bundles``; fails at once, with a clear message, if it cannot fit.
 
     Raises ResourceError when the cluster's total resources are too small (no waiting) or
     when the group is not granted within ``wait_s`` seconds (resources held by others).
+    ``node_id`` pins every bundle to one node; ``selectors`` (one per bundle, ``{}`` for any node)
+    pin single bundles (e.g. to the driver's node). ``parts`` names what the bundles are for;
+    ``cpu_hint`` replaces the advice given when CPUs are short.
     """
-    bundles = [{k: v for k, v in b.items() if v > 0} for b in bundles]
-    bundles = [b for b in bundles if b]
+    keep = [i for i, b in enumerate(bundles) if any(v > 0 for v in b.values())]
+    bundles = [{k: v for k, v in bundles[i].items() if v > 0} for i in keep]
+    if node_id is not None:
+        selectors = [{"ray.io/node-id": node_id} for _ in bundles]
+    elif selectors is not None:
+        selectors = [selectors[i] for i in keep]
     if not bundles:
         return None
-    total = ray.cluster_resources()
-    for res in ("CPU", "GPU"):
-        need = sum(b.get(res, 0.0) for b in bundles)
-        have = total.get(res, 0.0)
-        if need > have + 1e-9:
-            hint = (
-                " Lower resources.num_workers, or share cores with e.g. --set resources.num_cpus_per_worker=0.5."
-                if res == "CPU"
-                else " Lower resources.num_gpus."
-            )
-            raise ResourceError(
-                f"{what} needs {need:g} {res}s but the Ray cluster has {have:g} in total "
-                f"({len(bundles)} bundles: {bundles[:4]}{' ...' if len(bundles) > 4 else ''}).{hint}"
-            )
-    if node_id is not None:
-        _check_node_fits(bundles, what, node_id)
-    selector = {} if node_id is None else {"bundle_label_selector": [{"ray.io/node-id": node_id} for _ in bundles]}
+    _check_total_fits(bundles, what, parts, cpu_hint)
+    for node in {s.get("ray.io/node-id") for s in selectors or []} - {None}:
+        _check_node_fits([b for b, s in zip(bundles, selectors) if s.get("ray.io/node-id") == node], what, node)
+    selector = {"bundle_label_selector": selectors} if selectors and any(selectors) else {}
     pg = placement_group(bundles, strategy=strategy, **selector)
     if not pg.wait(timeout_seconds=wait_s):
         remove_placement_group(pg)
@@ -84,6 +79,24 @@ def reserve(bundles: list[dict[str, float]], *, what: str, wait_s: float, strate
             f"(available now: {ray.available_resources()}). Raise resources.resource_wait_s or free resources."
         )
     return pg
+
+
+def _check_total_fits(bundles: list[dict[str, float]], what: str, parts: str, cpu_hint: str = "") -> None:
+    total = ray.cluster_resources()
+    for res in ("CPU", "GPU"):
+        need = sum(b.get(res, 0.0) for b in bundles)
+        have = total.get(res, 0.0)
+        if need > have + 1e-9:
+            hint = (
+                " " + (cpu_hint or "Lower resources.num_workers, or share cores with e.g. "
+                       "--set resources.num_cpus_per_worker=0.5.")
+                if res == "CPU"
+                else " Lower resources.num_gpus."
+            )
+            listed = f"{parts}" if parts else f"{len(bundles)} bundles: {bundles[:4]}{' ...' if len(bundles) > 4 else ''}"
+            raise ResourceError(
+                f"{what} needs {need:g} {res}s but the Ray cluster has {have:g} in total ({listed}).{hint}"
+            )
 
 
 def _check_node_fits(bundles: list[dict[str, float]], what: str, node_id: str) -> None:

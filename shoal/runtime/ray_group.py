@@ -21,7 +21,7 @@ FATAL_ERRORS = (DivergenceError, NonFiniteEnvError)  # raised in an actor, they 
 
 
 class RayActorGroup(ActorGroupBase):
-    """N actors in one placement group (one bundle each).
+    """N actors in one placement group (one bundle each): the run's (``resources.placement``) or their own.
 
     A request that fails because its actor died, or because the actor raised, drops that
     request (counted in ``num_dropped_requests``), recreates the actor in the same bundle,
@@ -47,9 +47,16 @@ class RayActorGroup(ActorGroupBase):
         # placement group (or, with no resources to reserve, each actor) is pinned there.
         node = resources.node
         self.node_id = ray.get_runtime_context().get_node_id() if node == "driver" else node
-        self.pg = reserve([{"CPU": self.num_cpus, "GPU": self.num_gpus} for _ in self.ids],
-                          what=f"{num_actors} {name}s", wait_s=resources.resource_wait_s, node_id=self.node_id,
-                          strategy=resources.strategy)
+        if resources.placement is not None:  # bundles in the run's placement group, which the run releases
+            self.pg, self.bundle_indices = resources.placement
+            self.owns_pg = False
+            if len(self.bundle_indices) != num_actors:
+                raise ValueError(f"{num_actors} {name}s were given {len(self.bundle_indices)} bundles")
+        else:
+            self.pg = reserve([{"CPU": self.num_cpus, "GPU": self.num_gpus} for _ in self.ids],
+                              what=f"{num_actors} {name}s", wait_s=resources.resource_wait_s, node_id=self.node_id,
+                              strategy=resources.strategy)
+            self.bundle_indices, self.owns_pg = tuple(range(num_actors)), True
         self.actors: dict[int, Any] = {i: self._create(i) for i in self.ids}
         self._in_flight: dict[Any, tuple[int, Any]] = {}  # ObjectRef -> (actor id, actor handle)
         self.num_restarts = 0
@@ -61,7 +68,7 @@ class RayActorGroup(ActorGroupBase):
         opts: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus, "max_restarts": 0}
         if self.pg is not None:
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                placement_group=self.pg, placement_group_bundle_index=self.ids.index(i))
+                placement_group=self.pg, placement_group_bundle_index=self.bundle_indices[self.ids.index(i)])
         elif self.node_id is not None:
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=self.node_id, soft=False)
         return self.remote_cls.options(**opts).remote(*args, **kwargs)
@@ -204,7 +211,8 @@ class RayActorGroup(ActorGroupBase):
                 pass
         self.actors.clear()
         self._in_flight.clear()
-        release(self.pg)
+        if self.owns_pg:
+            release(self.pg)
         self.pg = None
         time.sleep(0)  # let Ray process the kills
 

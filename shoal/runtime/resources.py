@@ -15,7 +15,10 @@ class ActorResources:
     - ``resource_wait_s``: how long to wait for the cluster to have room before a clear error;
     - ``address``: the Ray cluster to join (None starts or reuses a local one);
     - ``node``: None (anywhere), ``"driver"`` (this process's node) or a Ray node id;
-    - ``strategy``: the placement group's, ``"PACK"`` or ``"SPREAD"`` (as many nodes as can take them).
+    - ``strategy``: the placement group's, ``"PACK"`` or ``"SPREAD"`` (as many nodes as can take them);
+    - ``placement``: ``(placement group, bundle indices)`` in the run's one placement group
+      (:class:`~shoal.runtime.placement.RunPlacement`), one bundle per actor; None: the group
+      reserves a placement group of its own.
 
     In-process groups (``remote=False``) ignore all of it.
     """
@@ -28,6 +31,7 @@ class ActorResources:
     address: str | None = None
     node: str | None = None
     strategy: str = "PACK"
+    placement: Any = None
 
     def __post_init__(self) -> None:
         if self.num_cpus < 0 or self.num_gpus < 0:
