@@ -34,3 +34,47 @@ def test_ppo_hung_env_times_out_and_the_actor_is_recreated(ray_cluster, tmp_path
         assert len(algo.env_runners.foreach("get_weights")) == 2
     finally:
         algo.stop()
+
+
+def test_stop_time_fires_while_the_driver_waits_on_a_hung_actor(ray_cluster, tmp_path):
+    from shoal.trainer import train
+
+    # The request timeout is far off: only the run's deadline can end the wait. The hang comes in
+    # the second iteration (32 steps per env and iteration), so the first one is checkpointed.
+    cfg = PPOConfig(env=HANG, env_config={"hang_at": 40, "marker": str(tmp_path / "hung")}, seed=0,
+                    resources=_res(request_timeout_s=3600), **SMALL)
+    algo = cfg.build()
+    try:
+        algo.start_actors()
+        algo.env_runners.foreach("get_weights")  # the actors are up: the 8 s go to sampling
+        summary = train(cfg, stop={"time_s": 8}, out=str(tmp_path / "runs"), progress=False, _algo=algo)
+    finally:
+        algo.stop()
+    assert (tmp_path / "hung").exists()
+    assert summary.stop_reason == "time"
+    assert summary.result["time_total_s"] >= 8 and summary.result["iteration"] == 1
+    assert summary.result.get("num_worker_timeouts", 0) == 0  # the deadline ended the wait, not the timeout
+    assert summary.last_checkpoint is not None and summary.last_checkpoint.is_dir()
+
+
+@pytest.mark.ray
+def test_ddppo_hung_worker_times_out_the_round_and_the_group_reforms(ray_cluster, tmp_path):
+    from shoal.algorithms.ddppo import DDPPOConfig
+
+    cfg = DDPPOConfig(env=HANG, env_config={"hang_at": 20, "marker": str(tmp_path / "hung")}, seed=0,
+                      rollout_fragment_length=32, minibatch_size=64, num_sgd_iter=2, torch_distributed_timeout_s=3,
+                      resources={"num_workers": 2, "num_envs_per_worker": 4, "num_cpus_per_worker": 0.5,
+                                 "request_timeout_s": 2})  # DD-PPO makes it 2 x 3 s: the peer's all-reduce fails first
+    algo = cfg.build()
+    try:
+        results = [algo.train() for _ in range(4)]
+        assert (tmp_path / "hung").exists()
+        last = results[-1]
+        assert last["num_worker_timeouts"] == 1 and last["num_worker_restarts"] == 1
+        assert last["num_regroups"] == 1 and last["world_size"] == 2 and last["num_failed_rounds"] >= 1
+        trained = [r["env_steps_trained"] for r in results]
+        assert trained[-1] > trained[-2]  # the new group trains
+        state = algo.get_state()  # answers: no member is stuck
+        assert state["num_regroups"] == 1
+    finally:
+        algo.stop()

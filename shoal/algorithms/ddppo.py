@@ -339,9 +339,15 @@ class DDPPO(Algorithm):
     # ---- the process group ----------------------------------------------------------------
     def _start_workers(self) -> None:
         cfg, res = self.config, self.config.resources
+        # A hung worker's peers wait in their all-reduce for it; given twice the collective timeout,
+        # they report that round failed before the hung worker's own request times out, so only
+        # the hung worker is recreated.
+        timeout = None if res.request_timeout_s is None else max(res.request_timeout_s,
+                                                                  2 * cfg.torch_distributed_timeout_s)
         self.env_runners = make_actor_group(
             DDPPOWorker, res.num_workers, lambda i: ((cfg, i), {}), remote=True,
-            resources=ActorResources.of_workers(res, num_gpus=res.num_gpus_per_worker), name="DD-PPO worker")
+            resources=ActorResources.of_workers(res, num_gpus=res.num_gpus_per_worker, request_timeout_s=timeout),
+            name="DD-PPO worker", about=f"env {cfg.env_name()}")
         self._form_group(source=None)
 
     def _regroup(self) -> None:
