@@ -31,6 +31,15 @@ def train_until(algo, done, max_s: float = 90.0) -> dict:
     return r
 
 
+def _kill_rollout_actor(algo, actor_id: int, recovered) -> dict:
+    """SIGKILL rollout actor ``actor_id``; train until ``recovered(result)``; check it was replaced."""
+    old = algo.env_runners.actors[actor_id]
+    sigkill(old)
+    r = train_until(algo, recovered)
+    assert algo.env_runners.actors[actor_id] is not old
+    return r
+
+
 def _trains_on(algo, r: dict, iterations: int = 2) -> dict:
     trained = r["env_steps_trained"]
     r2 = train_until(algo, lambda x: x["env_steps_trained"] > trained and x["iteration"] >= r["iteration"] + iterations)
@@ -47,12 +56,9 @@ def test_sigkilled_rollout_actor_is_recreated(ray_cluster, algo_name):
                                     resources=WORKERS, **extra)
     algo = cfg.build()
     try:
-        r = train_until(algo, lambda x: x["env_steps_trained"] > 0)
-        old = algo.env_runners.actors[1]
-        sigkill(old)
-        r = train_until(algo, lambda x: x["num_worker_restarts"] >= 1)
+        train_until(algo, lambda x: x["env_steps_trained"] > 0)
+        r = _kill_rollout_actor(algo, 1, lambda x: x["num_worker_restarts"] >= 1)
         assert r["num_worker_restarts"] == 1 and r["num_worker_timeouts"] == 0
-        assert algo.env_runners.actors[1] is not old
         r = _trains_on(algo, r)
         assert r["num_worker_restarts"] == 1
         assert len(algo.env_runners.foreach("get_weights")) == 2  # the new actor answers too
@@ -88,12 +94,9 @@ def test_ddppo_sigkilled_worker_is_replaced_and_the_group_reforms(ray_cluster):
                       torch_distributed_timeout_s=10, resources=WORKERS)
     algo = cfg.build()
     try:
-        r = algo.train()
-        old = algo.env_runners.actors[2]
-        sigkill(old)
-        r = train_until(algo, lambda x: x["num_regroups"] >= 1)
+        algo.train()
+        r = _kill_rollout_actor(algo, 2, lambda x: x["num_regroups"] >= 1)
         assert r["num_worker_restarts"] == 1 and r["num_regroups"] == 1
-        assert algo.env_runners.actors[2] is not old
         r = _trains_on(algo, r)
         assert r["world_size"] == 2 and r["num_regroups"] == 1
     finally:
