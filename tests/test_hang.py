@@ -84,3 +84,29 @@ def test_ddppo_hung_worker_times_out_the_round_and_the_group_reforms(ray_cluster
         assert state["num_regroups"] == 1
     finally:
         algo.stop()
+
+
+def test_group_times_out_one_request_and_keeps_the_other_actors_results(ray_cluster):
+    from shoal.errors import ActorLostError
+    from shoal.runtime import make_actor_group
+    from test_ray import Worker
+
+    group = make_actor_group(Worker, 2, lambda i: ((i,), {}), remote=True, num_cpus=0.5, request_timeout_s=1.5,
+                             name="worker")
+    try:
+        group.foreach("get_value")  # both up: the clocks start now
+        group.on_restart = lambda: [("set_value", (7,))]
+        stuck = group.actors[1]
+        assert group.submit("work", 3600, actor_ids=[1]) == 1 and group.submit("work", 0.1, actor_ids=[2]) == 1
+        got = []
+        while group.num_in_flight():
+            got += group.fetch_ready(timeout_s=0.5)
+        assert got == [(2, 2)]  # actor 2 answered; actor 1's request was dropped
+        assert group.num_timeouts == 1 and group.num_restarts == 1 and group.num_dropped_requests == 1
+        assert group.actors[1] is not stuck and group.call(1, "get_value") == 7  # recreated and re-synced
+        # A blocking call on a hung actor gives up as well, with the actor replaced.
+        with pytest.raises(ActorLostError, match="did not return within resources.request_timeout_s=1.5"):
+            group.call(2, "work", 3600)
+        assert group.num_timeouts == 2 and group.foreach("work", 0) == [1, 2]
+    finally:
+        group.stop()
