@@ -9,6 +9,7 @@ import pytest
 from shoal import PPOConfig
 from test_sigkill import train_until
 
+pytestmark = pytest.mark.ray
 HANG = "flaky_envs:HangingCartPole"
 SMALL = dict(train_batch_size=256, minibatch_size=128, num_sgd_iter=1, rollout_fragment_length=32)
 
@@ -63,7 +64,6 @@ def test_stop_time_fires_while_the_driver_waits_on_a_hung_actor(ray_cluster, tmp
     assert summary.last_checkpoint is not None and summary.last_checkpoint.is_dir()
 
 
-@pytest.mark.ray
 def test_ddppo_hung_worker_times_out_the_round_and_the_group_reforms(ray_cluster, tmp_path):
     from shoal.algorithms.ddppo import DDPPOConfig
 
@@ -110,3 +110,18 @@ def test_group_times_out_one_request_and_keeps_the_other_actors_results(ray_clus
         assert group.num_timeouts == 2 and group.foreach("work", 0) == [1, 2]
     finally:
         group.stop()
+
+
+def test_hung_evaluation_actor_is_replaced_and_the_evaluation_finishes(ray_cluster, tmp_path):
+    # hang_at 5: a greedy untrained policy ends CartPole episodes within ~10 steps
+    cfg = PPOConfig(env=HANG, env_config={"hang_at": 5, "marker": str(tmp_path / "hung")}, seed=0,
+                    evaluation={"evaluation_num_workers": 1, "evaluation_num_episodes": 2},
+                    resources={"request_timeout_s": 3}, **SMALL)
+    algo = cfg.build()
+    try:
+        out = algo.evaluate()  # nothing stepped the driver's envs: the evaluation actor's env hangs
+        assert (tmp_path / "hung").exists()
+        assert out["num_episodes"] == 2
+        assert algo.eval_runners.num_timeouts == 1 and algo.eval_runners.num_restarts == 1
+    finally:
+        algo.stop()
