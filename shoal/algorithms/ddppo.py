@@ -360,6 +360,9 @@ class DDPPO(Algorithm):
             self.num_failed_rounds += sum(r.error is not None for r in drained)
         for i in group.actor_ids:  # still stuck past every timeout: replace it
             if group.num_in_flight(i):
+                log.warning("DD-PPO worker %d has not finished its round in %.0f s after its peers failed theirs: "
+                            "a hung env or worker; recreating it", i, 2 * self.config.torch_distributed_timeout_s + 30)
+                group.num_timeouts += 1
                 group.restart(i)
         survivors = [i for i in sorted(group.actor_ids) if group.actors[i] is self._members.get(i)]
         self._form_group(source=survivors[0] if survivors else None)
