@@ -125,3 +125,20 @@ def test_hung_evaluation_actor_is_replaced_and_the_evaluation_finishes(ray_clust
         assert algo.eval_runners.num_timeouts == 1 and algo.eval_runners.num_restarts == 1
     finally:
         algo.stop()
+
+
+def test_a_request_queued_behind_another_is_timed_from_its_turn(ray_cluster):
+    from shoal.runtime import make_actor_group
+    from test_ray import Worker
+
+    group = make_actor_group(Worker, 1, lambda i: ((i,), {}), remote=True, num_cpus=0.5, request_timeout_s=2.0,
+                             max_in_flight=2)
+    try:
+        group.foreach("get_value")
+        assert group.submit("work", 1.2) == 1 and group.submit("work", 1.2) == 1  # 2.4 s in all, 1.2 s each
+        got = []
+        while group.num_in_flight():
+            got += group.fetch_ready(timeout_s=0.2)
+        assert got == [(1, 1), (1, 1)] and group.num_timeouts == 0
+    finally:
+        group.stop()

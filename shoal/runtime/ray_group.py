@@ -57,6 +57,7 @@ class RayActorGroup(ActorGroupBase):
                           strategy=resources.strategy)
         self._probes: dict[int, Any] = {}  # actor id -> ref of its __ray_ready__ call
         self._up_at: dict[int, float] = {}  # actor id -> when it was first seen constructed
+        self._answered_at: dict[int, float] = {}  # actor id -> when its last answer was collected
         self.actors: dict[int, Any] = {i: self._create(i) for i in self.ids}
         self._in_flight: dict[Any, tuple[int, Any, str, float]] = {}  # ObjectRef -> (actor id, handle, method, sent at)
         self.num_restarts = 0
@@ -75,6 +76,7 @@ class RayActorGroup(ActorGroupBase):
         actor = self.remote_cls.options(**opts).remote(*args, **kwargs)
         self._probes[i] = actor.__ray_ready__.remote()  # done once the actor is constructed
         self._up_at.pop(i, None)
+        self._answered_at.pop(i, None)
         return actor
 
     @property
@@ -145,20 +147,23 @@ class RayActorGroup(ActorGroupBase):
         if entry is None:
             return  # dropped by a restart
         i, handle = entry[:2]
+        self._answered_at[i] = time.monotonic()
         try:
             out[ref] = ray.get(ref)
         except ray.exceptions.RayError as e:
             self._failed(i, handle, e)
 
     def _up_since(self, i: int) -> float | None:
-        """When actor ``i`` was first seen started (None while it starts: importing torch, building
-        envs). A request's clock runs from the later of its sending and its actor's start."""
+        """When actor ``i`` was free to take a request: first seen started (None while it starts:
+        importing torch, building envs), or its last answer collected, whichever is later. A
+        request's clock runs from the later of its sending and that, so a request queued behind
+        another on the same actor is not timed while it waits its turn."""
         if i not in self._up_at:
             ready, _ = ray.wait([self._probes[i]], timeout=0)
             if not ready:
                 return None
             self._up_at[i] = time.monotonic()
-        return self._up_at[i]
+        return max(self._up_at[i], self._answered_at.get(i, 0.0))
 
     def _expire(self) -> None:
         """Treat each request open longer than ``request_timeout_s`` as a failure of its actor."""
@@ -177,7 +182,7 @@ class RayActorGroup(ActorGroupBase):
             self.last_failure = f"{method}() did not return within resources.request_timeout_s={self.request_timeout_s:g} s"
             log.warning("%s %d%s: %s() has not returned after %.1f s (resources.request_timeout_s=%g): a hung env or "
                         "actor; killing and recreating it", self.name, i, f" ({self.about})" if self.about else "",
-                        method, now - max(sent, self._up_at[i]), self.request_timeout_s)
+                        method, now - max(sent, self._up_since(i) or sent), self.request_timeout_s)
             self.restart(i)
 
     def _wait(self, refs: list[Any], timeout_s: float | None) -> None:
