@@ -83,6 +83,12 @@ class ResourcesConfig(Section):
                                      "worker_restart_window_s seconds; one more stops the run with a WorkerError.")
     worker_restart_window_s: float = Field(600.0, gt=0, description="The rolling window of max_worker_restarts: only "
                                            "restarts within the last this many seconds count.")
+    request_timeout_s: Optional[float] = Field(
+        600.0, gt=0, description="Seconds any request to a Ray actor (a rollout fragment, a DD-PPO round, a replay "
+        "sample, a learner update, an evaluation) may stay unanswered before its actor counts as hung (an env stuck in "
+        "step): it is killed and recreated like a dead one (num_worker_timeouts, num_worker_restarts). Healthy "
+        "requests take seconds; raise it for envs slower than that. DD-PPO waits at least twice "
+        "torch_distributed_timeout_s. null: wait forever.")
     resource_wait_s: float = Field(30.0, gt=0, description="Seconds to wait for the cluster to grant the placement group, "
                                    "and, when an actor of a lost node is recreated, for its share to be re-placed.")
     worker_placement: Literal["PACK", "SPREAD"] = Field(

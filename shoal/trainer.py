@@ -27,6 +27,7 @@ from shoal.config import AlgorithmConfig
 from shoal.errors import (CheckpointError, ConfigError, DivergenceError, EnvFailureError, NonFiniteEnvError,
                           ShoalError)
 from shoal.logging.progress import ProgressDisplay
+from shoal.runtime import deadline
 from shoal.logging.writers import TensorBoardWriter, build_writers, truncate_results
 
 log = logging.getLogger("shoal.trainer")
@@ -313,7 +314,8 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
         with ProgressDisplay(title, stop, enabled=progress, best_metric=session.best.metric,
                              metrics=algo.display_metrics()) as display:
             while not reason:
-                result = algo.train()
+                with deadline.limit(None if stop.time_s is None else stop.time_s - algo.counters["time_total_s"]):
+                    result = algo.train()
                 session.record(result)
                 display.update(result, time.perf_counter() - t_start, best=session.best.value)
                 reason = stop.reached(result)
@@ -321,6 +323,10 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
                     session.checkpoint(result, final=bool(reason))
     except KeyboardInterrupt:
         reason = "interrupted"
+        session.save_interrupted()
+    except deadline.DeadlineReached:  # --stop-time passed while waiting on an actor that does not answer
+        log.warning("the training time (stop time_s=%g) ran out while waiting on actors; stopping", stop.time_s)
+        reason, result = "time", {**result, "time_total_s": algo.counters["time_total_s"]}
         session.save_interrupted()
     except (EnvFailureError, NonFiniteEnvError, DivergenceError) as e:
         raise session.fatal(e) from None

@@ -60,3 +60,28 @@ def nan_multi_cartpole(nan_at: int = 5):
             return obs, rew, term, trunc, infos
 
     return NanMultiCartPole(num_agents=2)
+
+
+class HangingCartPole(gym.Wrapper):
+    """CartPole whose ``hang_at``-th step sleeps forever in the first instance, in any process, to
+    get there: it claims the ``marker`` file (created atomically), so one env hangs once and the
+    env of the actor that replaces it runs on."""
+
+    def __init__(self, hang_at: int = 20, marker: str = "", **kwargs) -> None:
+        super().__init__(gym.make("CartPole-v1", **kwargs))
+        self.hang_at, self.marker, self.steps = hang_at, marker, 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == self.hang_at and self.marker:
+            import os
+            import time
+
+            try:
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                pass
+            else:
+                while True:
+                    time.sleep(3600)
+        return self.env.step(action)

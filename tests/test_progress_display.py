@@ -119,3 +119,10 @@ def test_declared_display_metrics_are_what_the_learners_report():
             assert keys and all(k in r for k in keys), (config.algo, keys, sorted(r))
         finally:
             algo.stop()
+
+
+def test_restarts_and_timeouts_show_only_when_there_are_some():
+    d = display({}, terminal=False)
+    assert "restarts" not in d.plain_line({"iteration": 1, "num_worker_restarts": 0, "num_worker_timeouts": 0})
+    line = d.plain_line({"iteration": 2, "num_worker_restarts": 3, "num_worker_timeouts": 1})
+    assert "restarts 3" in line and "timeouts 1" in line

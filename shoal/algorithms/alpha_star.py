@@ -173,7 +173,7 @@ class AlphaStar(Algorithm):
             replay_kwargs={"capacity": cfg.replay_buffer_capacity, "replay_ratio": cfg.replay_ratio, "seed": cfg.seed},
             policy_num_cpus=res.num_cpus_per_learner, max_restarts=res.max_worker_restarts,
             restart_window_s=res.worker_restart_window_s,
-            resource_wait_s=res.resource_wait_s, address=res.address,
+            resource_wait_s=res.resource_wait_s, address=res.address, request_timeout_s=res.request_timeout_s,
             placement=self.actor_resources("learner shard").placement if res.learners_remote() else None)
         self.weights: dict[str, dict] = {}  # every policy's latest weights (driver copy)
         self.sync = LeagueSync()
@@ -189,7 +189,7 @@ class AlphaStar(Algorithm):
             remote=remote,
             resources=self.actor_resources("rollout actor") if remote else ActorResources.of_workers(res),
             max_in_flight=cfg.max_requests_in_flight_per_worker,
-            name="rollout actor", first_index=first), n, first_index=first, max_in_flight=cfg.max_requests_in_flight_per_worker)
+            name="rollout actor", first_index=first, about=f"env {cfg.env_name()}"), n, first_index=first, max_in_flight=cfg.max_requests_in_flight_per_worker)
         self.env_runners.on_restart = lambda: [("sync", (self._message(full=True),))]
         self.best_metric = self._best_metric()
 

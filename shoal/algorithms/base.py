@@ -22,11 +22,12 @@ from shoal.config import AlgorithmConfig
 from shoal.envs import env_info
 from shoal.envs.atari import check_preprocessing_applies
 from shoal.envs.normalize import RunningStats, check_normalize_applies
-from shoal.errors import CheckpointError, ConfigError, DivergenceError
+from shoal.errors import ActorLostError, CheckpointError, ConfigError, DivergenceError
 from shoal.logging.metrics import EpisodeWindow, Timers
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
 from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
 from shoal.runtime.placement import DRIVER, BundleGroup, RunPlacement
+from shoal.runtime.deadline import DeadlineReached
 from shoal.process import configure_process
 from shoal.seeding import EVAL_ACTORS_FIRST_INDEX, EVAL_RUNNER_INDEX
 
@@ -197,7 +198,7 @@ class Algorithm:
         group = LazyActorGroup(lambda: make_actor_group(
             runner_cls, n, ctor, remote=remote,
             resources=self.actor_resources("rollout actor") if remote else ActorResources.of_workers(res),
-            max_in_flight=max_in_flight, name="rollout actor", first_index=first,
+            max_in_flight=max_in_flight, name="rollout actor", first_index=first, about=f"env {self.config.env_name()}",
         ), n, first_index=first, max_in_flight=max_in_flight)
         group.on_restart = lambda: ([("set_weights", (self._weights_ref,))] if self._weights_ref is not None else []) \
             + self._normalizer_calls() + self.restart_calls()
@@ -280,6 +281,9 @@ class Algorithm:
                 step_metrics.update(self.training_step())
             except DivergenceError as e:
                 raise e.at_iteration(self.iteration + 1) from None
+            except DeadlineReached:  # the run's time ran out in a wait on actors: that time counts
+                self.counters["time_total_s"] += time.perf_counter() - t0
+                raise
             elapsed = time.perf_counter() - t0
             if elapsed >= cfg.min_time_s_per_iteration and \
                     self.counters["env_steps_sampled"] - sampled0 >= cfg.min_env_steps_per_iteration:
@@ -297,6 +301,7 @@ class Algorithm:
             "env_steps_per_s": sampled / elapsed if elapsed > 0 else 0.0,
             "env_steps_trained_per_s": (self.counters["env_steps_trained"] - trained0) / elapsed if elapsed > 0 else 0.0,
             "num_worker_restarts": self.env_runners.num_restarts if self.env_runners is not None else 0,
+            "num_worker_timeouts": self.env_runners.num_timeouts if self.env_runners is not None else 0,
             "num_dropped_requests": self.env_runners.num_dropped_requests if self.env_runners is not None else 0,
             "num_nonfinite_updates_skipped": self.nonfinite_updates_skipped(),
             "num_env_failures": int(self.counters["num_env_failures"]),
@@ -387,6 +392,18 @@ class Algorithm:
         return actions, out_state
 
     # ---- evaluation ---------------------------------------------------------------------
+    def _evaluate_on(self, actor_id: int, num_episodes: int) -> dict[str, Any]:
+        """``num_episodes`` on evaluation actor ``actor_id``; once more on its replacement when it
+        dies or hangs (the group recreates it), with the weights and normalizer sent again."""
+        try:
+            return self.eval_runners.call(actor_id, "evaluate", num_episodes)
+        except ActorLostError:
+            self.eval_runners.foreach("set_weights", self.eval_runners.put(self.get_weights()), actor_ids=[actor_id],
+                                      wait=False)
+            for method, args in self._normalizer_calls():
+                self.eval_runners.foreach(method, *args, actor_ids=[actor_id], wait=False)
+            return self.eval_runners.call(actor_id, "evaluate", num_episodes)
+
     def evaluate(self, num_episodes: int | None = None, render: bool = False) -> dict[str, float]:
         """Greedy episodes with the current weights, on evaluation actors or in the driver."""
         ev = self.config.evaluation
@@ -397,14 +414,15 @@ class Algorithm:
                 self.eval_runners = make_actor_group(
                     EnvRunner, ev.evaluation_num_workers,
                     lambda i: ((self.config, EVAL_ACTORS_FIRST_INDEX + i, self.policy_cls, None, 1), {"num_envs": 1}),
-                    remote=True, resources=self.actor_resources("evaluation actor"), name="evaluation actor")
+                    remote=True, resources=self.actor_resources("evaluation actor"), name="evaluation actor",
+                    about=f"env {self.config.env_name()}")
             k = len(self.eval_runners.actor_ids)
             ref = self.eval_runners.put(weights)
             self.eval_runners.foreach("set_weights", ref, wait=False)
             for method, args in self._normalizer_calls():
                 self.eval_runners.foreach(method, *args, wait=False)
             shares = [n // k + (1 if i < n % k else 0) for i in range(k)]
-            outs = [self.eval_runners.call(i, "evaluate", s) for i, s in zip(self.eval_runners.actor_ids, shares) if s]
+            outs = [self._evaluate_on(i, s) for i, s in zip(self.eval_runners.actor_ids, shares) if s]
             total = sum(o["num_episodes"] for o in outs)
             mean = sum(o["episode_return_mean"] * o["num_episodes"] for o in outs) / total
             var = sum((o["episode_return_std"] ** 2 + (o["episode_return_mean"] - mean) ** 2) * o["num_episodes"] for o in outs) / total

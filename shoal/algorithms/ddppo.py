@@ -350,9 +350,15 @@ class DDPPO(Algorithm):
     # ---- the process group ----------------------------------------------------------------
     def _start_workers(self) -> None:
         cfg, res = self.config, self.config.resources
+        # A hung worker's peers wait in their all-reduce for it; given twice the collective timeout,
+        # they report that round failed before the hung worker's own request times out, so only
+        # the hung worker is recreated.
+        timeout = None if res.request_timeout_s is None else max(res.request_timeout_s,
+                                                                  2 * cfg.torch_distributed_timeout_s)
         self.env_runners = make_actor_group(
             DDPPOWorker, res.num_workers, lambda i: ((cfg, i), {}), remote=True,
-            resources=self.actor_resources("DD-PPO worker", num_gpus=res.num_gpus_per_worker), name="DD-PPO worker")
+            resources=self.actor_resources("DD-PPO worker", num_gpus=res.num_gpus_per_worker, request_timeout_s=timeout),
+            name="DD-PPO worker", about=f"env {cfg.env_name()}")
         self._form_group(source=None)
 
     def _regroup(self) -> None:
@@ -365,6 +371,9 @@ class DDPPO(Algorithm):
             self.num_failed_rounds += sum(r.error is not None for r in drained)
         for i in group.actor_ids:  # still stuck past every timeout: replace it
             if group.num_in_flight(i):
+                log.warning("DD-PPO worker %d has not finished its round in %.0f s after its peers failed theirs: "
+                            "a hung env or worker; recreating it", i, 2 * self.config.torch_distributed_timeout_s + 30)
+                group.num_timeouts += 1
                 group.restart(i)
         survivors = [i for i in sorted(group.actor_ids) if group.actors[i] is self._members.get(i)]
         self._form_group(source=survivors[0] if survivors else None)

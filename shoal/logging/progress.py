@@ -192,6 +192,8 @@ class ProgressDisplay:
                ("episodes", _fmt(r.get("episodes_total", 0)))]
         if r.get("num_worker_restarts"):
             out.append(("restarts", _fmt(r["num_worker_restarts"])))
+        if r.get("num_worker_timeouts"):  # of those restarts, the actors that hung
+            out.append(("timeouts", _fmt(r["num_worker_timeouts"])))
         return out
 
     def learner_figures(self, r: dict[str, Any]) -> list[tuple[str, str]]:

@@ -7,8 +7,8 @@ when ``remote=False`` and a Ray-backed group otherwise; both have the same inter
 - ``submit(method, *args, actor_ids=None)`` / ``fetch_ready(timeout_s)``: the asynchronous
   pattern (at most ``max_in_flight`` requests per actor; collect only what is ready);
 - ``put(obj)``: one object-store put whose reference every actor can take;
-- restarts of dead actors, re-synced by ``on_restart``; ``num_restarts`` and
-  ``num_dropped_requests`` counters;
+- restarts of dead actors, and of actors whose request outlived ``request_timeout_s``, re-synced
+  by ``on_restart``; ``num_restarts``, ``num_timeouts`` and ``num_dropped_requests`` counters;
 - ``start()``: the actors exist from construction on, except in a :class:`LazyActorGroup`
   (``runtime/lazy.py``), which creates them on the first call that needs them.
 """
@@ -24,13 +24,14 @@ from shoal.runtime.resources import ActorResources
 
 def make_actor_group(cls: type, num_actors: int, ctor: Callable[[int], tuple[tuple, dict]], *, remote: bool,
                      resources: ActorResources | None = None, max_in_flight: int = 1, name: str = "actor",
-                     first_index: int = 1, **resource_changes: Any) -> ActorGroupBase:
+                     first_index: int = 1, about: str = "", **resource_changes: Any) -> ActorGroupBase:
     """Create ``num_actors`` instances of ``cls``; actor i gets ``cls(*args, **kwargs)`` from ``ctor(i)``.
 
     Indices start at ``first_index`` (rollout actors are 1..N; the driver's own runner is 0).
     ``resources`` says what each actor reserves and where the group goes (see
     :class:`ActorResources`); keyword arguments named like its fields change single values
-    (``make_actor_group(..., remote=True, num_cpus=0.5)``).
+    (``make_actor_group(..., remote=True, num_cpus=0.5)``). ``about`` says what the actors run
+    (``"env CartPole-v1"``) in the log line of a Ray group's restart after a timeout.
     """
     resources = (resources or ActorResources()).replace(**resource_changes)
     if not remote:
@@ -40,7 +41,7 @@ def make_actor_group(cls: type, num_actors: int, ctor: Callable[[int], tuple[tup
 
     start(resources.address)
     return RayActorGroup(cls, num_actors, ctor, resources, max_in_flight=max_in_flight, name=name,
-                         first_index=first_index)
+                         first_index=first_index, about=about)
 
 
 def start(address: str | None = None, **kwargs: Any) -> None:

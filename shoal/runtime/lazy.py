@@ -73,6 +73,10 @@ class LazyActorGroup(ActorGroupBase):
         return self.group.num_restarts if self.group is not None else 0
 
     @property
+    def num_timeouts(self) -> int:
+        return self.group.num_timeouts if self.group is not None else 0
+
+    @property
     def num_dropped_requests(self) -> int:
         return self.group.num_dropped_requests if self.group is not None else 0
 

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable
 
 class ActorGroupBase:
     num_restarts: int = 0
+    num_timeouts: int = 0
     num_dropped_requests: int = 0
     max_in_flight: int = 1
 

@@ -11,6 +11,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from shoal.errors import ActorLostError, DivergenceError, NonFiniteEnvError, WorkerError
+from shoal.runtime import deadline
 from shoal.runtime.cluster import release, reserve
 from shoal.runtime.local import ActorGroupBase
 from shoal.runtime.resources import ActorResources
@@ -18,6 +19,7 @@ from shoal.runtime.restarts import RestartBudget
 
 log = logging.getLogger("shoal.runtime")
 FATAL_ERRORS = (DivergenceError, NonFiniteEnvError)  # raised in an actor, they stop the run instead of restarting it
+WAIT_SLICE_S = 0.5  # a long wait on actors is cut into slices; timeouts, the run's deadline and Ctrl-C act between them
 
 
 class RayActorGroup(ActorGroupBase):
@@ -27,11 +29,13 @@ class RayActorGroup(ActorGroupBase):
     request (counted in ``num_dropped_requests``), recreates the actor in the same bundle,
     replays ``on_restart()`` on it and counts ``num_restarts``. A restart past ``max_restarts``
     within ``restart_window_s`` seconds (:class:`RestartBudget`) raises :class:`WorkerError`
-    carrying the last failure's traceback.
+    carrying the last failure's traceback. A request still open after ``request_timeout_s``
+    counts as a failure of its actor (a hung env): one log line, the actor is killed and
+    recreated the same way, and ``num_timeouts`` counts it.
     """
 
     def __init__(self, cls: type, num_actors: int, ctor: Callable[[int], tuple[tuple, dict]], resources: ActorResources,
-                 *, max_in_flight: int = 1, name: str = "actor", first_index: int = 1) -> None:
+                 *, max_in_flight: int = 1, name: str = "actor", first_index: int = 1, about: str = "") -> None:
         super().__init__()
         self.cls_name = cls.__name__
         self.remote_cls = ray.remote(cls)
@@ -41,7 +45,8 @@ class RayActorGroup(ActorGroupBase):
         self.max_in_flight = max_in_flight
         self.max_restarts = resources.max_restarts
         self.restart_budget = RestartBudget(resources.max_restarts, resources.restart_window_s)
-        self.name = name
+        self.name, self.about = name, about  # about: what the actors run, for log lines ("env CartPole-v1")
+        self.request_timeout_s = resources.request_timeout_s
         self.ids = list(range(first_index, first_index + num_actors))
         # node: None (anywhere), "driver" (this process's node) or a Ray node id; the group's
         # placement group (or, with no resources to reserve, each actor) is pinned there.
@@ -57,9 +62,13 @@ class RayActorGroup(ActorGroupBase):
                               what=f"{num_actors} {name}s", wait_s=resources.resource_wait_s, node_id=self.node_id,
                               strategy=resources.strategy)
             self.bundle_indices, self.owns_pg = tuple(range(num_actors)), True
+        self._probes: dict[int, Any] = {}  # actor id -> ref of its __ray_ready__ call
+        self._up_at: dict[int, float] = {}  # actor id -> when it was first seen constructed
+        self._answered_at: dict[int, float] = {}  # actor id -> when its last answer was collected
         self.actors: dict[int, Any] = {i: self._create(i) for i in self.ids}
-        self._in_flight: dict[Any, tuple[int, Any]] = {}  # ObjectRef -> (actor id, actor handle)
+        self._in_flight: dict[Any, tuple[int, Any, str, float]] = {}  # ObjectRef -> (actor id, handle, method, sent at)
         self.num_restarts = 0
+        self.num_timeouts = 0
         self.num_dropped_requests = 0
         self.last_failure: str | None = None
 
@@ -71,7 +80,11 @@ class RayActorGroup(ActorGroupBase):
                 placement_group=self.pg, placement_group_bundle_index=self.bundle_indices[self.ids.index(i)])
         elif self.node_id is not None:
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=self.node_id, soft=False)
-        return self.remote_cls.options(**opts).remote(*args, **kwargs)
+        actor = self.remote_cls.options(**opts).remote(*args, **kwargs)
+        self._probes[i] = actor.__ray_ready__.remote()  # done once the actor is constructed
+        self._up_at.pop(i, None)
+        self._answered_at.pop(i, None)
+        return actor
 
     @property
     def actor_ids(self) -> list[int]:
@@ -117,7 +130,7 @@ class RayActorGroup(ActorGroupBase):
             except Exception:  # noqa: BLE001 - it may be gone already
                 pass
         # Drop what was in flight to the dead actor.
-        for ref, (aid, _) in list(self._in_flight.items()):
+        for ref, (aid, *_) in list(self._in_flight.items()):
             if aid == i:
                 del self._in_flight[ref]
                 self.num_dropped_requests += 1
@@ -147,36 +160,110 @@ class RayActorGroup(ActorGroupBase):
             f"(shoal resume RUN_DIR --workers N). Last failure:\n{self.last_failure}"
         )
 
+    # ---- waiting --------------------------------------------------------------------------
+    def _send(self, i: int, method: str, *args: Any, **kwargs: Any) -> Any:
+        handle = self.actors[i]
+        ref = getattr(handle, method).remote(*args, **kwargs)
+        self._in_flight[ref] = (i, handle, method, time.monotonic())
+        return ref
+
+    def _collect(self, ref: Any, out: dict[Any, Any]) -> None:
+        """Move a finished request's result into ``out``; a failed one restarts its actor."""
+        entry = self._in_flight.pop(ref, None)
+        if entry is None:
+            return  # dropped by a restart
+        i, handle = entry[:2]
+        self._answered_at[i] = time.monotonic()
+        try:
+            out[ref] = ray.get(ref)
+        except ray.exceptions.RayError as e:
+            self._failed(i, handle, e)
+
+    def _up_since(self, i: int) -> float | None:
+        """When actor ``i`` was free to take a request: first seen started (None while it starts:
+        importing torch, building envs), or its last answer collected, whichever is later. A
+        request's clock runs from the later of its sending and that, so a request queued behind
+        another on the same actor is not timed while it waits its turn."""
+        if i not in self._up_at:
+            ready, _ = ray.wait([self._probes[i]], timeout=0)
+            if not ready:
+                return None
+            self._up_at[i] = time.monotonic()
+        return max(self._up_at[i], self._answered_at.get(i, 0.0))
+
+    def _expire(self) -> None:
+        """Treat each request open longer than ``request_timeout_s`` as a failure of its actor."""
+        if self.request_timeout_s is None:
+            return
+        now = time.monotonic()
+        overdue = [ref for ref, (i, _, _, sent) in self._in_flight.items()
+                   if (up := self._up_since(i)) is not None and now - max(sent, up) > self.request_timeout_s]
+        done, overdue = ray.wait(overdue, num_returns=len(overdue), timeout=0) if overdue else ([], [])
+        for ref in overdue:  # answered ones are left to the caller to collect
+            entry = self._in_flight.get(ref)
+            if entry is None or self.actors.get(entry[0]) is not entry[1]:
+                continue  # dropped, or its actor already replaced
+            i, _, method, sent = entry
+            self.num_timeouts += 1
+            self.last_failure = f"{method}() did not return within resources.request_timeout_s={self.request_timeout_s:g} s"
+            log.warning("%s %d%s: %s() has not returned after %.1f s (resources.request_timeout_s=%g): a hung env or "
+                        "actor; killing and recreating it", self.name, i, f" ({self.about})" if self.about else "",
+                        method, now - max(sent, self._up_since(i) or sent), self.request_timeout_s)
+            self.restart(i)
+
+    def _wait(self, refs: list[Any], timeout_s: float | None) -> None:
+        """Wait until every one of ``refs`` is done or dropped, at most ``timeout_s`` (None: no
+        limit), in slices; between them expire overdue requests and check the run's deadline."""
+        end = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            refs = [r for r in refs if r in self._in_flight]
+            left = WAIT_SLICE_S if end is None else min(WAIT_SLICE_S, end - time.monotonic())
+            if not refs or left <= 0:
+                return
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=left, fetch_local=True)
+            if len(ready) == len(refs):
+                return
+            self._expire()
+            deadline.check()
+
     # ---- synchronous --------------------------------------------------------------------
     def foreach(self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, wait: bool = True, **kwargs: Any) -> list[Any]:
-        """Call ``method`` on each actor. Failed actors are restarted and left out of the results."""
+        """Call ``method`` on each actor. Failed (or timed-out) actors are restarted and left out of the results."""
         ids = list(actor_ids) if actor_ids is not None else list(self.actors)
-        refs = [(i, self.actors[i], getattr(self.actors[i], method).remote(*args, **kwargs)) for i in ids]
         if not wait:
+            for i in ids:
+                getattr(self.actors[i], method).remote(*args, **kwargs)
             return []
-        out = []
-        for i, handle, ref in refs:
-            try:
-                out.append(ray.get(ref))
-            except ray.exceptions.RayError as e:
-                self._failed(i, handle, e)
-        return out
+        refs = [self._send(i, method, *args, **kwargs) for i in ids]
+        try:
+            self._wait(refs, None)
+        except BaseException:  # the deadline, Ctrl-C: these requests are abandoned
+            for ref in refs:
+                self._in_flight.pop(ref, None)
+            raise
+        out: dict[Any, Any] = {}
+        for ref in refs:
+            self._collect(ref, out)
+        return [out[ref] for ref in refs if ref in out]
 
     def call(self, actor_id: int, method: str, *args: Any, **kwargs: Any) -> Any:
-        return ray.get(getattr(self.actors[actor_id], method).remote(*args, **kwargs))
+        """``method`` on one actor, its result; raises if the actor fails or times out (it is restarted)."""
+        out = self.foreach(method, *args, actor_ids=[actor_id], **kwargs)
+        if not out:
+            raise ActorLostError(f"{self.name} {actor_id}: {method}() failed or timed out; {self.last_failure}")
+        return out[0]
 
     # ---- asynchronous -------------------------------------------------------------------
     def submit(self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, **kwargs: Any) -> int:
         """Send ``method`` to each actor with fewer than ``max_in_flight`` requests open."""
         counts: dict[int, int] = {}
-        for aid, _ in self._in_flight.values():
+        for aid, *_ in self._in_flight.values():
             counts[aid] = counts.get(aid, 0) + 1
         n = 0
         for i in list(actor_ids) if actor_ids is not None else list(self.actors):
             if counts.get(i, 0) >= self.max_in_flight:
                 continue
-            handle = self.actors[i]
-            self._in_flight[getattr(handle, method).remote(*args, **kwargs)] = (i, handle)
+            self._send(i, method, *args, **kwargs)
             n += 1
         return n
 
@@ -185,23 +272,20 @@ class RayActorGroup(ActorGroupBase):
         if not self._in_flight:
             return []
         refs = list(self._in_flight)
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=True)
-        out = []
+        if timeout_s:
+            self._wait(refs, timeout_s)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
+        owners = {ref: self._in_flight[ref][0] for ref in ready if ref in self._in_flight}
+        out: dict[Any, Any] = {}
         for ref in ready:
-            entry = self._in_flight.pop(ref, None)
-            if entry is None:
-                continue  # dropped by a restart
-            i, handle = entry
-            try:
-                out.append((i, ray.get(ref)))
-            except ray.exceptions.RayError as e:
-                self._failed(i, handle, e)
-        return out
+            self._collect(ref, out)
+        self._expire()
+        return [(owners[ref], r) for ref, r in out.items()]
 
     def num_in_flight(self, actor_id: int | None = None) -> int:
         if actor_id is None:
             return len(self._in_flight)
-        return sum(1 for a, _ in self._in_flight.values() if a == actor_id)
+        return sum(1 for a, *_ in self._in_flight.values() if a == actor_id)
 
     def stop(self) -> None:
         for a in self.actors.values():

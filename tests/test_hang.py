@@ -1,0 +1,144 @@
+"""A hung env: the request times out, its actor is recreated, and the run goes on."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from shoal import PPOConfig
+from test_sigkill import train_until
+
+pytestmark = pytest.mark.ray
+HANG = "flaky_envs:HangingCartPole"
+SMALL = dict(train_batch_size=256, minibatch_size=128, num_sgd_iter=1, rollout_fragment_length=32)
+
+
+def _res(**kw):
+    return {"num_workers": 2, "num_envs_per_worker": 4, "num_cpus_per_worker": 0.5, "request_timeout_s": 3, **kw}
+
+
+@pytest.mark.parametrize("algo_name", ["ppo", "impala"])  # a synchronous foreach, an asynchronous pipeline
+def test_hung_env_times_out_and_the_actor_is_recreated(ray_cluster, tmp_path, caplog, algo_name):
+    from shoal.algorithms import get_config_class
+
+    extra = SMALL if algo_name == "ppo" else dict(train_batch_size=256, rollout_fragment_length=32)
+    cfg = get_config_class(algo_name)(env=HANG, env_config={"hang_at": 10, "marker": str(tmp_path / "hung")}, seed=0,
+                                      resources=_res(), **extra)
+    algo = cfg.build()
+    try:
+        with caplog.at_level(logging.WARNING, logger="shoal.runtime"):
+            r = train_until(algo, lambda x: x["num_worker_timeouts"] >= 1)
+        assert (tmp_path / "hung").exists()  # one env did hang
+        trained = r["env_steps_trained"]
+        last = train_until(algo, lambda x: x["env_steps_trained"] > trained and x["iteration"] >= r["iteration"] + 2)
+        assert last["num_worker_timeouts"] == 1
+        assert last["num_worker_restarts"] == 1
+        assert last["env_steps_trained"] > trained  # training went on
+        line = next(r.getMessage() for r in caplog.records if "has not returned" in r.getMessage())
+        assert "rollout actor" in line and "sample()" in line and "HangingCartPole" in line and "request_timeout_s=3" in line
+        # The replacement samples: both actors answer again.
+        assert len(algo.env_runners.foreach("get_weights")) == 2
+    finally:
+        algo.stop()
+
+
+def test_stop_time_fires_while_the_driver_waits_on_a_hung_actor(ray_cluster, tmp_path):
+    from shoal.trainer import train
+
+    # The request timeout is far off: only the run's deadline can end the wait. The hang comes in
+    # the second iteration (32 steps per env and iteration), so the first one is checkpointed.
+    cfg = PPOConfig(env=HANG, env_config={"hang_at": 40, "marker": str(tmp_path / "hung")}, seed=0,
+                    resources=_res(request_timeout_s=3600), **SMALL)
+    algo = cfg.build()
+    try:
+        algo.start_actors()
+        algo.env_runners.foreach("get_weights")  # the actors are up: the 8 s go to sampling
+        summary = train(cfg, stop={"time_s": 8}, out=str(tmp_path / "runs"), progress=False, _algo=algo)
+    finally:
+        algo.stop()
+    assert (tmp_path / "hung").exists()
+    assert summary.stop_reason == "time"
+    assert summary.result["time_total_s"] >= 8 and summary.result["iteration"] == 1
+    assert summary.result.get("num_worker_timeouts", 0) == 0  # the deadline ended the wait, not the timeout
+    assert summary.last_checkpoint is not None and summary.last_checkpoint.is_dir()
+
+
+def test_ddppo_hung_worker_times_out_the_round_and_the_group_reforms(ray_cluster, tmp_path):
+    from shoal.algorithms.ddppo import DDPPOConfig
+
+    cfg = DDPPOConfig(env=HANG, env_config={"hang_at": 20, "marker": str(tmp_path / "hung")}, seed=0,
+                      rollout_fragment_length=32, minibatch_size=64, num_sgd_iter=2, torch_distributed_timeout_s=3,
+                      resources={"num_workers": 2, "num_envs_per_worker": 4, "num_cpus_per_worker": 0.5,
+                                 "request_timeout_s": 2})  # DD-PPO makes it 2 x 3 s: the peer's all-reduce fails first
+    algo = cfg.build()
+    try:
+        results = [algo.train() for _ in range(4)]
+        assert (tmp_path / "hung").exists()
+        last = results[-1]
+        assert last["num_worker_timeouts"] == 1 and last["num_worker_restarts"] == 1
+        assert last["num_regroups"] == 1 and last["world_size"] == 2 and last["num_failed_rounds"] >= 1
+        trained = [r["env_steps_trained"] for r in results]
+        assert trained[-1] > trained[-2]  # the new group trains
+        state = algo.get_state()  # answers: no member is stuck
+        assert state["num_regroups"] == 1
+    finally:
+        algo.stop()
+
+
+def test_group_times_out_one_request_and_keeps_the_other_actors_results(ray_cluster):
+    from shoal.errors import ActorLostError
+    from shoal.runtime import make_actor_group
+    from test_ray import Worker
+
+    group = make_actor_group(Worker, 2, lambda i: ((i,), {}), remote=True, num_cpus=0.5, request_timeout_s=1.5,
+                             name="worker")
+    try:
+        group.foreach("get_value")  # both up: the clocks start now
+        group.on_restart = lambda: [("set_value", (7,))]
+        stuck = group.actors[1]
+        assert group.submit("work", 3600, actor_ids=[1]) == 1 and group.submit("work", 0.1, actor_ids=[2]) == 1
+        got = []
+        while group.num_in_flight():
+            got += group.fetch_ready(timeout_s=0.5)
+        assert got == [(2, 2)]  # actor 2 answered; actor 1's request was dropped
+        assert group.num_timeouts == 1 and group.num_restarts == 1 and group.num_dropped_requests == 1
+        assert group.actors[1] is not stuck and group.call(1, "get_value") == 7  # recreated and re-synced
+        # A blocking call on a hung actor gives up as well, with the actor replaced.
+        with pytest.raises(ActorLostError, match="did not return within resources.request_timeout_s=1.5"):
+            group.call(2, "work", 3600)
+        assert group.num_timeouts == 2 and group.foreach("work", 0) == [1, 2]
+    finally:
+        group.stop()
+
+
+def test_hung_evaluation_actor_is_replaced_and_the_evaluation_finishes(ray_cluster, tmp_path):
+    # hang_at 5: a greedy untrained policy ends CartPole episodes within ~10 steps
+    cfg = PPOConfig(env=HANG, env_config={"hang_at": 5, "marker": str(tmp_path / "hung")}, seed=0,
+                    evaluation={"evaluation_num_workers": 1, "evaluation_num_episodes": 2},
+                    resources={"request_timeout_s": 3}, **SMALL)
+    algo = cfg.build()
+    try:
+        out = algo.evaluate()  # nothing stepped the driver's envs: the evaluation actor's env hangs
+        assert (tmp_path / "hung").exists()
+        assert out["num_episodes"] == 2
+        assert algo.eval_runners.num_timeouts == 1 and algo.eval_runners.num_restarts == 1
+    finally:
+        algo.stop()
+
+
+def test_a_request_queued_behind_another_is_timed_from_its_turn(ray_cluster):
+    from shoal.runtime import make_actor_group
+    from test_ray import Worker
+
+    group = make_actor_group(Worker, 1, lambda i: ((i,), {}), remote=True, num_cpus=0.5, request_timeout_s=2.0,
+                             max_in_flight=2)
+    try:
+        group.foreach("get_value")
+        assert group.submit("work", 1.2) == 1 and group.submit("work", 1.2) == 1  # 2.4 s in all, 1.2 s each
+        got = []
+        while group.num_in_flight():
+            got += group.fetch_ready(timeout_s=0.2)
+        assert got == [(1, 1), (1, 1)] and group.num_timeouts == 0
+    finally:
+        group.stop()
