@@ -41,8 +41,8 @@ REPO = Path(__file__).resolve().parent.parent
 RUNS = {
     "ppo": (["ppo", "-c", "examples/ppo_cartpole_ray.yaml"], "episode_return_mean", 300.0),
     "dqn": (["dqn", "-c", "examples/dqn_cartpole.yaml", "-w", "2"], "episode_return_mean", 250.0),
-    "impala": (["impala", "-c", "examples/impala_cartpole.yaml", "-w", "2"], "episode_return_mean", 200.0),
-    "appo": (["appo", "-c", "examples/appo_cartpole.yaml", "-w", "2"], "episode_return_mean", 200.0),
+    "impala": (["impala", "-c", "examples/impala_cartpole.yaml", "-w", "2"], "episode_return_mean", 300.0),
+    "appo": (["appo", "-c", "examples/appo_cartpole.yaml", "-w", "2"], "episode_return_mean", 300.0),
     "apex": (["apex", "-c", "examples/apex_cartpole.yaml"], "episode_return_mean", 200.0),
     "ddppo": (["ddppo", "-c", "examples/ddppo_cartpole.yaml"], "episode_return_mean", 300.0),
     "alpha_star": (["alpha_star", "-c", "examples/alpha_star_tictactoe.yaml", "-w", "2", "--no-stop-reward",
@@ -170,6 +170,7 @@ class Chaos:
         self.run_dir: Path | None = None
         self.pending: list[tuple[int, float]] = []  # actor kills not yet seen survived: (iteration, restarts) then
         self.faults = 0
+        self.retry = False  # the last fault found nothing to kill yet
         self.resuming_from: int | None = None
         self.killed_results: int | None = None  # the inode of results.jsonl when the driver was killed  # after a driver kill: the iteration of the checkpoint resumed from
 
@@ -194,8 +195,9 @@ class Chaos:
             if next_fault is None and _results(self.run_dir):
                 next_fault = time.monotonic() + self.args.first_fault_s
             if next_fault is not None and time.monotonic() >= next_fault:
-                next_fault += self.args.fault_every_s
+                self.retry = False
                 proc = self._fault(proc)
+                next_fault = time.monotonic() + (1.0 if self.retry else self.args.fault_every_s)
         if proc.poll() is None:
             log(f"  {self.algo}: wall budget spent, stopping the driver (Ctrl-C)")
             proc.send_signal(signal.SIGINT)
@@ -224,7 +226,11 @@ class Chaos:
             kind = _actor_type(p)
             if kind:
                 actors.setdefault(kind, []).append(p)
-        if not actors or len(self.report.actor_kills) >= self.args.actor_kills:
+        if not actors:  # e.g. still starting (titled ray::IDLE): try again in a second
+            self.faults -= 1
+            self.retry = True
+            return proc
+        if len(self.report.actor_kills) >= self.args.actor_kills:
             return proc
         kind = self.rng.choice(sorted(actors))
         victim = self.rng.choice(actors[kind])
@@ -306,12 +312,14 @@ def main() -> None:
         raise SystemExit(f"unknown algorithm(s) {unknown}; choose from {', '.join(RUNS)}")
     rng = random.Random(args.seed)
     reports = []
+    t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="shoal-chaos-") as tmp:
-        for algo in algos:
+        for i, algo in enumerate(algos):
             out = Path(tmp) / algo
             out.mkdir()
-            log(f"{algo}: {args.budget_s / len(algos):.0f} s wall budget")
-            reports.append(Chaos(algo, out, args.budget_s / len(algos), args, rng).run())
+            share = (args.budget_s - (time.monotonic() - t0)) / (len(algos) - i)  # what earlier runs left goes on
+            log(f"{algo}: {share:.0f} s wall budget")
+            reports.append(Chaos(algo, out, share, args, rng).run())
     print(json.dumps(_summary(reports, args)))
 
 
