@@ -118,7 +118,7 @@ KILLS = [("state", 4, r"\.(checkpoint_\d{6}|best)\.tmp-\w{8}"),  # state.pt writ
          ("deleting", 1, r"\.checkpoint_000001\.del-\w{8}")]  # the oldest numbered one renamed for deletion
 
 
-@pytest.mark.parametrize("stage,n,left", KILLS)
+@pytest.mark.parametrize("stage,n,left", KILLS, ids=[k[0] for k in KILLS])
 def test_ppo_driver_killed_while_saving_resumes_from_last_complete_checkpoint(tmp_path, stage, n, left):
     run_dir = _kill_at(tmp_path, stage, n, PPO_ARGS)
     ckpt_dir = run_dir / "checkpoints"
@@ -167,6 +167,18 @@ def test_dqn_replay_survives_a_kill_inside_a_save(tmp_path):
     for name, col in rows["columns"].items():  # the checkpoint's rows are still there, first
         assert torch.equal(new_rows["columns"][name][:rows["size"]], col), name
     assert float(after["learner"]["optimizer"]["state"][0]["step"]) > float(saved["learner"]["optimizer"]["state"][0]["step"])
+
+
+def test_a_checkpoint_being_deleted_is_never_listed_nor_put_back(tmp_path):
+    for it in (1, 2):
+        ckpt.save_checkpoint(tmp_path / f"checkpoint_{it:06d}", {"iteration": it}, {"iteration": it})
+    gone = tmp_path / ".checkpoint_000001.del-0123abcd"  # what a kill inside delete_checkpoint leaves
+    (tmp_path / "checkpoint_000001").rename(gone)
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["checkpoint_000002"]
+    assert ckpt.remove_leftovers(tmp_path) == ["removed .checkpoint_000001.del-0123abcd"]  # deleted, not restored
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_000002"]
+    ckpt.delete_checkpoint(tmp_path / "checkpoint_000002")
+    assert list(tmp_path.iterdir()) == []
 
 
 def _games(league: dict) -> int:
