@@ -14,7 +14,9 @@ are counted as lingering, then killed) and loads every checkpoint the run lists.
 
 A fault is survived when the run went on past it (after an actor kill: a later iteration whose
 restart counters are higher; after a driver kill: the resumed driver trained again) and the run
-finished (exit code 0). Progress goes to stderr; the last stdout line is one JSON object:
+finished by its own stop criterion (threshold or ``--stop-time`` of 0.4 x its share of the
+budget in training time), with exit code 0, before its share of the budget was spent.
+Progress goes to stderr; the last stdout line is one JSON object:
 ``{"benchmark": "chaos", "faults_injected", "faults_survived", "runs", "runs_reached_threshold",
 "driver_kills", "resumes_ok", "corrupt_checkpoints", "lingering_processes", "budget_s", "seed",
 "per_run"}``.
@@ -39,7 +41,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 # algorithm: (shoal train arguments, the metric to reach, the threshold)
 RUNS = {
-    "ppo": (["ppo", "-c", "examples/ppo_cartpole_ray.yaml"], "episode_return_mean", 300.0),
+    "ppo": (["ppo", "-c", "examples/ppo_cartpole_ray.yaml"], "episode_return_mean", 450.0),
     "dqn": (["dqn", "-c", "examples/dqn_cartpole.yaml", "-w", "2"], "episode_return_mean", 250.0),
     "impala": (["impala", "-c", "examples/impala_cartpole.yaml", "-w", "2"], "episode_return_mean", 300.0),
     "appo": (["appo", "-c", "examples/appo_cartpole.yaml", "-w", "2"], "episode_return_mean", 300.0),
@@ -64,6 +66,7 @@ class RunReport:
     reached_threshold: bool = False
     best: float | None = None
     exit_code: int | None = None
+    stopped_by_budget: bool = False  # still training when its share of the budget was spent
     actor_kills: list[str] = field(default_factory=list)
     actor_kills_continued: int = 0
     driver_kills: int = 0
@@ -171,8 +174,8 @@ class Chaos:
         self.pending: list[tuple[int, float]] = []  # actor kills not yet seen survived: (iteration, restarts) then
         self.faults = 0
         self.retry = False  # the last fault found nothing to kill yet
-        self.resuming_from: int | None = None
-        self.killed_results: int | None = None  # the inode of results.jsonl when the driver was killed  # after a driver kill: the iteration of the checkpoint resumed from
+        self.resuming_from: int | None = None  # after a driver kill: the checkpoint iteration resumed from
+        self.killed_results: int | None = None  # the inode of results.jsonl when the driver was killed
 
     def _spawn(self, *cli: str) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "shoal", *cli], cwd=REPO, env=self.env,
@@ -181,14 +184,16 @@ class Chaos:
     def start(self) -> subprocess.Popen:
         cli, metric, threshold = RUNS[self.algo]
         stop = ["--stop-reward", str(threshold)] if metric == "episode_return_mean" else []
-        return self._spawn("train", *cli, *stop, "--stop-time", str(self.wall_s * 0.6), "--seed", str(self.args.seed),
+        return self._spawn("train", *cli, *stop, "--stop-time", str(self.wall_s * 0.4), "--seed", str(self.args.seed),
                            "--checkpoint-every", "2", "-q", "--out", str(self.out / "runs"))
 
     def run(self) -> RunReport:
         proc, t0 = self.start(), time.monotonic()
         next_fault = None  # the first fault comes --first-fault-s after the first iteration
+        seen: list[psutil.Process] = []  # the driver's processes at the last look, to check after it exits
         while proc.poll() is None and time.monotonic() - t0 < self.wall_s:
             time.sleep(0.5)
+            seen = _tree(proc.pid) or seen
             if self.run_dir is None and (self.out / "runs").is_dir():
                 self.run_dir = next(iter((self.out / "runs").iterdir()), None)
             self._resolve_pending()
@@ -197,17 +202,18 @@ class Chaos:
             if next_fault is not None and time.monotonic() >= next_fault:
                 self.retry = False
                 proc = self._fault(proc)
+                seen = _tree(proc.pid)
                 next_fault = time.monotonic() + (1.0 if self.retry else self.args.fault_every_s)
         if proc.poll() is None:
-            log(f"  {self.algo}: wall budget spent, stopping the driver (Ctrl-C)")
+            log(f"  {self.algo}: wall budget spent, stopping the driver (Ctrl-C); the run did not finish")
+            self.report.stopped_by_budget = True
             proc.send_signal(signal.SIGINT)
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        tracked = _tree(proc.pid) if proc.poll() is None else []
         proc.wait()
-        _await_exit(tracked, self.report)
+        _await_exit(seen, self.report)  # a driver that exited normally leaves nothing either
         return self._finish(proc.returncode)
 
     def _fault(self, proc: subprocess.Popen) -> subprocess.Popen:
@@ -303,7 +309,7 @@ def main() -> None:
     p.add_argument("--algos", default=",".join(RUNS), help=f"comma-separated, from {', '.join(RUNS)}")
     p.add_argument("--driver-kills", type=int, default=2, help="driver SIGKILLs (and resumes) per run, at most")
     p.add_argument("--actor-kills", type=int, default=3, help="actor SIGKILLs per run, at most")
-    p.add_argument("--fault-every-s", type=float, default=10.0, help="seconds between faults")
+    p.add_argument("--fault-every-s", type=float, default=5.0, help="seconds between faults")
     p.add_argument("--first-fault-s", type=float, default=2.0, help="seconds from a run's first iteration to its first fault")
     args = p.parse_args()
     algos = [a.strip() for a in args.algos.split(",") if a.strip()]
@@ -325,7 +331,7 @@ def main() -> None:
 
 def _summary(reports: list[RunReport], args) -> dict:
     injected = sum(len(r.actor_kills) + r.driver_kills for r in reports)
-    survived = sum(r.actor_kills_continued + r.resumes_ok for r in reports if r.exit_code == 0)
+    survived = sum(r.actor_kills_continued + r.resumes_ok for r in reports if r.exit_code == 0 and not r.stopped_by_budget)
     return {"benchmark": "chaos", "faults_injected": injected, "faults_survived": survived, "runs": len(reports),
             "runs_reached_threshold": sum(r.reached_threshold for r in reports),
             "driver_kills": sum(r.driver_kills for r in reports), "resumes_ok": sum(r.resumes_ok for r in reports),
