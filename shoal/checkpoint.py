@@ -3,7 +3,8 @@
 A checkpoint is a directory holding ``state.pt`` (tensors, numbers, strings, lists and
 dicts only: no pickled code) and ``meta.json`` (format tag, algorithm, iteration, the
 resolved config). It is written into a temporary sibling directory and renamed into place,
-so a crash never leaves a half-written checkpoint under the final name.
+so a crash never leaves a half-written checkpoint under the final name; an old checkpoint is
+renamed aside before it is deleted, so a half-deleted one never looks complete either.
 """
 
 from __future__ import annotations
@@ -26,6 +27,25 @@ FORMAT = "shoal-checkpoint"
 FORMAT_VERSION = 1
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
+# Test hook: "STAGE:N:FILE" makes the N-th save (or delete) of this process that reaches STAGE create FILE
+# and wait there until the process is killed, so a test can SIGKILL a driver at an exact moment of a write.
+PAUSE_ENV = "SHOAL_TEST_PAUSE_SAVE"
+_stage_counts: dict[str, int] = {}
+
+
+def _stage(name: str) -> None:
+    """A point of a save or delete that a test may stop the process at (see ``PAUSE_ENV``)."""
+    spec = os.environ.get(PAUSE_ENV)
+    if not spec:
+        return
+    stage, n, file = spec.split(":", 2)
+    if stage != name:
+        return
+    _stage_counts[name] = _stage_counts.get(name, 0) + 1
+    if _stage_counts[name] == int(n):
+        Path(file).write_text(name)
+        while True:
+            time.sleep(1)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -39,6 +59,22 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Replace file ``path`` with ``text`` in one rename: a process killed meanwhile leaves the old
+    file or the new one, never a torn or empty one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "w", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def nonfinite_tensor(state: Any, where: str = "") -> str | None:
@@ -82,23 +118,40 @@ def save_checkpoint(path: str | Path, state: dict[str, Any], meta: dict[str, Any
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
+        _stage("state")
         with open(tmp / META_FILE, "w") as f:
             json.dump(meta, f, indent=2, default=str)
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(tmp)
+        _stage("complete")
         old = None
-        if path.exists():
+        if path.exists():  # a directory cannot be renamed over a full one: move it aside first
             old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
             os.replace(path, old)
+            _stage("aside")
         os.replace(tmp, path)
         _fsync_dir(path.parent)
         if old is not None:
+            _stage("replaced")
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+def delete_checkpoint(path: str | Path) -> None:
+    """Remove a checkpoint directory: renamed to ``.NAME.del-*`` first (one atomic step), then
+    deleted, so a process killed halfway never leaves a partial checkpoint under its name."""
+    path = Path(path)
+    if not path.exists():
+        return
+    gone = path.parent / f".{path.name}.del-{uuid.uuid4().hex[:8]}"
+    os.replace(path, gone)
+    _fsync_dir(path.parent)
+    _stage("deleting")
+    shutil.rmtree(gone, ignore_errors=True)
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:
@@ -163,13 +216,13 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
 
 def remove_leftovers(ckpt_dir: str | Path) -> list[str]:
     """Clean up after a save that was killed: a checkpoint moved aside (``.NAME.old-*``) whose
-    replacement never landed is put back; other ``.NAME.old-*`` and ``.NAME.tmp-*`` directories
-    are removed. Returns what was done, one line each."""
+    replacement never landed is put back; other ``.NAME.old-*``, ``.NAME.tmp-*`` and ``.NAME.del-*``
+    (a checkpoint being deleted) directories are removed. Returns what was done, one line each."""
     d, done = Path(ckpt_dir), []
     if not d.is_dir():
         return done
     for p in sorted(d.iterdir()):
-        m = re.fullmatch(r"\.(.+)\.(old|tmp)-[0-9a-f]{8}", p.name)
+        m = re.fullmatch(r"\.(.+)\.(old|tmp|del)-[0-9a-f]{8}", p.name)
         if m is None or not p.is_dir():
             continue
         target = d / m.group(1)

@@ -10,7 +10,6 @@ import copy
 import logging
 import math
 import numbers
-import shutil
 import textwrap
 import time
 import warnings
@@ -167,7 +166,7 @@ def _write_config(run_dir: Path, config: AlgorithmConfig, config_note: str | Non
 
 def _write_run_settings(run_dir: Path, stop: Stop, checkpoint_every: int, keep_checkpoints: int) -> None:
     """run.yaml: what ``resume`` needs besides the checkpoint (stop criteria, checkpoint cadence)."""
-    (run_dir / "run.yaml").write_text(yaml.safe_dump({
+    ckpt.write_text_atomic(run_dir / "run.yaml", yaml.safe_dump({  # resume rewrites it: never leave it torn
         "stop": stop.model_dump(), "checkpoint_every": checkpoint_every, "keep_checkpoints": keep_checkpoints}))
 
 
@@ -245,7 +244,7 @@ class _Session:
     def _save_numbered(self, final: bool = False) -> Path:
         p = self.algo.save(self.ckpt_dir / f"checkpoint_{self.algo.iteration:06d}")
         for old in ckpt.list_checkpoints(self.ckpt_dir)[:-self.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
+            ckpt.delete_checkpoint(old)
         self._saved(p, "final" if final else "numbered")
         if self._best_state is not None and self._saved_best_iter != self._best_iter:
             self._saved(ckpt.save_checkpoint(self.ckpt_dir / "best", self._best_state, self._best_meta), "best")

@@ -8,6 +8,7 @@ in :mod:`shoal.logging.trackers`; :func:`build_writers` makes the ones a config 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import math
@@ -15,6 +16,8 @@ import os
 import warnings
 from pathlib import Path
 from typing import Any
+
+from shoal.checkpoint import write_text_atomic
 
 
 def _clean(v: Any) -> Any:
@@ -184,7 +187,7 @@ def truncate_results(run_dir: Path, max_iteration: int) -> None:
     jl = run_dir / "results.jsonl"
     if jl.exists():
         rows = [line for line in jl.read_text().splitlines() if _row_iteration(jl, line) <= max_iteration]
-        jl.write_text("".join(r + "\n" for r in rows))
+        write_text_atomic(jl, "".join(r + "\n" for r in rows))  # a kill now must not lose the run's history
     pc = run_dir / "progress.csv"
     if pc.exists():
         with open(pc, newline="") as f:
@@ -193,5 +196,6 @@ def truncate_results(run_dir: Path, max_iteration: int) -> None:
             header, body = rows[0], rows[1:]
             it = header.index("iteration") if "iteration" in header else None
             keep = [r for r in body if it is None or _csv_iteration(r, it) <= max_iteration]
-            with open(pc, "w", newline="") as f:
-                csv.writer(f).writerows([header, *keep])
+            text = io.StringIO(newline="")
+            csv.writer(text).writerows([header, *keep])
+            write_text_atomic(pc, text.getvalue())

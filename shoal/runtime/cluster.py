@@ -37,10 +37,25 @@ def start(address: str | None = None, num_cpus: int | None = None, **kwargs) -> 
         if address is None and num_cpus is not None:
             init_kwargs["num_cpus"] = num_cpus
         init_kwargs.update(kwargs)
+        before = _children() if address is None else None
         try:
             ray.init(**init_kwargs)
         except ConnectionError as e:
             raise ResourceError(f"Cannot connect to the Ray cluster at '{address}': {e}") from None
+    if before is not None:  # our own Ray: it must not outlive this process, even one killed with SIGKILL
+        from shoal.runtime.watchdog import start_watchdog
+
+        global _watchdog
+        _watchdog = start_watchdog(sorted(_children() - before))
+
+
+_watchdog = None  # the watchdog process of the local Ray instance this process started
+
+
+def _children() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children()}
 
 
 def shutdown() -> None:
