@@ -119,6 +119,15 @@ class ModelConfig(Section):
                              "rollout_fragment_length must be a multiple of it. IMPALA, APPO and alpha_star unroll "
                              "whole fragments instead.")
 
+    @field_validator("hiddens")
+    @classmethod
+    def _positive_sizes(cls, v: list[int]) -> list[int]:
+        bad = [h for h in v if h < 1]
+        if bad:
+            raise ValueError(f"every hidden layer size must be a positive integer (e.g. [64, 64]; [] for none), "
+                             f"but {bad[0]} is not")
+        return v
+
     @field_validator("activation")
     @classmethod
     def _known_activation(cls, v: str) -> str:
@@ -574,16 +583,31 @@ def parse_set_overrides(items: Iterable[str]) -> dict[str, Any]:
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping a YAML config file holds; any other content is a ConfigError naming the file."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"Config file '{path}' does not exist.")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"Config file '{path}' is not a text file: byte {e.start} is not UTF-8. A config file is "
+                          "UTF-8 YAML text of keys and values (`shoal config ALGO --yaml` prints one).") from None
+    try:
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"Config file '{path}' is not valid YAML: {e}") from None
+        raise ConfigError(f"Config file '{path}' is not valid YAML: {yaml_problem(e)}.") from None
     if not isinstance(data, dict):
         raise ConfigError(f"Config file '{path}' must hold a mapping of keys to values, got {type(data).__name__}.")
     return data
+
+
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """One line for a YAML parse error: what is wrong and where (line and column, 1-based)."""
+    problem = getattr(e, "problem", None) or " ".join(str(e).split())
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    hint = " (YAML indents with spaces, never tabs)" if "\\t" in problem else ""
+    return f"{problem}{where}{hint}"
 
 
 # ---- unused keys -----------------------------------------------------------------------
