@@ -78,12 +78,24 @@ class ResourcesConfig(Section):
     torch_threads: int = Field(1, ge=1, description="torch.set_num_threads in every worker and learner process.")
     retain_freed_memory: bool = Field(True, description="Every shoal process keeps freed memory below 32 MB for reuse (glibc "
                                       "mallopt) instead of returning it to the kernel: no page faults per minibatch.")
-    address: Optional[str] = Field(None, description="Ray address: None starts a local instance; 'auto' or 'ray://host:port' connects.")
+    address: Optional[str] = Field(None, description="Ray address: None starts a local instance; 'auto', 'host:port' (the GCS) or 'ray://host:port' connects.")
     max_worker_restarts: int = Field(100, ge=0, description="Restarts of failed actors (of one kind) allowed in any "
                                      "worker_restart_window_s seconds; one more stops the run with a WorkerError.")
     worker_restart_window_s: float = Field(600.0, gt=0, description="The rolling window of max_worker_restarts: only "
                                            "restarts within the last this many seconds count.")
     resource_wait_s: float = Field(30.0, gt=0, description="Seconds to wait for the cluster to grant the placement group.")
+
+
+    @field_validator("address")
+    @classmethod
+    def _address_form(cls, v: Optional[str]) -> Optional[str]:
+        if v is None or v in ("auto", "local"):
+            return v
+        host, sep, port = v.removeprefix("ray://").rpartition(":")
+        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError("the Ray address must be 'auto', 'host:port' or 'ray://host:port' with a port "
+                             "from 1 to 65535 (None starts a local Ray instance)")
+        return v
 
 
 class ModelConfig(Section):
@@ -407,6 +419,15 @@ class AlgorithmConfig(Section):
             resolve_callbacks(v)  # importable, a Callbacks subclass, builds with no arguments
         return v
 
+    @field_validator("lr_schedule", mode="before")
+    @classmethod
+    def _schedule_pairs(cls, v):
+        for i, point in enumerate(v if isinstance(v, (list, tuple)) else []):
+            if not isinstance(point, (list, tuple)) or len(point) != 2:
+                raise ValueError(f"lr_schedule[{i}] is {point!r}; each point is [env_steps, lr], e.g. "
+                                 "[[0, 0.001], [100000, 0.0001]]")
+        return v
+
     @field_validator("lr_schedule")
     @classmethod
     def _schedule_sorted(cls, v):
@@ -586,7 +607,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     """The mapping a YAML config file holds; any other content is a ConfigError naming the file."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"Config file '{path}' does not exist.")
+        what = "is a directory" if p.is_dir() else "does not exist"
+        raise ConfigError(f"Config file '{path}' {what}; give a YAML file of config keys (`shoal config ALGO --yaml` "
+                          "prints one).")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:

@@ -17,7 +17,7 @@ import warnings
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -277,7 +277,8 @@ class _Session:
 
 def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str | Path | None = "runs",
           checkpoint_every: int = 10, keep_checkpoints: int = 3, progress: bool = True,
-          config_note: str | None = None, _algo=None, _run_dir: Path | None = None) -> TrainSummary:
+          config_note: str | None = None, on_start: Callable[[], None] | None = None, _algo=None,
+          _run_dir: Path | None = None) -> TrainSummary:
     """Train until a stop criterion is met; returns a ``TrainSummary``.
 
     With ``out`` set, a run directory ``<out>/<algo>_<env>_<timestamp>/`` gets config.yaml,
@@ -286,6 +287,8 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
     ``out=None`` trains without writing anything. Ctrl-C stops cleanly after saving.
     ``config_note`` leads config.yaml as a YAML comment (e.g. the CLI's word that a preset set
     some keys), so the file tells where its values came from and still loads as it is.
+    ``on_start`` is called once the algorithm is built and its actors started, before the run
+    directory is written (the CLI prints its notes there: a config that fails shows only the error).
     """
     stop = _as_stop(stop)
     if checkpoint_every < 1 or keep_checkpoints < 1:
@@ -294,6 +297,8 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
     t_start = time.perf_counter()
     algo = _algo or config.build()
     _start_actors(algo, owned=_algo is None)  # a cluster too small for the run fails before the run directory is written
+    if on_start is not None:
+        on_start()
     run_dir = _run_dir
     if run_dir is None and out is not None:
         run_dir = new_run_dir(out, config)

@@ -26,6 +26,7 @@ from shoal.envs.atari import check_preprocessing_applies
 from shoal.envs.normalize import RunningStats, check_normalize_applies
 from shoal.errors import CheckpointError, ConfigError, DivergenceError, EnvError
 from shoal.logging.metrics import EpisodeWindow, Timers
+from shoal.models.catalog import check_model_size
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
 from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
 from shoal.process import configure_process
@@ -36,12 +37,12 @@ COUNTERS = ("env_steps_sampled", "env_steps_trained", "time_total_s", "num_env_f
 
 @contextlib.contextmanager
 def _naming_env(config: AlgorithmConfig):
-    """A ConfigError or EnvError about the env (its spaces, its size) names the env when it does not already."""
+    """A ConfigError or EnvError about the env's spaces names the env when it does not already."""
     try:
         yield
     except (ConfigError, EnvError) as e:
         name = env_spec_to_str(config.env)
-        if type(e) not in (ConfigError, EnvError) or name in str(e):
+        if type(e) not in (ConfigError, EnvError) or name in str(e) or "space" not in str(e):
             raise
         raise type(e)(f"With env '{name}': {e}") from None
 
@@ -114,7 +115,9 @@ class Algorithm:
         self.rng = np.random.default_rng(seed)
         with _naming_env(config):
             self.env_info = self.describe_env()  # fails early on a bad env
-        check_env_memory(config, getattr(self.env_info, "observation_space", None))  # before any env vector is built
+        obs_space = getattr(self.env_info, "observation_space", None)
+        check_env_memory(config, obs_space)  # before any env vector is built
+        check_model_size(getattr(config, "model", None), obs_space)  # before any layer is allocated
         self.norm_stats = self._normalization_stats()  # merged from the rollout actors (normalize section)
         self.iteration = 0
         self.counters: dict[str, float] = {k: 0 for k in COUNTERS}

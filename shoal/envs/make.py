@@ -127,26 +127,43 @@ def make_vec_env(env: EnvSpec, num_envs: int, env_config: dict[str, Any] | None 
 ENV_OVERHEAD_BYTES = 64 * 1024  # a floor for one env object and its vector-env buffers, observations aside
 
 
+def obs_nbytes(space: gym.Space | None) -> int:
+    """Bytes of one observation: a Box's array; 8 for anything else (a floor)."""
+    if isinstance(space, gym.spaces.Box):
+        return int(np.prod(space.shape)) * space.dtype.itemsize
+    return 8
+
+
 def check_env_memory(config: Any, obs_space: gym.Space | None) -> None:
-    """ConfigError, before any env is built, when the envs a config asks for cannot fit in memory.
+    """ConfigError, before any env is built, when what a config asks for cannot fit in memory.
 
     Each rollout process (the driver, or each of ``num_workers`` actors on one machine at worst)
-    holds ``num_envs_per_worker`` envs: at least :data:`ENV_OVERHEAD_BYTES` each plus a few copies
-    of their observations. No check where the available memory cannot be read.
+    holds ``num_envs_per_worker`` envs (at least :data:`ENV_OVERHEAD_BYTES` each) and fragments of
+    ``fragment_length()`` steps of their observations; the learner holds ``train_batch_size`` rows.
+    The message names the key that asks for the most. No check where the available memory cannot be read.
     """
     from shoal.replay.storage import GB, available_memory_bytes
 
-    res = config.resources
-    obs_bytes = int(np.prod(obs_space.shape)) * obs_space.dtype.itemsize if isinstance(obs_space, gym.spaces.Box) else 8
+    res, row = config.resources, 4 * obs_nbytes(obs_space) + 64  # obs, next obs, copies; a few scalars
     processes = max(1, res.num_workers)
-    needed = processes * res.num_envs_per_worker * (ENV_OVERHEAD_BYTES + 4 * obs_bytes)
-    avail = available_memory_bytes()
+    frag = config.fragment_length() if hasattr(config, "fragment_length") else 1
+    batch = f"train_batch_size={getattr(config, 'train_batch_size', 0)}"
+    # an 'auto' fragment length is derived from train_batch_size: that is the key to name
+    frag_key = (f"rollout_fragment_length={frag}" if isinstance(getattr(config, "rollout_fragment_length", None), int)
+                else batch)
+    asks = {f"resources.num_envs_per_worker={res.num_envs_per_worker}":
+            processes * res.num_envs_per_worker * ENV_OVERHEAD_BYTES, frag_key: 0, batch: 0}
+    asks[frag_key] += processes * res.num_envs_per_worker * (frag + 1) * row
+    asks[batch] += getattr(config, "train_batch_size", 0) * row
+    needed, avail = sum(asks.values()), available_memory_bytes()
     if avail is None or needed <= avail:
         return
-    raise ConfigError(f"resources.num_envs_per_worker={res.num_envs_per_worker} is too large for this machine: "
-                      f"{processes} rollout process{'es' if processes > 1 else ''} of that many envs need about {needed / GB:,.1f} GB (at least "
-                      f"{ENV_OVERHEAD_BYTES // 1024} KB per env plus its observations), and this machine has "
-                      f"{avail / GB:.1f} GB available. Typical values are 1 to 64; nothing was built.")
+    culprit = max(asks, key=asks.get)
+    raise ConfigError(f"{culprit} is too large for this machine: the run needs about {needed / GB:,.1f} GB for its "
+                      f"envs and batches ({processes} rollout process{'es' if processes > 1 else ''} of "
+                      f"{res.num_envs_per_worker} envs, {row:,} bytes per step), and this machine has {avail / GB:.1f} GB "
+                      "available. Lower it (typical: 1 to 64 envs per worker, batches of thousands of steps); "
+                      "nothing was built.")
 
 
 @dataclass(frozen=True)
