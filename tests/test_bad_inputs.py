@@ -1,12 +1,13 @@
 """Bad inputs, every command and algorithm: each one exits 2 with one paragraph that names the
 input and says what is allowed, shows no traceback, and leaves nothing half-done behind.
 
-One table: a row is an id, the argv of ``shoal ...`` (``{tmp}`` is the row's temp directory,
-``{run}`` / ``{ckpt}`` a copy of a small trained run and its best checkpoint), an optional setup
-that writes the files the row needs, and words the message must contain. Rows run in-process
-with typer's CliRunner; those whose point is a real process (a cluster address) run ``python -m
-shoal`` as a subprocess. ``train`` rows write to ``{tmp}/runs``; no row may add, remove or change
-any file under its temp directory.
+One table: a row is an id, the argv of ``shoal ...`` (``{tmp}`` is the row's temp directory; a
+row with ``runs`` gets a copy of a one-iteration PPO run in ``{tmp}/run``, and of a DQN one in
+``{tmp}/dqn``), an optional setup that writes or damages the files the row needs, and words the
+message must contain. Rows run in-process with typer's CliRunner; those whose point is a real
+process (a cluster address) run ``python -m shoal`` as a subprocess. ``train`` rows write to
+``{tmp}/runs``; no row may add, remove or change any file under its temp directory. Usage errors
+of click itself (an option's declared range or type) keep click's format and are marked ``usage``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from shoal.cli import app
@@ -294,6 +294,7 @@ def test_bad_input_exits_2_with_one_paragraph(row: Row, tmp_path: Path, request)
     text = " ".join(output.translate({ord(c): " " for c in "│╭╮╰╯"}).split())
     assert code == 2, output
     assert "Traceback" not in output and "File \"" not in output, output
+    assert "weights_only" not in output, output  # never pass on torch's advice to unpickle a file
     if row.usage:
         assert output.startswith("Usage: shoal") and text.count("Invalid value") == 1, output
     else:
@@ -303,3 +304,39 @@ def test_bad_input_exits_2_with_one_paragraph(row: Row, tmp_path: Path, request)
         assert word.replace("{tmp}", str(tmp_path)).lower() in text.lower(), f"{word!r} not in: {output}"
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir()), "a run directory was created"
     assert _tree(tmp_path) == before, "files changed"
+
+
+def test_memory_estimate_is_the_sum_of_envs_fragments_and_batch(monkeypatch):
+    """8 CartPole envs (4 float32 = 16 bytes an observation, so 4 x 16 + 64 = 128 bytes a step):
+    8 x 64 KiB = 524,288 for the envs, 8 x (500 + 1) x 128 = 513,024 for 'auto' fragments of
+    4000 / 8 = 500 steps, 4000 x 128 = 512,000 for the batch: 1,549,312 bytes in all."""
+    import gymnasium as gym
+
+    from shoal import PPOConfig
+    from shoal.envs.make import check_env_memory
+    from shoal.errors import ConfigError
+    from shoal.replay import storage
+
+    cfg = PPOConfig(env="CartPole-v1", train_batch_size=4000, resources={"num_envs_per_worker": 8})
+    space = gym.make("CartPole-v1").observation_space
+    monkeypatch.setattr(storage, "available_memory_bytes", lambda: 1_549_312)
+    check_env_memory(cfg, space)
+    monkeypatch.setattr(storage, "available_memory_bytes", lambda: 1_549_311)
+    with pytest.raises(ConfigError, match="train_batch_size=4000 is too large"):
+        check_env_memory(cfg, space)
+
+
+def test_unreachable_address_fails_without_ray():
+    """The TCP check alone: a refused port is a ResourceError naming the address; 'auto' is left to Ray."""
+    import socket
+
+    from shoal.errors import ResourceError
+    from shoal.runtime.cluster import check_reachable
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ResourceError, match=f"'ray://127.0.0.1:{port}'.*nothing accepts connections"):
+        check_reachable(f"ray://127.0.0.1:{port}", timeout_s=2.0)
+    check_reachable("auto")
+    check_reachable(None)
