@@ -168,7 +168,7 @@ ROWS = [
     Row("env-unsupported-obs-space", ["train", "ppo", "--env", "Blackjack-v1"], ("Blackjack-v1", "Tuple")),
     Row("pettingzoo-to-ppo", ["train", "ppo", "--env", "pettingzoo.classic:tictactoe_v3"],
         ("tictactoe_v3", "multi_agent")),
-    Row("gymnasium-to-alpha-star", ["train", "alpha_star", "--env", "CartPole-v1"], ("CartPole-v1", "PettingZoo")),
+    Row("gymnasium-to-alpha-star", ["train", "alpha_star", "--env", "CartPole-v1"], ("CartPole-v1", "single-agent Gymnasium", "PettingZoo")),
     Row("dqn-box-actions", ["train", "dqn", "--env", "Pendulum-v1"], ("Pendulum-v1", "Discrete")),
     Row("apex-box-actions", ["train", "apex", "--env", "Pendulum-v1"], ("Pendulum-v1", "Discrete")),
     # ---- each algorithm's own keys ----
