@@ -119,14 +119,22 @@ def _default(model, dotted: str) -> Any:
 def _reward_threshold(cfg) -> Optional[float]:
     """The env's reward threshold (its Gymnasium spec's), or None when it has none.
 
-    A multi-agent (PettingZoo) env is no Gymnasium env and has none; a bad env spec also
-    gives None here, since building the algorithm reports it with the algorithm's own check.
+    A multi-agent (PettingZoo) env is no Gymnasium env and has none: for an algorithm that
+    checks its env its own way (alpha_star, a multi_agent section) a failure here gives None,
+    and building the algorithm reports a bad env. For any other a bad env is reported now,
+    before any note about the stop criteria.
     """
+    from shoal.algorithms.base import Algorithm
     from shoal.envs import env_info
 
+    algorithm_cls = type(cfg).algorithm_cls
+    gymnasium_env = (getattr(cfg, "multi_agent", None) is None and algorithm_cls is not None
+                     and algorithm_cls.describe_env is Algorithm.describe_env)
     try:
         return env_info(cfg.env, cfg.env_config, cfg.env_preprocessing).reward_threshold
     except EnvError:
+        if gymnasium_env:
+            raise
         return None
 
 
@@ -187,12 +195,14 @@ def train(
         elif stop_d.get("reward") is None:
             stop_d["reward"] = _reward_threshold(cfg)
         stop = _as_stop(stop_d)  # a bad value is a ConfigError (exit 2), not a traceback
-        if preset_note:
-            err.print(preset_note, highlight=False, soft_wrap=True)
-        if stop.is_empty():
-            err.print("No stop criterion and no reward threshold: training until Ctrl-C.")
-        summary = run_train(cfg, stop, out=out_dir, checkpoint_every=checkpoint_every,
-                            keep_checkpoints=keep_checkpoints, progress=not quiet, config_note=preset_note)
+
+        def notes() -> None:  # once the run starts: a config that fails to build shows only its error
+            if preset_note:
+                err.print(preset_note, highlight=False, soft_wrap=True)
+            if stop.is_empty():
+                err.print("No stop criterion and no reward threshold: training until Ctrl-C.")
+        summary = run_train(cfg, stop, out=out_dir, checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
+                            progress=not quiet, config_note=preset_note, on_start=notes)
     except ShoalError as e:
         _fail(e)
     _print_summary(summary, stop)

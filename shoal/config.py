@@ -78,7 +78,7 @@ class ResourcesConfig(Section):
     torch_threads: int = Field(1, ge=1, description="torch.set_num_threads in every worker and learner process.")
     retain_freed_memory: bool = Field(True, description="Every shoal process keeps freed memory below 32 MB for reuse (glibc "
                                       "mallopt) instead of returning it to the kernel: no page faults per minibatch.")
-    address: Optional[str] = Field(None, description="Ray address: None starts a local instance; 'auto' or 'ray://host:port' connects.")
+    address: Optional[str] = Field(None, description="Ray address: None starts a local instance; 'auto', 'host:port' (the GCS) or 'ray://host:port' connects.")
     max_worker_restarts: int = Field(100, ge=0, description="Restarts of failed actors (of one kind) allowed in any "
                                      "worker_restart_window_s seconds; one more stops the run with a WorkerError.")
     worker_restart_window_s: float = Field(600.0, gt=0, description="The rolling window of max_worker_restarts: only "
@@ -94,6 +94,18 @@ class ResourcesConfig(Section):
     worker_placement: Literal["PACK", "SPREAD"] = Field(
         "PACK", description="How rollout actors spread over a cluster's nodes: 'PACK' fills as few nodes as fit them, "
         "'SPREAD' puts each on a different node where it can (so one lost node takes fewer of them).")
+
+
+    @field_validator("address")
+    @classmethod
+    def _address_form(cls, v: Optional[str]) -> Optional[str]:
+        if v is None or v in ("auto", "local"):
+            return v
+        host, sep, port = v.removeprefix("ray://").rpartition(":")
+        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError("the Ray address must be 'auto', 'host:port' or 'ray://host:port' with a port "
+                             "from 1 to 65535 (None starts a local Ray instance)")
+        return v
 
 
 class ModelConfig(Section):
@@ -128,6 +140,15 @@ class ModelConfig(Section):
                              "runner records the state every max_seq_len steps; gradients flow within a sequence). "
                              "rollout_fragment_length must be a multiple of it. IMPALA, APPO and alpha_star unroll "
                              "whole fragments instead.")
+
+    @field_validator("hiddens")
+    @classmethod
+    def _positive_sizes(cls, v: list[int]) -> list[int]:
+        bad = [h for h in v if h < 1]
+        if bad:
+            raise ValueError(f"every hidden layer size must be a positive integer (e.g. [64, 64]; [] for none), "
+                             f"but {bad[0]} is not")
+        return v
 
     @field_validator("activation")
     @classmethod
@@ -413,6 +434,15 @@ class AlgorithmConfig(Section):
             resolve_callbacks(v)  # importable, a Callbacks subclass, builds with no arguments
         return v
 
+    @field_validator("lr_schedule", mode="before")
+    @classmethod
+    def _schedule_pairs(cls, v):
+        for i, point in enumerate(v if isinstance(v, (list, tuple)) else []):
+            if not isinstance(point, (list, tuple)) or len(point) != 2:
+                raise ValueError(f"lr_schedule[{i}] is {point!r}; each point is [env_steps, lr], e.g. "
+                                 "[[0, 0.001], [100000, 0.0001]]")
+        return v
+
     @field_validator("lr_schedule")
     @classmethod
     def _schedule_sorted(cls, v):
@@ -589,16 +619,33 @@ def parse_set_overrides(items: Iterable[str]) -> dict[str, Any]:
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping a YAML config file holds; any other content is a ConfigError naming the file."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"Config file '{path}' does not exist.")
+        what = "is a directory" if p.is_dir() else "does not exist"
+        raise ConfigError(f"Config file '{path}' {what}; give a YAML file of config keys (`shoal config ALGO --yaml` "
+                          "prints one).")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"Config file '{path}' is not a text file: byte {e.start} is not UTF-8. A config file is "
+                          "UTF-8 YAML text of keys and values (`shoal config ALGO --yaml` prints one).") from None
+    try:
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"Config file '{path}' is not valid YAML: {e}") from None
+        raise ConfigError(f"Config file '{path}' is not valid YAML: {yaml_problem(e)}.") from None
     if not isinstance(data, dict):
         raise ConfigError(f"Config file '{path}' must hold a mapping of keys to values, got {type(data).__name__}.")
     return data
+
+
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """One line for a YAML parse error: what is wrong and where (line and column, 1-based)."""
+    problem = getattr(e, "problem", None) or " ".join(str(e).split())
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    hint = " (YAML indents with spaces, never tabs)" if "\\t" in problem else ""
+    return f"{problem}{where}{hint}"
 
 
 # ---- unused keys -----------------------------------------------------------------------

@@ -16,7 +16,7 @@ import warnings
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,7 +36,8 @@ class Stop(BaseModel):
     """Stop when any criterion is met. Steps, time and iterations count over a resumed run too."""
 
     model_config = ConfigDict(extra="forbid")
-    reward: Optional[float] = Field(None, description="episode_return_mean (last 100 episodes) reaches this.")
+    reward: Optional[float] = Field(None, allow_inf_nan=False,
+                                    description="episode_return_mean (last 100 episodes) reaches this (a finite number).")
     env_steps: Optional[int] = Field(None, ge=1, description="env_steps_sampled reaches this.")
     time_s: Optional[float] = Field(None, gt=0, description="time_total_s (training time) reaches this.")
     iterations: Optional[int] = Field(None, ge=1)
@@ -276,7 +277,8 @@ class _Session:
 
 def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str | Path | None = "runs",
           checkpoint_every: int = 10, keep_checkpoints: int = 3, progress: bool = True,
-          config_note: str | None = None, _algo=None, _run_dir: Path | None = None) -> TrainSummary:
+          config_note: str | None = None, on_start: Callable[[], None] | None = None, _algo=None,
+          _run_dir: Path | None = None) -> TrainSummary:
     """Train until a stop criterion is met; returns a ``TrainSummary``.
 
     With ``out`` set, a run directory ``<out>/<algo>_<env>_<timestamp>/`` gets config.yaml,
@@ -285,6 +287,8 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
     ``out=None`` trains without writing anything. Ctrl-C stops cleanly after saving.
     ``config_note`` leads config.yaml as a YAML comment (e.g. the CLI's word that a preset set
     some keys), so the file tells where its values came from and still loads as it is.
+    ``on_start`` is called once the algorithm is built and its actors started, before the run
+    directory is written (the CLI prints its notes there: a config that fails shows only the error).
     """
     stop = _as_stop(stop)
     if checkpoint_every < 1 or keep_checkpoints < 1:
@@ -293,6 +297,8 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
     t_start = time.perf_counter()
     algo = _algo or config.build()
     _start_actors(algo, owned=_algo is None)  # a cluster too small for the run fails before the run directory is written
+    if on_start is not None:
+        on_start()
     run_dir = _run_dir
     if run_dir is None and out is not None:
         run_dir = new_run_dir(out, config)
@@ -344,16 +350,19 @@ def resume(run_dir: str | Path, stop: Stop | dict | None = None, overrides: dict
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"Run directory '{run_dir}' does not exist.")
-    run_file = run_dir / "run.yaml"
-    settings = yaml.safe_load(run_file.read_text()) if run_file.is_file() else {}
-    for note in ckpt.remove_leftovers(run_dir / "checkpoints"):
-        log.warning("%s: %s (left by a save that was killed)", run_dir / "checkpoints", note)
-    if not ckpt.list_checkpoints(run_dir / "checkpoints"):
+    settings = _run_settings(run_dir)
+    given = _as_stop(stop)  # a bad value is an error before anything is read further or changed
+    checkpoints = run_dir / "checkpoints"
+    if overrides and ckpt.list_checkpoints(checkpoints):  # a bad override is refused before anything is touched
+        _check_overrides(newest_intact_checkpoint(checkpoints), overrides)
+    for note in ckpt.remove_leftovers(checkpoints):  # puts back a checkpoint a killed save had moved aside
+        log.warning("%s: %s (left by a save that was killed)", checkpoints, note)
+    if not ckpt.list_checkpoints(checkpoints):
         raise CheckpointError(f"'{run_dir}' has no checkpoints/checkpoint_* to resume from; is it a shoal run directory?")
-    start = newest_intact_checkpoint(run_dir / "checkpoints")
+    start = newest_intact_checkpoint(checkpoints)
     saved_stop = _as_stop(settings.get("stop"))
     if stop is not None:
-        merged = {**saved_stop.model_dump(), **{k: v for k, v in _as_stop(stop).model_dump().items() if v is not None}}
+        merged = {**saved_stop.model_dump(), **{k: v for k, v in given.model_dump().items() if v is not None}}
         saved_stop = _as_stop(merged)
     at = checkpoint_progress(start)
     reason = saved_stop.reached(at)
@@ -369,6 +378,34 @@ def resume(run_dir: str | Path, stop: Stop | dict | None = None, overrides: dict
                      keep_checkpoints=settings.get("keep_checkpoints", 3), progress=progress, _algo=algo, _run_dir=run_dir)
     finally:
         algo.stop()
+
+
+def _run_settings(run_dir: Path) -> dict[str, Any]:
+    """A run directory's run.yaml (stop criteria, checkpoint settings); {} when it has none."""
+    run_file = run_dir / "run.yaml"
+    if not run_file.is_file():
+        return {}
+    try:
+        settings = yaml.safe_load(run_file.read_text(encoding="utf-8")) or {}
+    except (UnicodeDecodeError, yaml.YAMLError) as e:
+        detail = "it is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else " ".join(str(e).split())
+        raise CheckpointError(f"'{run_file}' cannot be read ({detail}); it holds the run's stop criteria and "
+                              "checkpoint settings as `shoal train` wrote them. Restore it, or delete it to resume "
+                              "with no stop criterion but the ones you give.") from None
+    if not isinstance(settings, dict):
+        raise CheckpointError(f"'{run_file}' holds {type(settings).__name__}, not the mapping `shoal train` writes; "
+                              "restore it, or delete it to resume with the stop criteria you give.")
+    return settings
+
+
+def _check_overrides(path: Path, overrides: dict[str, Any]) -> None:
+    """A ConfigError now if ``overrides`` do not fit the checkpoint's config (e.g. a negative worker count)."""
+    from shoal.algorithms import get_config_class
+    from shoal.config import deep_merge
+
+    meta = ckpt.read_meta(path)
+    config_cls = get_config_class(meta["algo"])
+    config_cls.from_dict(deep_merge(config_cls.without_unused(meta["config"]), overrides))
 
 
 def newest_intact_checkpoint(ckpt_dir: Path) -> Path:

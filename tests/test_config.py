@@ -197,7 +197,7 @@ def test_load_yaml(tmp_path):
 def test_load_yaml_errors(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_yaml(tmp_path / "missing.yaml")
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(ConfigError, match="is a directory"):
         load_yaml(tmp_path)  # a directory is not a config file
     lst = tmp_path / "list.yaml"
     lst.write_text("- a\n- b\n")

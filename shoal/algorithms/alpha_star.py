@@ -109,7 +109,7 @@ class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKe
         try:
             builder = make_league_builder(self.league)
         except ConfigError as e:
-            raise ConfigError(f"Invalid AlphaStarConfig: league: {e}") from None
+            raise ValueError(f"league: {str(e).rstrip('.')}") from None  # the config's own error adds its name
         learning = sum(1 for s in builder.initial_policies().values() if s["trainable"])
         builder.check_learner_slots(self.max_num_policies_to_train)
         if learning > self.max_num_policies_to_train:

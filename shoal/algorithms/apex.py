@@ -33,7 +33,7 @@ import numpy as np
 from pydantic import Field
 
 from shoal.algorithms.base import Algorithm
-from shoal.algorithms.dqn import (Q_DISPLAY_METRICS, DQNConfig, attach_target, build_q_learner, learn_on_replay_batch, n_step_postprocess,
+from shoal.algorithms.dqn import (Q_DISPLAY_METRICS, DQNConfig, attach_target, build_q_learner, check_replay_fits, learn_on_replay_batch, n_step_postprocess,
                                   replay_kwargs)
 from shoal.batch import Col
 from shoal.config import ResourcesConfig
@@ -143,6 +143,7 @@ class ApeX(Algorithm):
     def setup(self) -> None:
         cfg: ApeXConfig = self.config
         res = cfg.resources
+        check_replay_fits(cfg, self.env_info.observation_space, res.num_replay_shards)  # not in shard actors
         self.policy_cls = EpsilonGreedyQPolicy
         self.learner = build_q_learner(self, cfg)
         self.target = attach_target(self.learner, cfg)

@@ -6,6 +6,7 @@ visible execution plan) plus ``get_state``/``set_state`` for anything they add.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import random
@@ -18,12 +19,14 @@ import torch
 
 from shoal import checkpoint as ckpt
 from shoal.callbacks import Callbacks, aggregate_custom, build_callbacks
-from shoal.config import AlgorithmConfig
+from shoal.config import AlgorithmConfig, env_spec_to_str
 from shoal.envs import env_info
+from shoal.envs.make import check_env_memory
 from shoal.envs.atari import check_preprocessing_applies
 from shoal.envs.normalize import RunningStats, check_normalize_applies
-from shoal.errors import ActorLostError, CheckpointError, ConfigError, DivergenceError
+from shoal.errors import ActorLostError, CheckpointError, ConfigError, DivergenceError, EnvError
 from shoal.logging.metrics import EpisodeWindow, Timers
+from shoal.models.catalog import check_model_size
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
 from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
 from shoal.runtime.placement import DRIVER, BundleGroup, RunPlacement
@@ -32,6 +35,18 @@ from shoal.process import configure_process
 from shoal.seeding import EVAL_ACTORS_FIRST_INDEX, EVAL_RUNNER_INDEX
 
 COUNTERS = ("env_steps_sampled", "env_steps_trained", "time_total_s", "num_env_failures")
+
+
+@contextlib.contextmanager
+def _naming_env(config: AlgorithmConfig):
+    """A ConfigError or EnvError about the env's spaces names the env when it does not already."""
+    try:
+        yield
+    except (ConfigError, EnvError) as e:
+        name = env_spec_to_str(config.env)
+        if type(e) not in (ConfigError, EnvError) or name in str(e) or "space" not in str(e):
+            raise
+        raise type(e)(f"With env '{name}': {e}") from None
 
 
 def _reports_to_callbacks(train):
@@ -100,7 +115,11 @@ class Algorithm:
             np.random.seed(seed)
             torch.manual_seed(seed)
         self.rng = np.random.default_rng(seed)
-        self.env_info = self.describe_env()  # fails early on a bad env
+        with _naming_env(config):
+            self.env_info = self.describe_env()  # fails early on a bad env
+        obs_space = getattr(self.env_info, "observation_space", None)
+        check_env_memory(config, obs_space)  # before any env vector is built
+        check_model_size(getattr(config, "model", None), obs_space)  # before any layer is allocated
         self.norm_stats = self._normalization_stats()  # merged from the rollout actors (normalize section)
         self.iteration = 0
         self.counters: dict[str, float] = {k: 0 for k in COUNTERS}
@@ -115,7 +134,8 @@ class Algorithm:
         self.policy_cls = None  # set by setup(): the inference policy rollout actors build
         self.placement = RunPlacement(self.resource_plan(config), what=f"This {config.algo} run",
                                       wait_s=config.resources.resource_wait_s)
-        self.setup()
+        with _naming_env(config):
+            self.setup()
 
     # ---- for subclasses -------------------------------------------------------------------
     def describe_env(self):

@@ -201,6 +201,20 @@ def check_discrete(action_space: gym.Space, algo: str) -> None:
                           "For continuous actions use ppo, appo or impala.")
 
 
+def check_replay_fits(config: DQNConfig, obs_space: gym.Space, num_shards: int = 1) -> None:
+    """ConfigError before any replay is built when one shard's priority tree and plain rows cannot fit in
+    its share of the available memory (compressed rows are sized later, from the first rows stored)."""
+    from shoal.envs.make import obs_nbytes
+    from shoal.replay import storage
+
+    per_shard = -(-config.replay_capacity // num_shards)
+    needed = 32 * (1 << (per_shard - 1).bit_length()) if config.prioritized_replay else 0  # the sum tree
+    compressed = config.replay_compression != "none" and getattr(obs_space, "dtype", None) == np.uint8
+    if not compressed:
+        needed += per_shard * 2 * obs_nbytes(obs_space)
+    storage.check_fits(per_shard, needed, compressed, 1.0 / num_shards)
+
+
 def replay_kwargs(config: DQNConfig, seed: int | None, num_shards: int = 1) -> dict[str, Any]:
     """:class:`~shoal.replay.ReplayShard` keyword arguments of one of ``num_shards`` shards
     (each may plan to use an equal part of the machine's available memory)."""
@@ -234,6 +248,7 @@ class DQN(Algorithm):
 
     def setup(self) -> None:
         cfg: DQNConfig = self.config
+        check_replay_fits(cfg, self.env_info.observation_space)
         self.policy_cls = EpsilonGreedyQPolicy
         self.learner = build_q_learner(self, cfg)
         self.target = attach_target(self.learner, cfg)

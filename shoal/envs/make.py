@@ -19,7 +19,7 @@ import numpy as np
 
 from shoal.config import EnvPreprocessingConfig, EnvSpec, import_path
 from shoal.envs.atari import is_ale_id, make_atari_env, make_atari_vec_env, missing_ale_error
-from shoal.errors import EnvError
+from shoal.errors import ConfigError, EnvError
 
 
 def _unknown_env(env_id: str) -> EnvError:
@@ -60,6 +60,10 @@ def resolve_env_creator(env: EnvSpec, env_config: dict[str, Any] | None = None) 
                 return lambda **kw: gym.make(attr, **{**env_config, **kw})
             raise EnvError(f"Cannot import env '{env}': {e}.") from None
         if not callable(obj):
+            if any(callable(getattr(obj, f, None)) for f in ("env", "parallel_env")):
+                raise EnvError(f"Env '{env}' is a PettingZoo (multi-agent) env, not a Gymnasium one: a single-agent "
+                               "algorithm cannot train it. Give ppo, impala or appo a multi_agent section (see "
+                               "docs/guide/multi-agent.md), or train alpha_star on a two-player game.")
             raise EnvError(f"Env import path '{env}' names {type(obj).__name__}, which is not callable.")
         return lambda **kw: obj(**{**env_config, **kw})
     raise _unknown_env(env)
@@ -80,6 +84,11 @@ def make_env(env: EnvSpec, env_config: dict[str, Any] | None = None, seed: int |
         # Almost always a keyword in env_config that the constructor does not take.
         raise EnvError(f"Cannot build env {env!r} with env_config {env_config or {}}: {err}. "
                        "Check the env_config keys against the env's constructor.") from err
+    except Exception as err:  # noqa: BLE001 - the user's factory failed: report its own error, no traceback
+        if isinstance(err, EnvError):
+            raise
+        raise EnvError(f"Cannot build env {env!r}: creating it raised {type(err).__name__}: {err}. The env (or the "
+                       "factory `env` names) must build with the given env_config; fix it, or check env_config.") from err
     if not isinstance(e, gym.Env):
         raise EnvError(f"The env creator for {env!r} returned {type(e).__name__}, not a gymnasium.Env.")
     if seed is not None:
@@ -113,6 +122,48 @@ def make_vec_env(env: EnvSpec, num_envs: int, env_config: dict[str, Any] | None 
     if seed is not None:
         vec.action_space.seed(seed)
     return vec
+
+
+ENV_OVERHEAD_BYTES = 64 * 1024  # a floor for one env object and its vector-env buffers, observations aside
+
+
+def obs_nbytes(space: gym.Space | None) -> int:
+    """Bytes of one observation: a Box's array; 8 for anything else (a floor)."""
+    if isinstance(space, gym.spaces.Box):
+        return int(np.prod(space.shape)) * space.dtype.itemsize
+    return 8
+
+
+def check_env_memory(config: Any, obs_space: gym.Space | None) -> None:
+    """ConfigError, before any env is built, when what a config asks for cannot fit in memory.
+
+    Each rollout process (the driver, or each of ``num_workers`` actors on one machine at worst)
+    holds ``num_envs_per_worker`` envs (at least :data:`ENV_OVERHEAD_BYTES` each) and fragments of
+    ``fragment_length()`` steps of their observations; the learner holds ``train_batch_size`` rows.
+    The message names the key that asks for the most. No check where the available memory cannot be read.
+    """
+    from shoal.replay.storage import GB, available_memory_bytes
+
+    res, row = config.resources, 4 * obs_nbytes(obs_space) + 64  # obs, next obs, copies; a few scalars
+    processes = max(1, res.num_workers)
+    frag = config.fragment_length() if hasattr(config, "fragment_length") else 1
+    batch = f"train_batch_size={getattr(config, 'train_batch_size', 0)}"
+    # an 'auto' fragment length is derived from train_batch_size: that is the key to name
+    frag_key = (f"rollout_fragment_length={frag}" if isinstance(getattr(config, "rollout_fragment_length", None), int)
+                else batch)
+    asks = {f"resources.num_envs_per_worker={res.num_envs_per_worker}":
+            processes * res.num_envs_per_worker * ENV_OVERHEAD_BYTES, frag_key: 0, batch: 0}
+    asks[frag_key] += processes * res.num_envs_per_worker * (frag + 1) * row
+    asks[batch] += getattr(config, "train_batch_size", 0) * row
+    needed, avail = sum(asks.values()), available_memory_bytes()
+    if avail is None or needed <= avail:
+        return
+    culprit = max(asks, key=asks.get)
+    raise ConfigError(f"{culprit} is too large for this machine: the run needs about {needed / GB:,.1f} GB for its "
+                      f"envs and batches ({processes} rollout process{'es' if processes > 1 else ''} of "
+                      f"{res.num_envs_per_worker} envs, {row:,} bytes per step), and this machine has {avail / GB:.1f} GB "
+                      "available. Lower it (typical: 1 to 64 envs per worker, batches of thousands of steps); "
+                      "nothing was built.")
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,10 @@ def resolve_multi_agent_env(env: Any, env_config: dict[str, Any] | None = None) 
     if isinstance(env, str):
         if not env:
             raise EnvError("`env` is empty; name a PettingZoo env, e.g. 'pettingzoo.classic:tictactoe_v3'.")
+        if env in gym.envs.registry:
+            raise EnvError(f"'{env}' is a single-agent Gymnasium env; a multi-agent algorithm (alpha_star, or a "
+                           "multi_agent section) needs a PettingZoo env, e.g. 'pettingzoo.classic:tictactoe_v3'. "
+                           "Train a Gymnasium env with ppo, dqn, impala or appo and no multi_agent section.")
         try:
             obj = import_path(env) if ":" in env else importlib.import_module(env)
         except (ImportError, AttributeError, ValueError) as e:

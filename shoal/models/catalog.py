@@ -12,6 +12,8 @@ space into floats in [0, 1] on the module's device, so that frames travel as byt
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -400,6 +402,31 @@ class ActorCritic(nn.Module):
 
 def _torso_kwargs(model_config) -> dict:
     return dict(conv_filters=model_config.conv_filters, torso=model_config.torso, frame_layout=model_config.frame_layout)
+
+
+BYTES_PER_PARAMETER = 16  # float32 weights, their gradients and Adam's two moments
+
+
+def check_model_size(model_config: Any, obs_space: gym.Space) -> None:
+    """ConfigError before any layer is allocated when the MLP (and LSTM) the model section describes
+    cannot fit in the memory available: two such networks (policy and value, or online and target)."""
+    from shoal.replay.storage import GB, available_memory_bytes
+
+    if model_config is None or getattr(model_config, "custom", None):
+        return
+    in_dim = flat_obs_dim(obs_space) if isinstance(obs_space, (gym.spaces.Box, gym.spaces.Discrete)) else 1
+    dims = [in_dim, *model_config.hiddens]
+    params = sum(a * b for a, b in zip(dims, dims[1:]))
+    if getattr(model_config, "use_lstm", False):
+        c = model_config.lstm_cell_size
+        params += 4 * c * (dims[-1] + c)
+    needed, avail = 2 * params * BYTES_PER_PARAMETER, available_memory_bytes()
+    if avail is None or needed <= avail:
+        return
+    lstm = f" and model.lstm_cell_size={model_config.lstm_cell_size}" if getattr(model_config, "use_lstm", False) else ""
+    raise ConfigError(f"model.hiddens={list(model_config.hiddens)}{lstm} describe networks of about {params:,} "
+                      f"parameters each: about {needed / GB:,.1f} GB with gradients and optimizer state, and this machine "
+                      f"has {avail / GB:.1f} GB available. Typical layer sizes are 64 to 1024; nothing was built.")
 
 
 def build_actor_critic(obs_space: gym.Space, action_space: gym.Space, model_config) -> nn.Module:

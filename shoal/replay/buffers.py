@@ -246,6 +246,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self.beta = _non_negative("beta", beta)
         self.eps = _non_negative("eps", eps, strict=True)
         self.max_priority = 1.0
+        # the priority tree is allocated (and filled) now: 2 x 2 float64 per leaf, leaves rounded up to a power of 2
+        tree_bytes = 32 * (1 << (self.capacity - 1).bit_length())
+        storage.check_fits(self.capacity, tree_bytes, True, self.memory_share)
         self._tree = st.SumTree(self.capacity)
 
     def _priorities(self, priorities, n: int) -> np.ndarray:

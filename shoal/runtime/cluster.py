@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import warnings
 
 import ray
@@ -37,6 +38,7 @@ def start(address: str | None = None, num_cpus: int | None = None, **kwargs) -> 
         if address is None and num_cpus is not None:
             init_kwargs["num_cpus"] = num_cpus
         init_kwargs.update(kwargs)
+        check_reachable(address)
         before = _children() if address is None else None
         try:
             ray.init(**init_kwargs)
@@ -56,6 +58,24 @@ def _children() -> set[int]:
     import psutil
 
     return {p.pid for p in psutil.Process().children()}
+
+
+def check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
+    """ResourceError within ``timeout_s`` when a 'host:port' or 'ray://host:port' address takes no TCP
+    connection: Ray itself retries an unreachable GCS address for minutes before giving up."""
+    if not address or address in ("auto", "local"):
+        return
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ResourceError(f"Ray address '{address}' is not 'auto', 'host:port' or 'ray://host:port' (resources.address, "
+                            "--address).")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ResourceError(f"Cannot connect to the Ray cluster at '{address}': nothing accepts connections at "
+                            f"{host}:{port} ({e.strerror or e}). Start the cluster (`ray start --head` prints its "
+                            "address), check the host and port, or leave resources.address out to start a local "
+                            "Ray instance.") from None
 
 
 def shutdown() -> None:
