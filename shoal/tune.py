@@ -79,6 +79,7 @@ def _make_trainable():
 
             for name in ("ray.tune", "ray.train"):  # no line per checkpoint saved or restored
                 logging.getLogger(name).setLevel(logging.WARNING)
+            _quiet_sigterm()
             self.algo = algo_config(config).build()
             self._fresh_state = copy.deepcopy(self.algo.get_state())  # what reset_config returns to
 
@@ -135,3 +136,16 @@ def __getattr__(name: str):
     if name == "ShoalTrainable":
         return trainable()
     raise AttributeError(name)
+
+
+def _quiet_sigterm() -> None:
+    """End this trainable's process quietly on SIGTERM. Ray sends it to the trainables Tune kept for
+    reuse when `shoal tune` shuts Ray down; Ray's own handler raises SystemExit, which, landing in
+    a weakref callback, printed an "Exception ignored ... Traceback" after the results. Checkpoints
+    are complete on disk by then (written atomically), so nothing is lost."""
+    import os
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
