@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/recurrent.py
 	$(PY) benchmarks/league_connect4.py --budget-s 900
 	$(PY) benchmarks/atari_throughput.py --budget-s 120
+	$(PY) benchmarks/chaos.py --budget-s 900
 	$(PY) benchmarks/atari_pong.py --budget-s 3600
 
 # The documentation site (MkDocs, Material theme) into site/; --strict: any warning fails the build.
