@@ -21,11 +21,9 @@ CHECKPOINT_NAME = "shoal"  # the shoal checkpoint directory inside a Tune checkp
 
 
 def _tune():
-    try:
-        from ray import tune
-    except ImportError:  # pragma: no cover - depends on the installation
-        raise ConfigError("Ray Tune is not installed: pip install 'shoal[tune]'.") from None
-    return tune
+    from shoal.runtime.tune_api import tune_module
+
+    return tune_module()
 
 
 def algo_config(config: dict[str, Any]):

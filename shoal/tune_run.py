@@ -57,7 +57,9 @@ class SearchSpec(_Strict):
         return next(k for k in SEARCH_KINDS if getattr(self, k) is not None)
 
     def domain(self):
-        from ray import tune
+        from shoal.runtime.tune_api import tune_module
+
+        tune = tune_module()
 
         kind, value = self.kind, getattr(self, self.kind)
         if kind == "grid":
@@ -223,8 +225,10 @@ def _param_space(spec: TuneSpec) -> dict[str, Any]:
 
 
 def _scheduler(spec: TuneSpec):
-    from ray.tune.schedulers import ASHAScheduler, PopulationBasedTraining
+    from shoal.runtime.tune_api import tune_schedulers
 
+    schedulers = tune_schedulers()
+    ASHAScheduler, PopulationBasedTraining = schedulers.ASHAScheduler, schedulers.PopulationBasedTraining
     s = spec.scheduler
     if isinstance(s, AshaSpec):
         return ASHAScheduler(time_attr=s.time_attr, max_t=s.max_t, grace_period=s.grace_period,
@@ -248,10 +252,11 @@ def run_tune(spec: TuneSpec, out: Path = Path("runs"), address: str | None = Non
     import os
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's compact status table (CLIReporter), not a box per result
-    from ray import tune
-
     from shoal import runtime
+    from shoal.runtime.tune_api import tune_module
     from shoal.tune import trainable
+
+    tune = tune_module()
 
     runtime.start(address)
     metric, mode = _metric(spec)
