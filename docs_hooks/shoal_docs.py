@@ -1,7 +1,7 @@
 """MkDocs hook: pages ask for generated content with markers, filled in at build time.
 
 ``<!-- shoal:keys ALGO -->`` becomes the table of ALGO's config keys (the rows ``shoal config
-ALGO`` prints, from :func:`shoal.config.key_reference`), and ``<!-- shoal:presets ALGO -->``
+ALGO`` prints, from :func:`shoal.config_reference.key_reference`), and ``<!-- shoal:presets ALGO -->``
 lists the ``examples/*.yaml`` presets of ALGO with their leading comments (what each is for
 and what it measured). The pages never hold a copy that could fall behind the code.
 """
@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from shoal.algorithms import REGISTRY, get_config_class
-from shoal.config import key_reference
+from shoal.config_reference import key_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

@@ -395,7 +395,7 @@ def config_reference(
 ) -> None:
     """Every config key of ALGO, nested sections too: type, default and what it does."""
     from shoal.algorithms import get_config_class
-    from shoal.config import commented_yaml, key_reference
+    from shoal.config_reference import commented_yaml, key_reference
 
     try:
         cls = get_config_class(algo)

@@ -431,7 +431,7 @@ def test_a_checkpoint_saved_with_keys_now_unused_still_loads(tmp_path):
 # ---- the key reference ------------------------------------------------------------------------
 def test_every_config_key_has_a_description():
     from shoal.algorithms import REGISTRY, get_config_class
-    from shoal.config import key_reference
+    from shoal.config_reference import key_reference
 
     missing = [f"{algo}: {key}" for algo in REGISTRY for key, _, _, desc in key_reference(get_config_class(algo))
                if not desc]
@@ -445,7 +445,7 @@ def test_shoal_config_yaml_is_a_complete_config_that_validates(algo, tmp_path):
 
     from shoal.algorithms import get_config_class
     from shoal.cli import app
-    from shoal.config import key_reference
+    from shoal.config_reference import key_reference
 
     r = CliRunner().invoke(app, ["config", algo, "--yaml"])
     assert r.exit_code == 0, r.output

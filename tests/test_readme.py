@@ -155,7 +155,7 @@ def test_mkdocs_config_uses_the_hook():
 
 def test_keys_hook_renders_a_table_of_every_key_for_every_algorithm():
     from shoal.algorithms import get_config_class
-    from shoal.config import key_reference
+    from shoal.config_reference import key_reference
 
     hook = load_hook()
     for algo in REGISTRY:
