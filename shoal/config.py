@@ -239,6 +239,9 @@ class EnvPreprocessingConfig(Section):
     frame_stack: int = Field(4, ge=1, description="The last frame_stack frames form one observation.")
     episodic_life: bool = Field(False, description="A lost life ends the episode for learning (no bootstrap across it); "
                                 "the game, and its reported return, go on.")
+    fire_reset: Union[Literal["auto"], bool] = Field(
+        "auto", description="Press FIRE where a game waits for it: FIRE then action 2 at the start of each game, FIRE "
+        "after each lost life. auto: for games whose action 1 is FIRE (Breakout, Pong, ...); true for another is an error.")
     clip_rewards: bool = Field(True, description="Learn from the sign of each reward (-1, 0, +1); reported returns "
                                "stay raw game scores.")
     repeat_action_probability: Optional[float] = Field(

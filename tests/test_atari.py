@@ -1,6 +1,6 @@
 """Atari preprocessing: both back ends against frames computed by hand from the raw emulator,
-no-op starts, sticky actions kept from the id, and the learning signal (clipped rewards,
-life-loss terminals) leaving the reported scores raw."""
+no-op starts, sticky actions kept from the id, FIRE pressed for games that wait for it, and the
+learning signal (clipped rewards, life-loss terminals) leaving the reported scores raw."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _by_hand(env_id: str, actions: list[int], skip: int = 4, pool: bool = True) 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_frames_are_max_pooled_resized_grayscale_stacks(backend):
     expected = _by_hand("ALE/Breakout-v5", ACTIONS)
-    p = EnvPreprocessingConfig(backend=backend, noop_max=0, repeat_action_probability=0.0)
+    p = EnvPreprocessingConfig(backend=backend, noop_max=0, repeat_action_probability=0.0, fire_reset=False)
     env = make_vec_env("ALE/Breakout-v5", 1, seed=0, preprocessing=p)
     obs, _ = env.reset(seed=0)
     assert obs.shape == (1, 4, 84, 84) and obs.dtype == np.uint8
@@ -52,7 +52,8 @@ def test_frames_are_max_pooled_resized_grayscale_stacks(backend):
 def test_max_pooling_changes_frames_and_can_be_switched_off():
     pooled, last_only = _by_hand("ALE/Breakout-v5", ACTIONS), _by_hand("ALE/Breakout-v5", ACTIONS, pool=False)
     assert any((a != b).any() for a, b in zip(pooled, last_only))  # flicker: pooling matters here
-    p = EnvPreprocessingConfig(backend="ale_vector", noop_max=0, repeat_action_probability=0.0, max_pool=False)
+    p = EnvPreprocessingConfig(backend="ale_vector", noop_max=0, repeat_action_probability=0.0, max_pool=False,
+                               fire_reset=False)
     env = make_vec_env("ALE/Breakout-v5", 1, seed=0, preprocessing=p)
     env.reset(seed=0)
     for t, a in enumerate(ACTIONS):
@@ -65,8 +66,8 @@ def test_max_pooling_changes_frames_and_can_be_switched_off():
 def test_noop_starts_take_a_random_count_up_to_noop_max(backend):
     counts = []
     for noop_max in (0, 30):
-        env = make_vec_env("ALE/Breakout-v5", 8, seed=1, preprocessing=EnvPreprocessingConfig(backend=backend,
-                                                                                               noop_max=noop_max))
+        p = EnvPreprocessingConfig(backend=backend, noop_max=noop_max, fire_reset=False)  # FIRE adds frames
+        env = make_vec_env("ALE/Breakout-v5", 8, seed=1, preprocessing=p)
         _, info = env.reset(seed=1)
         counts.append(np.asarray(info["episode_frame_number"]))  # one emulator frame per no-op
         env.close()
@@ -103,6 +104,109 @@ def test_preprocessing_keys_for_a_non_atari_env_are_refused():
 
     with pytest.raises(ConfigError, match="env_preprocessing.frame_stack set, but env 'CartPole-v1' is not"):
         PPOConfig(env="CartPole-v1", env_preprocessing={"frame_stack": 2}).build()
+
+
+# ---- FIRE for games that wait for it --------------------------------------------------------
+def _noop_play(backend: str, fire_reset, steps: int, num_envs: int = 2):
+    """Lives (per step, per env) and the games ended, playing only NOOP on Breakout."""
+    p = EnvPreprocessingConfig(backend=backend, noop_max=0, repeat_action_probability=0.0, fire_reset=fire_reset)
+    env = make_vec_env("ALE/Breakout-v5", num_envs, seed=0, preprocessing=p)
+    _, info = env.reset(seed=0)
+    lives, games = [np.asarray(info["lives"])], 0
+    for _ in range(steps):
+        _, _, term, trunc, info = env.step(np.zeros(num_envs, dtype=np.int64))
+        lives.append(np.asarray(info["lives"]))
+        games += int((term | trunc).sum())
+    env.close()
+    return np.stack(lives), games
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fire_reset_launches_the_ball_at_each_start_and_after_each_lost_life(backend):
+    # Breakout serves only on FIRE. A ball nobody hits is lost in about 25 steps, so five lives
+    # go in about 125 steps if the ball is relaunched after each; 300 steps see two whole games.
+    lives, games = _noop_play(backend, "auto", 300)
+    assert lives[0].tolist() == [5, 5]
+    first_loss = [int(np.argmax(lives[:, i] < 5)) for i in range(2)]
+    assert all(0 < t <= 40 for t in first_loss), first_loss
+    # 2 games per env, each over on its fifth lost life: each life relaunched, each new game too
+    assert games == 4 and (lives == 0).sum() == 4
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_without_fire_reset_a_noop_player_never_launches_the_ball(backend):
+    lives, games = _noop_play(backend, False, 300)
+    assert (lives == 5).all() and games == 0
+
+
+def test_fire_reset_auto_follows_the_games_action_1():
+    from gymnasium.wrappers import FrameStackObservation
+
+    from shoal.envs.atari import FireReset, VectorFireReset
+
+    def fires(env_id: str, backend: str, setting="auto") -> bool:
+        vec = make_vec_env(env_id, 1, preprocessing=EnvPreprocessingConfig(backend=backend, fire_reset=setting))
+        if backend == "ale_vector":
+            return isinstance(vec, VectorFireReset)
+        stack = vec.envs[0]
+        assert isinstance(stack, FrameStackObservation)
+        return isinstance(stack.env, FireReset)
+
+    for backend in BACKENDS:
+        assert fires("ALE/Breakout-v5", backend) and fires("ALE/Pong-v5", backend)  # action 1 is FIRE
+        assert not fires("ALE/MsPacman-v5", backend)  # NOOP, UP, RIGHT, ...: left alone
+        assert not fires("ALE/Breakout-v5", backend, False)
+        with pytest.raises(EnvError, match="action 1 of 'ALE/MsPacman-v5' is not FIRE"):
+            fires("ALE/MsPacman-v5", backend, True)
+    assert gym.make("ALE/MsPacman-v5").unwrapped.get_action_meanings()[1] == "UP"
+
+
+def test_fire_reset_is_a_preprocessing_key():
+    from shoal.algorithms.ppo import PPOConfig
+
+    assert EnvPreprocessingConfig().fire_reset == "auto"
+    assert EnvPreprocessingConfig(fire_reset=False).fire_reset is False
+    with pytest.raises(ConfigError, match="fire_reset"):
+        PPOConfig(env="ALE/Pong-v5", env_preprocessing={"fire_reset": "sometimes"})
+    with pytest.raises(ConfigError, match="env_preprocessing.fire_reset set, but env 'CartPole-v1' is not"):
+        PPOConfig(env="CartPole-v1", env_preprocessing={"fire_reset": False}).build()
+
+
+def test_vector_fire_reset_replaces_the_first_actions_of_each_game_by_hand():
+    from shoal.envs.atari import VectorFireReset
+
+    class Scripted(gym.vector.VectorEnv):
+        """Two envs that record the actions played; lives and ends follow a script."""
+
+        def __init__(self, script):
+            self.num_envs, self.script, self.played = 2, iter(script), []
+            self.single_action_space = gym.spaces.Discrete(4)
+            self.action_space = gym.vector.utils.batch_space(self.single_action_space, 2)
+
+        def reset(self, *, seed=None, options=None):
+            return np.zeros(2), {"lives": np.array([3, 3])}
+
+        def step(self, actions):
+            self.played.append(np.asarray(actions).tolist())
+            lives, term = next(self.script)
+            return np.zeros(2), np.zeros(2), np.array(term), np.zeros(2, bool), {"lives": np.array(lives)}
+
+    script = [([3, 3], [False, False]), ([3, 2], [False, False]), ([3, 2], [False, False]),
+              ([0, 2], [True, False]), ([3, 2], [False, False]), ([3, 2], [False, False]), ([3, 2], [False, False])]
+    inner = Scripted(script)
+    env = VectorFireReset(inner)
+    env.reset()
+    for _ in script:
+        env.step(np.array([3, 3]))
+    assert inner.played == [
+        [1, 1],  # FIRE after the reset
+        [2, 2],  # then action 2
+        [3, 1],  # env 1 lost a life on the step before: FIRE
+        [3, 3],  # env 0's game ends on this step
+        [3, 3],  # env 0 resets on this step (its action is not played)
+        [1, 3],  # its new game starts with FIRE
+        [2, 3],  # and action 2
+    ]
 
 
 # ---- the learning signal ---------------------------------------------------------------------
