@@ -62,6 +62,66 @@ def test_num_workers_zero_trains_in_process():
         # the driver's runner spreads the per-actor epsilons over its 4 envs
         eps = algo.env_runners.actors[0].policy.epsilon
         assert eps.shape == (4,) and eps[0] == pytest.approx(0.4) and np.all(np.diff(eps) < 0)
+        # the headline counts envs 2 and 3 only; all_envs/* every env's episodes
+        assert r["all_envs/episodes_total"] > r["episodes_total"] > 0
+    finally:
+        algo.stop()
+
+
+# ---- which episodes the headline metrics count -------------------------------------------
+def test_actor_epsilons_by_hand():
+    from shoal.algorithms.apex import actor_epsilons
+
+    driver = actor_epsilons(0, 3, 0.4, 7.0)  # env j of 3: 0.4 ** (1 + 7 j / 2)
+    np.testing.assert_allclose(driver[0], [0.4, 0.4 ** 4.5, 0.4 ** 8])
+    actors = actor_epsilons(3, 2, 0.4, 7.0)  # actor i of 3 (ids 1..3): one epsilon on both its envs
+    assert sorted(actors) == [1, 2, 3]
+    for i, eps in zip((1, 2, 3), (0.4, 0.4 ** 4.5, 0.4 ** 8)):
+        np.testing.assert_allclose(actors[i], [eps, eps])
+
+
+@pytest.mark.parametrize("workers, envs, counted", [
+    (0, 8, {0: [5, 6, 7]}),  # 8 envs in the driver: ceil(8 / 3) = 3 lowest epsilons
+    (0, 3, {0: [2]}),
+    (0, 2, {0: [1]}),
+    (0, 1, {0: [0]}),  # at least one env
+    (8, 1, {6: [0], 7: [0], 8: [0]}),  # 8 actors of one env: the same 3 envs, by actor
+    (3, 1, {3: [0]}),
+    (3, 4, {3: [0, 1, 2, 3]}),  # ceil(12 / 3) = 4 envs: all of actor 3 (its envs share its epsilon)
+    (4, 2, {3: [0, 1], 4: [0, 1]}),  # ceil(8 / 3) = 3 envs; actor 3's second env ties with its first
+    (2, 16, {2: list(range(16))}),  # the small-machine preset: the lower-epsilon actor
+])
+def test_reporting_envs_are_the_lowest_epsilon_third(workers, envs, counted):
+    from shoal.algorithms.apex import actor_epsilons, reporting_envs
+
+    masks = reporting_envs(actor_epsilons(workers, envs, 0.4, 7.0))
+    assert {i: np.flatnonzero(m).tolist() for i, m in masks.items() if m.any()} == counted
+    assert all(len(m) == envs for m in masks.values())
+
+
+def test_equal_epsilons_count_every_env():
+    from shoal.algorithms.apex import actor_epsilons, reporting_envs
+
+    masks = reporting_envs(actor_epsilons(0, 6, 0.4, 0.0))  # exploration_alpha 0: all explore with 0.4
+    assert masks[0].all()
+
+
+def test_episodes_of_high_epsilon_envs_stay_out_of_the_headline():
+    from shoal.rollout.env_runner import RolloutMetrics
+
+    algo = in_process_config(resources={"num_workers": 0, "num_envs_per_worker": 8, "num_replay_shards": 1}).build()
+    try:
+        # env 0 explores with epsilon 0.4, envs 5 and 7 with 0.4 ** 6 and 0.4 ** 8
+        m = RolloutMetrics(env_steps=30, episode_returns=[9.0, 200.0, 100.0, 11.0], episode_lengths=[9, 200, 100, 11],
+                           episode_envs=[0, 7, 5, 0], custom_metrics=[{"x": 1.0}, {"x": 2.0}, {"x": 3.0}, {"x": 4.0}])
+        assert algo.record_actor_rollouts([(0, m)]) == 30
+        assert algo.episodes.metrics() == {"episode_return_mean": 150.0, "episode_return_min": 100.0,
+                                           "episode_return_max": 200.0, "episode_len_mean": 150.0, "episodes_total": 2}
+        assert algo.custom_metrics == [{"x": 2.0}, {"x": 3.0}]
+        everyone = algo.all_env_episodes.metrics()
+        assert everyone["episode_return_mean"] == 80.0 and everyone["episodes_total"] == 4
+        state = algo.get_state()
+        assert state["episodes"]["returns"] == [200.0, 100.0] and state["all_env_episodes"]["total"] == 4
     finally:
         algo.stop()
 

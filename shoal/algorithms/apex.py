@@ -10,8 +10,9 @@ on the driver's node. The driver keeps up to 4 sample requests in flight per act
 refreshes an actor's weights once it has sampled ``max_weight_sync_delay`` steps since its
 last refresh (one object-store put), asks shards for replay batches at the training
 intensity, feeds the ready ones to the learner thread without blocking, and sends each
-batch's new priorities back to its shard. Episode metrics come from the third of actors with
-the lowest epsilon.
+batch's new priorities back to its shard. The headline episode metrics count only the
+episodes of the third of envs with the lowest epsilon (:func:`reporting_envs`), as the
+reference does; ``all_envs/*`` count every env's.
 
 Training intensity: as in the reference, sampled env steps accumulate until a train batch's
 worth has come in, which then owes ``collected / train_batch_size * training_intensity``
@@ -47,7 +48,7 @@ from shoal.replay.storage import lz4_block
 from shoal.seeding import component_seed
 from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
 from shoal.runtime.placement import DRIVER, BundleGroup
-from shoal.logging.metrics import Phase
+from shoal.logging.metrics import EpisodeWindow, Phase
 
 
 # ---- config -----------------------------------------------------------------------------
@@ -111,17 +112,40 @@ class ApeXConfig(DQNConfig):
 
 
 # ---- rollout actor ----------------------------------------------------------------------
+def actor_epsilons(num_workers: int, num_envs: int, base: float, alpha: float) -> dict[int, np.ndarray]:
+    """The epsilon of every env of every rollout actor, by actor id.
+
+    Rollout actor i of N (ids 1..N) explores with ``base ** (1 + alpha * (i - 1) / (N - 1))`` on
+    all its envs; with ``num_workers=0`` the driver's runner (id 0) spreads the schedule over the
+    envs of its vector instead, env j of ``num_envs`` getting the j-th epsilon.
+    """
+    if num_workers > 0:
+        return {i: np.full(num_envs, apex_epsilon(i - 1, num_workers, base, alpha)) for i in range(1, num_workers + 1)}
+    return {0: np.array([apex_epsilon(j, num_envs, base, alpha) for j in range(num_envs)])}
+
+
+def reporting_envs(epsilons: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Per actor id, a mask of the envs whose episodes the headline metrics count: the third of
+    all envs with the lowest epsilon (at least one), with the envs tied with the last of them.
+
+    Envs with epsilon 0.4 play far worse than the greedy policy, so counting their episodes
+    would bias ``episode_return_mean`` (and the ``best`` checkpoint it picks) low. With several
+    actors, whose envs share their actor's epsilon, the ties make this the third of actors with
+    the lowest epsilon (rounded up).
+    """
+    ranked = np.sort(np.concatenate(list(epsilons.values())))
+    cutoff = ranked[math.ceil(len(ranked) / 3) - 1]
+    return {i: eps <= cutoff for i, eps in epsilons.items()}
+
+
 class ApeXRunner(EnvRunner):
     """An EnvRunner that writes its own batches (with initial priorities) into a random replay shard."""
 
     def __init__(self, config: ApeXConfig, worker_index: int, *args, **kwargs) -> None:
         super().__init__(config, worker_index, *args, **kwargs)
         n = config.resources.num_workers
-        base, spread = config.exploration_base, config.exploration_alpha
-        if n > 0:  # actor i of N (indices 1..N)
-            self.policy.epsilon = apex_epsilon(worker_index - 1, n, base, spread)
-        else:  # sampling in the driver: spread the schedule over the vector's envs instead
-            self.policy.epsilon = np.array([apex_epsilon(j, self.num_envs, base, spread) for j in range(self.num_envs)])
+        eps = actor_epsilons(n, self.num_envs, config.exploration_base, config.exploration_alpha)[worker_index]
+        self.policy.epsilon = float(eps[0]) if n > 0 else eps  # one per env when sampling in the driver
         self.shards: list = []
         self.rng = np.random.default_rng(self.seed)
 
@@ -184,10 +208,10 @@ class ApeX(Algorithm):
                                         priorities=cfg.worker_side_prioritization and cfg.prioritized_replay)
         self.env_runners = self.make_env_runners(EpsilonGreedyQPolicy, postprocess, cfg.fragment_length(),
                                                  max_in_flight=cfg.max_requests_in_flight_per_worker, runner_cls=ApeXRunner)
-        n = len(self.env_runners.actor_ids)
-        ids = sorted(self.env_runners.actor_ids)
-        self.reporting_ids = set(ids[-math.ceil(n / 3):])  # highest index = lowest epsilon
-        self.steps_since_sync = {i: 0 for i in ids}
+        self.reporting_envs = reporting_envs(actor_epsilons(res.num_workers, res.num_envs_per_worker,
+                                                            cfg.exploration_base, cfg.exploration_alpha))
+        self.all_env_episodes = EpisodeWindow(100)  # every env's episodes, high epsilons included
+        self.steps_since_sync = {i: 0 for i in self.env_runners.actor_ids}
         self.broadcast_weights()
         self.num_stale_priority_batches = 0  # learned batches whose shard was recreated since: priorities dropped
         self.learning_started_at: tuple[float, float] | None = None  # (sampled, trained) env steps then
@@ -262,6 +286,9 @@ class ApeX(Algorithm):
     def train(self) -> dict[str, Any]:
         result = super().train()
         result["learner_busy_fraction"] = self.learner_thread.busy_fraction()  # over this iteration
+        everyone = self.all_env_episodes.metrics()
+        for key in ("episode_return_mean", "episode_len_mean", "episodes_total"):
+            result[f"all_envs/{key}"] = everyone[key]
         return result
 
     # ---- training intensity ---------------------------------------------------------------
@@ -337,15 +364,18 @@ class ApeX(Algorithm):
         return (self.counters["env_steps_trained"] - trained0) / sampled if sampled > 0 else 0.0
 
     def record_actor_rollouts(self, ready) -> int:
-        """Count every actor's steps; report episodes only from the lowest-epsilon third."""
+        """Count every actor's steps and episodes; the headline metrics (and callbacks' custom
+        metrics) take only the episodes of the lowest-epsilon third of envs."""
         steps = 0
         for i, m in ready:
             steps += m.env_steps
             self.counters["num_env_failures"] += m.env_failures
             self.steps_since_sync[i] = self.steps_since_sync.get(i, 0) + m.env_steps
-            if i in self.reporting_ids:
-                self.episodes.add(m.episode_returns, m.episode_lengths)
-                self.custom_metrics.extend(m.custom_metrics)
+            self.all_env_episodes.add(m.episode_returns, m.episode_lengths)
+            counted = np.flatnonzero(self.reporting_envs[i][m.episode_envs])  # positions in the episode lists
+            self.episodes.add([m.episode_returns[j] for j in counted], [m.episode_lengths[j] for j in counted])
+            if m.custom_metrics:  # one dict per finished episode, in the same order
+                self.custom_metrics.extend(m.custom_metrics[j] for j in counted)
         self.counters["env_steps_sampled"] += steps
         return steps
 
@@ -367,7 +397,8 @@ class ApeX(Algorithm):
     def get_state(self) -> dict[str, Any]:
         with self.learner_thread.hold():
             state = {**super().get_state(), "learner": self.learner.get_state(), "target": self.target.get_state(),
-                     "num_learner_updates": self.learner_thread.num_updates}
+                     "num_learner_updates": self.learner_thread.num_updates,
+                     "all_env_episodes": self.all_env_episodes.get_state()}
             # requests in flight or queued are lost with this process: a restored run owes them again
             owed = self._owed + self._replay_in_flight + self.learner_thread.inqueue.qsize()
             state["replay_schedule"] = {"owed": float(owed), "steps_not_owed": int(self._steps_not_owed),
@@ -383,6 +414,8 @@ class ApeX(Algorithm):
             self.target.set_state(state["target"])
             # the thread's SGD steps go on from the checkpoint (older ones did not save it: the learner's count)
             self.learner_thread.num_updates = int(state.get("num_learner_updates", self.learner.num_updates))
+        if "all_env_episodes" in state:  # older checkpoints kept only the headline window
+            self.all_env_episodes.set_state(state["all_env_episodes"])
         schedule = state.get("replay_schedule")
         if schedule is not None:
             self._owed, self._steps_not_owed = float(schedule["owed"]), int(schedule["steps_not_owed"])

@@ -61,6 +61,7 @@ class RolloutMetrics:
     env_steps: int = 0
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
+    episode_envs: list[int] = field(default_factory=list)  # the env (index in the vector) of each finished episode
     sample_time_s: float = 0.0
     worker_index: int = 0
     normalizer_new: RunningStats | None = None  # normalization statistics gathered since the last sample, for the driver
@@ -265,6 +266,7 @@ class EnvRunner:
                     idx = np.flatnonzero(done)
                     metrics.episode_returns.extend(ep_ret[idx].tolist())
                     metrics.episode_lengths.extend(ep_len[idx].tolist())
+                    metrics.episode_envs.extend(idx.tolist())
                     ep_ret[idx] = 0.0
                     ep_len[idx] = 0
                 prev_done = done
