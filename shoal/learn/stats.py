@@ -16,9 +16,11 @@ import torch
 def standardize(advantages: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
     """``(A - mean) / (std + 1e-8)`` over the valid steps (all when ``valid`` is None); masked steps stay 0.
 
-    Unnormalized V-trace advantages on a sparse-reward game (Pong: one +-1 every ~100 steps)
-    are small and mostly noise around a non-zero mean; standardizing removes the mean and
-    gives the surrogate PPO's scale, which is what its clip_param is tuned for.
+    Standardizing removes each batch's mean and gives the surrogate unit scale, the scale PPO's
+    clip_param is tuned for. It is a change of scale, not a rescue of a lost signal: measured on
+    Pong, raw V-trace advantages have a standard deviation of 0.26-0.43 per batch (so this
+    multiplies them by about 2-4), and near the uniform policy the entropy bonus's gradient is
+    14-1300x smaller than the policy gradient's.
     """
     if valid is None:
         return (advantages - advantages.mean()) / (advantages.std() + 1e-8) if len(advantages) > 1 else advantages
