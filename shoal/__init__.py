@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 from shoal.config import AlgorithmConfig  # noqa: E402
 from shoal.errors import (CheckpointError, ConfigError, DivergenceError, EnvError, EnvFailureError,  # noqa: E402
-                          NonFiniteEnvError, ResourceError, ShoalError, WorkerError)
+                          NonFiniteEnvError, ResourceError, ShoalError, UntrustedCodeError, WorkerError)
 
 _LAZY = {
     "PPOConfig": ("shoal.algorithms.ppo", "PPOConfig"),
@@ -48,5 +48,5 @@ def __getattr__(name: str):
 
 
 __all__ = ["AlgorithmConfig", "ShoalError", "ConfigError", "EnvError", "CheckpointError", "ResourceError", "WorkerError",
-           "DivergenceError", "EnvFailureError", "NonFiniteEnvError",
+           "DivergenceError", "EnvFailureError", "NonFiniteEnvError", "UntrustedCodeError",
            *_LAZY]

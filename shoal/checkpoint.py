@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from shoal.errors import CheckpointError, DivergenceError
+from shoal.trust import sign_meta
 
 FORMAT = "shoal-checkpoint"
 FORMAT_VERSION = 1
@@ -113,7 +114,10 @@ def save_checkpoint(path: str | Path, state: dict[str, Any], meta: dict[str, Any
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "created": time.time(), **meta}
+        # JSON's own form (what read_meta returns), signed with this user's key (shoal.trust)
+        meta = json.loads(json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, "created": time.time(),
+                                      **meta}, default=str))
+        meta = sign_meta(meta)
         with open(tmp / STATE_FILE, "wb") as f:
             torch.save(state, f)
             f.flush()
@@ -172,6 +176,20 @@ def read_meta(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"'{path}' is not a shoal checkpoint ({META_FILE} lacks format '{FORMAT}').")
     if meta.get("format_version", 0) > FORMAT_VERSION:
         raise CheckpointError(f"'{path}' was written by a newer shoal (format {meta['format_version']}); upgrade shoal.")
+    return meta
+
+
+def read_run_meta(path: str | Path) -> dict[str, Any]:
+    """:func:`read_meta` of an algorithm's checkpoint, checked to hold what rebuilds the run: the
+    algorithm's name, its config and the iteration (a CheckpointError naming what is wrong)."""
+    meta = read_meta(path)
+    for key, kind, what in (("algo", str, "a string naming the algorithm"), ("config", dict, "a mapping of the run's "
+                            "config"), ("iteration", int, "a whole number")):
+        value = meta.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            found = "is missing" if key not in meta else f"is {type(value).__name__} {value!r}"[:120]
+            raise CheckpointError(f"'{Path(path) / META_FILE}' is damaged: its '{key}' {found}; shoal writes {what} "
+                                  "there. Use another checkpoint of the run.")
     return meta
 
 

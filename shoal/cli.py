@@ -45,6 +45,8 @@ out = Console()
 err = Console(stderr=True)
 
 STOP_KEYS = ("reward", "env_steps", "time_s", "iterations")
+TRUST_HELP = ("Import the code this run's config names (its env factory, model, callbacks) even though its checkpoint "
+              "is not signed with your key: only for a run directory you know. Your own runs need no --trust.")
 
 
 def _fail(e: ShoalError) -> None:
@@ -222,6 +224,7 @@ def evaluate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the figures and per-episode returns, and nothing else, on stdout."),
     render: bool = typer.Option(False, "--render", help="Render each episode on screen (render_mode='human'; needs a display and pygame)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed for the evaluation envs and the sampling; episode i resets with seed + i."),
+    trust: bool = typer.Option(False, "--trust", help=TRUST_HELP),
 ) -> None:
     """Load a checkpoint and report its returns over N episodes: greedy or sampled, recorded to a video, or games against an opponent."""
     from shoal.evaluation import load_for_evaluation, select_checkpoint
@@ -230,9 +233,10 @@ def evaluate(
         if video_episodes is not None and video is None:
             raise ConfigError("--video-episodes says how many episodes to record; give --video FILE too.")
         p = select_checkpoint(path, checkpoint)
-        algo = load_for_evaluation(p, seed)
+        algo = load_for_evaluation(p, seed, trust=trust)
         try:
-            rep = _evaluation_report(p, algo, episodes, not stochastic, opponent, video, video_episodes, render, seed)
+            rep = _evaluation_report(p, algo, episodes, not stochastic, opponent, video, video_episodes, render, seed,
+                                     trust)
         finally:
             algo.stop()
     except ShoalError as e:
@@ -250,7 +254,7 @@ def evaluate(
 
 
 def _evaluation_report(p: Path, algo, n: int, deterministic: bool, opponent: Optional[str], video: Optional[Path],
-                       video_episodes: Optional[int], render: bool, seed: Optional[int]) -> dict[str, Any]:
+                       video_episodes: Optional[int], render: bool, seed: Optional[int], trust: bool) -> dict[str, Any]:
     """Play what `shoal evaluate` asked for and return :func:`shoal.evaluation.report`'s figures."""
     from shoal import evaluation as ev
 
@@ -283,7 +287,7 @@ def _evaluation_report(p: Path, algo, n: int, deterministic: bool, opponent: Opt
         if not Path(opponent).exists():
             raise ConfigError(f"--opponent must be {' or '.join(ev.SCRIPTED_OPPONENTS)} or a checkpoint path; "
                               f"'{opponent}' is neither.")
-        other = ev.load_for_evaluation(ev.select_checkpoint(opponent), seed)
+        other = ev.load_for_evaluation(ev.select_checkpoint(opponent), seed, trust=trust)
     try:
         games = ev.play_games(algo, opponent, n, deterministic, opponent_algo=other)
     finally:
@@ -308,12 +312,13 @@ def export_cmd(
     path: Path = typer.Argument(..., help="A checkpoint directory, or a run directory (its best checkpoint)."),
     fmt: str = typer.Option("torchscript", "--format", "-f", help="torchscript (torch.jit.load runs it) or onnx (onnxruntime; needs pip install 'shoal\\[export]')."),
     out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="File to write; default policy.pt / policy.onnx in the checkpoint directory."),
+    trust: bool = typer.Option(False, "--trust", help=TRUST_HELP),
 ) -> None:
     """Export a checkpoint's policy for deployment: raw observations in, greedy action (and logits/Q-values, value) out."""
     from shoal.export import export_policy, sidecar_path
 
     try:
-        written = export_policy(path, fmt, out_file)
+        written = export_policy(path, fmt, out_file, trust=trust)
     except ShoalError as e:
         _fail(e)
     out.print(f"Wrote {written} ({fmt}) and {sidecar_path(written)} (inputs, outputs, spaces)", highlight=False)
@@ -328,6 +333,7 @@ def resume(
     stop_iters: Optional[int] = typer.Option(None, "--stop-iters", help="Replace the run's iteration criterion (total)."),
     workers: Optional[int] = typer.Option(None, "--workers", "-w", help="Change the number of rollout actors."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress display."),
+    trust: bool = typer.Option(False, "--trust", help=TRUST_HELP),
 ) -> None:
     """Continue a run from its latest checkpoint, keeping its counters and appending to its files."""
     try:
@@ -335,15 +341,15 @@ def resume(
 
         given = {k: v for k, v in zip(STOP_KEYS, (stop_reward, stop_steps, stop_time, stop_iters)) if v is not None}
         overrides = {"resources": {"num_workers": workers}} if workers is not None else None
-        summary = run_resume(run_dir, stop=given or None, overrides=overrides, progress=not quiet)
+        summary = run_resume(run_dir, stop=given or None, overrides=overrides, progress=not quiet, trust=trust)
         if summary.already_met:
             flag = {"reward": "--stop-reward", "env_steps": "--stop-steps", "time": "--stop-time", "iterations": "--stop-iters"}
             out.print(f"Nothing to train: {run_dir} at {summary.last_checkpoint.name} already meets its stop criterion "
                       f"{summary.stop_detail}. Give a larger {flag[summary.stop_reason]} to go on.", highlight=False)
             return
-        import yaml
+        from shoal.config import safe_yaml
 
-        stop = Stop(**(yaml.safe_load((run_dir / "run.yaml").read_text()) or {}).get("stop", {}))
+        stop = Stop(**(safe_yaml((run_dir / "run.yaml").read_text()) or {}).get("stop", {}))
     except ShoalError as e:
         _fail(e)
     _print_summary(summary, stop)
@@ -449,9 +455,10 @@ def league(
 
 
 def main() -> None:
-    # 'module:Class' envs, models and leagues from the directory shoal starts in, as `python -m shoal` finds them
+    # 'module:Class' envs, models and leagues from the directory shoal starts in. Appended, never put
+    # first: a gymnasium.py or torch.py there must not shadow the installed package.
     if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
+        sys.path.append(os.getcwd())
     try:
         app()
     except ShoalError as e:  # raised outside a command body

@@ -515,9 +515,13 @@ class AlgorithmConfig(Section):
         the epsilon it is given (Ape-X's fixed per-actor values), and other policies never ask."""
         return None
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data (YAML/JSON-safe), less unused keys; a callable env becomes its import path."""
+    def to_dict(self, redact: bool = False) -> dict[str, Any]:
+        """Plain data (YAML/JSON-safe), less unused keys; a callable env becomes its import path.
+        ``redact``: passwords inside URLs (``https://user:secret@host``) become ``***``, as in every
+        file shoal writes (config.yaml, checkpoints, logger params)."""
         d = self.model_dump(mode="python", exclude=_unused_tree(type(self)) or None)
+        if redact:
+            d = redact_secrets(d)
         d["env"] = env_spec_to_str(self.env)
         d["lr_schedule"] = [list(p) for p in self.lr_schedule] if self.lr_schedule else None
         if "callbacks" in d:
@@ -528,7 +532,7 @@ class AlgorithmConfig(Section):
 
     def to_yaml(self) -> str:
         """The config as a YAML document with every key (what a run's ``config.yaml`` holds)."""
-        return yaml.safe_dump({"algo": self.algo, **self.to_dict()}, sort_keys=False)
+        return yaml.safe_dump({"algo": self.algo, **self.to_dict(redact=True)}, sort_keys=False)
 
     def copy_with(self, overrides: dict[str, Any]) -> "AlgorithmConfig":
         """A new validated config with nested overrides applied (``{"resources": {...}}``)."""
@@ -561,6 +565,28 @@ def env_spec_to_str(env: EnvSpec) -> str:
     return repr(env)
 
 
+_URL_PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:\s]*):([^/@\s]+)@")
+REDACTED = "***"
+
+
+def redact_secrets(data: Any) -> Any:
+    """``data`` with the password of every URL that carries one replaced by ``***``
+    (``https://me:s3cret@mlflow.example`` -> ``https://me:***@mlflow.example``)."""
+    if isinstance(data, dict):
+        return {k: redact_secrets(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return type(data)(redact_secrets(v) for v in data)
+    if isinstance(data, str):
+        return _URL_PASSWORD.sub(lambda m: f"{m.group(1)}:{REDACTED}@", data)
+    return data
+
+
+def strip_redacted_password(url: str) -> str:
+    """A URL whose password was redacted (read back from a file shoal wrote) without its user
+    info, so the client reads credentials from its own environment variables instead."""
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@:\s]*:" + re.escape(REDACTED) + "@", r"\1", url)
+
+
 def env_spec_name(env: EnvSpec) -> str:
     """A short name for run directories and titles: the Gymnasium id (``ALE/Pong-v5`` ->
     ``ALE_Pong-v5``), or the function or class name of an import path or callable
@@ -577,7 +603,11 @@ def env_spec_name(env: EnvSpec) -> str:
 
 
 def import_path(path: str) -> Any:
-    """Resolve 'package.module:attr' (or 'package.module.attr')."""
+    """Resolve 'package.module:attr' (or 'package.module.attr'). Inside :func:`shoal.trust.import_gate`
+    (rebuilding a checkpoint) a path nobody vouched for is refused before anything is imported."""
+    from shoal.trust import check_import
+
+    check_import(path)
     if ":" in path:
         mod, _, attr = path.partition(":")
     else:
@@ -608,7 +638,9 @@ def parse_set_overrides(items: Iterable[str]) -> dict[str, Any]:
         if not sep or not key:
             raise ConfigError(f"--set expects key=value (e.g. lr=0.001 or resources.num_workers=2), got '{item}'.")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
+            value = safe_yaml(raw) if raw.strip() else None
+        except YamlRefused as e:
+            raise ConfigError(f"--set {key}: the value is refused: {yaml_problem(e)}.") from None
         except yaml.YAMLError:
             value = raw
         node = out
@@ -634,12 +666,69 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"Config file '{path}' is not a text file: byte {e.start} is not UTF-8. A config file is "
                           "UTF-8 YAML text of keys and values (`shoal config ALGO --yaml` prints one).") from None
     try:
-        data = yaml.safe_load(text) or {}
+        data = safe_yaml(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"Config file '{path}' is not valid YAML: {yaml_problem(e)}.") from None
+    if data is None:
+        data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"Config file '{path}' must hold a mapping of keys to values, got {type(data).__name__}.")
     return data
+
+
+YAML_MAX_NODES = 100_000
+"""The most values a YAML document may hold once its aliases are expanded: a config holds a few
+hundred; a 'billion laughs' alias bomb of a few hundred bytes would expand to billions."""
+
+
+class YamlRefused(yaml.constructor.ConstructorError):
+    """Valid YAML that :func:`safe_yaml` refuses (an alias bomb, a recursive alias, a repeated key)."""
+
+
+def safe_yaml(text: str, max_nodes: int = YAML_MAX_NODES) -> Any:
+    """``yaml.safe_load(text)``, refusing what a config never needs and an attacker would use: a
+    document whose aliases expand past ``max_nodes`` values, a recursive alias, a mapping that
+    gives one key twice (YAML would keep the last silently). Raises a ``yaml.YAMLError`` saying where."""
+    from yaml.nodes import MappingNode, Node, SequenceNode
+
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return None
+        sizes: dict[int, int] = {}
+        open_nodes: set[int] = set()
+
+        def size(node: Node) -> int:
+            if id(node) in sizes:
+                return sizes[id(node)]
+            if id(node) in open_nodes:
+                raise YamlRefused(None, None, "an alias refers to a node that contains it (recursive alias)",
+                                       node.start_mark)
+            open_nodes.add(id(node))
+            total = 1
+            if isinstance(node, MappingNode):
+                seen: set[Any] = set()
+                for k, v in node.value:
+                    key = k.value if isinstance(k.value, str) else None
+                    if key is not None and key in seen and k.tag != "tag:yaml.org,2002:merge":
+                        raise YamlRefused("while reading a mapping", node.start_mark,
+                                               f"key '{key}' is given twice", k.start_mark)
+                    seen.add(key)
+                    total += size(k) + size(v)
+            elif isinstance(node, SequenceNode):
+                total += sum(size(c) for c in node.value)
+            open_nodes.discard(id(node))
+            sizes[id(node)] = total
+            if total > max_nodes:
+                raise YamlRefused(None, None, f"its aliases expand to over {max_nodes:,} values (a config holds a "
+                                       "few hundred): refused as an alias bomb", node.start_mark)
+            return total
+
+        size(root)
+        return loader.construct_document(root)
+    finally:
+        loader.dispose()
 
 
 def yaml_problem(e: yaml.YAMLError) -> str:

@@ -23,6 +23,12 @@ class CheckpointError(ShoalError):
     """A checkpoint path that does not exist or does not hold a shoal checkpoint."""
 
 
+class UntrustedCodeError(CheckpointError):
+    """A checkpoint's config names code to import (an env factory, a model, callbacks) that nobody
+    vouched for: the checkpoint is not signed with your key, and neither ``--trust`` (``trust=True``)
+    nor the same key given again says to import it. See :mod:`shoal.trust`."""
+
+
 class ResourceError(ShoalError):
     """The cluster cannot supply the CPUs/GPUs the config asks for."""
 

@@ -65,20 +65,21 @@ def select_checkpoint(path: str | Path, choice: str | None = None) -> Path:
     return found
 
 
-def load_for_evaluation(path: str | Path, seed: int | None = None):
+def load_for_evaluation(path: str | Path, seed: int | None = None, trust: bool = False):
     """The algorithm of checkpoint ``path``, rebuilt to run in this process (no rollout or evaluation
-    actors; an algorithm that needs workers, DD-PPO, keeps them but starts none), ``seed`` replacing its seed."""
+    actors; an algorithm that needs workers, DD-PPO, keeps them but starts none), ``seed`` replacing its seed.
+    ``trust``: import the code its config names even if the checkpoint is not signed with your key."""
     from shoal.algorithms import get_config_class
     from shoal.trainer import load
 
-    cfg_cls = get_config_class(ckpt.read_meta(path)["algo"])
+    cfg_cls = get_config_class(ckpt.read_run_meta(path)["algo"])
     overrides: dict[str, Any] = {"resources": {"num_workers": 0}} if cfg_cls.min_workers == 0 else {}
     evaluation_cls = cfg_cls.model_fields["evaluation"].annotation
     if "evaluation_num_workers" not in evaluation_cls.unused_keys:
         overrides["evaluation"] = {"evaluation_num_workers": 0}
     if seed is not None:
         overrides["seed"] = seed
-    return load(path, overrides=overrides)
+    return load(path, overrides=overrides, trust=trust)
 
 
 # ---- single-agent episodes ------------------------------------------------------------------------

@@ -145,12 +145,14 @@ def _to_onnx(model: ExportedPolicy, inputs: tuple[torch.Tensor, ...], out: Path)
     program.save(str(out))
 
 
-def export_policy(path: str | Path, format: str = "torchscript", out: str | Path | None = None) -> Path:
+def export_policy(path: str | Path, format: str = "torchscript", out: str | Path | None = None,
+                  trust: bool = False) -> Path:
     """Export the policy of checkpoint (or run directory) ``path`` to ``out``; returns the file written.
 
     ``format`` is ``torchscript`` (``torch.jit.load`` runs it) or ``onnx`` (onnxruntime runs it,
     with a dynamic batch axis). ``out`` defaults to ``policy.pt`` / ``policy.onnx`` in the
-    checkpoint directory. A sidecar ``<out>.json`` describes inputs and outputs.
+    checkpoint directory. A sidecar ``<out>.json`` describes inputs and outputs. ``trust``: import
+    the code the checkpoint's config names even if it is not signed with your key (:mod:`shoal.trust`).
     """
     from shoal import checkpoint as ckpt
     from shoal.evaluation import load_for_evaluation
@@ -158,7 +160,7 @@ def export_policy(path: str | Path, format: str = "torchscript", out: str | Path
     if format not in FORMATS:
         raise ConfigError(f"Unknown export format {format!r}; choose one of {', '.join(FORMATS)}.")
     p = ckpt.resolve_checkpoint(path, prefer="best")
-    algo = load_for_evaluation(p)
+    algo = load_for_evaluation(p, trust=trust)
     try:
         model = policy_model(algo)
         space, action_space = algo.env_info.observation_space, algo.env_info.action_space

@@ -44,9 +44,13 @@ class Policy:
         self.close()
 
 
-def load_policy(path: str | Path, **kwargs: Any) -> Policy:
+def load_policy(path: str | Path, trust: bool = False, **kwargs: Any) -> Policy:
     """The policy of a checkpoint, or of a run directory's best checkpoint. Keyword arguments go to
-    ``Algorithm.from_checkpoint`` (e.g. ``env=my_callable`` for an env saved without an import path)."""
+    ``Algorithm.from_checkpoint`` (e.g. ``env=my_callable`` for an env saved without an import path).
+
+    ``trust=True`` imports the code the checkpoint's config names (an env factory, a custom model)
+    even when the checkpoint is not signed with your key, i.e. was not written by you on this
+    machine; leave it False for a run directory from elsewhere (see :mod:`shoal.trust`)."""
     from shoal.algorithms.base import Algorithm
 
-    return Policy(Algorithm.from_checkpoint(ckpt.resolve_checkpoint(path, prefer="best"), **kwargs))
+    return Policy(Algorithm.from_checkpoint(ckpt.resolve_checkpoint(path, prefer="best"), trust=trust, **kwargs))

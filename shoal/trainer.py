@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from shoal import checkpoint as ckpt
-from shoal.config import AlgorithmConfig
+from shoal.config import AlgorithmConfig, safe_yaml
 from shoal.errors import (CheckpointError, ConfigError, DivergenceError, EnvFailureError, NonFiniteEnvError,
                           ShoalError)
 from shoal.logging.progress import ProgressDisplay
@@ -343,8 +343,11 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
 
 
 def resume(run_dir: str | Path, stop: Stop | dict | None = None, overrides: dict[str, Any] | None = None,
-           progress: bool = True) -> TrainSummary:
-    """Continue a run from its latest intact checkpoint, with its counters, appending to its files."""
+           progress: bool = True, trust: bool = False) -> TrainSummary:
+    """Continue a run from its latest intact checkpoint, with its counters, appending to its files.
+
+    ``trust``: import the code the run's config names (its env factory, model, callbacks) even
+    though its checkpoint is not signed with your key (see :mod:`shoal.trust`)."""
     from shoal.algorithms.base import Algorithm
 
     run_dir = Path(run_dir)
@@ -354,7 +357,7 @@ def resume(run_dir: str | Path, stop: Stop | dict | None = None, overrides: dict
     given = _as_stop(stop)  # a bad value is an error before anything is read further or changed
     checkpoints = run_dir / "checkpoints"
     if overrides and ckpt.list_checkpoints(checkpoints):  # a bad override is refused before anything is touched
-        _check_overrides(newest_intact_checkpoint(checkpoints), overrides)
+        _check_overrides(newest_intact_checkpoint(checkpoints), overrides, trust)
     for note in ckpt.remove_leftovers(checkpoints):  # puts back a checkpoint a killed save had moved aside
         log.warning("%s: %s (left by a save that was killed)", checkpoints, note)
     if not ckpt.list_checkpoints(checkpoints):
@@ -371,7 +374,7 @@ def resume(run_dir: str | Path, stop: Stop | dict | None = None, overrides: dict
         return TrainSummary(run_dir=run_dir, result=at, stop_reason=reason, solved=reason == "reward",
                             best_return=math.nan, wall_s=0.0, last_checkpoint=start,
                             best_checkpoint=best if best.is_dir() else None, stop_detail=saved_stop.explain(at))
-    algo = Algorithm.from_checkpoint(start, overrides=overrides)
+    algo = Algorithm.from_checkpoint(start, overrides=overrides, trust=trust)
     try:
         truncate_results(run_dir, algo.iteration)
         return train(algo.config, saved_stop, out=None, checkpoint_every=settings.get("checkpoint_every", 10),
@@ -386,7 +389,7 @@ def _run_settings(run_dir: Path) -> dict[str, Any]:
     if not run_file.is_file():
         return {}
     try:
-        settings = yaml.safe_load(run_file.read_text(encoding="utf-8")) or {}
+        settings = safe_yaml(run_file.read_text(encoding="utf-8")) or {}
     except (UnicodeDecodeError, yaml.YAMLError) as e:
         detail = "it is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else " ".join(str(e).split())
         raise CheckpointError(f"'{run_file}' cannot be read ({detail}); it holds the run's stop criteria and "
@@ -398,14 +401,14 @@ def _run_settings(run_dir: Path) -> dict[str, Any]:
     return settings
 
 
-def _check_overrides(path: Path, overrides: dict[str, Any]) -> None:
+def _check_overrides(path: Path, overrides: dict[str, Any], trust: bool) -> None:
     """A ConfigError now if ``overrides`` do not fit the checkpoint's config (e.g. a negative worker count)."""
-    from shoal.algorithms import get_config_class
-    from shoal.config import deep_merge
+    from shoal.algorithms.base import checkpoint_config_data
+    from shoal.trust import import_gate
 
-    meta = ckpt.read_meta(path)
-    config_cls = get_config_class(meta["algo"])
-    config_cls.from_dict(deep_merge(config_cls.without_unused(meta["config"]), overrides))
+    config_cls, _, data, approved = checkpoint_config_data(path, overrides, trust)
+    with import_gate(approved):
+        config_cls.from_dict(data)
 
 
 def newest_intact_checkpoint(ckpt_dir: Path) -> Path:

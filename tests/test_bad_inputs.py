@@ -80,6 +80,46 @@ def _not_a_run(tmp: Path) -> None:
     (tmp / "notarun" / "notes.txt").write_text("my notes")
 
 
+def _meta_edit(edit: Callable[[dict], None]) -> Callable[[Path], None]:
+    """Apply ``edit`` to the meta.json of every checkpoint of the copied run (its signature left as is)."""
+    def setup(tmp: Path) -> None:
+        import json
+
+        for c in (tmp / "run" / "checkpoints").iterdir():
+            meta = json.loads((c / "meta.json").read_text())
+            edit(meta)
+            (c / "meta.json").write_text(json.dumps(meta))
+    return setup
+
+
+def _shell_env_at(tmp_marker: str) -> Callable[[Path], None]:
+    def setup(tmp: Path) -> None:
+        def edit(meta: dict) -> None:
+            meta["config"]["env"] = "subprocess:run"
+            meta["config"]["env_config"] = {"args": ["touch", str(tmp / tmp_marker)]}
+        _meta_edit(edit)(tmp)
+    return setup
+
+
+def _evil_callbacks(tmp: Path) -> None:
+    """A module in the working directory that leaves a file when imported, named by meta.json's callbacks."""
+    def edit(meta: dict) -> None:
+        meta["config"]["callbacks"] = "shoal_probe_hooks:Hooks"
+    _meta_edit(edit)(tmp)
+
+
+def _meta_without(key: str) -> Callable[[Path], None]:
+    return _meta_edit(lambda meta: meta.pop(key))
+
+
+def _meta_set(key: str, value) -> Callable[[Path], None]:
+    return _meta_edit(lambda meta: meta.__setitem__(key, value))
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{n}: &{n} [{', '.join(['*' + p] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi"))
+
+
 RANDOM_BYTES = bytes(range(256)) * 64
 T = ["train"]
 PPO = ["train", "ppo", "--env", "CartPole-v1"]
@@ -102,6 +142,13 @@ ROWS = [
     Row("yaml-stop-unknown-key", PPO + ["-c", "{tmp}/c.yaml"], ("stop", "reward, env_steps"),
         _write("c.yaml", "stop: {steps: 100}\n")),
     Row("yaml-section-scalar", PPO + ["-c", "{tmp}/c.yaml"], ("resources",), _write("c.yaml", "resources: 4\n")),
+    Row("yaml-alias-bomb", PPO + ["-c", "{tmp}/c.yaml"], ("c.yaml", "alias bomb", "100,000"), _write("c.yaml", BOMB)),
+    Row("yaml-recursive-alias", PPO + ["-c", "{tmp}/c.yaml"], ("c.yaml", "recursive alias"),
+        _write("c.yaml", "model: &m {hiddens: [64], x: *m}\n")),
+    Row("yaml-duplicate-key", PPO + ["-c", "{tmp}/c.yaml"], ("c.yaml", "'lr' is given twice", "line 2"),
+        _write("c.yaml", "lr: 0.001\nlr: 0.1\n")),
+    Row("yaml-empty-list", PPO + ["-c", "{tmp}/c.yaml"], ("c.yaml", "mapping", "list"), _write("c.yaml", "[]\n")),
+    Row("set-alias-bomb", PPO + ["--set", "env_config={" + BOMB.replace("\n", ", ") + "}"], ("--set env_config", "alias bomb")),
     # ---- --set ----
     Row("set-without-equals", PPO + ["--set", "lr"], ("--set", "key=value", "'lr'")),
     Row("set-empty-key", PPO + ["--set", "=3"], ("--set", "key=value")),
@@ -222,7 +269,23 @@ ROWS = [
     Row("evaluate-opponent-single-agent", ["evaluate", "{tmp}/run", "--opponent", "random"], ("--opponent",),
         runs="ppo"),
     Row("evaluate-video-episodes-alone", ["evaluate", "{tmp}/run", "--video-episodes", "2"], ("--video",), runs="ppo"),
+    Row("evaluate-meta-shell-env", ["evaluate", "{tmp}/run"], ("env 'subprocess:run'", "--trust", "signed"),
+        _shell_env_at("pwned"), runs="ppo"),
+    Row("evaluate-meta-callbacks-module", ["evaluate", "{tmp}/run"], ("callbacks 'shoal_probe_hooks:Hooks'", "--trust"),
+        _evil_callbacks, runs="ppo"),
+    Row("evaluate-meta-no-algo", ["evaluate", "{tmp}/run"], ("meta.json", "'algo' is missing"), _meta_without("algo"),
+        runs="ppo"),
+    Row("evaluate-meta-no-config", ["evaluate", "{tmp}/run"], ("meta.json", "'config' is missing"),
+        _meta_without("config"), runs="ppo"),
+    Row("evaluate-meta-no-iteration", ["evaluate", "{tmp}/run"], ("meta.json", "'iteration' is missing"),
+        _meta_without("iteration"), runs="ppo"),
+    Row("evaluate-meta-algo-number", ["evaluate", "{tmp}/run"], ("meta.json", "'algo' is int 7"), _meta_set("algo", 7),
+        runs="ppo"),
     # ---- resume ----
+    Row("resume-meta-shell-env", ["resume", "{tmp}/run", "--stop-iters", "5"], ("env 'subprocess:run'", "--trust"),
+        _shell_env_at("pwned"), runs="ppo"),
+    Row("resume-meta-no-config", ["resume", "{tmp}/run", "--stop-iters", "5"], ("meta.json", "'config' is missing"),
+        _meta_without("config"), runs="ppo"),
     Row("resume-missing", ["resume", "{tmp}/nothing"], ("nothing", "does not exist")),
     Row("resume-not-a-run", ["resume", "{tmp}/notarun"], ("notarun", "run directory"), _not_a_run),
     Row("resume-binary-run-yaml", ["resume", "{tmp}/run"], ("run.yaml",), _torn_run_yaml, runs="ppo"),
@@ -237,6 +300,8 @@ ROWS = [
     Row("export-format", ["export", "{tmp}/run", "--format", "tflite"], ("tflite", "torchscript", "onnx"), runs="ppo"),
     Row("export-missing", ["export", "{tmp}/nothing"], ("nothing", "does not exist")),
     Row("export-state-random", ["export", "{tmp}/run"], ("state.pt",), _state(RANDOM_BYTES), runs="ppo"),
+    Row("export-meta-shell-env", ["export", "{tmp}/run"], ("env 'subprocess:run'", "--trust"), _shell_env_at("pwned"),
+        runs="ppo"),
     # ---- league ----
     Row("league-missing", ["league", "{tmp}/nothing"], ("nothing", "does not exist")),
     Row("keep-checkpoints-zero", PPO + ["--keep-checkpoints", "0"], ("keep_checkpoints", "at least 1")),

@@ -29,6 +29,6 @@ def test_shoal_imports_envs_from_the_working_directory(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as exit_info:
         cli.main()
     assert exit_info.value.code in (0, None)
-    assert sys.path[0] == str(tmp_path)
+    assert sys.path[-1] == str(tmp_path)  # appended: it shadows no installed package
     (run,) = (tmp_path / "runs").iterdir()
     assert run.name.startswith("ppo_make_short_cartpole_")

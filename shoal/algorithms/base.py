@@ -68,6 +68,21 @@ def _reports_to_callbacks(train):
     return wrapper
 
 
+def checkpoint_config_data(path: Path, given: dict[str, Any], trust: bool):
+    """``(config class, meta, config data, approved import paths)`` to rebuild checkpoint ``path``
+    with the caller's ``given`` keys merged into its saved config; raises UntrustedCodeError when
+    that config names code nobody vouched for (:func:`shoal.trust.check_checkpoint_code`)."""
+    from shoal.algorithms import get_config_class
+    from shoal.config import deep_merge
+    from shoal.trust import check_checkpoint_code
+
+    meta = ckpt.read_run_meta(path)
+    config_cls = get_config_class(meta["algo"])
+    # keys declared unused since the checkpoint was written never had an effect: drop them
+    data = deep_merge(config_cls.without_unused(meta["config"]), given)
+    return config_cls, meta, data, check_checkpoint_code(f"Checkpoint '{path}'", meta, data, given, trust)
+
+
 class Algorithm:
     """A built algorithm (``config.build()``): trains one iteration per ``train()``, evaluates,
     predicts, saves and restores. Rollout actors start on the first ``train()``; ``stop()`` (or
@@ -492,7 +507,7 @@ class Algorithm:
                 "env_steps_sampled": int(self.counters["env_steps_sampled"]),
                 "time_total_s": float(self.counters["time_total_s"]),
                 "episode_return_mean": ret if math.isfinite(ret) else None,
-                "config": self.config.to_dict(), **extra}
+                "config": self.config.to_dict(redact=True), **extra}
 
     def save(self, path: str | Path) -> Path:
         """Write a checkpoint directory atomically; returns its path."""
@@ -513,22 +528,24 @@ class Algorithm:
                 "config, or replaced; use the checkpoint the run wrote.") from None
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, overrides: dict[str, Any] | None = None, **config_kwargs: Any) -> "Algorithm":
+    def from_checkpoint(cls, path: str | Path, overrides: dict[str, Any] | None = None, trust: bool = False,
+                        **config_kwargs: Any) -> "Algorithm":
         """Rebuild the algorithm a checkpoint was written by, and restore its state.
 
         ``overrides`` is a nested dict merged into the saved config (e.g. fewer workers);
         ``config_kwargs`` replace top-level keys, e.g. ``env=my_callable`` for an env that
         was a lambda and has no import path.
+
+        Code the checkpoint names by import path (an env factory, a custom model, callbacks...)
+        is imported only when the checkpoint is signed with your key (you wrote it on this
+        machine), when you give that key again, or with ``trust=True``: see :mod:`shoal.trust`.
         """
-        from shoal.algorithms import get_config_class
-        from shoal.config import deep_merge
+        from shoal.trust import import_gate
 
         path = ckpt.resolve_checkpoint(path)
-        meta = ckpt.read_meta(path)
-        config_cls = get_config_class(meta["algo"])
-        # keys declared unused since the checkpoint was written never had an effect: drop them
-        data = deep_merge(config_cls.without_unused(meta["config"]), {**(overrides or {}), **config_kwargs})
-        algo = config_cls.from_dict(data).build()
+        config_cls, meta, data, approved = checkpoint_config_data(path, {**(overrides or {}), **config_kwargs}, trust)
+        with import_gate(approved):
+            algo = config_cls.from_dict(data).build()
         if cls is not Algorithm and not isinstance(algo, cls):
             raise CheckpointError(f"Checkpoint '{path}' holds a '{meta['algo']}' run, not {cls.__name__}.")
         algo.restore(path)

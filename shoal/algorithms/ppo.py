@@ -74,8 +74,8 @@ class PPOConfig(PPOLossKeys, KLPenaltyKeys, MultiAgentKeys, AlgorithmConfig):
             frag = -(-frag // self.model.max_seq_len) * self.model.max_seq_len
         return frag
 
-    def to_dict(self) -> dict[str, Any]:
-        d = super().to_dict()
+    def to_dict(self, redact: bool = False) -> dict[str, Any]:
+        d = super().to_dict(redact)
         # With an integer rollout_fragment_length and no explicit train_batch_size, the batch is derived
         # from the fragment: leave the unused default out, or from_dict() (checkpoints, copy_with)
         # would take it as explicitly set and reject the config it came from.

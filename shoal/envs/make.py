@@ -20,6 +20,7 @@ import numpy as np
 from shoal.config import EnvPreprocessingConfig, EnvSpec, import_path
 from shoal.envs.atari import is_ale_id, make_atari_env, make_atari_vec_env, missing_ale_error
 from shoal.errors import ConfigError, EnvError
+from shoal.trust import check_import
 
 
 def _unknown_env(env_id: str) -> EnvError:
@@ -53,6 +54,7 @@ def resolve_env_creator(env: EnvSpec, env_config: dict[str, Any] | None = None) 
             try:
                 import importlib
 
+                check_import(env)
                 importlib.import_module(mod)
             except ImportError:
                 raise EnvError(f"Cannot import env '{env}': {e}.") from None

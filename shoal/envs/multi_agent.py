@@ -35,6 +35,7 @@ import numpy as np
 
 from shoal.config import import_path
 from shoal.errors import EnvError
+from shoal.trust import check_import
 
 Obs = tuple[np.ndarray, "np.ndarray | None"]  # (flat float32 observation, bool action mask or None)
 
@@ -52,6 +53,7 @@ def resolve_multi_agent_env(env: Any, env_config: dict[str, Any] | None = None) 
                            "multi_agent section) needs a PettingZoo env, e.g. 'pettingzoo.classic:tictactoe_v3'. "
                            "Train a Gymnasium env with ppo, dqn, impala or appo and no multi_agent section.")
         try:
+            check_import(env)
             obj = import_path(env) if ":" in env else importlib.import_module(env)
         except (ImportError, AttributeError, ValueError) as e:
             raise EnvError(f"Cannot import multi-agent env '{env}': {e}. `env` must be an import path to a PettingZoo "

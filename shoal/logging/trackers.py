@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from shoal.config import safe_yaml, strip_redacted_password
 from shoal.logging.writers import flatten_config, scalar_items
 
 IDS_FILE = "trackers.yaml"
@@ -24,13 +25,13 @@ IDS_FILE = "trackers.yaml"
 
 def read_run_id(run_dir: Path, key: str) -> str | None:
     p = run_dir / IDS_FILE
-    data = yaml.safe_load(p.read_text()) if p.is_file() else None
+    data = safe_yaml(p.read_text()) if p.is_file() else None
     return (data or {}).get(key)
 
 
 def store_run_id(run_dir: Path, key: str, value: str) -> None:
     p = run_dir / IDS_FILE
-    data = (yaml.safe_load(p.read_text()) if p.is_file() else None) or {}
+    data = (safe_yaml(p.read_text()) if p.is_file() else None) or {}
     data[key] = value
     p.write_text(yaml.safe_dump(data))
 
@@ -79,7 +80,10 @@ class MlflowWriter:
     """
 
     def __init__(self, run_dir: Path, config: dict[str, Any], settings) -> None:
-        uri = settings.tracking_uri or (run_dir / "mlruns").resolve().as_uri()
+        # a URI read back from a checkpoint has its password redacted: MLflow then takes the credentials
+        # from MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD
+        uri = strip_redacted_password(settings.tracking_uri) if settings.tracking_uri else None
+        uri = uri or (run_dir / "mlruns").resolve().as_uri()
         if uri.startswith("file:") or "://" not in uri:
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from mlflow.tracking import MlflowClient

@@ -145,7 +145,7 @@ def build_writers(run_dir: Path, config, headline: str) -> list:
     ``config.logging.writers`` chooses (TensorBoard, W&B, MLflow), which get the resolved config."""
     from shoal.logging.trackers import MlflowWriter, WandbWriter
 
-    data = {"algo": config.algo, **config.to_dict()}
+    data = {"algo": config.algo, **config.to_dict(redact=True)}
     writers: list = [JsonlWriter(run_dir / "results.jsonl"), CsvWriter(run_dir / "progress.csv")]
     try:
         for name in config.logging.writers:

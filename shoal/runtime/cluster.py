@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -13,6 +14,45 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from shoal.errors import NodeResourceError, ResourceError
 
 
+WORKING_DIR_VAR = "SHOAL_DRIVER_CWD"
+
+
+def append_working_dir() -> None:
+    """Ray worker setup hook: the driver's working directory goes last on ``sys.path``, so a module
+    there (``my_envs.py``) imports, but a ``gymnasium.py`` or ``torch.py`` there shadows nothing.
+    Ray itself puts it first (its job config's driver paths); this moves it to the end."""
+    import sys
+
+    cwd = os.environ.get(WORKING_DIR_VAR)
+    if cwd:
+        sys.path[:] = [p for p in sys.path if p != cwd] + [cwd]
+        try:
+            os.chdir(cwd)  # relative paths in envs resolve as in the driver
+        except OSError:
+            pass  # another node without that directory: stay where Ray started the worker
+
+
+_empty_dirs: list[str] = []
+
+
+@contextlib.contextmanager
+def _neutral_working_dir():
+    """ray.init in a new empty private directory: Ray puts the driver's working directory FIRST on
+    every worker's sys.path (its job config's driver paths), where a torch.py or gymnasium.py there
+    would shadow the installed package. It puts this empty one there instead, and
+    :func:`append_working_dir` adds the real one last. The directory stays while Ray runs (its
+    processes start in it) and goes at :func:`shutdown`."""
+    import tempfile
+
+    cwd = os.getcwd()
+    _empty_dirs.append(tempfile.mkdtemp(prefix="shoal-ray-"))
+    try:
+        os.chdir(_empty_dirs[-1])
+        yield
+    finally:
+        os.chdir(cwd)
+
+
 def start(address: str | None = None, num_cpus: int | None = None, **kwargs) -> None:
     """Start a quiet local Ray instance (no dashboard), or connect to ``address``. Idempotent."""
     if ray.is_initialized():
@@ -21,8 +61,7 @@ def start(address: str | None = None, num_cpus: int | None = None, **kwargs) -> 
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     # Workers inherit this: one torch/BLAS thread each unless the config says otherwise.
     env_vars = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "RAY_USAGE_STATS_ENABLED": "0",
-                # 'module:Class' envs and models from the driver's working directory import in every actor
-                "PYTHONPATH": os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)}
+                WORKING_DIR_VAR: os.getcwd()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         init_kwargs = dict(
@@ -32,7 +71,9 @@ def start(address: str | None = None, num_cpus: int | None = None, **kwargs) -> 
             include_dashboard=False,
             logging_level=logging.WARNING,
             log_to_driver=True,
-            runtime_env={"env_vars": env_vars},
+            # 'module:Class' envs and models from the driver's working directory import in every actor:
+            # appended to sys.path (not PYTHONPATH, which would put it before the installed packages)
+            runtime_env={"env_vars": env_vars, "worker_process_setup_hook": "shoal.runtime.cluster.append_working_dir"},
             ignore_reinit_error=True,
         )
         if address is None and num_cpus is not None:
@@ -41,7 +82,8 @@ def start(address: str | None = None, num_cpus: int | None = None, **kwargs) -> 
         check_reachable(address)
         before = _children() if address is None else None
         try:
-            ray.init(**init_kwargs)
+            with _neutral_working_dir():
+                ray.init(**init_kwargs)
         except ConnectionError as e:
             raise ResourceError(f"Cannot connect to the Ray cluster at '{address}': {e}") from None
     if before is not None:  # our own Ray: it must not outlive this process, even one killed with SIGKILL
@@ -81,6 +123,11 @@ def check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
 def shutdown() -> None:
     if ray.is_initialized():
         ray.shutdown()
+    while _empty_dirs:
+        try:
+            os.rmdir(_empty_dirs.pop())
+        except OSError:
+            pass
 
 
 def reserve(bundles: list[dict[str, float]], *, what: str, wait_s: float, strategy: str = "PACK",
