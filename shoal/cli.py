@@ -18,6 +18,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from shoal.errors import ConfigError, EnvError, ShoalError
+from shoal.runtime.signals import SaveAborted
+from shoal.seeding import MAX_SEED
 
 app = typer.Typer(
     name="shoal",
@@ -27,6 +29,21 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+VIDEO_SUFFIXES = (".mp4", ".gif", ".webm", ".mkv", ".avi", ".mov")
+
+
+def _check_output_file(path: Path, flag: str, suffixes: tuple[str, ...] = ()) -> None:
+    """A ConfigError, before any work, unless ``path`` can be written as a new file of one of ``suffixes``."""
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise ConfigError(f"{flag} '{path}': '{path.suffix or 'no suffix'}' is not a file type shoal writes there; "
+                          f"end the name with one of {', '.join(suffixes)}.")
+    if path.is_dir():
+        raise ConfigError(f"{flag} '{path}' is a directory; give a file name (e.g. {path / ('out' + (suffixes or ('.pt',))[0])}).")
+    ancestor = next((a for a in path.parents if a.exists()), Path("."))
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} '{path}': '{ancestor}' is not a writable directory; give a path you can write.")
 
 
 def _print_version(value: bool) -> None:
@@ -146,8 +163,8 @@ def _print_summary(s, stop) -> None:
     ret = r.get("episode_return_mean", math.nan)
     if s.stop_reason == "reward":
         head = f"[bold green]Solved[/]: mean return {ret:.1f} >= {stop.reward:g}"
-    elif s.stop_reason == "interrupted":
-        head = f"[yellow]Interrupted[/]: mean return {ret:.1f}"
+    elif s.stop_reason in ("interrupted", "terminated"):
+        head = f"[yellow]{'Interrupted' if s.stop_reason == 'interrupted' else 'Terminated (SIGTERM)'}[/]: mean return {ret:.1f}"
     else:
         target = f" (target {stop.reward:g} not reached)" if stop.reward is not None else ""
         head = f"[yellow]Stopped on {s.stop_reason}[/]: mean return {ret:.1f}{target}"
@@ -207,9 +224,24 @@ def train(
                             progress=not quiet, config_note=preset_note, on_start=notes)
     except ShoalError as e:
         _fail(e)
+    except SaveAborted:
+        _save_aborted()
     _print_summary(summary, stop)
-    if summary.stop_reason == "interrupted":
-        raise typer.Exit(130)
+    _exit_for(summary)
+
+
+def _save_aborted() -> None:
+    err.print("Stopped: the checkpoint being written was abandoned on the third signal; the run's previous "
+              "checkpoint is its newest.", highlight=False, soft_wrap=True)
+    raise typer.Exit(130)
+
+
+def _exit_for(summary) -> None:
+    """Exit 130 after Ctrl-C and 143 after SIGTERM, as a shell reports a process those signals ended."""
+    from shoal.runtime.signals import EXIT_CODES
+
+    if summary.stop_reason in EXIT_CODES:
+        raise typer.Exit(EXIT_CODES[summary.stop_reason])
 
 
 @app.command()
@@ -223,7 +255,7 @@ def evaluate(
     video_episodes: Optional[int] = typer.Option(None, "--video-episodes", min=1, help="With --video: record only the first K episodes."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the figures and per-episode returns, and nothing else, on stdout."),
     render: bool = typer.Option(False, "--render", help="Render each episode on screen (render_mode='human'; needs a display and pygame)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for the evaluation envs and the sampling; episode i resets with seed + i."),
+    seed: Optional[int] = typer.Option(None, "--seed", min=0, max=MAX_SEED, help="Seed for the evaluation envs and the sampling; episode i resets with seed + i."),
     trust: bool = typer.Option(False, "--trust", help=TRUST_HELP),
 ) -> None:
     """Load a checkpoint and report its returns over N episodes: greedy or sampled, recorded to a video, or games against an opponent."""
@@ -232,6 +264,8 @@ def evaluate(
     try:
         if video_episodes is not None and video is None:
             raise ConfigError("--video-episodes says how many episodes to record; give --video FILE too.")
+        if video is not None:
+            _check_output_file(video, "--video", VIDEO_SUFFIXES)
         p = select_checkpoint(path, checkpoint)
         algo = load_for_evaluation(p, seed, trust=trust)
         try:
@@ -318,6 +352,8 @@ def export_cmd(
     from shoal.export import export_policy, sidecar_path
 
     try:
+        if out_file is not None:
+            _check_output_file(out_file, "--out")
         written = export_policy(path, fmt, out_file, trust=trust)
     except ShoalError as e:
         _fail(e)
@@ -352,7 +388,10 @@ def resume(
         stop = Stop(**(safe_yaml((run_dir / "run.yaml").read_text()) or {}).get("stop", {}))
     except ShoalError as e:
         _fail(e)
+    except SaveAborted:
+        _save_aborted()
     _print_summary(summary, stop)
+    _exit_for(summary)
 
 
 @app.command()

@@ -31,6 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from shoal.errors import ConfigError
+from shoal.seeding import MAX_SEED
 
 EnvSpec = Union[str, Callable[..., Any]]
 
@@ -38,7 +39,7 @@ EnvSpec = Union[str, Callable[..., Any]]
 class Section(BaseModel):
     """A config section: strict keys, validated on assignment too; ``unused_keys`` refused."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)  # no inf or NaN value
     unused_keys: ClassVar[dict[str, str]] = {}  # inherited key -> why this class does not use it
 
     def __init__(self, **data: Any) -> None:
@@ -89,6 +90,10 @@ class ResourcesConfig(Section):
         "step): it is killed and recreated like a dead one (num_worker_timeouts, num_worker_restarts). Healthy "
         "requests take seconds; raise it for envs slower than that. DD-PPO waits at least twice "
         "torch_distributed_timeout_s. null: wait forever.")
+    actor_start_timeout_s: Optional[float] = Field(
+        300.0, gt=0, description="Seconds a new or recreated Ray actor may take to start (process start, imports, "
+        "building its envs) while a request waits on it; longer counts as hung (an env constructor stuck) and it is "
+        "killed and recreated like a dead one. null: wait forever.")
     resource_wait_s: float = Field(30.0, gt=0, description="Seconds to wait for the cluster to grant the placement group, "
                                    "and, when an actor of a lost node is recreated, for its share to be re-placed.")
     worker_placement: Literal["PACK", "SPREAD"] = Field(
@@ -386,7 +391,8 @@ class AlgorithmConfig(Section):
 
     env: EnvSpec = Field(..., description="Gymnasium id, 'module:callable' import path, or a callable returning an env.")
     env_config: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the env constructor.")
-    seed: Optional[int] = Field(None, description="Seed for torch, numpy and the envs; runs with num_workers=0 are then reproducible.")
+    seed: Optional[int] = Field(None, ge=0, le=MAX_SEED, description="Seed for torch, numpy and the envs; runs with "
+                                "num_workers=0 are then reproducible. A whole number from 0 to 2,130,706,431.")
     gamma: float = Field(0.99, ge=0.0, le=1.0, description="Discount factor of future rewards.")
     lr: float = Field(3e-4, gt=0, allow_inf_nan=False, description="Adam learning rate (lr_schedule overrides it).")
     lr_schedule: Optional[list[tuple[int, float]]] = Field(

@@ -29,6 +29,10 @@ class UntrustedCodeError(CheckpointError):
     nor the same key given again says to import it. See :mod:`shoal.trust`."""
 
 
+class RunDirectoryError(ShoalError):
+    """The run directory cannot be written: the disk is full or read-only, or the permissions refuse it."""
+
+
 class ResourceError(ShoalError):
     """The cluster cannot supply the CPUs/GPUs the config asks for."""
 

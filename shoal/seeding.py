@@ -28,6 +28,9 @@ EVALUATION_OFFSET = 7_919  # prime, below WORKER_STRIDE: never another worker's 
 COMPONENT_STRIDE = 7
 EVAL_RUNNER_INDEX = 999
 EVAL_ACTORS_FIRST_INDEX = 1000
+MAX_SEED = 2**31 - 2**24 - 1
+"""The largest ``seed``: every seed derived from it (a few million above at most) stays below
+2**31, which ALE, Gymnasium and numpy's legacy seeding all take."""
 
 
 def derive_seed(seed: Optional[int], *, index: int = 0, stride: int = 0, offset: int = 0) -> Optional[int]:

@@ -6,10 +6,13 @@ so that importing shoal stays cheap.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import errno
 import logging
 import math
 import numbers
+import os
 import textwrap
 import time
 import warnings
@@ -24,9 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from shoal import checkpoint as ckpt
 from shoal.config import AlgorithmConfig, safe_yaml
 from shoal.errors import (CheckpointError, ConfigError, DivergenceError, EnvFailureError, NonFiniteEnvError,
-                          ShoalError)
+                          RunDirectoryError, ShoalError, WorkerError)
 from shoal.logging.progress import ProgressDisplay
-from shoal.runtime import deadline
+from shoal.run_lock import run_lock
+from shoal.runtime import deadline, signals
 from shoal.logging.writers import TensorBoardWriter, build_writers, truncate_results
 
 log = logging.getLogger("shoal.trainer")
@@ -82,7 +86,7 @@ class TrainSummary:
 
     run_dir: Path | None
     result: dict[str, Any]
-    stop_reason: str | None  # reward / env_steps / time / iterations / interrupted
+    stop_reason: str | None  # reward / env_steps / time / iterations / interrupted (Ctrl-C) / terminated (SIGTERM)
     solved: bool
     best_return: float  # the highest episode_return_mean of this session
     wall_s: float
@@ -96,7 +100,7 @@ class TrainSummary:
     @property
     def already_met(self) -> bool:
         """``resume`` found a stop criterion met at the checkpoint and trained nothing."""
-        return not self.results and self.stop_reason not in (None, "interrupted")
+        return not self.results and self.stop_reason not in (None, "interrupted", "terminated")
 
 
 class BestMetric:
@@ -143,6 +147,19 @@ def _as_stop(stop: Stop | dict | None) -> Stop:
 
         detail = format_validation_error(Stop, e) if isinstance(e, ValidationError) else f"{e}."
         raise ConfigError(f"Invalid stop criteria {stop!r}: {detail} Allowed keys: reward, env_steps, time_s, iterations.") from None
+
+
+def check_out_dir(out: str | Path) -> None:
+    """A ConfigError unless run directories can be made under ``out``: an existing directory, or a
+    path whose nearest existing ancestor is a writable directory."""
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"--out '{out}' is not a directory (run directories are made inside it); give a directory "
+                          "such as runs/.")
+    ancestor = next((a for a in (p, *p.parents) if a.exists()), Path("."))
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out '{out}': '{ancestor}' is not a writable directory, so no run directory can be made "
+                          "there; give a directory you can write.")
 
 
 def new_run_dir(out: str | Path, config: AlgorithmConfig) -> Path:
@@ -198,6 +215,8 @@ class _Session:
         self.last_ckpt: Path | None = None
         # best_metric's best iteration: its state, kept in memory until the next numbered checkpoint
         self._best_state = self._best_meta = self._best_iter = self._saved_best_iter = None
+        self._finished_counters: dict[str, Any] | None = None
+        self.iteration_done()
 
     def record(self, result: dict[str, Any]) -> None:
         """Write one iteration's result and take note of a new best."""
@@ -221,8 +240,16 @@ class _Session:
         if tb is not None:  # e.g. the league's tables and heatmap
             self.algo.log_tensorboard_extras(tb, int(result.get("env_steps_sampled", self.algo.iteration)))
 
+    def iteration_done(self) -> None:
+        """The counters of the last finished iteration: those its results row shows."""
+        self._finished_counters = dict(self.algo.counters)
+
     def save_interrupted(self) -> None:
-        """On Ctrl-C: a numbered checkpoint of the last iteration, unless it has one already."""
+        """On Ctrl-C, SIGTERM or the stop time: a numbered checkpoint of the last finished iteration,
+        unless it has one already. An iteration cut short has sampled (and maybe learned) some
+        more; the checkpoint keeps the counters of the finished one, so they agree with results.jsonl."""
+        if self._finished_counters is not None:
+            self.algo.counters.update(self._finished_counters)
         it = self.algo.iteration
         if self.ckpt_dir is not None and it and (self.last_ckpt is None or not self.last_ckpt.name.endswith(f"{it:06d}")):
             self.last_ckpt = self._save_numbered(final=True)
@@ -237,6 +264,10 @@ class _Session:
                 self.save_interrupted()
             except DivergenceError:
                 pass
+            except OSError as err:  # the disk that failed the run fails the save too: say so, keep the first error
+                if err.errno not in STORAGE_ERRNOS:
+                    raise
+                e.args = (f"{e} Saving a checkpoint failed too ({err.strerror}).",)
         last = ckpt.list_checkpoints(self.ckpt_dir)
         note = f"The newest checkpoint (finite weights) is {last[-1]}." if last else "No checkpoint had been written yet."
         e.args = (f"{e} {note}",)
@@ -267,12 +298,25 @@ class _Session:
         best = self.ckpt_dir / "best" if self.ckpt_dir is not None else None
         return TrainSummary(
             run_dir=self.run_dir, result=result, stop_reason=reason,
-            stop_detail=stop.explain(result) if reason not in (None, "interrupted") else None,
+            stop_detail=stop.explain(result) if reason not in (None, "interrupted", "terminated") else None,
             solved=stop.reward is not None and reason == "reward", best_return=self.best_return,
             wall_s=wall_s, last_checkpoint=self.last_ckpt,
             best_checkpoint=best if best is not None and best.exists() else None,
             results=self.results, best_metric=self.best.metric, best_value=self.best.value,
         )
+
+
+STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+"""Write errors that are the run directory's storage (full, read-only, not ours), not a bug."""
+
+
+def storage_error(e: OSError, run_dir: Path | None) -> RunDirectoryError:
+    where = f"'{e.filename}'" if e.filename else (f"the run directory '{run_dir}'" if run_dir else "a file")
+    advice = {errno.ENOSPC: "The disk is full: free space on it", errno.EDQUOT: "The disk quota is used up: free some",
+              errno.EROFS: "The file system is read-only: make it writable"}.get(
+        e.errno, "shoal may not write there: fix the permissions (or the owner) of the run directory")
+    return RunDirectoryError(f"Writing {where} failed: {e.strerror}. {advice}, then continue with "
+                             f"`shoal resume {run_dir}`." if run_dir else f"Writing {where} failed: {e.strerror}.")
 
 
 def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str | Path | None = "runs",
@@ -293,6 +337,8 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
     stop = _as_stop(stop)
     if checkpoint_every < 1 or keep_checkpoints < 1:
         raise ConfigError("checkpoint_every and keep_checkpoints must be at least 1.")
+    if out is not None and _run_dir is None:
+        check_out_dir(out)
     config.logging.check_installed()  # a missing wandb/mlflow package is a config error, before anything starts
     t_start = time.perf_counter()
     algo = _algo or config.build()
@@ -303,11 +349,14 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
     if run_dir is None and out is not None:
         run_dir = new_run_dir(out, config)
         _write_config(run_dir, config, config_note)
-    if run_dir is not None:
-        _write_run_settings(run_dir, stop, checkpoint_every, keep_checkpoints)
+    lock = contextlib.ExitStack()  # one process writes a run directory at a time (resume holds it already)
     try:
+        if run_dir is not None:
+            lock.enter_context(run_lock(run_dir))
+            _write_run_settings(run_dir, stop, checkpoint_every, keep_checkpoints)
         session = _Session(algo, run_dir, keep_checkpoints)  # opens the loggers: W&B or MLflow may refuse
     except BaseException:
+        lock.close()
         if _algo is None:
             algo.stop()
         raise
@@ -317,26 +366,38 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
     title = f"{config.algo} on {config.env_name()}" + (f"  ->  {run_dir}" if run_dir else "")
     try:
         with ProgressDisplay(title, stop, enabled=progress, best_metric=session.best.metric,
-                             metrics=algo.display_metrics()) as display:
+                             metrics=algo.display_metrics()) as display, signals.stop_on_signals():
             while not reason:
                 with deadline.limit(None if stop.time_s is None else stop.time_s - algo.counters["time_total_s"]):
                     result = algo.train()
                 session.record(result)
+                session.iteration_done()
                 display.update(result, time.perf_counter() - t_start, best=session.best.value)
                 reason = stop.reached(result)
                 if session.ckpt_dir is not None and (algo.iteration % checkpoint_every == 0 or reason):
                     session.checkpoint(result, final=bool(reason))
-    except KeyboardInterrupt:
-        reason = "interrupted"
-        session.save_interrupted()
+    except signals.SaveAborted:
+        raise
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (signals.Terminated): abandon the iteration, save the last
+        reason = "terminated" if isinstance(e, signals.Terminated) else "interrupted"
+        with signals.saving():
+            session.save_interrupted()
     except deadline.DeadlineReached:  # --stop-time passed while waiting on an actor that does not answer
         log.warning("the training time (stop time_s=%g) ran out while waiting on actors; stopping", stop.time_s)
         reason, result = "time", {**result, "time_total_s": algo.counters["time_total_s"]}
-        session.save_interrupted()
-    except (EnvFailureError, NonFiniteEnvError, DivergenceError) as e:
-        raise session.fatal(e) from None
+        with signals.saving():
+            session.save_interrupted()
+    except (EnvFailureError, NonFiniteEnvError, DivergenceError, WorkerError) as e:
+        with signals.saving():
+            raise session.fatal(e) from None
+    except OSError as e:
+        if e.errno not in STORAGE_ERRNOS:
+            raise
+        with signals.saving():
+            raise session.fatal(storage_error(e, run_dir)) from None
     finally:
         session.close()
+        lock.close()
         if _algo is None:
             algo.stop()
     return session.summary(stop, result, reason, wall_s=time.perf_counter() - t_start)
@@ -353,6 +414,16 @@ def resume(run_dir: str | Path, stop: Stop | dict | None = None, overrides: dict
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"Run directory '{run_dir}' does not exist.")
+    if not (run_dir / "checkpoints").is_dir():
+        raise CheckpointError(f"'{run_dir}' has no checkpoints/ to resume from; is it a shoal run directory?")
+    with run_lock(run_dir):  # before anything is read or repaired: another process may be writing it
+        return _resume_locked(run_dir, stop, overrides, progress, trust)
+
+
+def _resume_locked(run_dir: Path, stop: Stop | dict | None, overrides: dict[str, Any] | None, progress: bool,
+                   trust: bool) -> TrainSummary:
+    from shoal.algorithms.base import Algorithm
+
     settings = _run_settings(run_dir)
     given = _as_stop(stop)  # a bad value is an error before anything is read further or changed
     checkpoints = run_dir / "checkpoints"
@@ -398,6 +469,12 @@ def _run_settings(run_dir: Path) -> dict[str, Any]:
     if not isinstance(settings, dict):
         raise CheckpointError(f"'{run_file}' holds {type(settings).__name__}, not the mapping `shoal train` writes; "
                               "restore it, or delete it to resume with the stop criteria you give.")
+    for key in ("checkpoint_every", "keep_checkpoints"):
+        value = settings.get(key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise CheckpointError(f"'{run_file}': {key} is {value!r}, but it must be a whole number of at least 1 "
+                                  f"(`shoal train` wrote one). Fix that line, or delete run.yaml to resume with the "
+                                  "defaults and the stop criteria you give.")
     return settings
 
 

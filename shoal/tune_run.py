@@ -135,7 +135,24 @@ class TuneSpec(_Strict):
                               "stop.time_s or stop.reward (or an asha scheduler's max_t).")
         if isinstance(self.scheduler, PbtSpec):
             self._check_pbt(cfg_cls)
-        self.config_cls().from_dict(deep_merge(self.config, _sample_point(self.search)))  # fails early on bad values
+        self._check_every_value()
+
+    def _check_every_value(self) -> None:
+        """Every value a trial may get is a valid config, before Ray starts: each grid and choice value
+        and both ends of each range, one key at a time, the other keys at their first value."""
+        base = deep_merge(self.config, _sample_point(self.search))
+        cfg_cls = self.config_cls()
+        cfg_cls.from_dict(base)  # the first point
+        for key, space in self.search.items():
+            values = list(getattr(space, space.kind))
+            if space.kind == "randint":
+                values = [values[0], values[1] - 1]  # hi is exclusive
+            for n, value in enumerate(values[1:], start=2):
+                try:
+                    cfg_cls.from_dict(deep_merge(base, _nest({key: value})))
+                except ConfigError as e:
+                    raise ConfigError(f"search key '{key}': its {space.kind} value {value!r} (number {n}) is not "
+                                      f"valid: {e}") from None
 
     def _check_pbt(self, cfg_cls) -> None:
         mutations = self.pbt_mutations()

@@ -63,13 +63,14 @@ def nan_multi_cartpole(nan_at: int = 5):
 
 
 class HangingCartPole(gym.Wrapper):
-    """CartPole whose ``hang_at``-th step sleeps forever in the first instance, in any process, to
-    get there: it claims the ``marker`` file (created atomically), so one env hangs once and the
-    env of the actor that replaces it runs on."""
+    """CartPole whose ``hang_at``-th step sleeps forever in the first ``times`` instances, in any
+    process, to get there: each claims a marker file (``marker``, then ``marker.1``, ...: created
+    atomically), so ``times`` envs hang once each and the env of the actor that replaces the last
+    runs on."""
 
-    def __init__(self, hang_at: int = 20, marker: str = "", **kwargs) -> None:
+    def __init__(self, hang_at: int = 20, marker: str = "", times: int = 1, **kwargs) -> None:
         super().__init__(gym.make("CartPole-v1", **kwargs))
-        self.hang_at, self.marker, self.steps = hang_at, marker, 0
+        self.hang_at, self.marker, self.times, self.steps = hang_at, marker, times, 0
 
     def step(self, action):
         self.steps += 1
@@ -77,11 +78,35 @@ class HangingCartPole(gym.Wrapper):
             import os
             import time
 
-            try:
-                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            except FileExistsError:
-                pass
-            else:
+            for k in range(self.times):
+                try:
+                    os.close(os.open(self.marker + (f".{k}" if k else ""), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                except FileExistsError:
+                    continue
                 while True:
                     time.sleep(3600)
         return self.env.step(action)
+
+
+class HangInInitCartPole(gym.Wrapper):
+    """CartPole whose constructor sleeps forever: always when ``always`` is set, else once, in the
+    first process other than ``driver_pid`` to claim the ``marker`` file (a rollout actor's)."""
+
+    def __init__(self, marker: str = "", driver_pid: int = 0, always: bool = False, **kwargs) -> None:
+        import os
+        import time
+
+        if always or (os.getpid() != driver_pid and marker and _claim(marker)):
+            while True:
+                time.sleep(3600)
+        super().__init__(gym.make("CartPole-v1", **kwargs))
+
+
+def _claim(path: str) -> bool:
+    import os
+
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True

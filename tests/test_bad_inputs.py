@@ -220,6 +220,12 @@ ROWS = [
     Row("stop-time-negative", PPO + ["--stop-time", "-1"], ("time_s", "-1")),
     Row("stop-reward-contradiction", PPO + ["--stop-reward", "100", "--no-stop-reward"], ("--no-stop-reward",)),
     Row("checkpoint-every-zero", PPO + ["--checkpoint-every", "0"], ("checkpoint_every", "at least 1")),
+    Row("seed-negative", PPO + ["--seed", "-5"], ("seed", "-5", "greater than or equal to 0")),
+    Row("seed-too-large", PPO + ["--seed", str(2**32)], ("seed", str(2**32), "2130706431")),
+    Row("out-not-a-directory", PPO + ["--out", "/dev/null"], ("--out", "/dev/null", "not a directory")),
+    Row("ppo-vf-loss-coeff-inf", PPO + ["--set", "vf_loss_coeff=inf"], ("vf_loss_coeff", "finite")),
+    Row("ppo-init-log-std-inf", ["train", "ppo", "--env", "Pendulum-v1", "--set", "model.init_log_std=inf"],
+        ("model.init_log_std", "finite")),
     # ---- envs ----
     Row("env-unknown-id", ["train", "ppo", "--env", "CartPol-v1"], ("CartPol-v1", "did you mean", "CartPole-v1")),
     Row("env-import-missing-module", ["train", "ppo", "--env", "no_such_pkg.envs:make"], ("no_such_pkg",)),
@@ -227,6 +233,9 @@ ROWS = [
         ("bad_envs:raising_env", "maze.txt is missing")),
     Row("env-factory-not-env", ["train", "ppo", "--env", "bad_envs:not_an_env"], ("bad_envs:not_an_env", "int")),
     Row("env-unsupported-obs-space", ["train", "ppo", "--env", "Blackjack-v1"], ("Blackjack-v1", "Tuple")),
+    Row("env-import-empty-module", ["train", "ppo", "--env", ":make"], ("':make'", "module before the colon")),
+    Row("env-old-gym-api", ["train", "ppo", "--env", "bad_envs:OldGymApiEnv"],
+        ("bad_envs:OldGymApiEnv", "old gym API", "(obs, info)")),
     Row("pettingzoo-to-ppo", ["train", "ppo", "--env", "pettingzoo.classic:tictactoe_v3"],
         ("tictactoe_v3", "multi_agent")),
     Row("gymnasium-to-alpha-star", ["train", "alpha_star", "--env", "CartPole-v1"], ("CartPole-v1", "single-agent Gymnasium", "PettingZoo")),
@@ -269,6 +278,12 @@ ROWS = [
     Row("evaluate-opponent-single-agent", ["evaluate", "{tmp}/run", "--opponent", "random"], ("--opponent",),
         runs="ppo"),
     Row("evaluate-video-episodes-alone", ["evaluate", "{tmp}/run", "--video-episodes", "2"], ("--video",), runs="ppo"),
+    Row("evaluate-seed-negative", ["evaluate", "{tmp}/run", "--seed", "-1"], ("--seed", "greater than or equal to 0"),
+        runs="ppo", usage=True),
+    Row("evaluate-video-suffix", ["evaluate", "{tmp}/run", "--video", "{tmp}/out.txt"], ("--video", ".txt", ".mp4"),
+        runs="ppo"),
+    Row("evaluate-video-unwritable", ["evaluate", "{tmp}/run", "--video", "/dev/null/out.mp4"],
+        ("--video", "/dev/null", "not a writable directory"), runs="ppo"),
     Row("evaluate-meta-shell-env", ["evaluate", "{tmp}/run"], ("env 'subprocess:run'", "--trust", "signed"),
         _shell_env_at("pwned"), runs="ppo"),
     Row("evaluate-meta-callbacks-module", ["evaluate", "{tmp}/run"], ("callbacks 'shoal_probe_hooks:Hooks'", "--trust"),
@@ -296,10 +311,15 @@ ROWS = [
         runs="ppo"),
     Row("resume-stop-steps-negative", ["resume", "{tmp}/run", "--stop-steps", "-5"], ("env_steps", "-5"), runs="ppo"),
     Row("resume-workers-negative", ["resume", "{tmp}/run", "--workers", "-1"], ("num_workers", "-1"), runs="ppo"),
+    Row("resume-run-yaml-keep-word", ["resume", "{tmp}/run"], ("run.yaml", "keep_checkpoints", "'three'"),
+        _write("run/run.yaml", "stop: {iterations: 5}\ncheckpoint_every: 1\nkeep_checkpoints: three\n"), runs="ppo"),
     # ---- export ----
     Row("export-format", ["export", "{tmp}/run", "--format", "tflite"], ("tflite", "torchscript", "onnx"), runs="ppo"),
     Row("export-missing", ["export", "{tmp}/nothing"], ("nothing", "does not exist")),
     Row("export-state-random", ["export", "{tmp}/run"], ("state.pt",), _state(RANDOM_BYTES), runs="ppo"),
+    Row("export-out-directory", ["export", "{tmp}/run", "--out", "{tmp}"], ("--out", "is a directory"), runs="ppo"),
+    Row("export-out-unwritable", ["export", "{tmp}/run", "--out", "/dev/null/policy.pt"],
+        ("--out", "not a writable directory"), runs="ppo"),
     Row("export-meta-shell-env", ["export", "{tmp}/run"], ("env 'subprocess:run'", "--trust"), _shell_env_at("pwned"),
         runs="ppo"),
     # ---- league ----
@@ -307,6 +327,9 @@ ROWS = [
     Row("keep-checkpoints-zero", PPO + ["--keep-checkpoints", "0"], ("keep_checkpoints", "at least 1")),
     Row("config-yaml-unknown-algo", ["config", "nope", "--yaml"], ("nope", "ppo, dqn")),
     Row("league-not-a-league", ["league", "{tmp}/run"], ("run", "league"), runs="ppo"),
+    Row("tune-grid-late-bad-value", ["tune", "-c", "{tmp}/t.yaml"], ("search key 'lr'", "-1", "number 3"),
+        _write("t.yaml", "algo: ppo\nconfig: {env: CartPole-v1}\nsearch: {lr: {grid: [0.001, 0.0001, -1]}}\n"
+               "stop: {iterations: 2}\n")),
     # ---- cluster addresses: a real process ----
     Row("address-unreachable", PPO + ["--workers", "1", "--address", "127.0.0.1:1"], ("127.0.0.1:1",),
         subprocess=True),
@@ -366,7 +389,7 @@ def test_bad_input_exits_2_with_one_paragraph(row: Row, tmp_path: Path, request)
     if row.setup:
         row.setup(tmp_path)
     argv = [a.replace("{tmp}", str(tmp_path)) for a in row.argv]
-    if argv[0] == "train":
+    if argv[0] == "train" and "--out" not in argv:
         argv += ["--out", str(tmp_path / "runs")]
     before = _tree(tmp_path)
     code, output = _invoke(argv, row.subprocess)

@@ -49,7 +49,8 @@ def _wait_for(cond, proc: subprocess.Popen, what: str, timeout_s: float = 240.0)
         if got:
             return got
         if proc.poll() is not None:
-            pytest.fail(f"the driver exited (code {proc.returncode}) before {what}: {proc.stderr.read()[-2000:]}")
+            pytest.fail(f"the driver exited (code {proc.returncode}) before {what}: "
+                        f"{proc.stderr.read()[-2000:] if proc.stderr else '(output in a file)'}")
         time.sleep(0.2)
     proc.kill()
     pytest.fail(f"timed out waiting for {what}")

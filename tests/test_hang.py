@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
 from shoal import PPOConfig
+from shoal.errors import EnvError
 from test_sigkill import train_until
 
 pytestmark = pytest.mark.ray
@@ -125,6 +127,49 @@ def test_hung_evaluation_actor_is_replaced_and_the_evaluation_finishes(ray_clust
         assert algo.eval_runners.num_timeouts == 1 and algo.eval_runners.num_restarts == 1
     finally:
         algo.stop()
+
+
+def test_an_evaluation_actor_replaced_twice_still_finishes_and_is_counted(ray_cluster, tmp_path):
+    """The probe's case: the evaluation actor and then its replacement fail; the third one evaluates."""
+    cfg = PPOConfig(env=HANG, env_config={"hang_at": 5, "marker": str(tmp_path / "hung"), "times": 2}, seed=0,
+                    evaluation={"evaluation_num_workers": 1, "evaluation_num_episodes": 2},
+                    resources={"request_timeout_s": 3}, **SMALL)
+    algo = cfg.build()
+    try:
+        out = algo.evaluate()  # the driver's own envs never step here: only evaluation actors' envs hang
+        assert (tmp_path / "hung").exists() and (tmp_path / "hung.1").exists()
+        assert out["num_episodes"] == 2
+        assert algo.eval_runners.num_restarts == 2 and algo.eval_runners.num_timeouts == 2
+    finally:
+        algo.stop()
+
+
+def test_a_rollout_actor_whose_env_constructor_hangs_is_recreated(ray_cluster, tmp_path):
+    """The clock of a request to an actor that never finishes starting runs from its creation."""
+    cfg = PPOConfig(env="flaky_envs:HangInInitCartPole", env_config={"marker": str(tmp_path / "hung"),
+                    "driver_pid": os.getpid()}, seed=0, resources={"num_workers": 1, "actor_start_timeout_s": 10},
+                    **SMALL)
+    algo = cfg.build()
+    try:
+        result = algo.train()  # the round with the hung actor samples nothing; its replacement then does
+        for _ in range(5):
+            if result["env_steps_sampled"] >= 256:
+                break
+            result = algo.train()
+        assert (tmp_path / "hung").exists() and result["env_steps_sampled"] >= 256
+        assert result["num_worker_restarts"] >= 1 and algo.env_runners.num_timeouts >= 1
+    finally:
+        algo.stop()
+
+
+def test_the_drivers_own_env_construction_times_out_with_a_message():
+    cfg = PPOConfig(env="flaky_envs:HangInInitCartPole", env_config={"always": True},
+                    resources={"request_timeout_s": 1.0}, **SMALL)
+    with pytest.raises(EnvError, match="did not finish within resources.request_timeout_s=1 s"):
+        cfg.build()
+    import signal
+
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
 def test_a_request_queued_behind_another_is_timed_from_its_turn(ray_cluster):

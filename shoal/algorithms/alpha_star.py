@@ -174,6 +174,7 @@ class AlphaStar(Algorithm):
             policy_num_cpus=res.num_cpus_per_learner, max_restarts=res.max_worker_restarts,
             restart_window_s=res.worker_restart_window_s,
             resource_wait_s=res.resource_wait_s, address=res.address, request_timeout_s=res.request_timeout_s,
+            start_timeout_s=res.actor_start_timeout_s,
             placement=self.actor_resources("learner shard").placement if res.learners_remote() else None)
         self.weights: dict[str, dict] = {}  # every policy's latest weights (driver copy)
         self.sync = LeagueSync()

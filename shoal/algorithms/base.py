@@ -31,6 +31,7 @@ from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
 from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
 from shoal.runtime.placement import DRIVER, BundleGroup, RunPlacement
 from shoal.runtime.deadline import DeadlineReached
+from shoal.runtime.signals import time_limit
 from shoal.process import configure_process
 from shoal.seeding import EVAL_ACTORS_FIRST_INDEX, EVAL_RUNNER_INDEX
 
@@ -130,7 +131,11 @@ class Algorithm:
             np.random.seed(seed)
             torch.manual_seed(seed)
         self.rng = np.random.default_rng(seed)
-        with _naming_env(config):
+        limit = config.resources.request_timeout_s
+        with _naming_env(config), time_limit(limit, lambda: EnvError(
+                f"Building env {config.env_name()!r} in the driver (to read its spaces) did not finish within "
+                f"resources.request_timeout_s={limit:g} s: its constructor hangs (waiting on a file, a server, a "
+                "licence?). Fix the env, or raise resources.request_timeout_s if it is only slow.")):
             self.env_info = self.describe_env()  # fails early on a bad env
         obs_space = getattr(self.env_info, "observation_space", None)
         check_env_memory(config, obs_space)  # before any env vector is built
@@ -350,6 +355,7 @@ class Algorithm:
             evaluation = self.evaluate()
             self.callbacks.on_evaluate(self, evaluation)
             result.update({f"evaluation/{k}": v for k, v in evaluation.items()})
+        result["num_eval_worker_restarts"] = self.eval_runners.num_restarts if self.eval_runners is not None else 0
         return result
 
     # ---- changing the config mid-run ------------------------------------------------------
@@ -428,16 +434,17 @@ class Algorithm:
 
     # ---- evaluation ---------------------------------------------------------------------
     def _evaluate_on(self, actor_id: int, num_episodes: int) -> dict[str, Any]:
-        """``num_episodes`` on evaluation actor ``actor_id``; once more on its replacement when it
-        dies or hangs (the group recreates it), with the weights and normalizer sent again."""
-        try:
-            return self.eval_runners.call(actor_id, "evaluate", num_episodes)
-        except ActorLostError:
-            self.eval_runners.foreach("set_weights", self.eval_runners.put(self.get_weights()), actor_ids=[actor_id],
-                                      wait=False)
-            for method, args in self._normalizer_calls():
-                self.eval_runners.foreach(method, *args, actor_ids=[actor_id], wait=False)
-            return self.eval_runners.call(actor_id, "evaluate", num_episodes)
+        """``num_episodes`` on evaluation actor ``actor_id``; again on its replacement each time it
+        dies or hangs (the group recreates it, with the weights and normalizer sent again), until
+        the restart budget (``resources.max_worker_restarts``) says the failures come too fast."""
+        while True:
+            try:
+                return self.eval_runners.call(actor_id, "evaluate", num_episodes)
+            except ActorLostError:
+                self.eval_runners.foreach("set_weights", self.eval_runners.put(self.get_weights()),
+                                          actor_ids=[actor_id], wait=False)
+                for method, args in self._normalizer_calls():
+                    self.eval_runners.foreach(method, *args, actor_ids=[actor_id], wait=False)
 
     def evaluate(self, num_episodes: int | None = None, render: bool = False) -> dict[str, float]:
         """Greedy episodes with the current weights, on evaluation actors or in the driver."""

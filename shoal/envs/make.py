@@ -47,6 +47,9 @@ def resolve_env_creator(env: EnvSpec, env_config: dict[str, Any] | None = None) 
         return lambda **kw: gym.make(env, **{**env_config, **kw})
     if ":" in env:
         mod, _, attr = env.partition(":")
+        if not mod.strip() or not attr.strip():
+            raise EnvError(f"Env '{env}' is not an import path: 'package.module:make_env' needs a module before the "
+                           "colon and a name after it (or give a registered Gymnasium id such as 'CartPole-v1').")
         try:
             obj = import_path(env)
         except (ImportError, AttributeError) as e:
@@ -187,6 +190,7 @@ def env_info(env: EnvSpec, env_config: dict[str, Any] | None = None,
             vec.close()
     e = make_env(env, env_config)
     try:
+        _check_reset_api(e, env)
         spec = e.spec
         return EnvInfo(
             observation_space=e.observation_space,
@@ -196,6 +200,20 @@ def env_info(env: EnvSpec, env_config: dict[str, Any] | None = None,
         )
     finally:
         e.close()
+
+
+def _check_reset_api(e: gym.Env, env: EnvSpec) -> None:
+    """An EnvError when ``e.reset()`` answers in the old gym API (before 0.26: the observation
+    alone). A reset that raises is left to the runners, which recreate failing envs."""
+    try:
+        out = e.reset()
+    except Exception:  # noqa: BLE001 - the runner reports and handles an env that fails
+        return
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
+        raise EnvError(f"Env {env!r} follows the old gym API (before 0.26): its reset() returned "
+                       f"{type(out).__name__}, not (observation, info). shoal needs Gymnasium's API: reset(seed=None, "
+                       "options=None) -> (obs, info) and step(action) -> (obs, reward, terminated, truncated, info). "
+                       "Port the env, or wrap it with shimmy's GymV21CompatibilityV0.")
 
 
 def flat_obs_dim(space: gym.Space) -> int:

@@ -130,12 +130,12 @@ class DistributedLearners:
                  replay_kwargs: dict | None = None, replay_num_cpus: float = 0.0, policy_num_cpus: float = 1.0,
                  max_in_flight: int = 1, max_restarts: int = 100, restart_window_s: float = 600.0,
                  resource_wait_s: float = 30.0, address: str | None = None, placement: Any = None,
-                 request_timeout_s: float | None = None) -> None:
+                 request_timeout_s: float | None = None, start_timeout_s: float | None = None) -> None:
         self.policy_learner_cls, self.plan, self.remote = policy_learner_cls, plan, remote
         self.max_in_flight = max_in_flight
         common = runtime.ActorResources(max_restarts=max_restarts, restart_window_s=restart_window_s,
                                         resource_wait_s=resource_wait_s, address=address,
-                                        request_timeout_s=request_timeout_s)
+                                        request_timeout_s=request_timeout_s, start_timeout_s=start_timeout_s)
         self.replay_resources = common.replace(num_cpus=replay_num_cpus, strategy="SPREAD", placement=placement)
         self.policy_resources = common.replace(num_cpus=policy_num_cpus, num_gpus=plan.gpus_per_policy)
         # With the run's placement group: shard s is one bundle (its replay actor plus every slot's

@@ -20,6 +20,18 @@ from typing import Any
 from shoal.checkpoint import write_text_atomic
 
 
+log = logging.getLogger("shoal.writers")
+
+
+def _same_file(f, path: Path) -> bool:
+    """Whether the open file ``f`` is still the file at ``path``."""
+    try:
+        a, b = os.fstat(f.fileno()), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 def _clean(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return None
@@ -35,10 +47,19 @@ def scalar_items(result: dict[str, Any]):
 
 
 class JsonlWriter:
+    """results.jsonl, one JSON row per iteration. A file deleted (or moved) during the run is
+    started anew at the next row, with a warning: the rows after it are not lost."""
+
     def __init__(self, path: Path) -> None:
+        self.path = path
         self.f = open(path, "a", buffering=1)
 
     def write(self, result: dict[str, Any]) -> None:
+        if not _same_file(self.f, self.path):
+            log.warning("%s was deleted or replaced during the run; writing a new one from iteration %s on",
+                        self.path, result.get("iteration", "?"))
+            self.f.close()
+            self.f = open(self.path, "a", buffering=1)
         self.f.write(json.dumps({k: _clean(v) for k, v in result.items()}, default=str) + "\n")
 
     def close(self) -> None:

@@ -80,26 +80,24 @@ def start(address: str | None = None, num_cpus: int | None = None, **kwargs) -> 
             init_kwargs["num_cpus"] = num_cpus
         init_kwargs.update(kwargs)
         check_reachable(address)
-        before = _children() if address is None else None
+        global _watchdog
+        if address is None:  # our own Ray: it must not outlive this process, even one killed inside ray.init
+            from shoal.runtime.watchdog import start_watchdog
+
+            _watchdog = start_watchdog()
         try:
             with _neutral_working_dir():
                 ray.init(**init_kwargs)
         except ConnectionError as e:
             raise ResourceError(f"Cannot connect to the Ray cluster at '{address}': {e}") from None
-    if before is not None:  # our own Ray: it must not outlive this process, even one killed with SIGKILL
-        from shoal.runtime.watchdog import start_watchdog
+        finally:
+            if _watchdog is not None:
+                from shoal.runtime.watchdog import adoption_done
 
-        global _watchdog
-        _watchdog = start_watchdog(sorted(_children() - before))
+                adoption_done(_watchdog)
 
 
 _watchdog = None  # the watchdog process of the local Ray instance this process started
-
-
-def _children() -> set[int]:
-    import psutil
-
-    return {p.pid for p in psutil.Process().children()}
 
 
 def check_reachable(address: str | None, timeout_s: float = 5.0) -> None:

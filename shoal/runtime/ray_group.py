@@ -64,6 +64,8 @@ class RayActorGroup(ActorGroupBase):
             self.bundle_indices, self.owns_pg = tuple(range(num_actors)), True
         self._probes: dict[int, Any] = {}  # actor id -> ref of its __ray_ready__ call
         self._up_at: dict[int, float] = {}  # actor id -> when it was first seen constructed
+        self._created_at: dict[int, float] = {}  # actor id -> when it was (re)created
+        self.start_timeout_s = resources.start_timeout_s
         self._answered_at: dict[int, float] = {}  # actor id -> when its last answer was collected
         self.actors: dict[int, Any] = {i: self._create(i) for i in self.ids}
         self._in_flight: dict[Any, tuple[int, Any, str, float]] = {}  # ObjectRef -> (actor id, handle, method, sent at)
@@ -82,6 +84,7 @@ class RayActorGroup(ActorGroupBase):
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=self.node_id, soft=False)
         actor = self.remote_cls.options(**opts).remote(*args, **kwargs)
         self._probes[i] = actor.__ray_ready__.remote()  # done once the actor is constructed
+        self._created_at[i] = time.monotonic()
         self._up_at.pop(i, None)
         self._answered_at.pop(i, None)
         return actor
@@ -121,7 +124,7 @@ class RayActorGroup(ActorGroupBase):
                 f"{self.name} {i} failed and {self.name}s were already restarted {self.max_restarts} times in the "
                 f"last {self.resources.restart_window_s:g} s (resources.max_worker_restarts per "
                 f"resources.worker_restart_window_s): they fail faster than restarts can help. "
-                f"Last failure:\n{self.last_failure}"
+                f"Last failure: {' '.join(str(self.last_failure).split())[:600]}"
             )
         old = self.actors.get(i)
         if old is not None:
@@ -191,13 +194,22 @@ class RayActorGroup(ActorGroupBase):
             self._up_at[i] = time.monotonic()
         return max(self._up_at[i], self._answered_at.get(i, 0.0))
 
+    def _overdue(self, i: int, sent: float, now: float) -> bool:
+        """Whether a request sent to actor ``i`` at ``sent`` has waited too long: ``request_timeout_s``
+        from when the actor was free to take it, or, while the actor has not started,
+        ``start_timeout_s`` from its creation (a constructor that hangs)."""
+        up = self._up_since(i)
+        if up is None:
+            return self.start_timeout_s is not None and now - self._created_at.get(i, now) > self.start_timeout_s
+        return self.request_timeout_s is not None and now - max(sent, up) > self.request_timeout_s
+
     def _expire(self) -> None:
-        """Treat each request open longer than ``request_timeout_s`` as a failure of its actor."""
-        if self.request_timeout_s is None:
+        """Treat each request open longer than ``request_timeout_s`` (or waiting on an actor that has
+        not started within ``start_timeout_s``) as a failure of its actor."""
+        if self.request_timeout_s is None and self.start_timeout_s is None:
             return
         now = time.monotonic()
-        overdue = [ref for ref, (i, _, _, sent) in self._in_flight.items()
-                   if (up := self._up_since(i)) is not None and now - max(sent, up) > self.request_timeout_s]
+        overdue = [ref for ref, (i, _, _, sent) in self._in_flight.items() if self._overdue(i, sent, now)]
         done, overdue = ray.wait(overdue, num_returns=len(overdue), timeout=0) if overdue else ([], [])
         for ref in overdue:  # answered ones are left to the caller to collect
             entry = self._in_flight.get(ref)
@@ -205,10 +217,19 @@ class RayActorGroup(ActorGroupBase):
                 continue  # dropped, or its actor already replaced
             i, _, method, sent = entry
             self.num_timeouts += 1
-            self.last_failure = f"{method}() did not return within resources.request_timeout_s={self.request_timeout_s:g} s"
-            log.warning("%s %d%s: %s() has not returned after %.1f s (resources.request_timeout_s=%g): a hung env or "
-                        "actor; killing and recreating it", self.name, i, f" ({self.about})" if self.about else "",
-                        method, now - max(sent, self._up_since(i) or sent), self.request_timeout_s)
+            where = f" ({self.about})" if self.about else ""
+            if self._up_since(i) is None:
+                self.last_failure = (f"the actor did not start within resources.actor_start_timeout_s="
+                                     f"{self.start_timeout_s:g} s")
+                log.warning("%s %d%s has not started %.1f s after its creation (resources.actor_start_timeout_s=%g): "
+                            "an env constructor that hangs?; killing and recreating it", self.name, i, where,
+                            now - self._created_at.get(i, now), self.start_timeout_s)
+            else:
+                self.last_failure = (f"{method}() did not return within resources.request_timeout_s="
+                                     f"{self.request_timeout_s:g} s")
+                log.warning("%s %d%s: %s() has not returned after %.1f s (resources.request_timeout_s=%g): a hung env "
+                            "or actor; killing and recreating it", self.name, i, where, method,
+                            now - max(sent, self._up_since(i) or sent), self.request_timeout_s)
             self.restart(i)
 
     def _wait(self, refs: list[Any], timeout_s: float | None) -> None:

@@ -3,18 +3,23 @@
 ``shoal`` starts its own Ray (raylet, GCS, agents, workers) when no cluster address is given.
 A driver that exits normally shuts it down; one killed with SIGKILL cannot, and some of those
 processes outlive it (measured with Ray 2.60 on Linux: the raylet and GCS went within seconds,
-but the dashboard and runtime-env agents stayed for more than 30 s). So :func:`start_watchdog` starts this
-file as a small process of its own session (Ctrl-C and a closed terminal do not reach it). It
-polls the driver every second and tracks the processes Ray started for it and their
-descendants. When the driver is gone it ends exactly those processes (SIGTERM, then SIGKILL
-after a grace period); never any other Ray instance on the machine. When they have all exited
-(``ray.shutdown()``, a normal exit) it exits too.
+but the dashboard and runtime-env agents stayed for more than 30 s). So :func:`start_watchdog`
+starts this file as a small process of its own session (Ctrl-C and a closed terminal do not
+reach it) just BEFORE ``ray.init``: a driver killed inside ``ray.init`` leaves nothing either.
+
+While ``ray.init`` runs, the watchdog adopts every new child of the driver (those that existed
+before are named to it and left alone); :func:`adoption_done` then tells it, through its stdin,
+that Ray is up, and from then on it tracks only what it adopted and their descendants. It polls
+the driver every second. When the driver is gone it ends exactly those processes (SIGTERM, then
+SIGKILL after a grace period); never any other Ray instance on the machine. When they have all
+exited after Ray was up (``ray.shutdown()``, a normal exit) it exits too.
 
 This file runs as a script and imports nothing but the standard library and psutil.
 """
 
 from __future__ import annotations
 
+import select
 import signal
 import subprocess
 import sys
@@ -26,15 +31,22 @@ POLL_S = 1.0
 GRACE_S = 3.0
 
 
-def start_watchdog(roots: list[int]) -> subprocess.Popen | None:
-    """Watch this process and the Ray processes ``roots`` (its children that ``ray.init`` started)."""
-    procs = [p for p in map(_process, roots) if p is not None]
-    if not procs:
-        return None
+def start_watchdog() -> subprocess.Popen:
+    """Start the watchdog of this process, before ``ray.init``: it adopts this process's children
+    from now until :func:`adoption_done`, except those it has already."""
     me = psutil.Process()
-    args = [f"{me.pid}:{me.create_time()!r}", *(f"{p.pid}:{p.create_time()!r}" for p in procs)]
-    return subprocess.Popen([sys.executable, __file__, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+    args = [f"{me.pid}:{me.create_time()!r}", *(f"{c.pid}:{c.create_time()!r}" for c in me.children())]
+    return subprocess.Popen([sys.executable, __file__, *args], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+
+
+def adoption_done(watchdog: subprocess.Popen) -> None:
+    """Ray is up: the watchdog stops adopting new children of the driver."""
+    try:
+        watchdog.stdin.write(b"up\n")
+        watchdog.stdin.flush()
+    except (OSError, ValueError):
+        pass  # it exited already (nothing was started, or it was killed)
 
 
 def _process(pid: int, create_time: float | None = None) -> psutil.Process | None:
@@ -80,14 +92,40 @@ def _end(tracked: dict[int, float]) -> None:
             pass
 
 
-def watch(driver: tuple[int, float], roots: dict[int, float]) -> None:
-    tracked = _refresh(roots)
-    while tracked:
-        if _process(*driver) is None:
+def _adopt(driver: psutil.Process, known: set[int], tracked: dict[int, float]) -> None:
+    """Add each child of ``driver`` not in ``known`` (nor this watchdog) to ``tracked``."""
+    try:
+        for c in driver.children():
+            if c.pid not in known and c.pid != psutil.Process().pid:
+                tracked.setdefault(c.pid, c.create_time())
+    except psutil.Error:
+        pass
+
+
+def _told_up(timeout_s: float) -> bool:
+    """Whether the driver wrote to stdin (or closed it) within ``timeout_s``."""
+    ready, _, _ = select.select([sys.stdin], [], [], timeout_s)
+    return bool(ready)
+
+
+def watch(driver_id: tuple[int, float], known: set[int]) -> None:
+    driver = _process(*driver_id)
+    tracked: dict[int, float] = {}
+    adopting = True
+    while driver is not None:
+        if adopting:
+            _adopt(driver, known, tracked)
+        tracked = _refresh(tracked)
+        if _process(*driver_id) is None:
             _end(_refresh(tracked))
             return
-        time.sleep(POLL_S)
-        tracked = _refresh(tracked)
+        if not adopting and not tracked:
+            return  # Ray shut down
+        if adopting and _told_up(POLL_S):
+            _adopt(driver, known, tracked)
+            adopting = False
+        elif not adopting:
+            time.sleep(POLL_S)
 
 
 def _parse(arg: str) -> tuple[int, float]:
@@ -97,4 +135,4 @@ def _parse(arg: str) -> tuple[int, float]:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    watch(_parse(sys.argv[1]), dict(map(_parse, sys.argv[2:])))
+    watch(_parse(sys.argv[1]), {_parse(a)[0] for a in sys.argv[2:]})

@@ -1,0 +1,97 @@
+"""How a training run meets SIGINT (Ctrl-C) and SIGTERM (``kill``, Kubernetes, Slurm).
+
+Both stop the run the same way: the iteration in progress is abandoned, a checkpoint of the
+last finished one is written, and the run ends (exit 130 after Ctrl-C, 143 after SIGTERM). While
+that checkpoint is being written, the next signal only says so and the one after it aborts
+the save, which then leaves the previous checkpoint the newest (saves are atomic).
+
+Handlers are installed only in the main thread of the main interpreter (``signal`` allows
+nothing else) and the previous ones are put back when training ends.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Iterator, Optional
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: the run stops as after Ctrl-C, with exit code 143."""
+
+
+class SaveAborted(KeyboardInterrupt):
+    """A signal arrived twice while the stop checkpoint was written: the save was abandoned."""
+
+
+EXIT_CODES = {"interrupted": 130, "terminated": 143}
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` in the main thread, as SIGINT raises KeyboardInterrupt."""
+    if not _main_thread():
+        yield
+        return
+
+    def on_term(signum, frame) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def saving(what: str = "a checkpoint") -> Iterator[None]:
+    """While ``what`` is written after a stop signal: the first further SIGINT or SIGTERM prints
+    that the save is under way; the second raises :class:`SaveAborted` (the save's own cleanup
+    then removes its partial files)."""
+    if not _main_thread():
+        yield
+        return
+    pressed = 0
+
+    def on_signal(signum, frame) -> None:
+        nonlocal pressed
+        pressed += 1
+        if pressed >= 2:
+            raise SaveAborted()
+        print(f"shoal: saving {what} before stopping; press Ctrl-C again to abort the save "
+              "(the previous checkpoint then stays the newest).", file=sys.stderr, flush=True)
+
+    previous: dict[int, Optional[object]] = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)  # type: ignore[arg-type]
+
+
+@contextmanager
+def time_limit(seconds: Optional[float], on_expiry) -> Iterator[None]:
+    """Raise ``on_expiry()`` in the main thread if the block runs longer than ``seconds`` (SIGALRM:
+    Python code and interruptible waits stop; a C loop that never returns to Python does not).
+    No limit with None, or outside the main thread."""
+    if seconds is None or not _main_thread():
+        yield
+        return
+
+    def on_alarm(signum, frame) -> None:
+        raise on_expiry()
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -1,0 +1,231 @@
+"""Every way a run is told to stop keeps its work: SIGTERM behaves like Ctrl-C (checkpoint, exit
+143), a second signal during the stop checkpoint only says it is saving, the third aborts the
+save and leaves the previous checkpoint the newest; a full disk and an exhausted restart budget
+end with one paragraph after saving what can be saved.
+
+The process tests run a real ``shoal train`` and wait on files, never on time.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from shoal import checkpoint as ckpt
+from shoal.cli import app
+from shoal.runtime import signals
+from test_driver_kill import _wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["ppo", "--env", "CartPole-v1", "--seed", "0", "--set", "train_batch_size=256", "--set", "minibatch_size=128",
+        "--set", "num_sgd_iter=1", "--no-stop-reward", "--stop-iters", "100000", "-q"]
+
+
+# ---- in-process -----------------------------------------------------------------------------
+def test_sigterm_raises_terminated_inside_the_context_only():
+    before = signal.getsignal(signal.SIGTERM)  # the default, or Ray's when a test started Ray here
+    with signals.stop_on_signals():
+        with pytest.raises(signals.Terminated):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler runs at the next bytecode; the sleep is interrupted
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_while_saving_the_first_signal_only_warns_and_the_second_aborts(capsys):
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(signals.SaveAborted):
+        with signals.saving():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # handled: the save goes on
+            assert "press Ctrl-C again to abort" in capsys.readouterr().err
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_full_disk_ends_with_one_paragraph_and_exit_2(tmp_path, monkeypatch):
+    real_save, calls = ckpt.save_checkpoint, []
+
+    def save(path, state, meta):
+        calls.append(path)
+        if len(calls) > 1:  # the first checkpoint fits, then the disk is full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real_save(path, state, meta)
+
+    monkeypatch.setattr(ckpt, "save_checkpoint", save)
+    r = CliRunner().invoke(app, ["train", "ppo", "--env", "CartPole-v1", "--seed", "0", "--set", "train_batch_size=256",
+                                 "--set", "minibatch_size=128", "--set", "num_sgd_iter=1", "--no-stop-reward",
+                                 "--stop-iters", "5", "--checkpoint-every", "1", "-q", "--out", str(tmp_path)])
+    assert r.exit_code == 2, r.output
+    text = " ".join(r.output.split())
+    assert "No space left on device" in text and "The disk is full" in text and "shoal resume" in text
+    assert "Saving a checkpoint failed too" in text and "Traceback" not in r.output
+    (run,) = tmp_path.iterdir()
+    assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == ["checkpoint_000001"]
+
+
+# ---- a real driver ---------------------------------------------------------------------------
+def _start(tmp_path: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``shoal train`` with its output in ``tmp_path/out.txt`` (read with :func:`_output`)."""
+    log = open(tmp_path / "out.txt", "w")
+    return subprocess.Popen([sys.executable, "-m", "shoal", "train", *TINY, "--out", str(tmp_path / "runs"), *extra],
+                            cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
+
+
+def _output(tmp_path: Path) -> str:
+    return (tmp_path / "out.txt").read_text()
+
+
+def _rows(tmp_path: Path) -> int:
+    runs = list((tmp_path / "runs").glob("*/results.jsonl"))
+    return len(runs[0].read_text().splitlines()) if runs else 0
+
+
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_sigterm_saves_the_last_iteration_and_exits_143(tmp_path, workers):
+    proc = _start(tmp_path, "--workers", workers, "--checkpoint-every", "1000")
+    _wait_for(lambda: _rows(tmp_path) >= 3, proc, "three iterations")
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=180)
+    out = _output(tmp_path)
+    assert proc.returncode == 143, out
+    assert "Terminated (SIGTERM)" in out and "Traceback" not in out, out
+    (run,) = (tmp_path / "runs").iterdir()
+    rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    (last,) = ckpt.list_checkpoints(run / "checkpoints")
+    meta = ckpt.read_meta(last)
+    assert meta["iteration"] == rows[-1]["iteration"] >= 3  # the checkpoint is the last finished iteration
+    assert meta["env_steps_sampled"] == rows[-1]["env_steps_sampled"]
+
+
+def test_third_signal_aborts_the_stop_save_and_leaves_no_partial_checkpoint(tmp_path):
+    paused = tmp_path / "paused"
+    proc = _start(tmp_path, "--workers", "0", "--checkpoint-every", "1000",
+                  env={ckpt.PAUSE_ENV: f"state:1:{paused}"})  # the first save (the stop one) waits after state.pt
+    _wait_for(lambda: _rows(tmp_path) >= 2, proc, "two iterations")
+    proc.send_signal(signal.SIGINT)
+    _wait_for(paused.exists, proc, "the stop checkpoint to be half written")
+    proc.send_signal(signal.SIGINT)  # second: says it is saving, and the save goes on
+    _wait_for(lambda: "press Ctrl-C again to abort the save" in _output(tmp_path), proc, "the second signal's note")
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGINT)  # third: aborts the save
+    proc.wait(timeout=120)
+    out = _output(tmp_path)
+    assert proc.returncode == 130, out
+    assert "press Ctrl-C again to abort the save" in out and "abandoned on the third signal" in out, out
+    assert "Traceback" not in out, out
+    (run,) = (tmp_path / "runs").iterdir()
+    assert ckpt.list_checkpoints(run / "checkpoints") == []
+    assert not any(p.name.startswith(".") for p in (run / "checkpoints").iterdir())  # the half-written one is gone
+
+
+# ---- one writer per run directory -------------------------------------------------------------
+HOLDER = """
+import sys, time
+from pathlib import Path
+from shoal.run_lock import run_lock
+with run_lock(Path(sys.argv[1])):
+    Path(sys.argv[2]).write_text("held")
+    time.sleep(600)
+"""
+
+
+def test_a_second_process_is_told_who_holds_the_run_directory(tmp_path):
+    from shoal.errors import RunDirectoryError
+    from shoal.run_lock import LOCK_FILE, run_lock
+
+    run, held = tmp_path / "run", tmp_path / "held"
+    (run / "checkpoints").mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run), str(held)])
+    try:
+        _wait_for(held.exists, holder, "the holder to take the lock")
+        with pytest.raises(RunDirectoryError, match=f"in use: shoal process {holder.pid} on "):
+            with run_lock(run):
+                pass
+        r = CliRunner().invoke(app, ["resume", str(run)])
+        assert r.exit_code == 2 and f"shoal process {holder.pid}" in r.output, r.output
+    finally:
+        holder.kill()  # SIGKILL: the operating system drops the lock with the process
+        holder.wait()
+    with run_lock(run):
+        assert json_pid(run / LOCK_FILE) == os.getpid()
+    assert not (run / LOCK_FILE).exists()
+
+
+def json_pid(path: Path) -> int:
+    return int(json.loads(path.read_text())["pid"])
+
+
+def test_a_deleted_results_file_is_started_anew(tmp_path, caplog):
+    from shoal.logging.writers import JsonlWriter
+
+    w = JsonlWriter(tmp_path / "results.jsonl")
+    w.write({"iteration": 1})
+    (tmp_path / "results.jsonl").unlink()
+    with caplog.at_level("WARNING"):
+        w.write({"iteration": 2})
+        w.write({"iteration": 3})
+    w.close()
+    rows = [json.loads(line)["iteration"] for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert rows == [2, 3]
+    assert sum("deleted or replaced" in r.message for r in caplog.records) == 1
+
+
+# ---- a driver killed inside ray.init -------------------------------------------------------------
+INIT_THEN_HANG = """
+import sys, time
+from pathlib import Path
+import ray
+
+real_init = ray.init
+
+def init(*args, **kwargs):  # Ray's processes are all up, but shoal's start() has not returned
+    out = real_init(*args, **kwargs)
+    Path(sys.argv[1]).write_text("inside ray.init")
+    time.sleep(600)
+    return out
+
+ray.init = init
+from shoal import runtime
+runtime.start(num_cpus=1)
+"""
+
+
+def test_a_driver_killed_inside_ray_init_leaves_no_ray_process(tmp_path):
+    import psutil
+
+    inside = tmp_path / "inside"
+    proc = subprocess.Popen([sys.executable, "-c", INIT_THEN_HANG, str(inside)], cwd=tmp_path,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    _wait_for(inside.exists, proc, "Ray to start", timeout_s=180)
+    driver = psutil.Process(proc.pid)
+    started = {(p.pid, p.create_time()) for p in driver.children(recursive=True)}
+    assert any("raylet" in p.name() for p in driver.children(recursive=True))
+    proc.kill()
+    proc.wait()
+
+    def alive() -> list[int]:
+        out = []
+        for pid, ct in started:
+            try:
+                p = psutil.Process(pid)
+                if abs(p.create_time() - ct) < 1e-3 and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(pid)
+            except psutil.Error:
+                pass
+        return out
+
+    deadline = time.monotonic() + 60  # the agents alone stay > 30 s without the watchdog
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not alive(), f"Ray processes left: {alive()}"
