@@ -207,3 +207,33 @@ def test_diag_gaussian_sampling_moments():
     assert x.shape == (n, 2)
     assert_close(x.mean(0), mean, atol=0.03, rtol=0)
     assert_close(x.std(0), torch.tensor([1.0, 0.5]), atol=0.03, rtol=0)
+
+
+def test_kl_adaptive_lr_steps_by_hand():
+    from shoal.learn.target import KLAdaptiveLR
+
+    s = KLAdaptiveLR(0.01)
+    assert s.next_lr(3e-4, 0.03) == pytest.approx(2e-4)  # above 2 x 0.01: / 1.5
+    assert s.next_lr(3e-4, 0.001) == pytest.approx(4.5e-4)  # below 0.01 / 2: x 1.5
+    assert s.next_lr(3e-4, 0.01) == 3e-4 and s.next_lr(3e-4, 0.02) == 3e-4 and s.next_lr(3e-4, 0.005) == 3e-4
+    assert s.next_lr(9e-3, 0.0) == 1e-2 and s.next_lr(1.2e-6, 1.0) == 1e-6  # within [1e-6, 1e-2]
+
+
+def test_ppo_lr_kl_target_moves_lr_once_per_epoch_and_is_checkpointed():
+    from shoal import PPOConfig
+
+    # a target so large that every epoch's KL is below half of it: x 1.5 per epoch, 3 epochs an iteration
+    cfg = PPOConfig(env="CartPole-v1", seed=0, lr=3e-4, lr_kl_target=1.0, num_sgd_iter=3, train_batch_size=256,
+                    minibatch_size=64)
+    algo, again = cfg.build(), cfg.build()
+    try:
+        algo.train()
+        assert algo.learner.lr == pytest.approx(3e-4 * 1.5 ** 3)
+        assert algo.learner.optimizer.param_groups[0]["lr"] == pytest.approx(3e-4 * 1.5 ** 3)
+        again.set_state(algo.get_state())
+        assert again.learner.lr == pytest.approx(3e-4 * 1.5 ** 3)
+    finally:
+        algo.stop()
+        again.stop()
+    with pytest.raises(Exception, match="lr_kl_target adapts the learning rate and lr_schedule sets it"):
+        PPOConfig(env="CartPole-v1", lr_kl_target=0.01, lr_schedule=[[0, 1e-3], [1000, 0.0]])

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from shoal.algorithms.config_groups import KLPenaltyKeys, MultiAgentKeys, PPOLos
 from shoal.batch import Batch, Col
 from shoal.config import AlgorithmConfig
 from shoal.learn import Learner, resolve_device
-from shoal.learn.target import AdaptiveKL
+from shoal.learn.target import AdaptiveKL, KLAdaptiveLR
 from shoal.learn.stats import masked_mean, standardize
 from shoal.models import build_actor_critic
 from shoal.models.recurrent import pack_state, run_sequences
@@ -42,6 +42,20 @@ class PPOConfig(PPOLossKeys, KLPenaltyKeys, MultiAgentKeys, AlgorithmConfig):
 
     train_batch_size: int = Field(4096, ge=1, description="Env steps per training step (over all rollout actors).")
     kl_coeff: float = Field(0.2, ge=0, description="Initial KL penalty coefficient (adapted towards kl_target).")
+    lr_kl_target: Optional[float] = Field(
+        None, gt=0, description="Adapt the learning rate to the policy's step size (rl_games' adaptive schedule): "
+        "after each epoch, a mean KL(old || new) above twice this divides lr by 1.5, one below half of it "
+        "multiplies lr by 1.5, within [1e-6, 1e-2]; lr is where it starts. None: lr stays (or follows "
+        "lr_schedule).")
+
+    @model_validator(mode="after")
+    def _check_lr_kl_target(self):
+        if self.lr_kl_target is not None and self.lr_schedule:
+            raise ValueError("lr_kl_target adapts the learning rate and lr_schedule sets it: give one of them")
+        if self.lr_kl_target is not None and self.multi_agent is not None:
+            raise ValueError("lr_kl_target is not supported with a multi_agent section yet (each policy learns with "
+                             "its own learner); leave it out, or use lr_schedule")
+        return self
 
     @model_validator(mode="after")
     def _check_ppo_multi_agent(self):
@@ -200,6 +214,7 @@ class PPO(Algorithm):
         self.policy_cls = ActorCriticPolicy
         module = build_actor_critic(self.env_info.observation_space, self.env_info.action_space, cfg.model)
         self.kl = AdaptiveKL(cfg.kl_coeff, cfg.kl_target, enabled=cfg.use_kl_loss)
+        self.lr_by_kl = KLAdaptiveLR(cfg.lr_kl_target) if cfg.lr_kl_target is not None else None
         self.learner = Learner(module, functools.partial(ppo_loss, config=cfg, kl=self.kl), lr=cfg.lr,
                                grad_clip=cfg.grad_clip, lr_schedule=cfg.lr_schedule,
                                max_nonfinite_updates=cfg.max_nonfinite_updates, device=resolve_device(cfg.resources.num_gpus))
@@ -221,7 +236,7 @@ class PPO(Algorithm):
         with self.timers.time(Phase.LEARN):
             self.learner.set_env_steps(self.counters["env_steps_sampled"])
             stats = self.learner.update(batch, cfg.num_sgd_iter, cfg.minibatch_size, self.rng,
-                                        sequence_length=sgd_sequence_length(cfg))
+                                        sequence_length=sgd_sequence_length(cfg), on_epoch=self._adapt_lr)
             self.counters["env_steps_trained"] += transitions(batch)
         with self.timers.time(Phase.POST_UPDATE):
             stats["kl_coeff"] = self.kl.update(stats["kl"]) if cfg.use_kl_loss else self.kl.coeff
@@ -229,11 +244,19 @@ class PPO(Algorithm):
             self.broadcast_weights()
         return {f"learner/{k}": v for k, v in stats.items()}
 
+    def _adapt_lr(self, epoch_stats: dict[str, float]) -> None:
+        """With ``lr_kl_target``: the next epoch's learning rate from this epoch's mean KL."""
+        if self.lr_by_kl is not None:
+            self.learner.set_lr(self.lr_by_kl.next_lr(self.learner.lr, epoch_stats["kl"]))
+
     def get_state(self) -> dict[str, Any]:
-        return {**super().get_state(), "learner": self.learner.get_state(), "kl": self.kl.get_state()}
+        return {**super().get_state(), "learner": self.learner.get_state(), "kl": self.kl.get_state(),
+                "lr": self.learner.lr}
 
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)
         self.learner.set_state(state["learner"])
         self.kl.set_state(state["kl"])
+        if self.lr_by_kl is not None and "lr" in state:  # where the adaptation had taken it
+            self.learner.set_lr(float(state["lr"]))
         self.broadcast_weights()

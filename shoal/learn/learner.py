@@ -187,20 +187,28 @@ class Learner:
         return stats
 
     def update(self, batch: Batch, num_epochs: int, minibatch_size: int, rng: np.random.Generator,
-               num_minibatches: int | None = None, sequence_length: int = 1) -> dict[str, float]:
+               num_minibatches: int | None = None, sequence_length: int = 1,
+               on_epoch: Callable[[dict[str, float]], Any] | None = None) -> dict[str, float]:
         """``num_epochs`` passes of shuffled minibatch SGD over ``batch``; mean stats.
 
         ``num_minibatches`` fixes how many (near-equal) minibatches each epoch has, whatever
         ``len(batch)``: data-parallel replicas must take the same number of steps.
-        ``sequence_length``: see :func:`minibatch_indices`.
+        ``sequence_length``: see :func:`minibatch_indices`. ``on_epoch(stats)`` is called after
+        each epoch with that epoch's mean stats (e.g. to adapt the learning rate to its KL).
         """
         tensors = batch.to_torch(self.device)
         acc = StatsMean()
         self.module.train()
         for _ in range(num_epochs):
+            epoch = StatsMean() if on_epoch is not None else None
             for idx in minibatch_indices(len(batch), minibatch_size, rng, num_minibatches, sequence_length):
                 mb = tensors if idx is None else {k: v[idx.to(self.device)] for k, v in tensors.items()}
-                acc.add(self.update_minibatch(mb))
+                stats = self.update_minibatch(mb)
+                acc.add(stats)
+                if epoch is not None:
+                    epoch.add(stats)
+            if on_epoch is not None and epoch is not None:
+                on_epoch(epoch.mean())
         self.module.eval()
         out = acc.mean()
         out["lr"] = self.lr

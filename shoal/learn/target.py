@@ -127,3 +127,24 @@ class AdaptiveKL:
 
     def set_state(self, state: dict[str, float]) -> None:
         self.coeff = float(state["coeff"])
+
+
+class KLAdaptiveLR:
+    """A learning rate steered by the policy's step size (rl_games' "adaptive" schedule): after
+    each epoch over a train batch, an epoch mean KL(old || new) above twice ``target`` divides
+    the rate by ``FACTOR``, one below half of ``target`` multiplies it by ``FACTOR``; it stays
+    within [``MIN_LR``, ``MAX_LR``]. Small steps early in training so grow the rate quickly."""
+
+    FACTOR = 1.5
+    MIN_LR = 1e-6
+    MAX_LR = 1e-2
+
+    def __init__(self, target: float) -> None:
+        self.target = float(target)
+
+    def next_lr(self, lr: float, kl: float) -> float:
+        if kl > 2.0 * self.target:
+            return max(lr / self.FACTOR, self.MIN_LR)
+        if kl < 0.5 * self.target:
+            return min(lr * self.FACTOR, self.MAX_LR)
+        return lr
