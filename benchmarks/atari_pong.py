@@ -1,16 +1,21 @@
-"""Pong from scratch: seconds until the mean of the last 20 finished games first reaches +18.
+"""Pong from scratch: time and agent steps until the mean of the last 20 finished games first reaches +18.
 
     python benchmarks/atari_pong.py [--budget-s 3600] [--algo appo] [--config examples/appo_pong.yaml]
+                                    [--out-dir benchmarks/results]
 
 Trains in a fresh Python process (start-up counts) from the algorithm's preset
-``examples/<algo>_pong.yaml`` on ALE/Pong-v5 with the standard preprocessing; the score is
-the raw game score (-21..21) of whole games. Progress goes to stderr; the last stdout line is
-one JSON object: ``algo``; ``repeat_action_probability`` (the preset's sticky-action
-probability; null: the id's own, 0.25 for v5); ``budget_s``; ``reached`` (bool);
-``seconds_to_18`` (null if not reached); ``best_mean_20``; ``frames`` (emulator frames
-sampled); ``frames_per_s``; ``learner_busy_fraction`` (Ape-X: the learner thread's mean busy
-share over the iterations in which it trained; null for the others); and ``curve``
-(``[seconds, frames, mean of the last 20 games]`` after each iteration).
+``examples/<algo>_pong.yaml`` with the standard preprocessing; the score is the raw game score
+(-21..21) of whole games. Progress goes to stderr; the last stdout line is one JSON object:
+``algo``; ``env`` (the preset's id: ``PongNoFrameskip-v4`` is the published anchors' setting,
+no sticky actions); ``repeat_action_probability`` (the preset's sticky-action probability;
+null: the id's own, 0.25 for v5, 0 for NoFrameskip-v4); ``budget_s``; ``reached`` (bool);
+``seconds_to_18`` and ``agent_steps_to_18`` (null if not reached; agent steps = frames /
+frame skip); ``best_mean_20``; ``frames`` (emulator frames sampled); ``agent_steps``;
+``frames_per_s``; ``learner_busy_fraction`` (Ape-X: the learner thread's mean busy share over
+the iterations in which it trained; null for the others); ``curve`` (``[seconds, frames, mean
+of the last 20 games]`` after each iteration); and ``png``, the learning curve drawn beside
+the JSON in ``--out-dir`` (``atari_pong_<algo>.json`` and ``.png``: the mean of the last 20
+games against frames and against minutes).
 """
 
 from __future__ import annotations
@@ -49,8 +54,9 @@ def child(algo_name: str, config_path: str, budget_s: float, spawn_time: float) 
     skip = config.env_preprocessing.frame_skip
     algo = config.build()
     sticky = config.env_preprocessing.repeat_action_probability
-    out = {"algo": algo_name, "repeat_action_probability": sticky, "budget_s": budget_s, "reached": False,
-           "seconds_to_18": None, "best_mean_20": None, "frames": 0, "frames_per_s": None, "learner_busy_fraction": None, "curve": []}
+    out = {"algo": algo_name, "env": config.env, "repeat_action_probability": sticky, "budget_s": budget_s,
+           "reached": False, "seconds_to_18": None, "agent_steps_to_18": None, "best_mean_20": None, "frames": 0,
+           "agent_steps": 0, "frames_per_s": None, "learner_busy_fraction": None, "curve": []}
     busy: list[float] = []  # Ape-X: the learner thread's busy share of each iteration once it trains
     try:
         while time.time() - spawn_time < budget_s:
@@ -58,7 +64,8 @@ def child(algo_name: str, config_path: str, budget_s: float, spawn_time: float) 
             games = list(algo.episodes.returns)[-WINDOW:]
             mean20 = float(np.mean(games)) if len(games) == WINDOW else None
             seconds = time.time() - spawn_time
-            out["frames"] = int(result["env_steps_sampled"]) * skip
+            out["agent_steps"] = int(result["env_steps_sampled"])
+            out["frames"] = out["agent_steps"] * skip
             out["frames_per_s"] = out["frames"] / seconds
             out["curve"].append([round(seconds, 1), out["frames"], mean20])
             if "learner_busy_fraction" in result and result.get("env_steps_trained", 0) > 0:
@@ -70,7 +77,7 @@ def child(algo_name: str, config_path: str, budget_s: float, spawn_time: float) 
                 f"{result['episodes_total']} games, mean of last {WINDOW}: {mean20}"
                 + (f", learner busy {busy[-1]:.2f}" if busy else ""))
             if mean20 is not None and mean20 >= TARGET:
-                out.update(reached=True, seconds_to_18=seconds)
+                out.update(reached=True, seconds_to_18=seconds, agent_steps_to_18=out["agent_steps"])
                 break
     finally:
         algo.stop()
@@ -78,11 +85,38 @@ def child(algo_name: str, config_path: str, budget_s: float, spawn_time: float) 
     return out
 
 
+def draw_curve(out: dict, path: Path) -> None:
+    """The mean of the last 20 games against frames (left) and against minutes (right), target dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    points = [(s, f, m) for s, f, m in out.get("curve", []) if m is not None]
+    fig = Figure(figsize=(10, 3.6), dpi=110)
+    for ax, x, label in ((fig.add_subplot(1, 2, 1), [f / 1e6 for _, f, _ in points], "emulator frames (millions)"),
+                         (fig.add_subplot(1, 2, 2), [s / 60 for s, _, _ in points], "minutes from process start")):
+        ax.plot(x, [m for _, _, m in points], color="tab:blue")
+        ax.axhline(TARGET, color="grey", linestyle="--", linewidth=1)
+        ax.set_ylim(-21.5, 21.5)
+        ax.set_xlabel(label)
+        ax.set_ylabel("mean of the last 20 games")
+        ax.grid(alpha=0.3)
+    sticky = out.get("repeat_action_probability")
+    fig.suptitle(f"{out.get('algo')} on {out.get('env')} (sticky actions {sticky if sticky is not None else 'as the id'})"
+                 + (f": +18 at {out['agent_steps_to_18']:,} agent steps, {out['seconds_to_18'] / 60:.1f} min"
+                    if out.get("reached") else ": +18 not reached"))
+    fig.tight_layout()
+    fig.savefig(path)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description="Seconds until Pong's mean of the last 20 games reaches +18.")
     p.add_argument("--budget-s", type=float, default=3600.0)
     p.add_argument("--algo", default="appo")
     p.add_argument("--config", default=None, help="default: examples/<algo>_pong.yaml")
+    p.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"),
+                   help="where atari_pong_<algo>.json and .png (the learning curve) are written")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--spawn-time", type=float, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -99,6 +133,12 @@ def main() -> None:
     out = {"benchmark": "atari_pong", **r}
     out.setdefault("algo", args.algo)
     out.setdefault("budget_s", args.budget_s)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png = out_dir / f"atari_pong_{args.algo}.png"
+    draw_curve(out, png)
+    out["png"] = str(png)
+    (out_dir / f"atari_pong_{args.algo}.json").write_text(json.dumps(out) + "\n")
     print(json.dumps(out))
 
 
