@@ -33,6 +33,10 @@ class RunDirectoryError(ShoalError):
     """The run directory cannot be written: the disk is full or read-only, or the permissions refuse it."""
 
 
+class RayLostError(ShoalError):
+    """The local Ray instance a run started died under it (its raylet was killed)."""
+
+
 class ResourceError(ShoalError):
     """The cluster cannot supply the CPUs/GPUs the config asks for."""
 

@@ -27,10 +27,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from shoal import checkpoint as ckpt
 from shoal.config import AlgorithmConfig, safe_yaml
 from shoal.errors import (CheckpointError, ConfigError, DivergenceError, EnvFailureError, NonFiniteEnvError,
-                          RunDirectoryError, ShoalError, WorkerError)
+                          RayLostError, RunDirectoryError, ShoalError, WorkerError)
 from shoal.logging.progress import ProgressDisplay
 from shoal.run_lock import run_lock
 from shoal.runtime import deadline, signals
+from shoal.runtime.signals import raylet_lost
 from shoal.logging.writers import TensorBoardWriter, build_writers, truncate_results
 
 log = logging.getLogger("shoal.trainer")
@@ -319,6 +320,20 @@ def storage_error(e: OSError, run_dir: Path | None) -> RunDirectoryError:
                              f"`shoal resume {run_dir}`." if run_dir else f"Writing {where} failed: {e.strerror}.")
 
 
+def _ray_lost(session: "_Session", run_dir: Path | None) -> RayLostError:
+    """The run's local Ray died under it: save what the driver holds, and say so in one paragraph."""
+    note = ""
+    try:
+        with signals.saving():
+            session.save_interrupted()
+    except Exception as err:  # noqa: BLE001 - state held by actors of the dead Ray cannot be read
+        note = f" Saving a last checkpoint failed ({type(err).__name__})."
+    last = ckpt.list_checkpoints(session.ckpt_dir) if session.ckpt_dir is not None else []
+    where = f" The newest checkpoint is {last[-1]}; continue with `shoal resume {run_dir}`." if last else ""
+    return RayLostError("The local Ray instance stopped under the run: its raylet process died (killed, or ended by "
+                        f"the out-of-memory killer: see `dmesg`), so no actor can be reached.{note}{where}")
+
+
 def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str | Path | None = "runs",
           checkpoint_every: int = 10, keep_checkpoints: int = 3, progress: bool = True,
           config_note: str | None = None, on_start: Callable[[], None] | None = None, _algo=None,
@@ -370,8 +385,9 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
             while not reason:
                 with deadline.limit(None if stop.time_s is None else stop.time_s - algo.counters["time_total_s"]):
                     result = algo.train()
-                session.record(result)
-                session.iteration_done()
+                with signals.deferred():  # the row and the counters a stop checkpoint keeps go together
+                    session.record(result)
+                    session.iteration_done()
                 display.update(result, time.perf_counter() - t_start, best=session.best.value)
                 reason = stop.reached(result)
                 if session.ckpt_dir is not None and (algo.iteration % checkpoint_every == 0 or reason):
@@ -379,6 +395,8 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
     except signals.SaveAborted:
         raise
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (signals.Terminated): abandon the iteration, save the last
+        if raylet_lost():  # the interrupt came from the raylet watch: Ray is gone
+            raise _ray_lost(session, run_dir) from None
         reason = "terminated" if isinstance(e, signals.Terminated) else "interrupted"
         with signals.saving():
             session.save_interrupted()

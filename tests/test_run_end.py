@@ -229,3 +229,22 @@ def test_a_driver_killed_inside_ray_init_leaves_no_ray_process(tmp_path):
     while alive() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not alive(), f"Ray processes left: {alive()}"
+
+
+# ---- the local raylet killed under a run ---------------------------------------------------------
+def test_a_killed_raylet_ends_the_run_with_a_message_and_a_checkpoint(tmp_path):
+    import psutil
+
+    proc = _start(tmp_path, "--workers", "1", "--checkpoint-every", "1000")
+    _wait_for(lambda: _rows(tmp_path) >= 2, proc, "two iterations")
+    (raylet,) = [p for p in psutil.Process(proc.pid).children() if p.name() == "raylet"]
+    raylet.kill()
+    proc.wait(timeout=120)
+    out = _output(tmp_path)
+    assert proc.returncode == 2, out
+    text = " ".join(out.split())
+    assert "raylet process died" in text and "shoal resume" in text and "Traceback" not in out, out
+    (run,) = (tmp_path / "runs").iterdir()
+    rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    (last,) = ckpt.list_checkpoints(run / "checkpoints")
+    assert ckpt.read_meta(last)["iteration"] == rows[-1]["iteration"] >= 2

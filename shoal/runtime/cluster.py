@@ -6,12 +6,15 @@ import contextlib
 import logging
 import os
 import socket
+import threading
+import time
 import warnings
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
 from shoal.errors import NodeResourceError, ResourceError
+from shoal.runtime import signals
 
 
 WORKING_DIR_VAR = "SHOAL_DRIVER_CWD"
@@ -81,20 +84,80 @@ def start(address: str | None = None, num_cpus: int | None = None, **kwargs) -> 
         init_kwargs.update(kwargs)
         check_reachable(address)
         global _watchdog
+        watchdog = None
         if address is None:  # our own Ray: it must not outlive this process, even one killed inside ray.init
             from shoal.runtime.watchdog import start_watchdog
 
-            _watchdog = start_watchdog()
+            watchdog = _watchdog = start_watchdog()
         try:
             with _neutral_working_dir():
                 ray.init(**init_kwargs)
         except ConnectionError as e:
             raise ResourceError(f"Cannot connect to the Ray cluster at '{address}': {e}") from None
         finally:
-            if _watchdog is not None:
+            if watchdog is not None:
                 from shoal.runtime.watchdog import adoption_done
 
-                adoption_done(_watchdog)
+                adoption_done(watchdog)
+    if address is None:
+        _watch_raylet()
+
+
+_shutting_down = threading.Event()
+_raylet = None  # psutil.Process of the local raylet this process started, while it runs
+_raylet_gcs = None  # the GCS address of that Ray instance
+
+
+def check_raylet() -> None:
+    """Raise :class:`~shoal.runtime.signals.RayletDied` if the local raylet this process started is
+    gone. Called before each object-store write and request: with the raylet gone, Ray ends the
+    whole process (exit 1, no message) inside such a call, before anything could be saved."""
+    import psutil
+
+    raylet = _raylet
+    if raylet is None or _shutting_down.is_set():
+        return
+    if not ray.is_initialized() or ray.get_runtime_context().gcs_address != _raylet_gcs:
+        return  # that Ray instance was shut down some other way; this is another one
+    try:
+        alive = raylet.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        alive = False
+    if not alive:
+        signals.RAYLET_LOST.set()
+        raise signals.RayletDied()
+
+
+def _watch_raylet() -> None:
+    """A daemon thread that interrupts the main thread (KeyboardInterrupt, as Ctrl-C does) when the
+    local raylet dies: the training loop then saves and stops with a message saying so, instead of
+    the process ending with Ray's bare exit code 1 a few seconds later."""
+    import _thread
+
+    import psutil
+
+    raylets = [p for p in psutil.Process().children() if p.name() == "raylet"]
+    if not raylets:
+        return
+    raylet = raylets[0]
+    signals.RAYLET_LOST.clear()
+    global _raylet, _raylet_gcs
+    _raylet, _raylet_gcs = raylet, ray.get_runtime_context().gcs_address
+
+    def watch() -> None:
+        while ray.is_initialized() and not _shutting_down.is_set():
+            try:
+                gone = raylet.status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                gone = True
+            if gone:
+                if ray.is_initialized() and not _shutting_down.is_set():  # not a shutdown in progress
+                    signals.RAYLET_LOST.set()
+                    _thread.interrupt_main()
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=watch, name="shoal-raylet-watch", daemon=True).start()
 
 
 _watchdog = None  # the watchdog process of the local Ray instance this process started
@@ -119,8 +182,14 @@ def check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
 
 
 def shutdown() -> None:
+    global _raylet
     if ray.is_initialized():
-        ray.shutdown()
+        _shutting_down.set()
+        try:
+            ray.shutdown()
+        finally:
+            _raylet = None
+            _shutting_down.clear()
     while _empty_dirs:
         try:
             os.rmdir(_empty_dirs.pop())

@@ -12,7 +12,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from shoal.errors import ActorLostError, DivergenceError, NonFiniteEnvError, WorkerError
 from shoal.runtime import deadline
-from shoal.runtime.cluster import release, reserve
+from shoal.runtime.cluster import check_raylet, release, reserve
 from shoal.runtime.local import ActorGroupBase
 from shoal.runtime.resources import ActorResources
 from shoal.runtime.restarts import RestartBudget
@@ -75,6 +75,7 @@ class RayActorGroup(ActorGroupBase):
         self.last_failure: str | None = None
 
     def _create(self, i: int):
+        check_raylet()
         args, kwargs = self.ctor(i)
         opts: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus, "max_restarts": 0}
         if self.pg is not None:
@@ -94,6 +95,7 @@ class RayActorGroup(ActorGroupBase):
         return list(self.actors)
 
     def put(self, obj: Any) -> Any:
+        check_raylet()
         return ray.put(obj)
 
     def proxies(self, wait: bool = False) -> dict[int, "ActorProxy"]:
@@ -165,6 +167,7 @@ class RayActorGroup(ActorGroupBase):
 
     # ---- waiting --------------------------------------------------------------------------
     def _send(self, i: int, method: str, *args: Any, **kwargs: Any) -> Any:
+        check_raylet()
         handle = self.actors[i]
         ref = getattr(handle, method).remote(*args, **kwargs)
         self._in_flight[ref] = (i, handle, method, time.monotonic())

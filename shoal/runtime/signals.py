@@ -26,7 +26,20 @@ class SaveAborted(KeyboardInterrupt):
     """A signal arrived twice while the stop checkpoint was written: the save was abandoned."""
 
 
+class RayletDied(KeyboardInterrupt):
+    """The local raylet died: raised where shoal would next call into Ray, so the run stops the way
+    Ctrl-C stops it, instead of Ray ending the process inside that call."""
+
+
 EXIT_CODES = {"interrupted": 130, "terminated": 143}
+
+RAYLET_LOST = threading.Event()
+"""Set (by :mod:`shoal.runtime.cluster`'s watch) when the local raylet this process started died;
+the KeyboardInterrupt the watch raises in the main thread then means that, not Ctrl-C."""
+
+
+def raylet_lost() -> bool:
+    return RAYLET_LOST.is_set()
 
 
 def _main_thread() -> bool:
@@ -95,3 +108,18 @@ def time_limit(seconds: Optional[float], on_expiry) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block is done (a step that must not be cut in two, such as
+    writing an iteration's results row and noting its counters)."""
+    if not _main_thread():
+        yield
+        return
+    blocked = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
