@@ -123,8 +123,7 @@ def check_raylet() -> None:
         alive = raylet.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         alive = False
-    if not alive:
-        signals.RAYLET_LOST.set()
+    if not alive and signals.note_raylet_lost():
         raise signals.RayletDied()
 
 
@@ -151,9 +150,8 @@ def _watch_raylet() -> None:
             except psutil.NoSuchProcess:
                 gone = True
             if gone:
-                if ray.is_initialized() and not _shutting_down.is_set():  # not a shutdown in progress
-                    signals.RAYLET_LOST.set()
-                    _thread.interrupt_main()
+                if ray.is_initialized() and not _shutting_down.is_set() and signals.note_raylet_lost():
+                    _thread.interrupt_main()  # not a shutdown in progress, and not already seen
                 return
             time.sleep(0.2)
 

@@ -38,8 +38,21 @@ RAYLET_LOST = threading.Event()
 the KeyboardInterrupt the watch raises in the main thread then means that, not Ctrl-C."""
 
 
+_first = threading.Lock()
+
+
 def raylet_lost() -> bool:
     return RAYLET_LOST.is_set()
+
+
+def note_raylet_lost() -> bool:
+    """Mark the local raylet lost; True only for the first caller, which then stops the run
+    (the raylet watch thread and the check before a Ray call may both see it go)."""
+    with _first:
+        if RAYLET_LOST.is_set():
+            return False
+        RAYLET_LOST.set()
+        return True
 
 
 def _main_thread() -> bool:
