@@ -236,7 +236,8 @@ class PPO(Algorithm):
         with self.timers.time(Phase.LEARN):
             self.learner.set_env_steps(self.counters["env_steps_sampled"])
             stats = self.learner.update(batch, cfg.num_sgd_iter, cfg.minibatch_size, self.rng,
-                                        sequence_length=sgd_sequence_length(cfg), on_epoch=self._adapt_lr)
+                                        sequence_length=sgd_sequence_length(cfg),
+                                        on_epoch=self._adapt_lr if self.lr_by_kl is not None else None)
             self.counters["env_steps_trained"] += transitions(batch)
         with self.timers.time(Phase.POST_UPDATE):
             stats["kl_coeff"] = self.kl.update(stats["kl"]) if cfg.use_kl_loss else self.kl.coeff
@@ -246,8 +247,7 @@ class PPO(Algorithm):
 
     def _adapt_lr(self, epoch_stats: dict[str, float]) -> None:
         """With ``lr_kl_target``: the next epoch's learning rate from this epoch's mean KL."""
-        if self.lr_by_kl is not None:
-            self.learner.set_lr(self.lr_by_kl.next_lr(self.learner.lr, epoch_stats["kl"]))
+        self.learner.set_lr(self.lr_by_kl.next_lr(self.learner.lr, epoch_stats["kl"]))
 
     def get_state(self) -> dict[str, Any]:
         return {**super().get_state(), "learner": self.learner.get_state(), "kl": self.kl.get_state(),

@@ -207,7 +207,7 @@ class Learner:
                 acc.add(stats)
                 if epoch is not None:
                     epoch.add(stats)
-            if on_epoch is not None and epoch is not None:
+            if epoch is not None:
                 on_epoch(epoch.mean())
         self.module.eval()
         out = acc.mean()
