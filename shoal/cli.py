@@ -41,8 +41,10 @@ def _check_output_file(path: Path, flag: str, suffixes: tuple[str, ...] = ()) ->
                           f"end the name with one of {', '.join(suffixes)}.")
     if path.is_dir():
         raise ConfigError(f"{flag} '{path}' is a directory; give a file name (e.g. {path / ('out' + (suffixes or ('.pt',))[0])}).")
-    ancestor = next((a for a in path.parents if a.exists()), Path("."))
-    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+    from shoal.trainer import unwritable_ancestor
+
+    ancestor = unwritable_ancestor(path.parent)
+    if ancestor is not None:
         raise ConfigError(f"{flag} '{path}': '{ancestor}' is not a writable directory; give a path you can write.")
 
 

@@ -150,6 +150,13 @@ def _as_stop(stop: Stop | dict | None) -> Stop:
         raise ConfigError(f"Invalid stop criteria {stop!r}: {detail} Allowed keys: reward, env_steps, time_s, iterations.") from None
 
 
+def unwritable_ancestor(path: Path) -> Path | None:
+    """The nearest existing one of ``path`` and its parents when it is not a directory this process
+    may create entries in (so ``path`` cannot be made); None when it is."""
+    ancestor = next((a for a in (path, *path.parents) if a.exists()), Path("."))
+    return None if ancestor.is_dir() and os.access(ancestor, os.W_OK | os.X_OK) else ancestor
+
+
 def check_out_dir(out: str | Path) -> None:
     """A ConfigError unless run directories can be made under ``out``: an existing directory, or a
     path whose nearest existing ancestor is a writable directory."""
@@ -157,8 +164,8 @@ def check_out_dir(out: str | Path) -> None:
     if p.exists() and not p.is_dir():
         raise ConfigError(f"--out '{out}' is not a directory (run directories are made inside it); give a directory "
                           "such as runs/.")
-    ancestor = next((a for a in (p, *p.parents) if a.exists()), Path("."))
-    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+    ancestor = unwritable_ancestor(p)
+    if ancestor is not None:
         raise ConfigError(f"--out '{out}': '{ancestor}' is not a writable directory, so no run directory can be made "
                           "there; give a directory you can write.")
 
@@ -427,8 +434,6 @@ def resume(run_dir: str | Path, stop: Stop | dict | None = None, overrides: dict
 
     ``trust``: import the code the run's config names (its env factory, model, callbacks) even
     though its checkpoint is not signed with your key (see :mod:`shoal.trust`)."""
-    from shoal.algorithms.base import Algorithm
-
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"Run directory '{run_dir}' does not exist.")

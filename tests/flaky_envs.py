@@ -75,14 +75,9 @@ class HangingCartPole(gym.Wrapper):
     def step(self, action):
         self.steps += 1
         if self.steps == self.hang_at and self.marker:
-            import os
             import time
 
-            for k in range(self.times):
-                try:
-                    os.close(os.open(self.marker + (f".{k}" if k else ""), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-                except FileExistsError:
-                    continue
+            if any(_claim(self.marker + (f".{k}" if k else "")) for k in range(self.times)):
                 while True:
                     time.sleep(3600)
         return self.env.step(action)

@@ -108,22 +108,26 @@ _raylet = None  # psutil.Process of the local raylet this process started, while
 _raylet_gcs = None  # the GCS address of that Ray instance
 
 
+def _alive(process) -> bool:
+    """Whether a psutil.Process still runs (not exited, not a zombie)."""
+    import psutil
+
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def check_raylet() -> None:
     """Raise :class:`~shoal.runtime.signals.RayletDied` if the local raylet this process started is
     gone. Called before each object-store write and request: with the raylet gone, Ray ends the
     whole process (exit 1, no message) inside such a call, before anything could be saved."""
-    import psutil
-
     raylet = _raylet
     if raylet is None or _shutting_down.is_set():
         return
     if not ray.is_initialized() or ray.get_runtime_context().gcs_address != _raylet_gcs:
         return  # that Ray instance was shut down some other way; this is another one
-    try:
-        alive = raylet.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        alive = False
-    if not alive and signals.note_raylet_lost():
+    if not _alive(raylet) and signals.note_raylet_lost():
         raise signals.RayletDied()
 
 
@@ -145,11 +149,7 @@ def _watch_raylet() -> None:
 
     def watch() -> None:
         while ray.is_initialized() and not _shutting_down.is_set():
-            try:
-                gone = raylet.status() == psutil.STATUS_ZOMBIE
-            except psutil.NoSuchProcess:
-                gone = True
-            if gone:
+            if not _alive(raylet):
                 if ray.is_initialized() and not _shutting_down.is_set() and signals.note_raylet_lost():
                     _thread.interrupt_main()  # not a shutdown in progress, and not already seen
                 return
