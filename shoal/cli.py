@@ -385,7 +385,7 @@ def resume(
             out.print(f"Nothing to train: {run_dir} at {summary.last_checkpoint.name} already meets its stop criterion "
                       f"{summary.stop_detail}. Give a larger {flag[summary.stop_reason]} to go on.", highlight=False)
             return
-        from shoal.config import safe_yaml
+        from shoal.files import safe_yaml
 
         stop = Stop(**(safe_yaml((run_dir / "run.yaml").read_text()) or {}).get("stop", {}))
     except ShoalError as e:

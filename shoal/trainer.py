@@ -25,7 +25,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from shoal import checkpoint as ckpt
-from shoal.config import AlgorithmConfig, safe_yaml
+from shoal.config import AlgorithmConfig
+from shoal.files import safe_yaml
 from shoal.errors import (CheckpointError, ConfigError, DivergenceError, EnvFailureError, NonFiniteEnvError,
                           RayLostError, RunDirectoryError, ShoalError, WorkerError)
 from shoal.logging.progress import ProgressDisplay

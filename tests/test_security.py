@@ -17,7 +17,8 @@ import shoal
 from shoal import PPOConfig
 from shoal import checkpoint as ckpt
 from shoal.cli import app
-from shoal.config import import_path, load_yaml, redact_secrets, safe_yaml, strip_redacted_password
+from shoal.config import import_path, load_yaml
+from shoal.files import redact_secrets, safe_yaml, strip_redacted_password
 from shoal.errors import ConfigError
 from shoal.trust import (UntrustedCodeError, code_references, import_gate, key_file, sign_meta, signed_by_me,
                          trusted_without_asking)

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from shoal.config import safe_yaml, strip_redacted_password
+from shoal.files import safe_yaml, strip_redacted_password
 from shoal.logging.writers import flatten_config, scalar_items
 
 IDS_FILE = "trackers.yaml"
