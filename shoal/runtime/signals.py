@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 
 class Terminated(KeyboardInterrupt):
@@ -59,21 +59,32 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+_held_off: dict[str, Any] = {"active": False, "pending": None}  # see deferred()
+
+
 @contextmanager
 def stop_on_signals() -> Iterator[None]:
-    """SIGTERM raises :class:`Terminated` in the main thread, as SIGINT raises KeyboardInterrupt."""
+    """SIGTERM raises :class:`Terminated` in the main thread, as SIGINT raises KeyboardInterrupt;
+    inside :func:`deferred` either waits until the block is done."""
     if not _main_thread():
         yield
         return
 
-    def on_term(signum, frame) -> None:
-        raise Terminated()
+    def handler(exc: type[KeyboardInterrupt]):
+        def on_signal(signum, frame) -> None:
+            if _held_off["active"]:
+                _held_off["pending"] = _held_off["pending"] or exc
+                return
+            raise exc()
+        return on_signal
 
-    previous = signal.signal(signal.SIGTERM, on_term)
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, handler(Terminated)),
+                signal.SIGINT: signal.signal(signal.SIGINT, handler(KeyboardInterrupt))}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 @contextmanager
@@ -125,14 +136,15 @@ def time_limit(seconds: Optional[float], on_expiry) -> Iterator[None]:
 
 @contextmanager
 def deferred() -> Iterator[None]:
-    """SIGINT and SIGTERM wait until the block is done (a step that must not be cut in two, such as
-    writing an iteration's results row and noting its counters)."""
-    if not _main_thread():
-        yield
-        return
-    blocked = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    """Inside :func:`stop_on_signals`: a SIGINT or SIGTERM arriving in the block takes effect when
+    the block is done (a step that must not be cut in two, such as writing an iteration's results
+    row and noting its counters). A flag the handlers read, not a signal mask: the kernel may hand
+    a process's signal to any of its threads, and Python runs the handler in the main thread anyway."""
+    _held_off["active"], _held_off["pending"] = True, None
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        pending = _held_off["pending"]
+        _held_off["active"], _held_off["pending"] = False, None
+    if pending is not None:
+        raise pending()
