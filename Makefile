@@ -22,7 +22,9 @@ setup: $(STAMP)
 train: $(STAMP)
 	$(VENV)/bin/shoal train ppo -c examples/ppo_cartpole.yaml
 
+# Lint first (seconds): import order, pyflakes, bugbear; then the suite.
 test: $(STAMP)
+	$(PY) -m ruff check shoal tests benchmarks examples
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

@@ -67,9 +67,9 @@ def raw_rate(env_id: str, backend: str, seconds: float, num_envs: int = 8) -> fl
 
 def bytes_per_transition(config) -> float:
     """Bytes per row of a train batch as APPO's rollout code builds it (time-major sequences)."""
-    from shoal.algorithms.impala import sequence_postprocess
     from shoal.rollout.env_runner import EnvRunner
     from shoal.rollout.policies import ActorCriticPolicy
+    from shoal.rollout.postprocessing import sequence_postprocess
 
     runner = EnvRunner(config, 0, ActorCriticPolicy, sequence_postprocess, config.fragment_length())
     batch, _ = runner.sample()

@@ -12,8 +12,18 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from shoal.config import AlgorithmConfig  # noqa: E402
-from shoal.errors import (CheckpointError, ConfigError, DivergenceError, EnvError, EnvFailureError,  # noqa: E402
-                          NonFiniteEnvError, ResourceError, ShoalError, UntrustedCodeError, WorkerError)
+from shoal.errors import (  # noqa: E402
+    CheckpointError,
+    ConfigError,
+    DivergenceError,
+    EnvError,
+    EnvFailureError,
+    NonFiniteEnvError,
+    ResourceError,
+    ShoalError,
+    UntrustedCodeError,
+    WorkerError,
+)
 
 _LAZY = {
     "PPOConfig": ("shoal.algorithms.ppo", "PPOConfig"),

@@ -35,6 +35,30 @@ class Col:
     VALID = "valid"  # False on next-step autoreset rows kept in time-major sequences (IMPALA / APPO)
     ACTION_MASK = "action_mask"  # bool per action: legal actions when it was sampled (the learner masks the same)
     STATE_IN = "state_in"  # recurrent state at each sequence's start, packed over its rows (shoal.models.recurrent)
+    BOOTSTRAP_OBS = "bootstrap_obs"  # the observation after each sequence's last row, packed over its rows (IMPALA / APPO)
+
+
+def pack_per_sequence(values: np.ndarray, seq_len: int) -> np.ndarray:
+    """``(S, *shape)`` values, one per sequence of ``seq_len`` rows -> ``(S * seq_len, width)`` rows of the
+    same dtype, each value flattened and spread over its sequence's rows (zero-padded), so a
+    per-sequence value rides in a row column and whole-sequence minibatches keep it.
+
+    A sequence's bootstrap frame costs one frame over ``seq_len`` rows this way, where a
+    next-observation column would cost ``seq_len`` frames.
+    """
+    n = len(values)
+    flat = values.reshape(n, -1)
+    width = -(-flat.shape[1] // seq_len)
+    out = np.zeros((n, seq_len * width), dtype=values.dtype)
+    out[:, : flat.shape[1]] = flat
+    return out.reshape(n * seq_len, width)
+
+
+def unpack_per_sequence(rows, seq_len: int, shape: Sequence[int]):
+    """The inverse of :func:`pack_per_sequence` (numpy arrays or torch tensors): ``(S * seq_len, width)``
+    rows -> ``(S, *shape)``."""
+    size = int(np.prod(shape, dtype=np.int64))
+    return rows.reshape(-1, seq_len * rows.shape[1])[:, :size].reshape(-1, *shape)
 
 
 class Batch:

@@ -106,7 +106,7 @@ def resolve_callbacks(spec: Any) -> type[Callbacks]:
     Checks it is a subclass of :class:`Callbacks` that builds with no arguments; raises
     :class:`ValueError` otherwise (the config turns it into a ConfigError naming the key).
     """
-    from shoal.config import import_path
+    from shoal.imports import import_path
 
     cls = spec
     if isinstance(spec, str):

@@ -28,25 +28,6 @@ FORMAT = "shoal-checkpoint"
 FORMAT_VERSION = 1
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
-# Test hook: "STAGE:N:FILE" makes the N-th save (or delete) of this process that reaches STAGE create FILE
-# and wait there until the process is killed, so a test can SIGKILL a driver at an exact moment of a write.
-PAUSE_ENV = "SHOAL_TEST_PAUSE_SAVE"
-_stage_counts: dict[str, int] = {}
-
-
-def _stage(name: str) -> None:
-    """A point of a save or delete that a test may stop the process at (see ``PAUSE_ENV``)."""
-    spec = os.environ.get(PAUSE_ENV)
-    if not spec:
-        return
-    stage, n, file = spec.split(":", 2)
-    if stage != name:
-        return
-    _stage_counts[name] = _stage_counts.get(name, 0) + 1
-    if _stage_counts[name] == int(n):
-        Path(file).write_text(name)
-        while True:
-            time.sleep(1)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -122,22 +103,18 @@ def save_checkpoint(path: str | Path, state: dict[str, Any], meta: dict[str, Any
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
-        _stage("state")
         with open(tmp / META_FILE, "w") as f:
             json.dump(meta, f, indent=2, default=str)
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(tmp)
-        _stage("complete")
         old = None
         if path.exists():  # a directory cannot be renamed over a full one: move it aside first
             old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
             os.replace(path, old)
-            _stage("aside")
         os.replace(tmp, path)
         _fsync_dir(path.parent)
         if old is not None:
-            _stage("replaced")
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -154,7 +131,6 @@ def delete_checkpoint(path: str | Path) -> None:
     gone = path.parent / f".{path.name}.del-{uuid.uuid4().hex[:8]}"
     os.replace(path, gone)
     _fsync_dir(path.parent)
-    _stage("deleting")
     shutil.rmtree(gone, ignore_errors=True)
 
 

@@ -102,7 +102,7 @@ def _build_config(algo: str, config_file: Optional[Path], sets: List[str], flags
         note = _preset_note(cfg_cls, preset, data)
         data = deep_merge(preset, data)
     if "env" not in data:
-        raise ShoalError(f"No env given: pass --env (e.g. --env CartPole-v1) or set `env:` in a config file.")
+        raise ShoalError("No env given: pass --env (e.g. --env CartPole-v1) or set `env:` in a config file.")
     return cfg_cls(**data), yaml_stop, note
 
 
@@ -202,7 +202,8 @@ def train(
 ) -> None:
     """Train an algorithm; writes runs/<algo>_<env>_<timestamp>/ with results, TensorBoard events and checkpoints."""
     try:
-        from shoal.trainer import _as_stop, train as run_train
+        from shoal.trainer import _as_stop
+        from shoal.trainer import train as run_train
 
         cfg, yaml_stop, preset_note = _build_config(algo, config, set_, {
             "env": env, "seed": seed,
@@ -375,7 +376,8 @@ def resume(
 ) -> None:
     """Continue a run from its latest checkpoint, keeping its counters and appending to its files."""
     try:
-        from shoal.trainer import Stop, resume as run_resume
+        from shoal.trainer import Stop
+        from shoal.trainer import resume as run_resume
 
         given = {k: v for k, v in zip(STOP_KEYS, (stop_reward, stop_steps, stop_time, stop_iters)) if v is not None}
         overrides = {"resources": {"num_workers": workers}} if workers is not None else None

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import difflib
 import math
-import importlib
 import re
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Literal, Optional, Union
@@ -32,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from shoal.errors import ConfigError
 from shoal.files import YamlRefused, redact_secrets, safe_yaml
+from shoal.imports import import_path
 from shoal.seeding import MAX_SEED
 
 EnvSpec = Union[str, Callable[..., Any]]
@@ -585,22 +585,6 @@ def env_spec_name(env: EnvSpec) -> str:
         name = getattr(target, "__name__", None) or type(target).__name__
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", name.replace("<lambda>", "lambda"))
     return name or "env"
-
-
-def import_path(path: str) -> Any:
-    """Resolve 'package.module:attr' (or 'package.module.attr'). Inside :func:`shoal.trust.import_gate`
-    (rebuilding a checkpoint) a path nobody vouched for is refused before anything is imported."""
-    from shoal.trust import check_import
-
-    check_import(path)
-    if ":" in path:
-        mod, _, attr = path.partition(":")
-    else:
-        mod, _, attr = path.rpartition(".")
-    obj = importlib.import_module(mod)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 # ---- overrides -------------------------------------------------------------------------

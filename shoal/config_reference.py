@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from shoal.config import _section_type, env_spec_to_str, used_keys
 
+
 def _type_name(annotation: Any) -> str:
     text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
     return text or str(annotation).replace("typing.", "")

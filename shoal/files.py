@@ -8,7 +8,6 @@ from typing import Any
 
 import yaml
 
-
 YAML_MAX_NODES = 100_000
 """The most values a YAML document may hold once its aliases are expanded: a config holds a few
 hundred; a 'billion laughs' alias bomb of a few hundred bytes would expand to billions."""

@@ -3,9 +3,9 @@
     policy = shoal.load_policy("runs/ppo_CartPole-v1_20261123-101500")   # a run dir: its best checkpoint
     action, state = policy.predict(obs)                                 # state: None unless recurrent
 
-The algorithm is rebuilt from the checkpoint in this process with no rollout actors and no
-learner work (nothing of Ray starts), and its single-agent policy answers
-:meth:`~shoal.algorithms.base.Algorithm.predict`.
+Only the policy network is built, in this process, from the checkpoint's config and weights:
+no learner, no optimizer, no replay buffer, no thread and nothing of Ray. It acts as
+:meth:`~shoal.algorithms.base.Algorithm.predict` does (both call :func:`predict_actions`).
 """
 
 from __future__ import annotations
@@ -14,28 +14,61 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from shoal import checkpoint as ckpt
+from shoal.errors import CheckpointError, ConfigError
+
+
+def predict_actions(policy, space, obs, state: np.ndarray | None, episode_start: np.ndarray | None,
+                    deterministic: bool, norm_stats=None, normalize=None) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(actions, state)`` of inference policy ``policy`` for one observation or a batch of
+    ``space``'s; observations are normalized by ``norm_stats`` (frozen) when given. A recurrent
+    policy starts from its initial state where ``state`` is None or ``episode_start`` is True."""
+    from shoal.rollout.policies import STATE_OUT
+    from shoal.spaces import preprocess_obs
+
+    obs = np.asarray(obs)
+    single = obs.shape == tuple(space.shape or ())
+    rows = preprocess_obs(space, obs[None] if single else obs)
+    if norm_stats is not None:  # the saved statistics, frozen
+        rows = norm_stats.normalize_obs(rows, normalize.clip_obs, normalize.epsilon)
+    with torch.inference_mode():
+        if not getattr(policy, "recurrent", False):
+            actions, _ = policy.act(rows, explore=not deterministic)
+            out_state = None
+        else:
+            n = len(rows)
+            state = policy.initial_state(n) if state is None else np.array(state, dtype=np.float32).reshape(n, -1)
+            if episode_start is not None:
+                state[np.asarray(episode_start, dtype=bool).reshape(n)] = 0.0
+            actions, extras = policy.act(rows, not deterministic, state)
+            out_state = extras[STATE_OUT]
+    actions = policy.to_env_actions(actions)
+    if single:
+        return actions[0], (None if out_state is None else out_state[0])
+    return actions, out_state
 
 
 class Policy:
     """A trained single-agent policy: ``predict(obs, state=None, episode_start=None, deterministic=True)``."""
 
-    def __init__(self, algo) -> None:
-        self._algo = algo
-        self.config = algo.config
-        self.observation_space = algo.env_info.observation_space
-        self.action_space = algo.env_info.action_space
-        self.recurrent = algo.config.model.is_recurrent()
+    def __init__(self, config, env_info, policy, norm_stats=None) -> None:
+        self.config = config
+        self.observation_space = env_info.observation_space
+        self.action_space = env_info.action_space
+        self.recurrent = config.model.is_recurrent()
+        self._policy, self._norm_stats = policy, norm_stats
 
     def predict(self, obs, state: np.ndarray | None = None, episode_start: np.ndarray | None = None,
                 deterministic: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
         """``(actions, state)`` for one observation or a batch; pass the state back with the next one."""
-        return self._algo.predict(obs, state, episode_start=episode_start, deterministic=deterministic)
+        return predict_actions(self._policy, self.observation_space, obs, state, episode_start, deterministic,
+                               self._norm_stats, self.config.normalize)
 
     def close(self) -> None:
-        """Release the algorithm behind the policy (leaving a ``with`` block calls it)."""
-        self._algo.stop()
+        """Release the policy (leaving a ``with`` block calls it); it holds no process or thread."""
+        self._policy = None
 
     def __enter__(self) -> "Policy":
         return self
@@ -44,13 +77,40 @@ class Policy:
         self.close()
 
 
-def load_policy(path: str | Path, trust: bool = False, **kwargs: Any) -> Policy:
-    """The policy of a checkpoint, or of a run directory's best checkpoint. Keyword arguments go to
-    ``Algorithm.from_checkpoint`` (e.g. ``env=my_callable`` for an env saved without an import path).
+def load_policy(path: str | Path, trust: bool = False, overrides: dict[str, Any] | None = None,
+                **config_kwargs: Any) -> Policy:
+    """The policy of a checkpoint, or of a run directory's best checkpoint. ``overrides`` (a nested
+    dict) and keyword arguments change the saved config as in ``Algorithm.from_checkpoint`` (e.g.
+    ``env=my_callable`` for an env saved without an import path).
 
     ``trust=True`` imports the code the checkpoint's config names (an env factory, a custom model)
     even when the checkpoint is not signed with your key, i.e. was not written by you on this
     machine; leave it False for a run directory from elsewhere (see :mod:`shoal.trust`)."""
-    from shoal.algorithms.base import Algorithm
+    from shoal.algorithms.base import checkpoint_config_data
+    from shoal.envs.atari import check_preprocessing_applies
+    from shoal.envs.make import env_info as describe
+    from shoal.envs.normalize import RunningStats
+    from shoal.trust import import_gate
 
-    return Policy(Algorithm.from_checkpoint(ckpt.resolve_checkpoint(path, prefer="best"), trust=trust, **kwargs))
+    path = ckpt.resolve_checkpoint(path, prefer="best")
+    config_cls, meta, data, approved = checkpoint_config_data(path, {**(overrides or {}), **config_kwargs}, trust)
+    algo_cls = config_cls.algorithm_cls
+    with import_gate(approved):
+        config = config_cls.from_dict(data)
+        if algo_cls is None or algo_cls.policy_cls is None or getattr(config, "multi_agent", None) is not None:
+            raise ConfigError(f"Checkpoint '{path}' holds a {meta['algo']} run with several policies, and "
+                              "load_policy serves single-agent policies: use shoal.load(path) and its evaluation "
+                              "for a league or a multi_agent run.")
+        check_preprocessing_applies(config.env, config.env_preprocessing)
+        info = describe(config.env, config.env_config, config.env_preprocessing)
+        policy = algo_cls.policy_cls(info.observation_space, info.action_space, config, config.seed)
+    state, _ = ckpt.load_checkpoint(path)
+    policy.set_weights(algo_cls.policy_weights(state))
+    policy.on_global_vars({"env_steps": int(state["counters"]["env_steps_sampled"])})  # e.g. DQN's epsilon then
+    norm_stats = None
+    if config.normalize.enabled():
+        if "normalize" not in state:
+            raise CheckpointError(f"Checkpoint '{path}' holds no normalization statistics, but its config sets "
+                                  "normalize.obs or normalize.reward: it was written without them.")
+        norm_stats = RunningStats.from_state(state["normalize"])
+    return Policy(config, info, policy, norm_stats)

@@ -11,6 +11,9 @@
 
 The measurements behind both are in benchmarks/README.md ("Figures behind choices in the code").
 
+It also reads the host's available memory (:func:`available_memory_bytes`), which env, model
+and replay checks compare their needs against.
+
 Not under ``runtime/``: rollout workers apply these too, and ``rollout/`` does not import
 ``runtime/`` (the package that may import Ray).
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+from typing import Optional
 
 log = logging.getLogger("shoal.process")
 
@@ -56,3 +60,19 @@ def configure_process(resources) -> None:
     torch.set_num_threads(resources.torch_threads)
     if resources.retain_freed_memory:
         retain_freed_memory()
+
+
+# ---- host memory ----------------------------------------------------------------------------
+GB = 1e9
+
+
+def available_memory_bytes() -> Optional[int]:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes; None where it cannot be read (not Linux)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

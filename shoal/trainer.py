@@ -26,14 +26,23 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shoal import checkpoint as ckpt
 from shoal.config import AlgorithmConfig
+from shoal.errors import (
+    CheckpointError,
+    ConfigError,
+    DivergenceError,
+    EnvFailureError,
+    NonFiniteEnvError,
+    RayLostError,
+    RunDirectoryError,
+    ShoalError,
+    WorkerError,
+)
 from shoal.files import safe_yaml
-from shoal.errors import (CheckpointError, ConfigError, DivergenceError, EnvFailureError, NonFiniteEnvError,
-                          RayLostError, RunDirectoryError, ShoalError, WorkerError)
 from shoal.logging.progress import ProgressDisplay
+from shoal.logging.writers import TensorBoardWriter, build_writers, truncate_results
 from shoal.run_lock import run_lock
 from shoal.runtime import deadline, signals
 from shoal.runtime.signals import raylet_lost
-from shoal.logging.writers import TensorBoardWriter, build_writers, truncate_results
 
 log = logging.getLogger("shoal.trainer")
 

@@ -23,11 +23,11 @@ class MultiCartPole(ParallelEnv):
         self.agents = list(self.possible_agents)
         self.envs = {a: gym.make("CartPole-v1") for a in self.possible_agents}
 
-    @functools.lru_cache(maxsize=None)
+    @functools.lru_cache(maxsize=None)  # noqa: B019  (PettingZoo's idiom)
     def observation_space(self, agent):
         return gym.make("CartPole-v1").observation_space
 
-    @functools.lru_cache(maxsize=None)
+    @functools.lru_cache(maxsize=None)  # noqa: B019  (PettingZoo's idiom)
     def action_space(self, agent):
         return gym.make("CartPole-v1").action_space
 

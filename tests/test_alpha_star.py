@@ -10,13 +10,11 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from typer.testing import CliRunner
+from helpers import invoke
 
 from shoal.algorithms import get_config_class
 from shoal.algorithms.alpha_star import AlphaStar, AlphaStarConfig
-from shoal.algorithms.alpha_star_learner import APPOPolicyLearner, masked_appo_loss
-from shoal.batch import Col
-from shoal.cli import app
+from shoal.algorithms.alpha_star_learner import APPOPolicyLearner
 from shoal.errors import ConfigError
 from shoal.learn.learner import minibatch_indices
 from shoal.replay import BatchReplay
@@ -67,7 +65,8 @@ def test_masked_appo_loss_is_on_policy_under_the_stored_masks():
     learner = APPOPolicyLearner("main", replay, cfg, env.observation_space("player_1"), env.action_space("player_1"))
     learner.set_weights(runner.policies["main"].get_weights())
     tensors = batch.to_torch()
-    loss, stats = masked_appo_loss(learner.learner.module, tensors, learner.learner, cfg, learner.target, learner.kl)
+    assert learner.learner.loss_fn.masked  # APPO's loss with both networks' logits under the stored masks
+    loss, stats = learner.learner.loss_fn(learner.learner.module, tensors)
     assert torch.isfinite(loss)
     assert float(stats["mean_rho"]) == pytest.approx(1.0, abs=1e-5)  # behaviour = target = current, same masks
     assert float(stats["kl"]) == pytest.approx(0.0, abs=1e-6)  # the target's logits are masked the same way
@@ -75,7 +74,7 @@ def test_masked_appo_loss_is_on_policy_under_the_stored_masks():
     assert learner.learn() is None  # nothing stored yet
     replay.add_batch("main", batch)
     out = learner.learn()
-    assert out["rows"] == len(batch) and set(out["weights"]) == set(learner.get_weights())
+    assert out.rows == len(batch) and set(out.weights) == set(learner.get_weights())
     assert learner.learner.num_updates == cfg.num_sgd_iter
 
 
@@ -90,7 +89,7 @@ def test_policy_learner_adapts_the_kl_coefficient_once_per_learn_call():
     for _ in range(3):
         replay.add_batch("main", runner.sample()[0]["main"])
         out = learner.learn()
-        coeffs.append(out["stats"]["kl_coeff"])
+        coeffs.append(out.stats["kl_coeff"])
     ratios = [b / a for a, b in zip(coeffs, coeffs[1:])]
     assert all(r in (0.5, 1.5) for r in ratios), coeffs  # one adaptation step per learner result
     assert learner.get_state()["kl"]["coeff"] == coeffs[-1]  # and it is checkpointed
@@ -126,7 +125,7 @@ def test_policy_learner_minibatches_are_whole_sequences_covering_the_batch_each_
     assert not torch.equal(torch.cat(chunks), torch.cat(again))  # a fresh order each pass
     replay.add_batch("main", batch)
     out = learner.learn()
-    assert out["rows"] == rows and np.isfinite(out["stats"]["policy_loss"])
+    assert out.rows == rows and np.isfinite(out.stats["policy_loss"])
     assert learner.learner.num_updates == 3 * -(-seqs // 3)  # num_sgd_iter passes of ceil(seqs / 3) steps
     # without minibatch_size a pass is one step on the whole batch
     assert minibatch_indices(rows, rows, learner.rng, sequence_length=8) == [None]
@@ -402,15 +401,14 @@ def test_a_ray_rollout_actor_feeds_learners_in_the_driver(ray_cluster):
 
 
 def test_shoal_league_prints_the_report_and_writes_the_heatmap(tmp_path):
-    runner = CliRunner()
     out = tmp_path / "runs"
-    r = runner.invoke(app, ["train", "alpha_star", "--env", TTT, "--stop-iters", "2", "--out", str(out), "-q",
-                            "--seed", "0", "--envs-per-worker", "8", "--set", "rollout_fragment_length=8",
-                            "--set", "train_batch_size=128", "--set", "min_time_s_per_iteration=0",
-                            "--set", "min_env_steps_per_iteration=300"])
+    r = invoke("train", "alpha_star", "--env", TTT, "--stop-iters", "2", "--out", str(out), "-q",
+               "--seed", "0", "--envs-per-worker", "8", "--set", "rollout_fragment_length=8",
+               "--set", "train_batch_size=128", "--set", "min_time_s_per_iteration=0",
+               "--set", "min_env_steps_per_iteration=300")
     assert r.exit_code == 0, r.output
     run_dir = next(out.iterdir())
-    r = runner.invoke(app, ["league", str(run_dir)])
+    r = invoke("league", str(run_dir))
     assert r.exit_code == 0, r.output
     assert "main" in r.output and "main_exploiter_0" in r.output and "league_exploiter_0" in r.output
     assert (run_dir / "league_win_rates.png").is_file() or "matplotlib" in r.output
@@ -420,11 +418,11 @@ def test_shoal_league_prints_the_report_and_writes_the_heatmap(tmp_path):
     events = EventAccumulator(str(run_dir), size_guidance={"images": 0, "tensors": 0})
     events.Reload()
     assert "league/win_rates" in events.Tags()["images"] and "league/report/text_summary" in events.Tags()["tensors"]
-    r = runner.invoke(app, ["evaluate", str(run_dir), "--episodes", "10"])  # main vs the random player
+    r = invoke("evaluate", str(run_dir), "--episodes", "10")  # main vs the random player
     assert r.exit_code == 0 and "main vs random over 10 greedy games" in " ".join(r.output.split()), r.output
     empty = tmp_path / "not_a_league"
     empty.mkdir()
-    r = runner.invoke(app, ["league", str(empty)])
+    r = invoke("league", str(empty))
     assert r.exit_code == 2 and "error" in r.output.lower()
 
 

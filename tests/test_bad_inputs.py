@@ -21,9 +21,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import pytest
-from typer.testing import CliRunner
-
-from shoal.cli import app
+from helpers import invoke
 
 MAX_LINES = 1  # the error paragraph (notes about presets and stop criteria come only once a run starts)
 TINY_PPO = ["--set", "train_batch_size=64", "--set", "minibatch_size=32", "--set", "num_sgd_iter=1",
@@ -348,7 +346,7 @@ def test_the_table_is_large_and_distinct():
 
 
 def _tiny_run(out: Path, algo: str, extra: list[str]) -> Path:
-    r = CliRunner().invoke(app, ["train", algo, "--env", "CartPole-v1", "--stop-iters", "1", "--out", str(out), *extra])
+    r = invoke("train", algo, "--env", "CartPole-v1", "--stop-iters", "1", "--out", str(out), *extra)
     assert r.exit_code == 0, r.output
     return next(out.iterdir())
 
@@ -368,7 +366,7 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 def _invoke(argv: list[str], as_subprocess: bool) -> tuple[int, str]:
     if not as_subprocess:
-        r = CliRunner().invoke(app, argv)
+        r = invoke(*argv)
         if r.exception is not None and not isinstance(r.exception, SystemExit):
             import traceback
 
@@ -414,16 +412,15 @@ def test_memory_estimate_is_the_sum_of_envs_fragments_and_batch(monkeypatch):
     4000 / 8 = 500 steps, 4000 x 128 = 512,000 for the batch: 1,549,312 bytes in all."""
     import gymnasium as gym
 
-    from shoal import PPOConfig
+    from shoal import PPOConfig, process
     from shoal.envs.make import check_env_memory
     from shoal.errors import ConfigError
-    from shoal.replay import storage
 
     cfg = PPOConfig(env="CartPole-v1", train_batch_size=4000, resources={"num_envs_per_worker": 8})
     space = gym.make("CartPole-v1").observation_space
-    monkeypatch.setattr(storage, "available_memory_bytes", lambda: 1_549_312)
+    monkeypatch.setattr(process, "available_memory_bytes", lambda: 1_549_312)
     check_env_memory(cfg, space)
-    monkeypatch.setattr(storage, "available_memory_bytes", lambda: 1_549_311)
+    monkeypatch.setattr(process, "available_memory_bytes", lambda: 1_549_311)
     with pytest.raises(ConfigError, match="train_batch_size=4000 is too large"):
         check_env_memory(cfg, space)
 

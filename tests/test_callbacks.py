@@ -8,14 +8,13 @@ import json
 import math
 import warnings
 
+import hook_helpers
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from helpers import invoke
 
-import hook_helpers
 import shoal
 from shoal.callbacks import aggregate_custom
-from shoal.cli import app
 from shoal.errors import ConfigError
 from shoal.rollout.env_runner import EnvRunner, env_info_at
 
@@ -163,7 +162,7 @@ def test_cli_takes_the_import_path_from_a_yaml_file(tmp_path):
                    "resources: {num_envs_per_worker: 4}\ncallbacks: hook_helpers:Recorder\n")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        r = CliRunner().invoke(app, ["train", "ppo", "-c", str(cfg), "--stop-iters", "1", "--out", str(tmp_path / "runs"), "-q"])
+        r = invoke("train", "ppo", "-c", str(cfg), "--stop-iters", "1", "--out", str(tmp_path / "runs"), "-q")
     assert r.exit_code == 0, r.output
     (run_dir,) = (tmp_path / "runs").iterdir()
     (row,) = rows(run_dir)
@@ -173,7 +172,7 @@ def test_cli_takes_the_import_path_from_a_yaml_file(tmp_path):
 def test_cli_bad_import_path_is_exit_2_with_one_paragraph(tmp_path):
     cfg = tmp_path / "ppo.yaml"
     cfg.write_text("algo: ppo\nenv: CartPole-v1\ncallbacks: hook_helpers:Nope\n")
-    r = CliRunner().invoke(app, ["train", "ppo", "-c", str(cfg), "--stop-iters", "1", "--out", str(tmp_path / "runs")])
+    r = invoke("train", "ppo", "-c", str(cfg), "--stop-iters", "1", "--out", str(tmp_path / "runs"))
     assert r.exit_code == 2, r.output
     text = " ".join(r.output.split())
     assert "Traceback" not in text and "callbacks" in text and "cannot import 'hook_helpers:Nope'" in text

@@ -9,29 +9,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
+from helpers import flat, invoke
 
-from shoal import PPOConfig, checkpoint as ckpt
-from shoal.cli import app
+from shoal import checkpoint as ckpt
 from shoal.errors import CheckpointError
 
 SMALL = ["--set", "train_batch_size=128", "--set", "minibatch_size=64", "--set", "num_sgd_iter=1",
          "--envs-per-worker", "2", "--seed", "0", "-q"]
 
 
-def _cli(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def flat(text: str) -> str:
-    return " ".join(text.split())
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     """A PPO run of 3 iterations with a checkpoint after each (a pristine copy; tests copy it)."""
     out = tmp_path_factory.mktemp("runs")
-    r = _cli("train", "ppo", "--env", "CartPole-v1", *SMALL, "--stop-iters", 3, "--checkpoint-every", 1, "--out", out)
+    r = invoke("train", "ppo", "--env", "CartPole-v1", *SMALL, "--stop-iters", 3, "--checkpoint-every", 1, "--out", out)
     assert r.exit_code == 0, r.output
     return next(out.iterdir())
 
@@ -64,7 +57,7 @@ def test_empty_truncated_and_foreign_state_files_are_named(run):
 
 def test_evaluate_with_a_damaged_checkpoint_exits_2(run):
     _state_file(run, 3).write_bytes(b"PK\x03\x04 torn")
-    r = _cli("evaluate", run / "checkpoints" / "checkpoint_000003", "-n", 1)
+    r = invoke("evaluate", run / "checkpoints" / "checkpoint_000003", "-n", 1)
     assert r.exit_code == 2 and "truncated or corrupt" in flat(r.output) and "Traceback" not in r.output
 
 
@@ -73,7 +66,7 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint(run, caplog):
     f.write_bytes(f.read_bytes()[:100])
     with (run / "results.jsonl").open("a") as fh:
         fh.write('{"iteration": 4, "episode_ret')  # the torn last row of a killed driver
-    r = _cli("resume", run, "--stop-iters", 4, "-q")
+    r = invoke("resume", run, "--stop-iters", 4, "-q")
     assert r.exit_code == 0, r.output
     assert any("checkpoint_000003 is damaged" in m and "earlier checkpoint" in m for m in caplog.messages)
     assert any("dropped a torn row" in m for m in caplog.messages)
@@ -87,7 +80,7 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint(run, caplog):
 def test_resume_with_no_intact_checkpoint_says_so(run):
     for n in (1, 2, 3):
         _state_file(run, n).write_bytes(b"")
-    r = _cli("resume", run, "--stop-iters", 4, "-q")
+    r = invoke("resume", run, "--stop-iters", 4, "-q")
     assert r.exit_code == 2 and "No intact checkpoint" in flat(r.output)
 
 
@@ -115,7 +108,7 @@ def test_resume_remembers_the_best_value(run):
     meta = json.loads(best_meta.read_text())
     meta["best_value"] = 1e6  # a best no resumed iteration can reach
     best_meta.write_text(json.dumps(meta))
-    r = _cli("resume", run, "--stop-iters", 5, "-q")
+    r = invoke("resume", run, "--stop-iters", 5, "-q")
     assert r.exit_code == 0, r.output
     after = json.loads(best_meta.read_text())
     assert after["best_value"] == 1e6 and after["iteration"] == meta["iteration"]
@@ -127,7 +120,7 @@ def test_evaluate_weights_of_another_algorithm_is_a_clear_error(run, tmp_path):
     with DQNConfig(env="CartPole-v1", learning_starts=10).build() as dqn:
         foreign = dqn.save(tmp_path / "dqn")
     shutil.copy(foreign / ckpt.STATE_FILE, _state_file(run, 3))
-    r = _cli("evaluate", run / "checkpoints" / "checkpoint_000003", "-n", 1)
+    r = invoke("evaluate", run / "checkpoints" / "checkpoint_000003", "-n", 1)
     out = flat(r.output)
     assert r.exit_code == 2 and "does not fit the ppo run" in out and "Traceback" not in r.output
 

@@ -7,11 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from typer.testing import CliRunner
-
-from shoal.cli import app
-
-runner = CliRunner()
+from helpers import flat, invoke
 
 METRICS = ("iteration", "env_steps_sampled", "env_steps_trained", "episode_return_mean", "episode_len_mean",
            "episodes_total", "time_total_s", "env_steps_per_s")
@@ -19,12 +15,6 @@ SMALL = ["--set", "train_batch_size=512", "--set", "minibatch_size=256", "--set"
          "--envs-per-worker", "4", "--seed", "0"]
 
 
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def flat(text: str) -> str:
-    return " ".join(text.split())
 
 
 def test_algos_lists_ppo():
@@ -264,17 +254,18 @@ def test_apex_preset_is_announced_and_recorded_in_config_yaml(tmp_path, monkeypa
 def test_version_and_short_help():
     import shoal
 
-    r = runner.invoke(app, ["--version"])
+    r = invoke("--version")
     assert r.exit_code == 0 and r.output.strip() == f"shoal {shoal.__version__}"
-    r = runner.invoke(app, ["-h"])
+    r = invoke("-h")
     assert r.exit_code == 0 and "train" in r.output and "--install-completion" in r.output
-    r = runner.invoke(app, ["train", "-h"])
+    r = invoke("train", "-h")
     assert r.exit_code == 0 and "--stop-time" in r.output
 
 
 def test_license_matches_pyproject_and_the_package_is_typed():
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     root = Path(__file__).resolve().parents[1]
     meta = tomllib.loads((root / "pyproject.toml").read_text())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from helpers import invoke
 
 from shoal.algorithms import get_algorithm_class, get_config_class
 from shoal.algorithms.ppo import PPO, PPOConfig
@@ -385,17 +386,15 @@ def _paths(d: dict, prefix=()):
 
 
 def test_unused_keys_from_set_and_yaml_are_user_errors(tmp_path):
-    from typer.testing import CliRunner
 
-    from shoal.cli import app
 
     out = tmp_path / "runs"
-    r = CliRunner().invoke(app, ["train", "apex", "--env", "CartPole-v1", "-q", "--out", str(out),
-                                 "--set", "exploration_timesteps=5000"])
+    r = invoke("train", "apex", "--env", "CartPole-v1", "-q", "--out", str(out),
+               "--set", "exploration_timesteps=5000")
     assert r.exit_code == 2 and "exploration_timesteps" in r.output and "not used by apex" in r.output, r.output
     path = tmp_path / "ddppo.yaml"
     path.write_text("algo: ddppo\nenv: CartPole-v1\nkl_coeff: 0.3\n")
-    r = CliRunner().invoke(app, ["train", "ddppo", "-c", str(path), "-q", "--out", str(out)])
+    r = invoke("train", "ddppo", "-c", str(path), "-q", "--out", str(out))
     assert r.exit_code == 2 and "'kl_coeff' is not used by ddppo" in r.output, r.output
     assert not out.exists()  # nothing started
 
@@ -441,13 +440,11 @@ def test_every_config_key_has_a_description():
 @pytest.mark.parametrize("algo", ["ppo", "dqn", "apex", "impala", "appo", "ddppo", "alpha_star"])
 def test_shoal_config_yaml_is_a_complete_config_that_validates(algo, tmp_path):
     import yaml
-    from typer.testing import CliRunner
 
     from shoal.algorithms import get_config_class
-    from shoal.cli import app
     from shoal.config_reference import key_reference
 
-    r = CliRunner().invoke(app, ["config", algo, "--yaml"])
+    r = invoke("config", algo, "--yaml")
     assert r.exit_code == 0, r.output
     data = yaml.safe_load(r.output)
     assert data.pop("algo") == algo
@@ -455,15 +452,13 @@ def test_shoal_config_yaml_is_a_complete_config_that_validates(algo, tmp_path):
     top = {key for key, *_ in key_reference(get_config_class(algo)) if "." not in key}
     assert set(data) == top and config.gamma == get_config_class(algo).model_fields["gamma"].default
     assert r.output.count("\n# ") > 20  # a description above the keys
-    table = CliRunner().invoke(app, ["config", algo])
+    table = invoke("config", algo)
     assert table.exit_code == 0 and "(section)" in table.output
     assert ("(required)" in table.output) == (algo != "alpha_star")  # alpha_star's env has a default
 
 
 def test_shoal_config_names_an_unknown_algorithm():
-    from typer.testing import CliRunner
 
-    from shoal.cli import app
 
-    r = CliRunner().invoke(app, ["config", "ppo2"])
+    r = invoke("config", "ppo2")
     assert r.exit_code == 2 and "ppo" in r.output

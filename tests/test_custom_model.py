@@ -3,7 +3,6 @@ recurrent, in-process and in Ray actors; clear errors for models that do not fit
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from shoal.algorithms.ddppo import DDPPO, DDPPOConfig, DDPPOWorker
-from shoal.learn.stats import mean_stats
 from shoal.config import load_yaml
 from shoal.errors import ConfigError
 from shoal.learn.distributed import flatten_grads, free_port, unflatten_grads_
+from shoal.learn.stats import mean_stats
 
 PRESET = Path(__file__).resolve().parents[1] / "examples" / "ddppo_cartpole.yaml"
 # Small rounds for the integration tests: 2 workers x 4 envs x 32 steps, 2 minibatches, 2 epochs.
@@ -278,9 +278,16 @@ def test_a_worker_killed_mid_round_is_replaced_and_the_new_group_trains_on(ray_c
         assert last["num_failed_rounds"] >= 1  # the survivor's all-reduce failed; its round was dropped
         assert time.perf_counter() - t0 < 60  # survivors noticed fast, not after a 30-minute default timeout
         assert algo.env_runners.actors[2] is not victim
-        # Training goes on with both members: the last round trained both workers' batches.
-        trained = [r["env_steps_trained"] for r in results]
-        assert trained[-1] - trained[-2] > 200 and last["world_size"] == 2
+        # Training goes on with both members: a later round trains both workers' batches (how many
+        # rounds the regroup takes depends on when the kill lands, so a few are allowed)
+        both = False
+        for _ in range(6):
+            before = algo.counters["env_steps_trained"]
+            r = algo.train()
+            if r["env_steps_trained"] - before > 200 and r["world_size"] == 2:
+                both = True
+                break
+        assert both, "no round trained both workers' batches after the regroup"
         weights = algo.env_runners.foreach("get_weights")
         optim = algo.env_runners.foreach("get_optimizer_state")
         assert _equal(weights[0], weights[1]) and _optimizer_equal(optim[0], optim[1])

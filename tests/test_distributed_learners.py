@@ -59,6 +59,16 @@ def test_a_user_given_shard_count_keeps_all_gpus_in_use(gpus, policies, shards):
     assert sum(b["GPU"] for b in dl.resource_bundles()) == pytest.approx(gpus)
 
 
+def test_replay_lost_stays_one_object_through_pickling():
+    """A learner in another process returns it through Ray: the driver must still recognise it."""
+    import pickle
+
+    from shoal.learn.distributed_learners import REPLAY_LOST, ReplayLost
+
+    assert pickle.loads(pickle.dumps(REPLAY_LOST)) is REPLAY_LOST
+    assert isinstance(REPLAY_LOST, ReplayLost) and not isinstance("replay actor lost", ReplayLost)
+
+
 def test_shard_capacities_spread_the_policies_evenly():
     assert ShardPlan(4, 1.0, 0.4, 3, 10).shard_capacities() == [3, 3, 2, 2]
     assert shard_plan(0, 3).shard_capacities() == [1, 1, 1]

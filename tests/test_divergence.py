@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
+from helpers import invoke
 
-from shoal import PPOConfig, checkpoint as ckpt
-from shoal.cli import app
+from shoal import PPOConfig
+from shoal import checkpoint as ckpt
 from shoal.errors import ConfigError, DivergenceError
 from shoal.learn import Learner
 from shoal.learn.threads import BackgroundThread
@@ -118,21 +118,18 @@ def test_infinite_lr_is_a_config_error():
         PPOConfig(env="CartPole-v1", lr_schedule=[[0, 1e-3], [100, math.inf]])
 
 
-def _cli(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
-
 
 def test_cli_lr_inf_exits_2(tmp_path):
-    r = _cli("train", "ppo", "--env", "CartPole-v1", "--set", "lr=inf", "--stop-iters", 2, "-q", "--out", tmp_path)
+    r = invoke("train", "ppo", "--env", "CartPole-v1", "--set", "lr=inf", "--stop-iters", 2, "-q", "--out", tmp_path)
     assert r.exit_code == 2 and "lr" in r.output and "finite" in r.output and "Traceback" not in r.output
 
 
 def test_cli_divergence_mid_run_exits_2_and_keeps_finite_checkpoints(tmp_path):
     # lr jumps to 1e30 after 300 env steps: iterations 1 and 2 (128 steps each) learn, iteration 3 diverges
     schedule = "lr_schedule=[[0, 0.001], [300, 0.001], [301, 1.0e+30]]"
-    r = _cli("train", "ppo", "--env", "CartPole-v1", "--set", "train_batch_size=128", "--set", "minibatch_size=64",
-             "--set", "num_sgd_iter=2", "--set", schedule, "--set", "max_nonfinite_updates=3", "--seed", 0,
-             "--envs-per-worker", 2, "--stop-iters", 6, "--checkpoint-every", 1, "-q", "--out", tmp_path)
+    r = invoke("train", "ppo", "--env", "CartPole-v1", "--set", "train_batch_size=128", "--set", "minibatch_size=64",
+               "--set", "num_sgd_iter=2", "--set", schedule, "--set", "max_nonfinite_updates=3", "--seed", 0,
+               "--envs-per-worker", 2, "--stop-iters", 6, "--checkpoint-every", 1, "-q", "--out", tmp_path)
     out = " ".join(r.output.split())
     assert r.exit_code == 2, r.output
     assert "Training diverged in iteration 3" in out and "lr 1e+30" in out and "Traceback" not in out

@@ -16,13 +16,20 @@ import torch
 from torch import nn
 
 from shoal.algorithms.apex import ApeXConfig, ApeXRunner
-from shoal.algorithms.dqn import (DQN, DQNConfig, QLearnerModule, attach_target, dqn_loss, learn_on_replay_batch,
-                                  n_step_postprocess,
-                                  q_targets)
+from shoal.algorithms.dqn import (
+    DQN,
+    DQNConfig,
+    DQNLoss,
+    QLearnerModule,
+    attach_target,
+    learn_on_replay_batch,
+    n_step_postprocess,
+    q_targets,
+)
 from shoal.batch import Batch, Col
-from shoal.learn.target import TargetNetwork
 from shoal.errors import ConfigError
 from shoal.learn import Learner
+from shoal.learn.target import TargetNetwork
 from shoal.models import build_q_network
 from shoal.replay import ReplayShard
 from shoal.rollout import EnvRunner
@@ -64,7 +71,7 @@ def _n_step_case():
 def test_n_step_targets_hand_computed():
     rewards, terms, truncs, valid = _n_step_case()
     ret, disc, term, nxt = n_step_targets(rewards, terms, terms | truncs, valid, n=3, gamma=0.5)
-    I = None  # invalid (reset) row: only its return is specified (zero)
+    I = None  # noqa: E741  (invalid (reset) row: only its return is specified (zero)
     exp_ret = np.array([
         # col 0: 1+.5*2+.25*3 | col 1: 1+.5*2+.25*3 (term at 2) | col 2: 1+.5*2 (trunc at 1) | col 3: like col 0
         [2.75, 2.75, 2.0, 2.75],
@@ -195,7 +202,7 @@ def _hand_batch(weights: bool = True) -> dict:
 def test_dqn_loss_hand_network(double_q, td_loss, weights, exp_loss, exp_td):
     cfg = DQNConfig(env="CartPole-v1", double_q=double_q, td_loss=td_loss, huber_delta=1.0)
     module = _hand_module()
-    loss, stats = dqn_loss(module, _hand_batch(weights), None, cfg)
+    loss, stats = DQNLoss.from_config(cfg)(module, _hand_batch(weights))
     assert float(loss.detach()) == pytest.approx(exp_loss, abs=1e-6)
     torch.testing.assert_close(stats["td_error"], torch.tensor(exp_td))
     assert float(stats["mean_q"]) == pytest.approx(2.5)  # (2 + 3) / 2
@@ -206,7 +213,7 @@ def test_dqn_loss_hand_network(double_q, td_loss, weights, exp_loss, exp_td):
 
 def test_dqn_loss_huber_delta():
     cfg = DQNConfig(env="CartPole-v1", double_q=True, td_loss="huber", huber_delta=2.0)
-    loss, _ = dqn_loss(_hand_module(), _hand_batch(), None, cfg)
+    loss, _ = DQNLoss.from_config(cfg)(_hand_module(), _hand_batch())
     # td [.5, 2.5]: .5*.25 = .125; 2*(2.5 - 1) = 3.0; * [2, .5] = [.25, 1.5]; mean 0.875
     assert float(loss.detach()) == pytest.approx(0.875, abs=1e-6)
 
@@ -215,7 +222,7 @@ def test_dqn_loss_gradient_matches_manual():
     """d loss / d W for Q(s) = W s with mse and weights: mean_i w_i * td_i * d q_sa_i / dW."""
     cfg = DQNConfig(env="CartPole-v1", double_q=True, td_loss="mse")
     module = _hand_module()
-    loss, _ = dqn_loss(module, _hand_batch(), None, cfg)
+    loss, _ = DQNLoss.from_config(cfg)(module, _hand_batch())
     loss.backward()
     # row 0: action 1, obs (1,2): w*td = 2*.5 = 1 -> dW[1] += (1, 2)/2
     # row 1: action 0, obs (3,.5): w*td = .5*2.5 = 1.25 -> dW[0] += (3.75, .625)/2
@@ -287,7 +294,7 @@ def test_learn_on_replay_batch_target_updates_and_priorities():
     cfg = DQNConfig(env="CartPole-v1", model={"hiddens": [16]}, target_network_update_freq=12, tau=1.0, lr=1e-2)
     torch.manual_seed(0)
     q = build_q_network(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), cfg.model, cfg.dueling)
-    learner = Learner(QLearnerModule(q), functools.partial(dqn_loss, config=cfg), lr=cfg.lr, grad_clip=cfg.grad_clip)
+    learner = Learner(QLearnerModule(q), DQNLoss.from_config(cfg), lr=cfg.lr, grad_clip=cfg.grad_clip)
     module = learner.module
     rng = np.random.default_rng(0)
     target_net = attach_target(learner, cfg)
@@ -320,7 +327,7 @@ def test_learn_on_replay_batch_target_updates_and_priorities():
 def test_learn_on_replay_batch_soft_update_blends():
     cfg = DQNConfig(env="CartPole-v1", model={"hiddens": [8]}, target_network_update_freq=4, tau=0.25, lr=1e-2)
     q = build_q_network(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), cfg.model, cfg.dueling)
-    learner = Learner(QLearnerModule(q), functools.partial(dqn_loss, config=cfg), lr=cfg.lr)
+    learner = Learner(QLearnerModule(q), DQNLoss.from_config(cfg), lr=cfg.lr)
     before = copy.deepcopy(learner.module.target.state_dict())
     target = attach_target(learner, cfg)
     learn_on_replay_batch(learner, _random_replay_batch(np.random.default_rng(1), 4))

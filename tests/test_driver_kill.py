@@ -1,8 +1,7 @@
 """A driver killed with SIGKILL: at exact moments of a checkpoint write, and with its own Ray.
 
-The driver is a real ``shoal train`` subprocess. ``SHOAL_TEST_PAUSE_SAVE=STAGE:N:FILE`` makes it
-create FILE and wait when its N-th save reaches STAGE (see ``shoal.checkpoint``); the test then
-kills it there. Every wait is on a file or a condition with a generous timeout, never on time.
+The driver is a real ``shoal train`` subprocess. Started through ``tests/pause_driver.py STAGE N
+FILE``, it creates FILE and waits when its N-th save reaches STAGE; the test then kills it there. Every wait is on a file or a condition with a generous timeout, never on time.
 """
 
 from __future__ import annotations
@@ -36,8 +35,10 @@ def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", **extra}
 
 
-def _shoal(*args: str, **env: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "shoal", *args], env=_env(**env), cwd=REPO,
+def _shoal(*args: str, pause: tuple[str, int, Path] | None = None, **env: str) -> subprocess.Popen:
+    """``shoal *args`` as a subprocess; with ``pause=(stage, n, file)`` through tests/pause_driver.py."""
+    start = ["-m", "shoal"] if pause is None else [str(REPO / "tests" / "pause_driver.py"), *map(str, pause)]
+    return subprocess.Popen([sys.executable, *start, *args], env=_env(**env), cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -60,8 +61,7 @@ def _kill_at(tmp_path: Path, stage: str, n: int, args: list[str]) -> Path:
     """Run ``shoal train *args`` until its n-th save reaches ``stage``, SIGKILL it there; the run directory."""
     flag = tmp_path / "paused"
     proc = _shoal("train", *args, "--no-stop-reward", "--stop-iters", "500", "--checkpoint-every", "1",
-                  "--keep-checkpoints", "2", "-q", "--out", str(tmp_path / "runs"),
-                  SHOAL_TEST_PAUSE_SAVE=f"{stage}:{n}:{flag}")
+                  "--keep-checkpoints", "2", "-q", "--out", str(tmp_path / "runs"), pause=(stage, n, flag))
     try:
         _wait_for(flag.exists, proc, f"save stage '{stage}' #{n}")
     finally:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+import flaky_envs
 import pytest
-from typer.testing import CliRunner
+from helpers import invoke
 
-from shoal import PPOConfig, checkpoint as ckpt
-from shoal.cli import app
+from shoal import PPOConfig
+from shoal import checkpoint as ckpt
 from shoal.errors import EnvFailureError, NonFiniteEnvError
 from shoal.rollout.faults import EnvFaults
-
-import flaky_envs
 
 ENV = "flaky_envs:FlakyCartPole"
 SMALL = dict(env=ENV, train_batch_size=64, minibatch_size=64, num_sgd_iter=1, seed=0,
@@ -83,25 +82,22 @@ def test_nan_reward_from_a_multi_agent_env_is_reported():
             algo.train()
 
 
-def _cli(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
-
 
 def test_cli_env_that_fails_for_good_exits_2_with_a_checkpoint(tmp_path):
     # every env raises at its second step: nothing is ever sampled
-    r = _cli("train", "ppo", "--env", ENV, "--set", "env_config={tag: cli, fail_at: 2, healthy: 0}",
-             "--set", "train_batch_size=64", "--set", "minibatch_size=64", "--set", "num_sgd_iter=1",
-             "--envs-per-worker", 1, "--seed", 0, "--stop-iters", 3, "-q", "--out", tmp_path)
+    r = invoke("train", "ppo", "--env", ENV, "--set", "env_config={tag: cli, fail_at: 2, healthy: 0}",
+               "--set", "train_batch_size=64", "--set", "minibatch_size=64", "--set", "num_sgd_iter=1",
+               "--envs-per-worker", 1, "--seed", 0, "--stop-iters", 3, "-q", "--out", tmp_path)
     out = " ".join(r.output.split())
     assert r.exit_code == 2, r.output
     assert "failed 5 times in a row" in out and "boom" in out and "Traceback" not in out
 
 
 def test_cli_env_failing_after_some_iterations_leaves_the_last_good_checkpoint(tmp_path):
-    r = _cli("train", "ppo", "--env", ENV, "--set", "env_config={tag: later, fail_at: 150, healthy: 0}",
-             "--set", "train_batch_size=64", "--set", "minibatch_size=64", "--set", "num_sgd_iter=1",
-             "--set", "max_consecutive_env_failures=1", "--envs-per-worker", 1, "--seed", 0, "--stop-iters", 10,
-             "--checkpoint-every", 100, "-q", "--out", tmp_path)
+    r = invoke("train", "ppo", "--env", ENV, "--set", "env_config={tag: later, fail_at: 150, healthy: 0}",
+               "--set", "train_batch_size=64", "--set", "minibatch_size=64", "--set", "num_sgd_iter=1",
+               "--set", "max_consecutive_env_failures=1", "--envs-per-worker", 1, "--seed", 0, "--stop-iters", 10,
+               "--checkpoint-every", 100, "-q", "--out", tmp_path)
     out = " ".join(r.output.split())
     assert r.exit_code == 2, r.output
     # steps 1..149 are fine: iterations 1 and 2 (64 steps each) finish, iteration 3 meets the failure
@@ -111,8 +107,8 @@ def test_cli_env_failing_after_some_iterations_leaves_the_last_good_checkpoint(t
 
 
 def test_cli_env_that_fails_in_reset(tmp_path):
-    r = _cli("train", "ppo", "--env", ENV, "--set", "env_config={tag: reset, fail_in: reset, healthy: 1}",
-             "--stop-iters", 1, "-q", "--out", tmp_path)
+    r = invoke("train", "ppo", "--env", ENV, "--set", "env_config={tag: reset, fail_in: reset, healthy: 1}",
+               "--stop-iters", 1, "-q", "--out", tmp_path)
     assert r.exit_code == 2, r.output
     assert "in reset" in " ".join(r.output.split())
 

@@ -8,25 +8,17 @@ import sys
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from helpers import flat, invoke
 
 import shoal
 from shoal import PPOConfig
-from shoal.cli import app
 from shoal.evaluation import select_checkpoint
 
-runner = CliRunner()
 CATCH = "shoal.envs.pixel_catch:PixelCatch"
 SMALL_CNN = {"torso": "conv", "conv_filters": [[8, 3, 2]], "hiddens": [32], "activation": "relu"}
 TTT = "pettingzoo.classic:tictactoe_v3"
 
 
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def flat(text: str) -> str:
-    return " ".join(text.split())
 
 
 def evaluate_json(*args) -> dict:

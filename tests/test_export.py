@@ -7,17 +7,15 @@ import json
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
+from helpers import invoke
 
 import shoal
 from shoal import DQNConfig, PPOConfig
 from shoal.batch import Col
-from shoal.cli import app
 from shoal.export import export_policy, sidecar_path
 from shoal.models.catalog import preprocess_obs
 from shoal.rollout.policies import STATE_OUT
 
-runner = CliRunner()
 SMALL_CNN = {"torso": "conv", "conv_filters": [[8, 3, 2]], "hiddens": [32], "activation": "relu"}
 LSTM = {"use_lstm": True, "lstm_cell_size": 8, "hiddens": [16]}
 CASES = {  # name -> (config class, config): MLP, Q network, CNN on uint8 frames, LSTM, Box actions, Discrete obs, custom
@@ -132,25 +130,25 @@ def test_a_recurrent_policy_exports_obs_and_state_to_outputs_and_state(checkpoin
 
 def test_sidecar_and_cli(checkpoints, tmp_path):
     path = checkpoints["ppo_cnn"]
-    r = runner.invoke(app, ["export", str(path), "--format", "onnx", "--out", str(tmp_path / "catch.onnx")])
+    r = invoke("export", str(path), "--format", "onnx", "--out", str(tmp_path / "catch.onnx"))
     assert r.exit_code == 0, r.output
     meta = json.loads((tmp_path / "catch.onnx.json").read_text())
     assert meta["format"] == "onnx" and meta["inputs"] == ["obs"] and meta["outputs"] == ["action", "dist_inputs", "value"]
     assert meta["observation"] == {**meta["observation"], "shape": [1, 10, 10], "dtype": "uint8"}
     assert meta["action_space"] == {"type": "Discrete", "n": 3, "start": 0}
-    r = runner.invoke(app, ["export", str(checkpoints["dqn"])])  # default: torchscript next to the checkpoint
+    r = invoke("export", str(checkpoints["dqn"]))  # default: torchscript next to the checkpoint
     assert r.exit_code == 0 and (checkpoints["dqn"] / "policy.pt").is_file()
     meta = json.loads((checkpoints["dqn"] / "policy.pt.json").read_text())
     assert meta["outputs"] == ["action", "q_values"] and meta["observation"]["dtype"] == "float32"
 
 
 def test_export_errors_exit_2(checkpoints, tmp_path):
-    r = runner.invoke(app, ["export", str(checkpoints["ppo_mlp"]), "--format", "tflite"])
+    r = invoke("export", str(checkpoints["ppo_mlp"]), "--format", "tflite")
     assert r.exit_code == 2 and "torchscript, onnx" in " ".join(r.output.split())
-    r = runner.invoke(app, ["export", str(tmp_path / "nope")])
+    r = invoke("export", str(tmp_path / "nope"))
     assert r.exit_code == 2 and "does not exist" in r.output
     algo = PPOConfig(env="pettingzoo.classic:tictactoe_v3", seed=0, multi_agent={"policies": {"main": None}}).build()
     game = algo.save(tmp_path / "game")
     algo.stop()
-    r = runner.invoke(app, ["export", str(game)])
+    r = invoke("export", str(game))
     assert r.exit_code == 2 and "single-agent" in r.output and "Traceback" not in r.output

@@ -6,10 +6,10 @@ import logging
 import os
 
 import pytest
+from test_sigkill import train_until
 
 from shoal import PPOConfig
 from shoal.errors import EnvError
-from test_sigkill import train_until
 
 pytestmark = pytest.mark.ray
 HANG = "flaky_envs:HangingCartPole"
@@ -78,20 +78,22 @@ def test_ddppo_hung_worker_times_out_the_round_and_the_group_reforms(ray_cluster
         results = [algo.train() for _ in range(4)]
         assert (tmp_path / "hung").exists()
         last = results[-1]
-        assert last["num_worker_timeouts"] == 1 and last["num_worker_restarts"] == 1
-        assert last["num_regroups"] == 1 and last["world_size"] == 2 and last["num_failed_rounds"] >= 1
+        # at least one timeout and restart: on a loaded machine a slow peer's round may time out too
+        assert last["num_worker_timeouts"] >= 1 and last["num_worker_restarts"] >= last["num_worker_timeouts"]
+        assert last["num_regroups"] >= 1 and last["world_size"] == 2 and last["num_failed_rounds"] >= 1
         trained = [r["env_steps_trained"] for r in results]
         assert trained[-1] > trained[-2]  # the new group trains
         state = algo.get_state()  # answers: no member is stuck
-        assert state["num_regroups"] == 1
+        assert state["num_regroups"] == last["num_regroups"]
     finally:
         algo.stop()
 
 
 def test_group_times_out_one_request_and_keeps_the_other_actors_results(ray_cluster):
+    from test_ray import Worker
+
     from shoal.errors import ActorLostError
     from shoal.runtime import make_actor_group
-    from test_ray import Worker
 
     group = make_actor_group(Worker, 2, lambda i: ((i,), {}), remote=True, num_cpus=0.5, request_timeout_s=1.5,
                              name="worker")
@@ -173,8 +175,9 @@ def test_the_drivers_own_env_construction_times_out_with_a_message():
 
 
 def test_a_request_queued_behind_another_is_timed_from_its_turn(ray_cluster):
-    from shoal.runtime import make_actor_group
     from test_ray import Worker
+
+    from shoal.runtime import make_actor_group
 
     group = make_actor_group(Worker, 1, lambda i: ((i,), {}), remote=True, num_cpus=0.5, request_timeout_s=2.0,
                              max_in_flight=2)

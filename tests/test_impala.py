@@ -10,18 +10,20 @@ import numpy as np
 import pytest
 import torch
 
-from shoal.algorithms.appo import APPOConfig, appo_loss, appo_loss_terms
-from shoal.algorithms.impala import IMPALAConfig, impala_loss, impala_loss_terms, sequence_postprocess, time_major, unroll, vtrace_for
-from shoal.batch import Col
+from shoal.algorithms.appo import APPOConfig, APPOLoss, appo_loss_terms
+from shoal.algorithms.impala import IMPALAConfig, IMPALALoss, impala_loss_terms
+from shoal.batch import Col, pack_per_sequence, unpack_per_sequence
 from shoal.config import load_yaml
 from shoal.envs import env_info
 from shoal.errors import ConfigError
 from shoal.learn import Learner
+from shoal.learn.sequences import VTraceParams, time_major, unroll, vtrace_for
 from shoal.learn.stats import standardize
-from shoal.learn.target import AdaptiveKL, TargetNetwork
+from shoal.learn.target import TargetNetwork
 from shoal.learn.threads import LearnerThreadError
 from shoal.models import build_actor_critic
 from shoal.rollout import ActorCriticPolicy, EnvRunner, compute_gae
+from shoal.rollout.postprocessing import sequence_postprocess
 
 torch.set_num_threads(1)
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -61,12 +63,29 @@ def test_sequence_batch_keeps_every_step_in_sequence_order(fragments):
     frag, batch = frags[0], batches[0]
     assert len(batch) == T * N
     assert (~frag.valid).any() and frag.truncateds.any(), "the fixture should contain episode ends"
-    for key, arr in [(Col.OBS, frag.obs[:-1]), (Col.NEXT_OBS, frag.obs[1:]), (Col.ACTIONS, frag.actions),
+    for key, arr in [(Col.OBS, frag.obs[:-1]), (Col.ACTIONS, frag.actions),
                      (Col.REWARDS, frag.rewards), (Col.VALID, frag.valid), (Col.TERMINATEDS, frag.terminateds),
                      (Col.ACTION_LOGP, frag.extras[Col.ACTION_LOGP])]:
         # row n * T + t is env n, step t; time_major() turns it back into (T, N)
         np.testing.assert_array_equal(batch[key][T + 5], arr[5, 1])
         np.testing.assert_array_equal(time_major(torch.from_numpy(batch[key]), T).numpy(), arr)
+    # the bootstrap observation: once per sequence (env), packed over its T rows, not a next-obs per row
+    assert Col.NEXT_OBS not in batch
+    np.testing.assert_array_equal(unpack_per_sequence(batch[Col.BOOTSTRAP_OBS], T, frag.obs.shape[2:]), frag.obs[-1])
+    per_row_padding = N * T * batch[Col.OBS].itemsize  # at most one item of zero padding per row
+    assert batch[Col.BOOTSTRAP_OBS].nbytes <= batch[Col.OBS].nbytes / T + per_row_padding
+
+
+def test_pack_per_sequence_round_trips_any_shape_and_dtype():
+    frames = np.arange(3 * 2 * 5 * 5, dtype=np.uint8).reshape(3, 2, 5, 5)  # 50 bytes per sequence
+    rows = pack_per_sequence(frames, 4)
+    assert rows.shape == (12, 13) and rows.dtype == np.uint8  # ceil(50 / 4) = 13 bytes per row
+    np.testing.assert_array_equal(rows[:4].reshape(-1)[:50], frames[0].reshape(-1))
+    assert (rows[:4].reshape(-1)[50:] == 0).all()
+    np.testing.assert_array_equal(unpack_per_sequence(rows, 4, (2, 5, 5)), frames)
+    np.testing.assert_array_equal(unpack_per_sequence(torch.from_numpy(rows[4:8]), 4, (2, 5, 5)).numpy(), frames[1:2])
+    one = pack_per_sequence(np.ones((2, 3), np.float32), 1)  # one-row sequences: the value itself
+    assert one.shape == (2, 3)
 
 
 def test_on_policy_vtrace_on_real_fragments_equals_gae_with_lambda_one(fragments):
@@ -79,7 +98,7 @@ def test_on_policy_vtrace_on_real_fragments_equals_gae_with_lambda_one(fragments
     for frag, batch in zip(frags, batches):
         with torch.no_grad():
             u = unroll(module, batch.to_torch(), T, cfg.gamma)
-            vt = vtrace_for(u, u.logp, cfg)
+            vt = vtrace_for(u, u.logp, VTraceParams.from_config(cfg))
         values = frag.extras[Col.VF_PREDS]
         next_values = np.concatenate([values[1:], frag.last_extras[Col.VF_PREDS][None]])
         adv = compute_gae(frag.rewards, values, next_values, frag.terminateds, frag.terminateds | frag.truncateds,
@@ -168,9 +187,9 @@ def test_appo_normalize_advantages_on_real_fragments(fragments, normalize):
     target = TargetNetwork(module, 1)
     batch = batches[0].to_torch()
     with torch.no_grad():
-        _, stats = appo_loss(module, batch, None, cfg, target, AdaptiveKL(0.0, 0.01, enabled=False))
+        _, stats = APPOLoss.from_config(cfg, target=target)(module, batch)
         u = unroll(module, batch, T, cfg.gamma)
-        raw = vtrace_for(u, u.logp, cfg).pg_advantages
+        raw = vtrace_for(u, u.logp, VTraceParams.from_config(cfg)).pg_advantages
     expected = 0.0 if normalize else -float(raw[u.valid].mean())
     assert abs(float(stats["policy_loss"]) - expected) < 1e-5
     assert abs(float(raw[u.valid].mean())) > 1e-3  # the raw advantages' mean is not 0: the switch matters
@@ -185,9 +204,9 @@ def test_impala_normalize_advantages_weighs_logp_by_the_standardized_advantages(
     module.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
     batch = batches[0].to_torch()
     with torch.no_grad():
-        _, stats = impala_loss(module, batch, None, cfg)
+        _, stats = IMPALALoss.from_config(cfg)(module, batch)
         u = unroll(module, batch, T, cfg.gamma)
-        adv = vtrace_for(u, u.logp, cfg).pg_advantages
+        adv = vtrace_for(u, u.logp, VTraceParams.from_config(cfg)).pg_advantages
         adv = standardize(adv, u.valid) if normalize else adv
     expected = -float((u.logp * adv)[u.valid].mean())
     assert abs(float(stats["policy_loss"]) - expected) < 1e-5

@@ -13,9 +13,22 @@ import yaml
 
 from shoal.checkpoint import load_checkpoint, save_checkpoint
 from shoal.errors import CheckpointError, ConfigError
-from shoal.league import (AlphaStarLeagueBuilder, LeagueBuilder, Matchmaking, MatchType, NoLeagueBuilder, PayoffTable,
-                          format_league_report, league_report, make_league_builder, pfsp_probs, pfsp_weights,
-                          policy_spec, sample_match, write_league_report)
+from shoal.league import (
+    AlphaStarLeagueBuilder,
+    LeagueBuilder,
+    Matchmaking,
+    MatchType,
+    NoLeagueBuilder,
+    PayoffTable,
+    format_league_report,
+    league_report,
+    make_league_builder,
+    pfsp_probs,
+    pfsp_weights,
+    policy_spec,
+    sample_match,
+    write_league_report,
+)
 from shoal.league.report import HEATMAP_PNG, NO_MATPLOTLIB, add_league_to_tensorboard
 
 

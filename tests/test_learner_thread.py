@@ -16,8 +16,7 @@ from shoal.batch import Batch, Col
 from shoal.errors import ConfigError
 from shoal.learn import Learner
 from shoal.learn.learner_thread import LearnerThread
-from shoal.learn.threads import LearnerQueueTimeout
-from shoal.learn.threads import LearnerThreadError
+from shoal.learn.threads import LearnerQueueTimeout, LearnerThreadError
 
 BATCH_ID = "test_batch_id"  # a test-only column: which batch a row came from
 

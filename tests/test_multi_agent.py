@@ -9,12 +9,19 @@ import pytest
 import torch
 from pettingzoo.utils.env import ParallelEnv
 
-from shoal.batch import Col
+from shoal.batch import Col, unpack_per_sequence
 from shoal.config import AlgorithmConfig
-from shoal.envs.multi_agent import (CONNECT_FOUR, TIC_TAC_TOE, AECAdapter, ParallelAdapter, lookahead_action,
-                                    make_multi_agent_env, resolve_multi_agent_env)
+from shoal.envs.multi_agent import (
+    CONNECT_FOUR,
+    TIC_TAC_TOE,
+    AECAdapter,
+    ParallelAdapter,
+    lookahead_action,
+    make_multi_agent_env,
+    resolve_multi_agent_env,
+)
 from shoal.errors import ConfigError, EnvError
-from shoal.rollout.multi_agent import (MaskedActorCriticPolicy, MatchSampler, MultiAgentEnvRunner, PolicyReturnWindows)
+from shoal.rollout.multi_agent import MaskedActorCriticPolicy, MatchSampler, MultiAgentEnvRunner, PolicyReturnWindows
 
 TTT = "pettingzoo.classic:tictactoe_v3"
 C4 = "pettingzoo.classic:connect_four_v3"
@@ -167,7 +174,10 @@ def test_batches_per_policy_only_for_policies_to_train_unless_asked():
     assert set(batches) == {"learner"}
     assert len(batches["learner"]) % 5 == 0 and len(batches["learner"]) >= 5
     assert set(batches["learner"].keys()) == {Col.OBS, Col.NEXT_OBS, Col.ACTIONS, Col.ACTION_LOGP, Col.REWARDS,
-                                              Col.TERMINATEDS, Col.VALID, Col.ACTION_MASK}
+                                              Col.TERMINATEDS, Col.VALID, Col.ACTION_MASK, Col.BOOTSTRAP_OBS}
+    b = batches["learner"]  # the bootstrap: each 5-row sequence's last next observation, packed over its rows
+    np.testing.assert_array_equal(unpack_per_sequence(b[Col.BOOTSTRAP_OBS], 5, b[Col.OBS].shape[1:]),
+                                  b[Col.NEXT_OBS][4::5])
     # every decision of the learner lands in exactly one row (sequence rows + rows still waiting)
     waiting = sum(len(s) for k, s in runner._streams.items() if k[2] == "learner") + sum(len(o) for o in runner._open)
     assert len(batches["learner"]) + waiting == metrics.policy_agent_steps["learner"]
@@ -426,8 +436,7 @@ def test_league_players_matchmaking_and_results_round_trip():
 
 
 def test_sequences_feed_the_impala_loss_and_the_stored_masks_reproduce_the_behaviour_logp():
-    from shoal.algorithms.impala import IMPALAConfig, impala_loss
-    from shoal.learn.masking import ActionMasked
+    from shoal.algorithms.impala import IMPALAConfig, IMPALALoss
 
     T = 4
     runner = MultiAgentEnvRunner(config(num_envs=4, rollout_fragment_length=T), 0, {"a": None}, ticks_per_sample=24)
@@ -436,10 +445,10 @@ def test_sequences_feed_the_impala_loss_and_the_stored_masks_reproduce_the_behav
     cfg = IMPALAConfig(env=TTT, rollout_fragment_length=T, train_batch_size=len(batch))
     tensors = batch.to_torch()
     module = runner.policies["a"].module
-    loss, stats = impala_loss(ActionMasked(module, tensors[Col.ACTION_MASK]), tensors, None, cfg)
+    loss, stats = IMPALALoss.from_config(cfg, masked=True)(module, tensors)
     assert torch.isfinite(loss)
     loss.backward()
     assert all(p.grad is not None for p in module.parameters())
     assert float(stats["mean_rho"]) == pytest.approx(1.0, abs=1e-5)  # same weights, same masks: on-policy
-    _, unmasked = impala_loss(module, tensors, None, cfg)
+    _, unmasked = IMPALALoss.from_config(cfg)(module, tensors)
     assert float(unmasked["mean_rho"]) < 0.95  # without the masks the learner would see another policy

@@ -92,6 +92,24 @@ def test_mapping_by_import_path_and_per_policy_overrides():
         a.stop()
 
 
+@pytest.mark.parametrize("algo", ["ppo", "appo"])
+def test_update_config_reaches_every_learning_policy_and_overrides_still_win(algo):
+    """PBT's changes reach each policy's loss and optimizer; a per-policy override keeps its value."""
+    policies = {"p0": {"config": {"entropy_coeff": 0.05, "lr": 1e-4}}, "p1": None, "p2": None}
+    a = _config(algo, {**SEPARATE, "policies": policies}).build()
+    try:
+        a.update_config({"entropy_coeff": 0.02, "lr": 5e-4, "clip_param": 0.15})
+        for pid, pl in a.learners.items():
+            loss = pl.learner.loss_fn
+            assert loss.clip_param == 0.15 and loss.masked, pid
+            assert loss.entropy_coeff == (0.05 if pid == "p0" else 0.02), pid
+            assert pl.learner.lr == (1e-4 if pid == "p0" else 5e-4), pid
+        r = a.train()
+        assert r["learner/p1/lr"] == pytest.approx(5e-4) and r["learner/p0/lr"] == pytest.approx(1e-4)
+    finally:
+        a.stop()
+
+
 def test_rock_paper_scissors_discrete_observations_are_one_hot():
     """pettingzoo.classic:rps_v2 observes Discrete(4): it used to crash with a shape mismatch."""
     a = _config("appo", {"policies": {"a": None, "b": None}, "policy_mapping": {"player_0": "a", "player_1": "b"}},

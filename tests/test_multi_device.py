@@ -7,13 +7,12 @@ import time
 
 import numpy as np
 import pytest
+from test_learner_thread import drain, make_batch, make_learner, mse_loss
 
 from shoal.batch import Batch, Col
 from shoal.errors import ConfigError
-from shoal.learn.threads import LearnerQueueTimeout
 from shoal.learn.multi_device import MultiDeviceLearnerThread
-from shoal.learn.threads import LearnerThreadError
-from test_learner_thread import drain, make_batch, make_learner, mse_loss
+from shoal.learn.threads import LearnerQueueTimeout, LearnerThreadError
 
 FAKE2 = ["cpu", "cpu"]
 

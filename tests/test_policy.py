@@ -42,3 +42,55 @@ policy.close()
         np.testing.assert_allclose(got, np.concatenate([a1, a2, s1.ravel(), s2.ravel()]), atol=1e-6)
     finally:
         algo.stop()
+
+
+def test_load_policy_of_an_apex_run_builds_the_q_network_only(tmp_path, monkeypatch):
+    """No learner thread, no replay (a 2M-row one would not fit a small machine), the same greedy actions."""
+    import threading
+
+    import shoal
+    from shoal import ApeXConfig
+    from shoal.algorithms import dqn
+    from shoal.algorithms.base import Algorithm
+
+    cfg = ApeXConfig(env="CartPole-v1", seed=0, replay_capacity=4096, learning_starts=256, train_batch_size=64,
+                     rollout_fragment_length=16, min_time_s_per_iteration=0.0, resources={"num_envs_per_worker": 4})
+    algo = cfg.build()
+    try:
+        for _ in range(3):
+            algo.train()
+        path = algo.save(tmp_path / "ckpt")
+        obs = np.random.default_rng(0).normal(0, 1, (16, 4)).astype(np.float32)
+        expected, _ = algo.predict(obs)
+    finally:
+        algo.stop()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("load_policy sized a replay buffer")
+
+    monkeypatch.setattr(dqn, "check_replay_fits", refuse)
+    monkeypatch.setattr(Algorithm, "__init__", refuse)  # nor did it build the algorithm
+    threads = threading.active_count()
+    with shoal.load_policy(path) as policy:
+        assert threading.active_count() == threads
+        actions, state = policy.predict(obs)
+        assert state is None and np.array_equal(actions, expected)
+        assert policy.predict(obs[0])[0] == expected[0]  # one observation: one action
+
+
+def test_load_policy_refuses_a_run_with_several_policies(tmp_path):
+    import pytest
+
+    import shoal
+    from shoal import PPOConfig
+    from shoal.errors import ConfigError
+
+    cfg = PPOConfig(env="shoal.envs.signal_match:parallel_env", seed=0, rollout_fragment_length=10, minibatch_size=60,
+                    resources={"num_envs_per_worker": 4}, multi_agent={"policies": {"shared": None}})
+    algo = cfg.build()
+    try:
+        path = algo.save(tmp_path / "ckpt")
+    finally:
+        algo.stop()
+    with pytest.raises(ConfigError, match="load_policy serves single-agent policies"):
+        shoal.load_policy(path)

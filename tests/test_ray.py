@@ -233,7 +233,6 @@ def _kill_and_wait(handle) -> None:
 
 
 def test_restarts_are_budgeted_per_rolling_window(ray_cluster):
-    import ray
 
     from shoal.errors import WorkerError
     from shoal.runtime import ActorResources, make_actor_group

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from real_cluster import RealCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.ray, pytest.mark.timeout(300)]

@@ -62,9 +62,10 @@ def test_episode_starts_follow_reset_rows_within_each_sequence():
 
 # ---- runner and learner agree ----------------------------------------------------------------
 def _runner(config):
+    import functools
+
     from shoal.algorithms.ppo import gae_postprocess
     from shoal.rollout import ActorCriticPolicy, EnvRunner
-    import functools
 
     post = functools.partial(gae_postprocess, gamma=config.gamma, gae_lambda=config.gae_lambda)
     return EnvRunner(config, 0, ActorCriticPolicy, post, config.fragment_length())
@@ -103,9 +104,10 @@ def test_runner_zeroes_the_state_at_episode_starts_and_records_it_per_sequence()
 def test_learner_unroll_reproduces_the_runner_step_by_step(algo):
     """Whole sequences replayed in the learner give the log-probs and values the runner computed one
     step at a time, resets inside the sequence included."""
-    from shoal.algorithms.impala import IMPALAConfig, sequence_postprocess
+    from shoal.algorithms.impala import IMPALAConfig
     from shoal.algorithms.ppo import PPOConfig
     from shoal.rollout import ActorCriticPolicy, EnvRunner
+    from shoal.rollout.postprocessing import sequence_postprocess
 
     if algo == "ppo":
         config = PPOConfig(env=CUE, env_config={"delay": 3}, seed=1, rollout_fragment_length=24,
@@ -221,6 +223,7 @@ def test_recurrent_config_errors_name_the_key():
 
 def test_forward_on_a_recurrent_module_says_what_to_call():
     import gymnasium as gym
+
     from shoal.config import ModelConfig
     from shoal.models import build_actor_critic
 
@@ -263,7 +266,6 @@ def test_ddppo_with_an_lstm_remembers_the_cue_and_its_replicas_stay_identical():
     """Two DD-PPO workers, each sampling and training whole sequences of its own batch, all-reducing
     every minibatch: they learn the cue and end with the same weights."""
     from shoal.algorithms.ddppo import DDPPOConfig
-    from shoal.trainer import train
 
     config = DDPPOConfig(env=CUE, env_config={"delay": 4}, seed=0, lr=1e-3, rollout_fragment_length=32,
                          minibatch_size=128, num_sgd_iter=4, torch_distributed_timeout_s=20,

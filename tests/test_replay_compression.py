@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from shoal import checkpoint as ckpt
+from shoal import process
 from shoal.algorithms.apex import ApeXConfig
 from shoal.algorithms.dqn import DQNConfig, make_replay, replay_kwargs
 from shoal.batch import Batch, Col
@@ -210,7 +211,7 @@ def test_missing_lz4_says_how_to_install_it(monkeypatch):
 
 # ---- memory check ------------------------------------------------------------------------
 def fake_memory(monkeypatch, gb: float | None) -> None:
-    monkeypatch.setattr(storage, "available_memory_bytes", lambda: None if gb is None else int(gb * 1e9))
+    monkeypatch.setattr(process, "available_memory_bytes", lambda: None if gb is None else int(gb * 1e9))
 
 
 def test_a_ring_that_does_not_fit_is_refused_before_anything_is_allocated(monkeypatch):
@@ -270,7 +271,7 @@ def test_no_check_where_available_memory_is_unknown(monkeypatch):
 
 
 def test_available_memory_reads_meminfo():
-    avail = storage.available_memory_bytes()
+    avail = process.available_memory_bytes()
     if sys.platform.startswith("linux"):
         assert isinstance(avail, int) and avail > 0
     else:

@@ -18,12 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from helpers import invoke
+from test_driver_kill import _wait_for
 
 from shoal import checkpoint as ckpt
-from shoal.cli import app
 from shoal.runtime import signals
-from test_driver_kill import _wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["ppo", "--env", "CartPole-v1", "--seed", "0", "--set", "train_batch_size=256", "--set", "minibatch_size=128",
@@ -62,9 +61,9 @@ def test_a_full_disk_ends_with_one_paragraph_and_exit_2(tmp_path, monkeypatch):
         return real_save(path, state, meta)
 
     monkeypatch.setattr(ckpt, "save_checkpoint", save)
-    r = CliRunner().invoke(app, ["train", "ppo", "--env", "CartPole-v1", "--seed", "0", "--set", "train_batch_size=256",
-                                 "--set", "minibatch_size=128", "--set", "num_sgd_iter=1", "--no-stop-reward",
-                                 "--stop-iters", "5", "--checkpoint-every", "1", "-q", "--out", str(tmp_path)])
+    r = invoke("train", "ppo", "--env", "CartPole-v1", "--seed", "0", "--set", "train_batch_size=256",
+               "--set", "minibatch_size=128", "--set", "num_sgd_iter=1", "--no-stop-reward",
+               "--stop-iters", "5", "--checkpoint-every", "1", "-q", "--out", str(tmp_path))
     assert r.exit_code == 2, r.output
     text = " ".join(r.output.split())
     assert "No space left on device" in text and "The disk is full" in text and "shoal resume" in text
@@ -74,11 +73,13 @@ def test_a_full_disk_ends_with_one_paragraph_and_exit_2(tmp_path, monkeypatch):
 
 
 # ---- a real driver ---------------------------------------------------------------------------
-def _start(tmp_path: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """``shoal train`` with its output in ``tmp_path/out.txt`` (read with :func:`_output`)."""
+def _start(tmp_path: Path, *extra: str, pause: tuple[str, int, Path] | None = None) -> subprocess.Popen:
+    """``shoal train`` with its output in ``tmp_path/out.txt`` (read with :func:`_output`); with
+    ``pause=(stage, n, file)`` through tests/pause_driver.py, stopped at that moment of a save."""
     log = open(tmp_path / "out.txt", "w")
-    return subprocess.Popen([sys.executable, "-m", "shoal", "train", *TINY, "--out", str(tmp_path / "runs"), *extra],
-                            cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    start = ["-m", "shoal"] if pause is None else [str(REPO / "tests" / "pause_driver.py"), *map(str, pause)]
+    return subprocess.Popen([sys.executable, *start, "train", *TINY, "--out", str(tmp_path / "runs"), *extra],
+                            cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
                             stdout=log, stderr=subprocess.STDOUT, text=True)
 
 
@@ -111,7 +112,7 @@ def test_sigterm_saves_the_last_iteration_and_exits_143(tmp_path, workers):
 def test_third_signal_aborts_the_stop_save_and_leaves_no_partial_checkpoint(tmp_path):
     paused = tmp_path / "paused"
     proc = _start(tmp_path, "--workers", "0", "--checkpoint-every", "1000",
-                  env={ckpt.PAUSE_ENV: f"state:1:{paused}"})  # the first save (the stop one) waits after state.pt
+                  pause=("state", 1, paused))  # the first save (the stop one) waits after state.pt
     _wait_for(lambda: _rows(tmp_path) >= 2, proc, "two iterations")
     proc.send_signal(signal.SIGINT)
     _wait_for(paused.exists, proc, "the stop checkpoint to be half written")
@@ -152,7 +153,7 @@ def test_a_second_process_is_told_who_holds_the_run_directory(tmp_path):
         with pytest.raises(RunDirectoryError, match=f"in use: shoal process {holder.pid} on "):
             with run_lock(run):
                 pass
-        r = CliRunner().invoke(app, ["resume", str(run)])
+        r = invoke("resume", str(run))
         assert r.exit_code == 2 and f"shoal process {holder.pid}" in r.output, r.output
     finally:
         holder.kill()  # SIGKILL: the operating system drops the lock with the process

@@ -11,17 +11,23 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from helpers import invoke
 
 import shoal
 from shoal import PPOConfig
 from shoal import checkpoint as ckpt
-from shoal.cli import app
 from shoal.config import import_path, load_yaml
-from shoal.files import redact_secrets, safe_yaml, strip_redacted_password
 from shoal.errors import ConfigError
-from shoal.trust import (UntrustedCodeError, code_references, import_gate, key_file, sign_meta, signed_by_me,
-                         trusted_without_asking)
+from shoal.files import redact_secrets, safe_yaml, strip_redacted_password
+from shoal.trust import (
+    UntrustedCodeError,
+    code_references,
+    import_gate,
+    key_file,
+    sign_meta,
+    signed_by_me,
+    trusted_without_asking,
+)
 
 HOOKS_MODULE = '''
 from pathlib import Path
@@ -76,9 +82,6 @@ def as_run_dir(ck: Path) -> Path:
     ck.rename(run / "checkpoints" / "checkpoint_000001")
     return run
 
-
-def invoke(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 # ---- signing ---------------------------------------------------------------------------------

@@ -7,13 +7,12 @@ import json
 import math
 
 import pytest
+from helpers import invoke
 from rich.console import Console
-from typer.testing import CliRunner
 
 from shoal import train
 from shoal.algorithms import REGISTRY
 from shoal.algorithms.ppo import PPO, PPOConfig
-from shoal.cli import app
 from shoal.logging.progress import ProgressDisplay
 from shoal.trainer import Stop
 
@@ -66,9 +65,9 @@ def test_best_checkpoint_follows_the_algorithms_best_metric(scored_ppo, tmp_path
 
 
 def test_cli_summary_names_the_best_metric(scored_ppo, tmp_path):
-    r = CliRunner().invoke(app, ["train", "scored_ppo", "--env", "CartPole-v1", "--stop-iters", "3", "--out", str(tmp_path),
-                                 "-q", "--seed", "0", "--envs-per-worker", "2", "--set", "train_batch_size=256",
-                                 "--set", "minibatch_size=128", "--set", "num_sgd_iter=1"])
+    r = invoke("train", "scored_ppo", "--env", "CartPole-v1", "--stop-iters", "3", "--out", str(tmp_path),
+               "-q", "--seed", "0", "--envs-per-worker", "2", "--set", "train_batch_size=256",
+               "--set", "minibatch_size=128", "--set", "num_sgd_iter=1")
     assert r.exit_code == 0, r.output
     assert "Best fake/score 5." in " ".join(r.output.split())
 
@@ -141,7 +140,7 @@ def test_resume_reads_older_checkpoints_without_the_figures_in_meta(two_iteratio
 
 def test_resume_cli_says_which_criterion_is_met(two_iteration_run, monkeypatch):
     forbid_building(monkeypatch)
-    r = CliRunner().invoke(app, ["resume", str(two_iteration_run), "-q"])
+    r = invoke("resume", str(two_iteration_run), "-q")
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
     assert "already meets its stop criterion iterations 2 >= 2" in text and "--stop-iters" in text

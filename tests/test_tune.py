@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import invoke
 
 from shoal import PPOConfig
 from shoal.algorithms.apex import ApeXConfig
@@ -212,12 +213,42 @@ def test_update_config_changes_the_learner_and_refuses_other_keys():
         algo.update_config({"lr": 5e-4, "entropy_coeff": 0.02, "clip_param": 0.1})
         assert [g["lr"] for g in algo.learner.optimizer.param_groups] == [5e-4]
         assert (algo.config.entropy_coeff, algo.config.clip_param) == (0.02, 0.1)
+        loss = algo.learner.loss_fn  # the loss record was rebuilt: the learner's next minibatch uses the new values
+        assert (loss.entropy_coeff, loss.clip_param, loss.kl is algo.kl) == (0.02, 0.1, True)
         assert algo.train()["learner/lr"] == 5e-4
         with pytest.raises(ConfigError, match="cannot change 'gamma' mid-run.*clip_param"):
             algo.update_config({"gamma": 0.9})
         with pytest.raises(ConfigError, match="entropy_coeff"):
             algo.update_config({"entropy_coeff": -1.0})
         assert algo.config.entropy_coeff == 0.02
+
+
+def test_update_config_rebuilds_appos_loss_and_keeps_its_target_and_kl():
+    from shoal import APPOConfig
+
+    cfg = APPOConfig(env="CartPole-v1", seed=0, rollout_fragment_length=8, train_batch_size=64,
+                     min_time_s_per_iteration=0.0, resources={"num_envs_per_worker": 8})
+    with cfg.build() as algo:
+        before = algo.learner.loss_fn
+        algo.update_config({"clip_param": 0.2, "vf_loss_coeff": 0.25, "kl_target": 0.02})
+        after = algo.learner.loss_fn
+        assert (after.clip_param, after.vf_loss_coeff) == (0.2, 0.25) and before.clip_param == 0.4  # the default
+        assert after.target is algo.target and after.kl is algo.kl and algo.kl.target == 0.02
+        assert after.seq_len == 8 and after.vtrace == before.vtrace
+
+
+def test_every_mutable_loss_key_is_a_field_of_the_loss_record():
+    """A key PBT may change reaches the learner only through its loss record (or the optimizer / KL)."""
+    import dataclasses
+
+    from shoal.algorithms import get_config_class
+
+    elsewhere = {"lr", "grad_clip", "kl_target"}  # the optimizer, the KL coefficient object
+    for algo in ("ppo", "impala", "appo", "dqn"):
+        cls = get_config_class(algo)
+        with cls(env="CartPole-v1", seed=0, min_time_s_per_iteration=0.0).build() as a:
+            names = {f.name for f in dataclasses.fields(a.learner.loss_fn)}
+            assert cls.mutable_keys - elsewhere <= names, algo
 
 
 def test_a_trial_restored_from_anothers_checkpoint_keeps_its_counters_and_its_own_lr(tmp_path):
@@ -265,9 +296,7 @@ def _wait_until_all_cpus_are_free(timeout_s: float = 60.0) -> None:
 # ---- tune runs (Ray) -----------------------------------------------------------------------------
 @pytest.mark.ray
 def test_a_two_trial_grid_finishes_reports_and_writes_a_best_config_train_accepts(ray_cluster, tmp_path):
-    from typer.testing import CliRunner
 
-    from shoal.cli import app
     from shoal.tune_run import run_tune
 
     spec = TuneSpec.parse(_spec(max_concurrent_trials=2, name="grid"))
@@ -280,8 +309,8 @@ def test_a_two_trial_grid_finishes_reports_and_writes_a_best_config_train_accept
     assert summary.best_metric == best["metric"] and summary.best_config["lr"] == best["params"]["lr"]
     saved = yaml.safe_load(summary.best_config_path.read_text())
     assert saved["algo"] == "ppo" and saved["train_batch_size"] == 128 and saved["lr"] == best["params"]["lr"]
-    res = CliRunner().invoke(app, ["train", "ppo", "-c", str(summary.best_config_path), "--stop-iters", "1", "-q",
-                                   "--out", str(tmp_path / "runs")])
+    res = invoke("train", "ppo", "-c", str(summary.best_config_path), "--stop-iters", "1", "-q",
+                 "--out", str(tmp_path / "runs"))
     assert res.exit_code == 0, res.output
     assert len(list((tmp_path / "runs").iterdir())) == 1
 
@@ -322,16 +351,14 @@ def test_a_trial_whose_rollout_actor_is_killed_recovers_and_finishes(ray_cluster
 
 
 def test_shoal_tune_turns_a_bad_file_into_one_paragraph_and_exit_2(tmp_path):
-    from typer.testing import CliRunner
 
-    from shoal.cli import app
 
     path = tmp_path / "t.yaml"
     path.write_text(yaml.safe_dump(_spec(scheduler={"type": "pbt"}, search={"gamma": {"uniform": [0.9, 0.99]}})))
-    res = CliRunner().invoke(app, ["tune", "-c", str(path), "--out", str(tmp_path)])
+    res = invoke("tune", "-c", str(path), "--out", str(tmp_path))
     assert res.exit_code == 2 and "pbt cannot perturb 'gamma'" in res.output and "Traceback" not in res.output
-    res = CliRunner().invoke(app, ["tune", "-c", str(path), "--set", "scheduler.type=asha", "--set", "num_samples=0"])
+    res = invoke("tune", "-c", str(path), "--set", "scheduler.type=asha", "--set", "num_samples=0")
     assert res.exit_code == 2 and "num_samples" in res.output, res.output
-    res = CliRunner().invoke(app, ["tune", "-c", str(tmp_path / "missing.yaml")])
+    res = invoke("tune", "-c", str(tmp_path / "missing.yaml"))
     assert res.exit_code == 2 and "does not exist" in res.output
     assert [p.name for p in tmp_path.iterdir()] == ["t.yaml"]  # nothing was run or written

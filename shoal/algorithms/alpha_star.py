@@ -33,14 +33,21 @@ from pydantic import Field, model_validator
 
 from shoal.algorithms.alpha_star_learner import APPOPolicyLearner
 from shoal.algorithms.base import Algorithm
-from shoal.algorithms.config_groups import (AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, LearnerThreadKeys,
-                                           VTraceKeys, check_whole_sequences)
+from shoal.algorithms.config_groups import (
+    AsyncSamplingKeys,
+    ClipTargetKeys,
+    KLPenaltyKeys,
+    LearnerThreadKeys,
+    VTraceKeys,
+    check_whole_sequences,
+)
 from shoal.algorithms.pipeline import WAIT_S
 from shoal.config import AlgorithmConfig, EnvSpec, EvaluationConfig, ResourcesConfig
 from shoal.envs.multi_agent import make_multi_agent_env
 from shoal.errors import ConfigError
 from shoal.league import make_league_builder
 from shoal.learn.distributed_learners import DistributedLearners, shard_plan, shard_sizes
+from shoal.logging.metrics import Phase
 from shoal.models import build_actor_critic
 from shoal.replay import BatchReplay
 from shoal.rollout.league import LeagueRolloutActor, store_batches
@@ -48,7 +55,6 @@ from shoal.rollout.multi_agent import MultiAgentEnvRunner, PolicyReturnWindows
 from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
 from shoal.runtime.placement import DRIVER, BundleGroup
 from shoal.seeding import derive_seed
-from shoal.logging.metrics import Phase
 
 
 # ---- config -----------------------------------------------------------------------------
@@ -297,9 +303,9 @@ class AlphaStar(Algorithm):
             for pid, out in self.learners.fetch_ready(WAIT_S):
                 if out is None or pid not in self.weights:
                     continue
-                self.counters["env_steps_trained"] += out["rows"]
-                self.weights[pid] = self.sync.changed[pid] = self.learners.weights[pid] = out["weights"]
-                stats.update({f"learner/{pid}/{k}": v for k, v in out["stats"].items()})
+                self.counters["env_steps_trained"] += out.rows
+                self.weights[pid] = self.sync.changed[pid] = out.weights  # the learners keep theirs (fetch_ready)
+                stats.update({f"learner/{pid}/{k}": v for k, v in out.stats.items()})
                 self.sync.learned_since_broadcast += 1
         with self.timers.time(Phase.SYNC):
             # every `broadcast_interval` learner results (the league's changes go out after each iteration anyway),

@@ -10,59 +10,38 @@ hook, like APPO's.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Optional, Union
 
 import numpy as np
-import torch
 
-from shoal.algorithms.appo import appo_loss, make_appo_target
-from shoal.batch import Batch, Col
+from shoal.algorithms.appo import APPOLoss
+from shoal.batch import Batch
 from shoal.errors import ActorLostError
-from shoal.learn import Learner
 from shoal.learn.distributed_learners import REPLAY_LOST, resolve_learner_device
-from shoal.learn.masking import ActionMasked
-from shoal.learn.target import AdaptiveKL, TargetNetwork
+from shoal.learn.policy_learner import LearnerOutput, PolicyLearner
 from shoal.models import build_actor_critic
 from shoal.process import configure_process
 
 
-class _MaskedTarget:
-    """APPO's target network seen through the batch's action masks (its logits masked like the learner's)."""
-
-    def __init__(self, target: TargetNetwork, mask: torch.Tensor) -> None:
-        self.target, self.mask = target, mask
-
-    def for_module(self, module: ActionMasked) -> ActionMasked:
-        return ActionMasked(self.target.for_module(module.module), self.mask)
-
-
-def masked_appo_loss(module, batch: dict, learner: Learner, config, target: TargetNetwork, kl: AdaptiveKL):
-    """APPO's loss with the current and the target network's logits masked by ``ACTION_MASK``."""
-    mask = batch[Col.ACTION_MASK]
-    return appo_loss(ActionMasked(module, mask), batch, learner, config, _MaskedTarget(target, mask), kl)
-
-
-class APPOPolicyLearner:
+class APPOPolicyLearner(PolicyLearner):
     """One policy's APPO learner on its shard's replay actor: ``learn()`` pulls up to
     ``train_batch_size`` rows (new plus replayed), runs ``num_sgd_iter`` updates and returns
-    the stats and new weights, or None when nothing was waiting."""
+    a :class:`~shoal.learn.policy_learner.LearnerOutput` with the new weights, or None when
+    nothing was waiting."""
 
     def __init__(self, policy_id: str, replay: Any, config, obs_space, action_space, idle_sleep_s: float = 0.0,
                  device: str = "cpu") -> None:
         configure_process(config.resources)
-        self.policy_id, self.replay, self.config, self.idle_sleep_s = policy_id, replay, config, idle_sleep_s
+        self.policy_id, self.replay, self.idle_sleep_s = policy_id, replay, idle_sleep_s
         module = build_actor_critic(obs_space, action_space, config.model)
-        self.kl = AdaptiveKL(config.kl_coeff, config.kl_target, enabled=config.use_kl_loss)
-        self.learner = Learner(module, self._loss, lr=config.lr, grad_clip=config.grad_clip, lr_schedule=config.lr_schedule,
-                               max_nonfinite_updates=config.max_nonfinite_updates, device=resolve_learner_device(device))
-        self.target = make_appo_target(self.learner, config)
+        # APPO's loss with both networks' logits under the batch's recorded action masks
+        super().__init__(module, config, functools.partial(APPOLoss.from_config, masked=True),
+                         device=resolve_learner_device(device), target_period=config.target_update_frequency)
         self.rng = np.random.default_rng(None if config.seed is None else [config.seed, *policy_id.encode()])
 
-    def _loss(self, module, batch: dict, learner: Learner):
-        return masked_appo_loss(module, batch, learner, self.config, self.target, self.kl)
-
-    def learn(self, env_steps: Optional[int] = None) -> Union[dict[str, Any], str, None]:
+    def learn(self, env_steps: Optional[int] = None) -> Union[LearnerOutput, str, None]:
         """``env_steps``: the run's sampled env steps, which move ``lr_schedule`` along. Returns
         :data:`REPLAY_LOST` when the shard's replay actor died under it."""
         if env_steps is not None:
@@ -74,13 +53,11 @@ class APPOPolicyLearner:
             return batches if batches is REPLAY_LOST else None
         cfg = self.config
         rows = sum(len(b) for b in batches)
-        stats = self.learner.update(Batch.concat(batches), cfg.num_sgd_iter, cfg.minibatch_size or rows, self.rng,
-                                    sequence_length=cfg.fragment_length())
-        if cfg.use_kl_loss:  # the post-update phase: once per learner result, like APPO's
-            self.kl.update(stats["kl"])
+        stats = self.update(Batch.concat(batches), cfg.num_sgd_iter, cfg.minibatch_size or rows, self.rng,
+                            sequence_length=cfg.fragment_length())  # then the KL coefficient moves, as APPO's
         stats.update(num_updates=self.learner.num_updates, num_nonfinite_skipped=self.learner.num_nonfinite_skipped,
-                     kl_coeff=self.kl.coeff, device=str(self.learner.device))
-        return {"rows": rows, "stats": stats, "weights": self.get_weights()}
+                     device=str(self.learner.device))
+        return LearnerOutput(stats, rows, self.get_weights())
 
     def _pull(self) -> Union[list[Batch], str]:
         """Batches from the shard's replay until a train batch's rows are in (or it has none left)."""
@@ -99,19 +76,3 @@ class APPOPolicyLearner:
     def set_replay(self, replay: Any) -> None:
         """The shard's replay actor was recreated: pull from the new one."""
         self.replay = replay
-
-    def get_weights(self) -> dict[str, np.ndarray]:
-        return self.learner.get_weights()
-
-    def set_weights(self, weights: dict) -> None:
-        self.learner.set_weights(weights)
-        self.target.sync()
-
-    def get_state(self) -> dict[str, Any]:
-        """For checkpoints: the module with its optimizer (Adam moments), update count, target network and KL."""
-        return {"learner": self.learner.get_state(), "target": self.target.get_state(), "kl": self.kl.get_state()}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self.learner.set_state(state["learner"])
-        self.target.set_state(state["target"])
-        self.kl.set_state(state["kl"])

@@ -34,21 +34,30 @@ import numpy as np
 from pydantic import Field
 
 from shoal.algorithms.base import Algorithm
-from shoal.algorithms.dqn import (Q_DISPLAY_METRICS, DQNConfig, attach_target, build_q_learner, check_replay_fits, learn_on_replay_batch, n_step_postprocess,
-                                  replay_kwargs)
+from shoal.algorithms.dqn import (
+    Q_DISPLAY_METRICS,
+    DQNConfig,
+    attach_target,
+    build_q_learner,
+    check_replay_fits,
+    learn_on_replay_batch,
+    n_step_postprocess,
+    q_network_weights,
+    replay_kwargs,
+)
 from shoal.batch import Col
 from shoal.config import ResourcesConfig
 from shoal.errors import ConfigError, NodeResourceError
 from shoal.learn.replay_learner import ReplayLearnerThread
 from shoal.learn.threads import LearnerResult
-from shoal.rollout import EnvRunner
+from shoal.logging.metrics import EpisodeWindow, Phase
 from shoal.models.weights import weights_to_numpy
-from shoal.rollout.policies import EpsilonGreedyQPolicy, apex_epsilon
 from shoal.replay.storage import lz4_block
-from shoal.seeding import component_seed
+from shoal.rollout import EnvRunner
+from shoal.rollout.policies import EpsilonGreedyQPolicy, apex_epsilon
 from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
 from shoal.runtime.placement import DRIVER, BundleGroup
-from shoal.logging.metrics import EpisodeWindow, Phase
+from shoal.seeding import component_seed
 
 
 # ---- config -----------------------------------------------------------------------------
@@ -163,12 +172,12 @@ class ApeXRunner(EnvRunner):
 # ---- algorithm --------------------------------------------------------------------------
 class ApeX(Algorithm):
     config_cls = ApeXConfig
+    policy_cls = EpsilonGreedyQPolicy
 
     def setup(self) -> None:
         cfg: ApeXConfig = self.config
         res = cfg.resources
         check_replay_fits(cfg, self.env_info.observation_space, res.num_replay_shards)  # not in shard actors
-        self.policy_cls = EpsilonGreedyQPolicy
         self.learner = build_q_learner(self, cfg)
         self.target = attach_target(self.learner, cfg)
         self.learner_thread = ReplayLearnerThread(
@@ -225,6 +234,10 @@ class ApeX(Algorithm):
 
     def get_weights(self):
         return self.learner_thread.get_weights()
+
+    @classmethod
+    def policy_weights(cls, state: dict[str, Any]) -> dict[str, np.ndarray]:
+        return q_network_weights(state)
 
     def restart_calls(self):
         return [("set_shards", (list(self.shards.proxies().values()),))]

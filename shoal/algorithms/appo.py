@@ -24,25 +24,37 @@ The design, kept simple:
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import numpy as np
 import torch
 from pydantic import model_validator
 
 from shoal.algorithms.base import Algorithm
-from shoal.algorithms.config_groups import (AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, LearnerThreadKeys,
-                                           MultiAgentKeys, VTraceKeys, check_learner_thread, check_multi_agent,
-                                           check_whole_sequences)
-from shoal.algorithms.impala import (make_async_learner, make_learner_thread, make_sequence_runners, masked_mean,
-                                     policy_advantages, time_major, unroll, value_and_entropy, vtrace_for)
-from shoal.algorithms.pipeline import AsyncPipeline
+from shoal.algorithms.config_groups import (
+    AsyncSamplingKeys,
+    ClipTargetKeys,
+    KLPenaltyKeys,
+    LearnerThreadKeys,
+    MultiAgentKeys,
+    VTraceKeys,
+    check_learner_thread,
+    check_multi_agent,
+    check_whole_sequences,
+)
+from shoal.algorithms.pipeline import AsyncPipeline, make_async_learner, make_learner_thread, make_sequence_runners
 from shoal.batch import Col
 from shoal.config import AlgorithmConfig
 from shoal.learn import Learner
+from shoal.learn.losses import LossRecord
+from shoal.learn.masking import ActionMasked
+from shoal.learn.sequences import VTraceParams, policy_advantages, time_major, unroll, value_and_entropy, vtrace_for
+from shoal.learn.stats import masked_mean
 from shoal.learn.target import AdaptiveKL, TargetNetwork
-from shoal.models.recurrent import run_sequences
 from shoal.logging.metrics import Phase
+from shoal.models.recurrent import run_sequences
 from shoal.rollout import ActorCriticPolicy
 
 
@@ -88,28 +100,60 @@ def appo_loss_terms(logp, target_logp, pg_advantages, values, vs, entropy, valid
             "clip_fraction": masked_mean(((ratio - 1).abs() > clip_param).float(), valid)}
 
 
-def appo_loss(module, batch: dict, learner: Learner, config, target: TargetNetwork,
-              kl: AdaptiveKL) -> tuple[torch.Tensor, dict]:
-    T = config.fragment_length()
-    u = unroll(module, batch, T, config.gamma)
-    with torch.no_grad():
-        target_net = target.for_module(module)
-        if getattr(module, "recurrent", False):
-            target_inputs = run_sequences(target_net, batch, T)[0]
-        else:
-            target_inputs, _ = target_net(batch[Col.OBS])
-        target_dist = module.dist_cls(target_inputs)
-        target_logp = time_major(target_dist.logp(batch[Col.ACTIONS]), T)
-    vt = vtrace_for(u, target_logp, config)
-    advantages = policy_advantages(vt, u, config)
-    kl_terms = time_major(target_dist.kl(u.dist), T) if config.use_kl_loss else None
-    terms = appo_loss_terms(u.logp, target_logp, advantages, u.values, vt.vs, u.entropy, u.valid, kl_terms,
-                            clip_param=config.clip_param, vf_loss_coeff=config.vf_loss_coeff,
-                            entropy_coeff=config.entropy_coeff, kl_coeff=kl.coeff)
-    loss = terms.pop("total_loss")
-    stats = {k: v.detach() for k, v in terms.items()}
-    stats["mean_rho"] = masked_mean(vt.rhos, u.valid)
-    return loss, stats
+@dataclass(frozen=True)
+class APPOLoss(LossRecord):
+    """APPO's loss (:func:`appo_loss_terms`: the clipped surrogate against the target network,
+    V-trace with the target as its target policy) from the keys it reads; a Learner's
+    ``loss_fn``. ``target``: the learner's target network; ``kl``: the KL penalty's coefficient
+    when ``use_kl_loss`` is on; ``masked``: both networks' logits masked by ``ACTION_MASK``."""
+
+    seq_len: int  # T, the rollout fragment length: rows per sequence
+    gamma: float
+    vtrace: VTraceParams
+    normalize_advantages: bool
+    clip_param: float
+    vf_loss_coeff: float
+    entropy_coeff: float
+    target: TargetNetwork = dataclasses.field(compare=False)
+    kl: Optional[AdaptiveKL] = dataclasses.field(default=None, compare=False)
+    masked: bool = False
+
+    @classmethod
+    def config_values(cls, cfg) -> dict[str, Any]:
+        return {"seq_len": cfg.fragment_length(), "gamma": cfg.gamma, "vtrace": VTraceParams.from_config(cfg),
+                "normalize_advantages": cfg.normalize_advantages, "clip_param": cfg.clip_param,
+                "vf_loss_coeff": cfg.vf_loss_coeff, "entropy_coeff": cfg.entropy_coeff}
+
+    def _target_net(self, module, batch: dict):
+        """The target network beside ``module`` (a per-device copy on a multi-device learner)."""
+        if self.masked:  # ``module`` is the masked view: the target's logits get the same mask
+            return ActionMasked(self.target.for_module(module.module), batch[Col.ACTION_MASK])
+        return self.target.for_module(module)
+
+    def __call__(self, module, batch: dict, learner=None) -> tuple[torch.Tensor, dict]:
+        if self.masked:
+            module = ActionMasked(module, batch[Col.ACTION_MASK])
+        T = self.seq_len
+        u = unroll(module, batch, T, self.gamma)
+        with torch.no_grad():
+            target_net = self._target_net(module, batch)
+            if getattr(module, "recurrent", False):
+                target_inputs = run_sequences(target_net, batch, T)[0]
+            else:
+                target_inputs, _ = target_net(batch[Col.OBS])
+            target_dist = module.dist_cls(target_inputs)
+            target_logp = time_major(target_dist.logp(batch[Col.ACTIONS]), T)
+        vt = vtrace_for(u, target_logp, self.vtrace)
+        advantages = policy_advantages(vt, u, self.normalize_advantages)
+        kl_on = self.kl is not None and self.kl.enabled
+        kl_terms = time_major(target_dist.kl(u.dist), T) if kl_on else None
+        terms = appo_loss_terms(u.logp, target_logp, advantages, u.values, vt.vs, u.entropy, u.valid, kl_terms,
+                                clip_param=self.clip_param, vf_loss_coeff=self.vf_loss_coeff,
+                                entropy_coeff=self.entropy_coeff, kl_coeff=self.kl.coeff if kl_on else 0.0)
+        loss = terms.pop("total_loss")
+        stats = {k: v.detach() for k, v in terms.items()}
+        stats["mean_rho"] = masked_mean(vt.rhos, u.valid)
+        return loss, stats
 
 
 def make_appo_target(learner: Learner, config) -> TargetNetwork:
@@ -122,20 +166,18 @@ def make_appo_target(learner: Learner, config) -> TargetNetwork:
 # ---- algorithm --------------------------------------------------------------------------
 class APPO(Algorithm):
     config_cls = APPOConfig
+    policy_cls = ActorCriticPolicy
 
     def setup(self) -> None:
         cfg = self.config
-        self.policy_cls = ActorCriticPolicy
         self.kl = AdaptiveKL(cfg.kl_coeff, cfg.kl_target, enabled=cfg.use_kl_loss)
-        self.learner = make_async_learner(self, self._loss)  # the loss reads self.target, made next
+        self.learner = make_async_learner(self, loss_fn=None)  # the loss needs the target, made from the learner
         self.target = make_appo_target(self.learner, cfg)
+        self.learner.loss_fn = APPOLoss.from_config(cfg, target=self.target, kl=self.kl)
         self.thread = make_learner_thread(self.learner, cfg)
         self.env_runners = make_sequence_runners(self)
         self.pipeline = AsyncPipeline.from_config(self.env_runners, self.thread, cfg)
         self.broadcast_weights()
-
-    def _loss(self, module, batch: dict, learner: Learner):
-        return appo_loss(module, batch, learner, self.config, self.target, self.kl)
 
     def display_metrics(self) -> list[tuple[str, str]]:
         return super().display_metrics() + [("learner/mean_rho", "mean_rho")]  # V-trace's mean importance ratio

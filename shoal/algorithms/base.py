@@ -21,18 +21,19 @@ from shoal import checkpoint as ckpt
 from shoal.callbacks import Callbacks, aggregate_custom, build_callbacks
 from shoal.config import AlgorithmConfig, env_spec_to_str
 from shoal.envs import env_info
-from shoal.envs.make import check_env_memory
 from shoal.envs.atari import check_preprocessing_applies
+from shoal.envs.make import check_env_memory
 from shoal.envs.normalize import RunningStats, check_normalize_applies
 from shoal.errors import ActorLostError, CheckpointError, ConfigError, DivergenceError, EnvError
+from shoal.learn.losses import LossRecord
 from shoal.logging.metrics import EpisodeWindow, Timers
 from shoal.models.catalog import check_model_size
+from shoal.process import configure_process
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
 from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
-from shoal.runtime.placement import DRIVER, BundleGroup, RunPlacement
 from shoal.runtime.deadline import DeadlineReached
+from shoal.runtime.placement import DRIVER, BundleGroup, RunPlacement
 from shoal.runtime.signals import time_limit
-from shoal.process import configure_process
 from shoal.seeding import EVAL_ACTORS_FIRST_INDEX, EVAL_RUNNER_INDEX
 
 COUNTERS = ("env_steps_sampled", "env_steps_trained", "time_total_s", "num_env_failures")
@@ -101,6 +102,10 @@ class Algorithm:
     0 however well the players play, so a league names a figure that grows with skill instead
     (e.g. main's win rate against a fixed opponent). Iterations whose result lacks the key,
     or holds NaN, never become the best."""
+    policy_cls: ClassVar[type | None] = None
+    """The inference policy rollout actors, evaluation and ``predict`` build
+    (``policy_cls(obs_space, action_space, config, seed)``); None for an algorithm without a
+    single-agent policy (the league, the multi-agent form)."""
     best_metric_mode: ClassVar[str] = "max"
     """``"max"``: higher values of ``best_metric`` are better; ``"min"``: lower ones (e.g. a
     time to reach a goal)."""
@@ -151,7 +156,6 @@ class Algorithm:
         self.eval_runners = None
         self._eval_local: EnvRunner | None = None
         self._weights_ref = None  # the last broadcast, replayed on recreated rollout actors
-        self.policy_cls = None  # set by setup(): the inference policy rollout actors build
         self.placement = RunPlacement(self.resource_plan(config), what=f"This {config.algo} run",
                                       wait_s=config.resources.resource_wait_s)
         with _naming_env(config):
@@ -170,7 +174,7 @@ class Algorithm:
         if getattr(self, "multi_agent_kind", ""):
             raise ConfigError(f"normalize is not supported with a multi_agent section ({self.config.algo}): each "
                               "policy sees its own observations. Leave normalize.obs and normalize.reward false.")
-        from shoal.models.catalog import preprocess_obs
+        from shoal.spaces import preprocess_obs
 
         space = self.env_info.observation_space
         check_normalize_applies(self.config, space)
@@ -362,9 +366,10 @@ class Algorithm:
     def update_config(self, changes: dict[str, Any]) -> None:
         """Apply ``{key: value}`` changes of ``config.mutable_keys`` to the running algorithm.
 
-        The values are validated as the config would validate them; the learner reads the new
-        loss coefficients at its next update, the optimizer takes a new ``lr`` and ``grad_clip``
-        at once, an adaptive KL penalty its new ``kl_target``. Any other key is a ConfigError
+        The values are validated as the config would validate them; the learner's loss record
+        is rebuilt from the changed config (:meth:`~shoal.learn.losses.LossRecord.with_config`)
+        and swapped in before its next minibatch, the optimizer takes a new ``lr`` and
+        ``grad_clip`` at once, an adaptive KL penalty its new ``kl_target``. Any other key is a ConfigError
         naming the keys that may change (what Tune's PBT may perturb).
         """
         allowed = type(self.config).mutable_keys
@@ -377,9 +382,11 @@ class Algorithm:
             raise ConfigError("lr cannot change mid-run while lr_schedule is set: the schedule decides the learning rate.")
         checked = self.config.copy_with(dict(changes))  # validates the values (a ConfigError names a bad one)
         for key in changes:
-            setattr(self.config, key, getattr(checked, key))  # in place: the loss functions hold this config
+            setattr(self.config, key, getattr(checked, key))  # in place: config.yaml and Tune read this one
         learner = getattr(self, "learner", None)
         if learner is not None:
+            if isinstance(learner.loss_fn, LossRecord):  # one attribute store: never a half-changed loss
+                learner.loss_fn = learner.loss_fn.with_config(self.config)
             learner.grad_clip = self.config.grad_clip
             if "lr" in changes:
                 learner.set_lr(self.config.lr)
@@ -399,8 +406,7 @@ class Algorithm:
         training does at the current step: from the action distribution, or epsilon-greedy with
         the epsilon a DQN schedule gives after the env steps sampled so far.
         """
-        from shoal.models.catalog import preprocess_obs
-        from shoal.rollout.policies import STATE_OUT
+        from shoal.policy import predict_actions
 
         if self.policy_cls is None:
             raise ConfigError(f"{type(self).__name__}.predict serves single-agent policies; this algorithm has none")
@@ -410,27 +416,14 @@ class Algorithm:
         policy = self._predict_policy
         policy.on_global_vars({"env_steps": int(self.counters["env_steps_sampled"])})  # e.g. DQN's epsilon now
         policy.set_weights(self.get_weights())
-        obs = np.asarray(obs)
-        single = obs.shape == tuple(space.shape or ())
-        rows = preprocess_obs(space, obs[None] if single else obs)
-        if self.norm_stats is not None:  # the saved statistics, frozen
-            norm = self.config.normalize
-            rows = self.norm_stats.normalize_obs(rows, norm.clip_obs, norm.epsilon)
-        with torch.inference_mode():
-            if not getattr(policy, "recurrent", False):
-                actions, _ = policy.act(rows, explore=not deterministic)
-                out_state = None
-            else:
-                n = len(rows)
-                state = policy.initial_state(n) if state is None else np.array(state, dtype=np.float32).reshape(n, -1)
-                if episode_start is not None:
-                    state[np.asarray(episode_start, dtype=bool).reshape(n)] = 0.0
-                actions, extras = policy.act(rows, not deterministic, state)
-                out_state = extras[STATE_OUT]
-        actions = policy.to_env_actions(actions)
-        if single:
-            return actions[0], (None if out_state is None else out_state[0])
-        return actions, out_state
+        return predict_actions(policy, space, obs, state, episode_start, deterministic, self.norm_stats,
+                               self.config.normalize)
+
+    @classmethod
+    def policy_weights(cls, state: dict[str, Any]) -> dict[str, np.ndarray]:
+        """The weights ``policy_cls`` acts with, from a checkpoint's state (``shoal.load_policy``
+        builds the policy network alone from them): by default the learner's module."""
+        return {k: v.numpy() for k, v in state["learner"]["module"].items()}
 
     # ---- evaluation ---------------------------------------------------------------------
     def _evaluate_on(self, actor_id: int, num_episodes: int) -> dict[str, Any]:

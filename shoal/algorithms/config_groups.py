@@ -177,7 +177,7 @@ class MultiAgentConfig(Section):
                 raise ValueError(f"multi_agent.policy_mapping maps agents to unknown policies {unknown}; policies: "
                                  f"{', '.join(ids)}")
         elif isinstance(self.policy_mapping, str):
-            from shoal.config import import_path
+            from shoal.imports import import_path
 
             try:
                 fn = import_path(self.policy_mapping)

@@ -30,22 +30,29 @@ from pydantic import Field, field_validator, model_validator
 
 from shoal.algorithms.base import Algorithm
 from shoal.algorithms.config_groups import KLPenaltyKeys, PPOLossKeys
-from shoal.algorithms.ppo import gae_postprocess, ppo_loss, sgd_sequence_length, transitions
+from shoal.algorithms.ppo import PPOLoss, gae_postprocess, sgd_sequence_length, transitions
 from shoal.config import AlgorithmConfig, ResourcesConfig
 from shoal.errors import DivergenceError, WorkerError
 from shoal.learn import Learner, resolve_device
-from shoal.learn.target import AdaptiveKL
-from shoal.learn.distributed import (BACKENDS, CollectiveError, DistributedLearner, backend_available,
-                                     destroy_process_group, free_port, init_process_group, node_ip)
+from shoal.learn.distributed import (
+    BACKENDS,
+    CollectiveError,
+    DistributedLearner,
+    backend_available,
+    destroy_process_group,
+    free_port,
+    init_process_group,
+    node_ip,
+)
+from shoal.learn.stats import mean_stats
+from shoal.logging.metrics import Phase
 from shoal.models import build_actor_critic
+from shoal.process import configure_process
 from shoal.rollout import ActorCriticPolicy
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
 from shoal.runtime import make_actor_group
 from shoal.runtime.placement import BundleGroup
-from shoal.process import configure_process
-from shoal.learn.stats import mean_stats
 from shoal.seeding import component_seed
-from shoal.logging.metrics import Phase
 
 log = logging.getLogger("shoal.ddppo")
 
@@ -171,8 +178,8 @@ class RoundResult:
 def make_learner(config: DDPPOConfig, obs_space, action_space, cls=Learner, device="cpu") -> Learner:
     module = build_actor_critic(obs_space, action_space, config.model)
     extra = {"spin_wait": config.spin_wait()} if issubclass(cls, DistributedLearner) else {}
-    no_kl = AdaptiveKL(0.0, config.kl_target, enabled=False)  # use_kl_loss is unused here: no central learner
-    return cls(module, functools.partial(ppo_loss, config=config, kl=no_kl), lr=config.lr, grad_clip=config.grad_clip,
+    # no KL penalty: each replica learns alone, with nothing central to adapt a coefficient
+    return cls(module, PPOLoss.from_config(config), lr=config.lr, grad_clip=config.grad_clip,
                max_nonfinite_updates=config.max_nonfinite_updates, lr_schedule=config.lr_schedule, device=device, **extra)
 
 
@@ -248,10 +255,10 @@ class DDPPO(Algorithm):
     """The driver: starts the workers (on the first training step), gathers, aggregates, re-forms."""
 
     config_cls = DDPPOConfig
+    policy_cls = ActorCriticPolicy
 
     def setup(self) -> None:
         cfg: DDPPOConfig = self.config
-        self.policy_cls = ActorCriticPolicy
         # The driver's copy: initial state for the workers, worker 0's weights when kept in sync.
         self.local = make_learner(cfg, self.env_info.observation_space, self.env_info.action_space)
         self.rounds = 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 import gymnasium as gym
@@ -32,14 +33,15 @@ from shoal.batch import Batch, Col
 from shoal.config import AlgorithmConfig, ModelConfig
 from shoal.errors import ConfigError
 from shoal.learn import Learner, resolve_device
+from shoal.learn.losses import LossRecord
 from shoal.learn.target import TargetNetwork
+from shoal.logging.metrics import Phase
 from shoal.models import build_q_network
-from shoal.rollout import Fragment, flatten_valid
 from shoal.models.weights import weights_to_numpy
+from shoal.rollout import Fragment, flatten_valid
 from shoal.rollout.policies import EpsilonGreedyQPolicy
 from shoal.rollout.postprocessing import n_step_targets, q_td_errors
 from shoal.schedule import linear_schedule
-from shoal.logging.metrics import Phase
 
 
 # ---- config -----------------------------------------------------------------------------
@@ -140,26 +142,41 @@ def attach_target(learner: Learner, config: DQNConfig) -> TargetNetwork:
     return target
 
 
-def dqn_loss(module: QLearnerModule, batch: dict, learner: Learner, config: DQNConfig) -> tuple[torch.Tensor, dict]:
-    obs, next_obs = batch[Col.OBS], batch[Col.NEXT_OBS]
-    n = len(obs)
-    if config.double_q:  # one forward pass of the online net for s and s'
-        q_all = module.q(torch.cat([obs, next_obs]))
-        q, q_next_online = q_all[:n], q_all[n:].detach()
-    else:
-        q, q_next_online = module.q(obs), None
-    q_sa = q.gather(1, batch[Col.ACTIONS].long().unsqueeze(1)).squeeze(1)
-    with torch.no_grad():
-        target = q_targets(batch[Col.REWARDS], batch[Col.DISCOUNTS], batch[Col.TERMINATEDS], module.target(next_obs),
-                           q_next_online)
-    if config.td_loss == "huber":
-        per_sample = F.huber_loss(q_sa, target, reduction="none", delta=config.huber_delta)
-    else:
-        per_sample = 0.5 * (q_sa - target).pow(2)
-    weights = batch.get(Col.WEIGHTS)
-    loss = (per_sample * weights).mean() if weights is not None else per_sample.mean()
-    td = (q_sa - target).detach()
-    return loss, {"loss": loss.detach(), "mean_q": q_sa.detach().mean(), "mean_td_error": td.abs().mean(), "td_error": td}
+@dataclass(frozen=True)
+class DQNLoss(LossRecord):
+    """The (double) Q-learning TD loss on n-step transitions from the keys it reads; a Learner's
+    ``loss_fn`` over a :class:`QLearnerModule`. Per-row ``td_error`` rides in the stats (replay
+    priorities); rows are weighted by ``WEIGHTS`` when prioritized replay sends them."""
+
+    double_q: bool
+    td_loss: str  # "huber" or "mse"
+    huber_delta: float
+
+    @classmethod
+    def config_values(cls, cfg) -> dict[str, Any]:
+        return {"double_q": cfg.double_q, "td_loss": cfg.td_loss, "huber_delta": cfg.huber_delta}
+
+    def __call__(self, module: QLearnerModule, batch: dict, learner=None) -> tuple[torch.Tensor, dict]:
+        obs, next_obs = batch[Col.OBS], batch[Col.NEXT_OBS]
+        n = len(obs)
+        if self.double_q:  # one forward pass of the online net for s and s'
+            q_all = module.q(torch.cat([obs, next_obs]))
+            q, q_next_online = q_all[:n], q_all[n:].detach()
+        else:
+            q, q_next_online = module.q(obs), None
+        q_sa = q.gather(1, batch[Col.ACTIONS].long().unsqueeze(1)).squeeze(1)
+        with torch.no_grad():
+            target = q_targets(batch[Col.REWARDS], batch[Col.DISCOUNTS], batch[Col.TERMINATEDS], module.target(next_obs),
+                               q_next_online)
+        if self.td_loss == "huber":
+            per_sample = F.huber_loss(q_sa, target, reduction="none", delta=self.huber_delta)
+        else:
+            per_sample = 0.5 * (q_sa - target).pow(2)
+        weights = batch.get(Col.WEIGHTS)
+        loss = (per_sample * weights).mean() if weights is not None else per_sample.mean()
+        td = (q_sa - target).detach()
+        return loss, {"loss": loss.detach(), "mean_q": q_sa.detach().mean(), "mean_td_error": td.abs().mean(),
+                      "td_error": td}
 
 
 def n_step_postprocess(fragment: Fragment, n_step: int, gamma: float, priorities: bool) -> Batch:
@@ -204,8 +221,8 @@ def check_discrete(action_space: gym.Space, algo: str) -> None:
 def check_replay_fits(config: DQNConfig, obs_space: gym.Space, num_shards: int = 1) -> None:
     """ConfigError before any replay is built when one shard's priority tree and plain rows cannot fit in
     its share of the available memory (compressed rows are sized later, from the first rows stored)."""
-    from shoal.envs.make import obs_nbytes
     from shoal.replay import storage
+    from shoal.spaces import obs_nbytes
 
     per_shard = -(-config.replay_capacity // num_shards)
     needed = 32 * (1 << (per_shard - 1).bit_length()) if config.prioritized_replay else 0  # the sum tree
@@ -233,9 +250,15 @@ def make_replay(config: DQNConfig, capacity: int, seed: int | None):
 def build_q_learner(algo: Algorithm, config: DQNConfig) -> Learner:
     check_discrete(algo.env_info.action_space, config.algo)
     q = build_q_network(algo.env_info.observation_space, algo.env_info.action_space, config.model, config.dueling)
-    return Learner(QLearnerModule(q), functools.partial(dqn_loss, config=config), lr=config.lr,
+    return Learner(QLearnerModule(q), DQNLoss.from_config(config), lr=config.lr,
                    grad_clip=config.grad_clip, lr_schedule=config.lr_schedule,
                    max_nonfinite_updates=config.max_nonfinite_updates, device=resolve_device(config.resources.num_gpus))
+
+
+def q_network_weights(state: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The online Q-network's weights in a DQN or Ape-X checkpoint state (the learner's module
+    holds it as ``q``, beside its target)."""
+    return {k[2:]: v.numpy() for k, v in state["learner"]["module"].items() if k.startswith("q.")}
 
 
 # ---- algorithm --------------------------------------------------------------------------
@@ -245,11 +268,11 @@ Q_DISPLAY_METRICS = [("learner/loss", "loss"), ("learner/mean_q", "mean_q"), ("l
 
 class DQN(Algorithm):
     config_cls = DQNConfig
+    policy_cls = EpsilonGreedyQPolicy
 
     def setup(self) -> None:
         cfg: DQNConfig = self.config
         check_replay_fits(cfg, self.env_info.observation_space)
-        self.policy_cls = EpsilonGreedyQPolicy
         self.learner = build_q_learner(self, cfg)
         self.target = attach_target(self.learner, cfg)
         self.replay = make_replay(cfg, cfg.replay_capacity, cfg.seed)
@@ -264,6 +287,10 @@ class DQN(Algorithm):
 
     def get_weights(self):
         return weights_to_numpy(self.learner.module.q)
+
+    @classmethod
+    def policy_weights(cls, state: dict[str, Any]) -> dict[str, np.ndarray]:
+        return q_network_weights(state)
 
     def restart_calls(self):
         return [("set_global_vars", ({"env_steps": self.counters["env_steps_sampled"]},))]

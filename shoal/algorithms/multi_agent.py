@@ -33,13 +33,13 @@ from shoal.algorithms.base import Algorithm
 from shoal.algorithms.config_groups import policy_config
 from shoal.algorithms.ppo import sgd_sequence_length
 from shoal.batch import Batch, Col
-from shoal.config import import_path
 from shoal.envs import EnvInfo
 from shoal.envs.multi_agent import make_multi_agent_env
 from shoal.errors import ConfigError
-from shoal.learn import Learner, resolve_device
+from shoal.imports import import_path
+from shoal.learn import resolve_device
 from shoal.learn.masking import ActionMasked
-from shoal.learn.target import AdaptiveKL
+from shoal.learn.policy_learner import PolicyLearner
 from shoal.logging.metrics import Phase
 from shoal.models import build_actor_critic
 from shoal.models.recurrent import run_sequences
@@ -55,53 +55,43 @@ def sequence_length(config) -> int:
     return config.state_sequence_length() if config.model.is_recurrent() else config.fragment_length()
 
 
-class PolicyLearner:
-    """One learning policy: a Learner with the algorithm's loss under the batch's action masks."""
+def _make_loss(kind: str):
+    """The algorithm's loss record for ``kind``, with logits under the batch's recorded action masks."""
+    if kind == "ppo":
+        from shoal.algorithms.ppo import PPOLoss as loss_cls
+    elif kind == "impala":
+        from shoal.algorithms.impala import IMPALALoss as loss_cls
+    else:
+        from shoal.algorithms.appo import APPOLoss as loss_cls
+
+    def make(config, *, target, kl):
+        objects = {"impala": {}, "ppo": {"kl": kl}, "appo": {"target": target, "kl": kl}}[kind]
+        return loss_cls.from_config(config, masked=True, **objects)
+
+    return make
+
+
+class MultiAgentPolicyLearner(PolicyLearner):
+    """One learning policy of the ``multi_agent`` form: the algorithm's loss under the batch's
+    action masks; for PPO, GAE computed here from the current network."""
 
     def __init__(self, kind: str, config, obs_space, action_space, seed: Optional[int]) -> None:
-        self.kind, self.config = kind, config
+        self.kind = kind
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
             module = build_actor_critic(obs_space, action_space, config.model)
-        self.kl = AdaptiveKL(getattr(config, "kl_coeff", 0.0), getattr(config, "kl_target", 0.01),
-                             enabled=getattr(config, "use_kl_loss", False))
-        self.target = None
-        self.learner = Learner(module, self._loss, lr=config.lr, grad_clip=config.grad_clip,
-                               max_nonfinite_updates=config.max_nonfinite_updates, lr_schedule=config.lr_schedule,
-                               device=resolve_device(config.resources.num_gpus))
-        if kind == "appo":
-            from shoal.algorithms.appo import make_appo_target
-
-            self.target = make_appo_target(self.learner, config)
-
-    def _loss(self, module, batch: dict, learner: Learner):
-        mask = batch[Col.ACTION_MASK]
-        if self.kind == "ppo":
-            from shoal.algorithms.ppo import ppo_loss
-
-            return ppo_loss(ActionMasked(module, mask), batch, learner, self.config, self.kl)
-        if self.kind == "impala":
-            from shoal.algorithms.impala import impala_loss
-
-            return impala_loss(ActionMasked(module, mask), batch, learner, self.config)
-        from shoal.algorithms.alpha_star_learner import masked_appo_loss
-
-        return masked_appo_loss(module, batch, learner, self.config, self.target, self.kl)
+        super().__init__(module, config, _make_loss(kind), device=resolve_device(config.resources.num_gpus),
+                         target_period=config.target_update_frequency if kind == "appo" else None)
 
     def learn(self, batch: Batch, env_steps: int, rng: np.random.Generator) -> dict[str, float]:
         cfg, T = self.config, sequence_length(self.config)
-        self.learner.set_env_steps(env_steps)
         if self.kind == "ppo":
+            self.learner.set_env_steps(env_steps)
             batch = self._with_gae(batch, T)
-            stats = self.learner.update(batch, cfg.num_sgd_iter, cfg.minibatch_size, rng,
-                                        sequence_length=sgd_sequence_length(cfg))
-        else:  # V-trace runs over whole sequences: each pass takes the batch as it is
-            stats = self.learner.update(batch, cfg.num_sgd_iter, len(batch), rng, sequence_length=T)
-        if self.kl.enabled and "kl" in stats:
-            self.kl.update(stats["kl"])
-        stats["kl_coeff"] = self.kl.coeff
-        return stats
+            return self.update(batch, cfg.num_sgd_iter, cfg.minibatch_size, rng, sequence_length=sgd_sequence_length(cfg))
+        # V-trace runs over whole sequences: each pass takes the batch as it is
+        return self.update(batch, cfg.num_sgd_iter, len(batch), rng, sequence_length=T, env_steps=env_steps)
 
     @torch.no_grad()
     def _with_gae(self, batch: Batch, T: int) -> Batch:
@@ -134,18 +124,6 @@ class PolicyLearner:
         out[Col.VF_PREDS] = v
         out[Col.ACTION_DIST_INPUTS] = inputs.cpu().numpy()
         return out
-
-    def get_state(self) -> dict[str, Any]:
-        state = {"learner": self.learner.get_state(), "kl": self.kl.get_state()}
-        if self.target is not None:
-            state["target"] = self.target.get_state()
-        return state
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self.learner.set_state(state["learner"])
-        self.kl.set_state(state["kl"])
-        if self.target is not None and "target" in state:
-            self.target.set_state(state["target"])
 
 
 # ---- the algorithm --------------------------------------------------------------------------
@@ -187,12 +165,12 @@ class MultiAgentMixin:
         self.policy_configs = {pid: policy_config(cfg, pid) for pid in ma.policies}
         self.trained = ma.trained()
         self.returns = PolicyReturnWindows(100)
-        self.learners: dict[str, PolicyLearner] = {}
+        self.learners: dict[str, MultiAgentPolicyLearner] = {}
         self.frozen: dict[str, dict[str, np.ndarray]] = {}
         for n, pid in enumerate(ma.policies):
             obs_space, action_space = self.spaces[self._agent_for(pid)]
             seed = None if cfg.seed is None else cfg.seed + 1 + n
-            learner = PolicyLearner(self.multi_agent_kind, self.policy_configs[pid], obs_space, action_space, seed)
+            learner = MultiAgentPolicyLearner(self.multi_agent_kind, self.policy_configs[pid], obs_space, action_space, seed)
             if pid in self.trained:
                 self.learners[pid] = learner
             else:
@@ -290,8 +268,16 @@ class MultiAgentMixin:
             runner.stop()
         return returns, lengths, windows
 
+    def update_config(self, changes: dict[str, Any]) -> None:
+        """The base checks and applies ``changes``; then each learning policy takes its own config
+        again (its overrides still win) and rebuilds its loss, optimizer settings and KL target."""
+        Algorithm.update_config(self, changes)
+        self.policy_configs = {pid: policy_config(self.config, pid) for pid in self.policy_configs}
+        for pid, pl in self.learners.items():
+            pl.apply_config(self.policy_configs[pid])
+
     def get_state(self) -> dict[str, Any]:
-        return {**Algorithm.get_state(self), "policies": {pid: l.get_state() for pid, l in self.learners.items()},
+        return {**Algorithm.get_state(self), "policies": {pid: pl.get_state() for pid, pl in self.learners.items()},
                 "frozen": {pid: {k: torch.from_numpy(np.array(v)) for k, v in w.items()} for pid, w in self.frozen.items()}}
 
     def set_state(self, state: dict[str, Any]) -> None:

@@ -18,15 +18,24 @@ pipeline state of its own and every field is written down here:
 
 The algorithm's ``training_step`` calls the phases in order (sample, enqueue, drain, sync)
 and adds its own between them (APPO adapts its KL coefficient on each drained result).
+The functions at the end build the parts both algorithms wire together: the learner, its
+thread and the rollout actors that return sequences.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shoal.batch import Batch, Col
+from shoal.learn import Learner, resolve_device
 from shoal.learn.stats import mean_stats
 from shoal.learn.threads import LearnerResult
+from shoal.models import build_actor_critic
+from shoal.rollout import ActorCriticPolicy
+from shoal.rollout.postprocessing import sequence_postprocess
+
+if TYPE_CHECKING:
+    from shoal.algorithms.base import Algorithm
 
 WAIT_S = 0.02  # longest a training step blocks on sample results or learner results
 
@@ -98,3 +107,39 @@ class AsyncPipeline:
             rest = joined.slice(size, len(joined))
             self.pending, self.pending_rows = ([rest] if len(rest) else []), len(rest)
         return out
+
+
+# ---- building the pipeline's parts (IMPALA and APPO) -------------------------------------------
+def make_learner_thread(learner: Learner, config):
+    """A LearnerThread, or the multi-device one when the config names several devices or a GPU."""
+    devices = config.learner_devices()
+    if config.multi_device():
+        from shoal.learn.multi_device import MultiDeviceLearnerThread
+
+        return MultiDeviceLearnerThread(
+            learner, devices, num_multi_gpu_tower_stacks=config.num_multi_gpu_tower_stacks,
+            num_data_load_threads=config.num_data_load_threads, num_sgd_iter=config.num_sgd_iter,
+            learner_queue_size=config.learner_queue_size, learner_queue_timeout=config.learner_queue_timeout,
+            rows_per_unit=config.fragment_length())
+    from shoal.learn.learner_thread import LearnerThread
+
+    return LearnerThread(learner, learner_queue_size=config.learner_queue_size,
+                         minibatch_buffer_size=config.minibatch_buffer_size, num_sgd_iter=config.num_sgd_iter,
+                         learner_queue_timeout=config.learner_queue_timeout)
+
+
+def make_async_learner(algo: Algorithm, loss_fn) -> Learner:
+    """The actor-critic Learner on the first learner device (``loss_fn(module, batch, learner)``)."""
+    cfg = algo.config
+    if not cfg.fake_devices:
+        resolve_device(cfg.resources.num_gpus)  # a clear ConfigError when GPUs are asked for but absent
+    module = build_actor_critic(algo.env_info.observation_space, algo.env_info.action_space, cfg.model)
+    return Learner(module, loss_fn, lr=cfg.lr, grad_clip=cfg.grad_clip, lr_schedule=cfg.lr_schedule,
+                   max_nonfinite_updates=cfg.max_nonfinite_updates, device=cfg.learner_devices()[0])
+
+
+def make_sequence_runners(algo: Algorithm):
+    """Rollout actors that return time-major sequences, with requests kept in flight."""
+    cfg = algo.config
+    return algo.make_env_runners(ActorCriticPolicy, sequence_postprocess, cfg.fragment_length(),
+                                 max_in_flight=cfg.max_requests_in_flight_per_worker)

@@ -10,8 +10,10 @@ default (``None``): the study by Andrychowicz et al. (2021) found it does not he
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -23,13 +25,15 @@ from shoal.algorithms.config_groups import KLPenaltyKeys, MultiAgentKeys, PPOLos
 from shoal.batch import Batch, Col
 from shoal.config import AlgorithmConfig
 from shoal.learn import Learner, resolve_device
-from shoal.learn.target import AdaptiveKL, KLAdaptiveLR
+from shoal.learn.losses import LossRecord
+from shoal.learn.masking import ActionMasked
 from shoal.learn.stats import masked_mean, standardize
+from shoal.learn.target import AdaptiveKL, KLAdaptiveLR
+from shoal.logging.metrics import Phase
 from shoal.models import build_actor_critic
 from shoal.models.recurrent import pack_state, run_sequences
 from shoal.rollout import ActorCriticPolicy, Fragment, compute_gae, flatten_valid
 from shoal.rollout.postprocessing import env_major
-from shoal.logging.metrics import Phase
 
 
 # ---- config -----------------------------------------------------------------------------
@@ -139,26 +143,50 @@ def ppo_loss_terms(logp, old_logp, advantages, values, old_values, value_targets
     }
 
 
-def ppo_loss(module, batch: dict, learner: Learner, config: PPOConfig, kl: AdaptiveKL) -> tuple[torch.Tensor, dict]:
-    valid = batch.get(Col.VALID)  # sequences keep their reset rows (recurrent, multi-agent): mask them
-    if getattr(module, "recurrent", False):  # whole sequences, from the state recorded at each one's start
-        inputs, values, _ = run_sequences(module, batch, config.model.max_seq_len)
-    else:
-        inputs, values = module(batch[Col.OBS])
-    dist = module.dist_cls(inputs)
-    adv = batch[Col.ADVANTAGES]
-    if config.normalize_advantages:
-        adv = standardize(adv, valid)
-    kl_old_new = module.dist_cls(batch[Col.ACTION_DIST_INPUTS]).kl(dist) if config.use_kl_loss else None
-    terms = ppo_loss_terms(
-        dist.logp(batch[Col.ACTIONS]), batch[Col.ACTION_LOGP], adv, values, batch[Col.VF_PREDS],
-        batch[Col.VALUE_TARGETS], dist.entropy(), kl_old_new,
-        clip_param=config.clip_param, vf_clip_param=config.vf_clip_param, vf_loss_coeff=config.vf_loss_coeff,
-        entropy_coeff=config.entropy_coeff, kl_coeff=kl.coeff, valid=valid,
-    )
-    loss = terms.pop("total_loss")
-    return loss, {k: v.detach() for k, v in terms.items()}
+@dataclass(frozen=True)
+class PPOLoss(LossRecord):
+    """PPO's loss (:func:`ppo_loss_terms`) from the keys it reads; a Learner's ``loss_fn``.
 
+    ``kl``: the adaptive KL penalty's coefficient, when ``use_kl_loss`` is on; ``masked``: the
+    logits are masked by the batch's ``ACTION_MASK`` (multi-agent games)."""
+
+    clip_param: float
+    vf_clip_param: Optional[float]
+    vf_loss_coeff: float
+    entropy_coeff: float
+    normalize_advantages: bool
+    max_seq_len: int  # rows per training sequence of a recurrent model
+    kl: Optional[AdaptiveKL] = dataclasses.field(default=None, compare=False)
+    masked: bool = False
+
+    @classmethod
+    def config_values(cls, cfg) -> dict[str, Any]:
+        return {"clip_param": cfg.clip_param, "vf_clip_param": cfg.vf_clip_param, "vf_loss_coeff": cfg.vf_loss_coeff,
+                "entropy_coeff": cfg.entropy_coeff, "normalize_advantages": cfg.normalize_advantages,
+                "max_seq_len": cfg.model.max_seq_len}
+
+    def __call__(self, module, batch: dict, learner=None) -> tuple[torch.Tensor, dict]:
+        if self.masked:
+            module = ActionMasked(module, batch[Col.ACTION_MASK])
+        valid = batch.get(Col.VALID)  # sequences keep their reset rows (recurrent, multi-agent): mask them
+        if getattr(module, "recurrent", False):  # whole sequences, from the state recorded at each one's start
+            inputs, values, _ = run_sequences(module, batch, self.max_seq_len)
+        else:
+            inputs, values = module(batch[Col.OBS])
+        dist = module.dist_cls(inputs)
+        adv = batch[Col.ADVANTAGES]
+        if self.normalize_advantages:
+            adv = standardize(adv, valid)
+        kl_on = self.kl is not None and self.kl.enabled
+        kl_old_new = module.dist_cls(batch[Col.ACTION_DIST_INPUTS]).kl(dist) if kl_on else None
+        terms = ppo_loss_terms(
+            dist.logp(batch[Col.ACTIONS]), batch[Col.ACTION_LOGP], adv, values, batch[Col.VF_PREDS],
+            batch[Col.VALUE_TARGETS], dist.entropy(), kl_old_new,
+            clip_param=self.clip_param, vf_clip_param=self.vf_clip_param, vf_loss_coeff=self.vf_loss_coeff,
+            entropy_coeff=self.entropy_coeff, kl_coeff=self.kl.coeff if kl_on else 0.0, valid=valid,
+        )
+        loss = terms.pop("total_loss")
+        return loss, {k: v.detach() for k, v in terms.items()}
 
 
 def gae_postprocess(fragment: Fragment, gamma: float, gae_lambda: float) -> Batch:
@@ -208,14 +236,14 @@ def transitions(batch: Batch) -> int:
 # ---- algorithm --------------------------------------------------------------------------
 class PPO(Algorithm):
     config_cls = PPOConfig
+    policy_cls = ActorCriticPolicy
 
     def setup(self) -> None:
         cfg: PPOConfig = self.config
-        self.policy_cls = ActorCriticPolicy
         module = build_actor_critic(self.env_info.observation_space, self.env_info.action_space, cfg.model)
         self.kl = AdaptiveKL(cfg.kl_coeff, cfg.kl_target, enabled=cfg.use_kl_loss)
         self.lr_by_kl = KLAdaptiveLR(cfg.lr_kl_target) if cfg.lr_kl_target is not None else None
-        self.learner = Learner(module, functools.partial(ppo_loss, config=cfg, kl=self.kl), lr=cfg.lr,
+        self.learner = Learner(module, PPOLoss.from_config(cfg, kl=self.kl), lr=cfg.lr,
                                grad_clip=cfg.grad_clip, lr_schedule=cfg.lr_schedule,
                                max_nonfinite_updates=cfg.max_nonfinite_updates, device=resolve_device(cfg.resources.num_gpus))
         postprocess = functools.partial(gae_postprocess, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda)

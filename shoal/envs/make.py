@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import gymnasium as gym
-import numpy as np
 
-from shoal.config import EnvPreprocessingConfig, EnvSpec, import_path
+from shoal.config import EnvPreprocessingConfig, EnvSpec
 from shoal.envs.atari import is_ale_id, make_atari_env, make_atari_vec_env, missing_ale_error
 from shoal.errors import ConfigError, EnvError
+from shoal.imports import import_path
+from shoal.spaces import flat_obs_dim, obs_nbytes  # noqa: F401  (re-exported)
 from shoal.trust import check_import
 
 
@@ -132,13 +133,6 @@ def make_vec_env(env: EnvSpec, num_envs: int, env_config: dict[str, Any] | None 
 ENV_OVERHEAD_BYTES = 64 * 1024  # a floor for one env object and its vector-env buffers, observations aside
 
 
-def obs_nbytes(space: gym.Space | None) -> int:
-    """Bytes of one observation: a Box's array; 8 for anything else (a floor)."""
-    if isinstance(space, gym.spaces.Box):
-        return int(np.prod(space.shape)) * space.dtype.itemsize
-    return 8
-
-
 def check_env_memory(config: Any, obs_space: gym.Space | None) -> None:
     """ConfigError, before any env is built, when what a config asks for cannot fit in memory.
 
@@ -147,7 +141,8 @@ def check_env_memory(config: Any, obs_space: gym.Space | None) -> None:
     ``fragment_length()`` steps of their observations; the learner holds ``train_batch_size`` rows.
     The message names the key that asks for the most. No check where the available memory cannot be read.
     """
-    from shoal.replay.storage import GB, available_memory_bytes
+    from shoal import process
+    from shoal.process import GB
 
     res, row = config.resources, 4 * obs_nbytes(obs_space) + 64  # obs, next obs, copies; a few scalars
     processes = max(1, res.num_workers)
@@ -160,7 +155,7 @@ def check_env_memory(config: Any, obs_space: gym.Space | None) -> None:
             processes * res.num_envs_per_worker * ENV_OVERHEAD_BYTES, frag_key: 0, batch: 0}
     asks[frag_key] += processes * res.num_envs_per_worker * (frag + 1) * row
     asks[batch] += getattr(config, "train_batch_size", 0) * row
-    needed, avail = sum(asks.values()), available_memory_bytes()
+    needed, avail = sum(asks.values()), process.available_memory_bytes()
     if avail is None or needed <= avail:
         return
     culprit = max(asks, key=asks.get)
@@ -214,11 +209,3 @@ def _check_reset_api(e: gym.Env, env: EnvSpec) -> None:
                        f"{type(out).__name__}, not (observation, info). shoal needs Gymnasium's API: reset(seed=None, "
                        "options=None) -> (obs, info) and step(action) -> (obs, reward, terminated, truncated, info). "
                        "Port the env, or wrap it with shimmy's GymV21CompatibilityV0.")
-
-
-def flat_obs_dim(space: gym.Space) -> int:
-    if isinstance(space, gym.spaces.Box):
-        return int(np.prod(space.shape))
-    if isinstance(space, gym.spaces.Discrete):
-        return int(space.n)
-    raise EnvError(f"Observation space {space} is not supported yet; use Box or Discrete observations.")

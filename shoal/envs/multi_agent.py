@@ -33,8 +33,8 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 
-from shoal.config import import_path
 from shoal.errors import EnvError
+from shoal.imports import import_path
 from shoal.trust import check_import
 
 Obs = tuple[np.ndarray, "np.ndarray | None"]  # (flat float32 observation, bool action mask or None)

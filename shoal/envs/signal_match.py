@@ -36,11 +36,11 @@ class SignalMatch(ParallelEnv):
         self._signals = np.zeros(num_agents, dtype=np.int64)
         self._t = 0
 
-    @functools.cache
+    @functools.cache  # noqa: B019  (PettingZoo's idiom: one space object per agent, the env lives for the run)
     def observation_space(self, agent: str) -> gym.Space:
         return gym.spaces.Box(0.0, 1.0, (2 * self.k + (self.n if self.show_index else 0),), np.float32)
 
-    @functools.cache
+    @functools.cache  # noqa: B019  (PettingZoo's idiom: one space object per agent, the env lives for the run)
     def action_space(self, agent: str) -> gym.Space:
         return gym.spaces.Discrete(self.k)
 

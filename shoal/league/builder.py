@@ -212,7 +212,7 @@ LEAGUE_BUILDERS: dict[str, str] = {
 
 def resolve_league_builder(name: str) -> type[LeagueBuilder]:
     """A builder class from a registered name or an import path (``pkg.mod:Class``)."""
-    from shoal.config import import_path
+    from shoal.imports import import_path
 
     target = LEAGUE_BUILDERS.get(name)
     if target is None and ":" not in name and "." not in name:

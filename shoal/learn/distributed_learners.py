@@ -62,9 +62,19 @@ class ShardPlan:
 
 
 ASSIGNED_GPU = "assigned-gpu"  # a remote policy learner's device: the GPU its Ray actor was given
-# What a policy learner's learn() returns when its shard's replay actor died under it (an
-# ActorLostError from the replay proxy): DistributedLearners then recreates the replay actor.
-REPLAY_LOST = "replay actor lost"
+class ReplayLost:
+    """What a policy learner's ``learn()`` returns when its shard's replay actor died under it (an
+    ActorLostError from the replay proxy): DistributedLearners then recreates the replay actor.
+    One instance, :data:`REPLAY_LOST`, which stays itself through pickling (Ray's results)."""
+
+    def __reduce__(self) -> str:
+        return "REPLAY_LOST"
+
+    def __repr__(self) -> str:
+        return "REPLAY_LOST"
+
+
+REPLAY_LOST = ReplayLost()
 
 
 def resolve_learner_device(spec: str) -> torch.device:
@@ -258,11 +268,16 @@ class DistributedLearners:
 
     def fetch_ready(self, timeout_s: float = 0.0) -> list[tuple[PolicyId, Any]]:
         """Results of the submitted requests that are done, as (policy id, result), waiting at
-        most ``timeout_s`` for the first one. A learner that died is recreated meanwhile."""
+        most ``timeout_s`` for the first one. A learner that died is recreated meanwhile. A result
+        that carries ``weights`` (a :class:`~shoal.learn.policy_learner.LearnerOutput`) updates
+        the weights kept for recreating that learner."""
         deadline = time.monotonic() + timeout_s
         while True:
             got = [(pid, r) for pid, g in list(self.groups.items()) for _, r in g.fetch_ready(0.0)]
-            out = [(pid, r) for pid, r in got if not (isinstance(r, str) and r == REPLAY_LOST)]
+            out = [(pid, r) for pid, r in got if not isinstance(r, ReplayLost)]
+            for pid, r in out:
+                if getattr(r, "weights", None) is not None and pid in self.groups:
+                    self.weights[pid] = r.weights
             if len(out) < len(got):
                 self.check_replays()
             if out or time.monotonic() >= deadline or not self.num_in_flight():

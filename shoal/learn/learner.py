@@ -19,8 +19,8 @@ import torch
 from shoal.batch import Batch
 from shoal.errors import ConfigError, DivergenceError
 from shoal.learn.stats import StatsMean
-from shoal.schedule import PiecewiseSchedule
 from shoal.models.weights import load_numpy_weights, weights_to_numpy
+from shoal.schedule import PiecewiseSchedule
 
 
 def minibatch_indices(n: int, minibatch_size: int, rng: np.random.Generator, num_minibatches: int | None = None,

@@ -10,9 +10,10 @@ from shoal.models.distributions import masked_logits
 class ActionMasked:
     """``module`` with a batch's ``ACTION_MASK`` applied to its action logits (learner side).
 
-    Wrapping the module for one batch lets an unchanged single-agent loss (e.g.
-    ``shoal.algorithms.impala.impala_loss``) learn under the masks the actions were sampled
-    with: ``impala_loss(ActionMasked(module, batch[Col.ACTION_MASK]), batch, ...)``.
+    Wrapping the module for one batch lets an unchanged single-agent loss learn under the masks
+    the actions were sampled with: a loss record built with ``masked=True`` (e.g.
+    ``IMPALALoss.from_config(cfg, masked=True)``) calls itself on
+    ``ActionMasked(module, batch[Col.ACTION_MASK])``.
     """
 
     def __init__(self, module, mask: torch.Tensor) -> None:

@@ -56,8 +56,8 @@ from shoal.errors import ConfigError
 from shoal.learn.learner import Learner
 from shoal.learn.learner_thread import LearnerThread, _positive
 from shoal.learn.stats import StatsMean
-from shoal.logging.metrics import Phase
 from shoal.learn.threads import BackgroundThread, LearnerResult, put_stop, wait_get
+from shoal.logging.metrics import Phase
 
 SplitFn = Callable[[Batch, int], Sequence[Batch]]
 
@@ -102,13 +102,14 @@ class _Towers:
         """
         self.sync_replicas()
         dev0 = self.devices[0]
+        loss_fn = self.learner.loss_fn  # read once: a loss swapped in by update_config meets every tower next step
         combined: dict[str, torch.Tensor] = {}
         for module, view, params, shard, w, stream in zip(self.modules, self.views, self.params, shards, weights,
                                                           self.streams):
             with _on_stream(stream, view.device):
                 for p in params:
                     p.grad = None
-                loss, tower_stats = self.learner.loss_fn(module, shard, view)
+                loss, tower_stats = loss_fn(module, shard, view)
                 loss.backward()
             for k, v in tower_stats.items():
                 v = v.detach().float() if isinstance(v, torch.Tensor) else torch.tensor(float(v))

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from shoal.files import safe_yaml, strip_redacted_password
-from shoal.logging.writers import flatten_config, scalar_items
+from shoal.logging.values import flatten_config, scalar_items
 
 IDS_FILE = "trackers.yaml"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.checkpoint import write_text_atomic
-
+from shoal.logging.values import flatten_config, scalar_items  # noqa: F401  (re-exported)
 
 log = logging.getLogger("shoal.writers")
 
@@ -36,14 +36,6 @@ def _clean(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return None
     return v
-
-
-def scalar_items(result: dict[str, Any]):
-    for k, v in result.items():
-        if isinstance(v, bool):
-            yield k, float(v)
-        elif isinstance(v, (int, float)) and math.isfinite(float(v)):
-            yield k, float(v)
 
 
 class JsonlWriter:
@@ -109,18 +101,6 @@ class CsvWriter:
 
     def close(self) -> None:
         self.f.close()
-
-
-def flatten_config(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested config dict -> ``{"resources.num_workers": 0, ...}``: numbers, strings and bools kept,
-    anything else (lists, None) as its text."""
-    out: dict[str, Any] = {}
-    for k, v in data.items():
-        if isinstance(v, dict) and v:
-            out.update(flatten_config(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v if isinstance(v, (bool, int, float, str)) else str(v)
-    return out
 
 
 class TensorBoardWriter:

@@ -20,10 +20,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from shoal.envs.make import flat_obs_dim
 from shoal.errors import ConfigError
 from shoal.models.distributions import DiagGaussian, dist_class_for
 from shoal.models.recurrent import LSTMCore
+from shoal.spaces import flat_obs_dim, preprocess_obs  # noqa: F401  (preprocess_obs re-exported)
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 TORSOS = ("mlp", "nature_cnn", "impala_cnn", "conv")
@@ -274,15 +274,6 @@ def _features(t: ImageTorso | None, obs: torch.Tensor) -> torch.Tensor:
     return obs if obs.is_floating_point() else obs.float()
 
 
-def preprocess_obs(space: gym.Space, obs: np.ndarray) -> np.ndarray:
-    """Flatten Box observations to rows: uint8 ones (frames) stay uint8, the module scales them
-    on its device; any other dtype becomes float32. Discrete ones are one-hot."""
-    if isinstance(space, gym.spaces.Discrete):
-        return np.eye(space.n, dtype=np.float32)[np.asarray(obs, dtype=np.int64) - space.start]
-    obs = np.asarray(obs, dtype=np.uint8 if space.dtype == np.uint8 else np.float32)
-    return obs.reshape(obs.shape[0], -1) if obs.ndim > 2 else obs
-
-
 class ActorCritic(nn.Module):
     """Policy and value networks: a torso and MLPs each (separate by default), or one torso and
     one encoder MLP shared by both heads (``vf_share_layers``).
@@ -410,7 +401,8 @@ BYTES_PER_PARAMETER = 16  # float32 weights, their gradients and Adam's two mome
 def check_model_size(model_config: Any, obs_space: gym.Space) -> None:
     """ConfigError before any layer is allocated when the MLP (and LSTM) the model section describes
     cannot fit in the memory available: two such networks (policy and value, or online and target)."""
-    from shoal.replay.storage import GB, available_memory_bytes
+    from shoal import process
+    from shoal.process import GB
 
     if model_config is None or getattr(model_config, "custom", None):
         return
@@ -420,7 +412,7 @@ def check_model_size(model_config: Any, obs_space: gym.Space) -> None:
     if getattr(model_config, "use_lstm", False):
         c = model_config.lstm_cell_size
         params += 4 * c * (dims[-1] + c)
-    needed, avail = 2 * params * BYTES_PER_PARAMETER, available_memory_bytes()
+    needed, avail = 2 * params * BYTES_PER_PARAMETER, process.available_memory_bytes()
     if avail is None or needed <= avail:
         return
     lstm = f" and model.lstm_cell_size={model_config.lstm_cell_size}" if getattr(model_config, "use_lstm", False) else ""

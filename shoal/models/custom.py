@@ -47,7 +47,7 @@ from shoal.models.distributions import dist_class_for
 
 
 def load_custom_class(path: str) -> type:
-    from shoal.config import import_path
+    from shoal.imports import import_path
 
     try:
         cls = import_path(path)
@@ -70,7 +70,7 @@ def _construct(path: str, obs_space: gym.Space, action_space: gym.Space, num_out
 
 
 def _sample_obs(obs_space: gym.Space) -> torch.Tensor:
-    from shoal.models.catalog import preprocess_obs
+    from shoal.spaces import preprocess_obs
 
     rows = preprocess_obs(obs_space, np.stack([obs_space.sample(), obs_space.sample()]))
     return torch.from_numpy(np.ascontiguousarray(rows))

@@ -17,7 +17,7 @@ observation columns keep each row as one lz4 block and are decompressed at sampl
 they behave as plain columns in every other respect (row shape, dtype, slots, state). On the
 first add, once the row shapes are known and before anything is allocated, the buffer
 estimates what the full ring will hold and raises ConfigError if that exceeds
-``memory_share`` of the memory available (``storage.available_memory_bytes``).
+``memory_share`` of the memory available (``shoal.process.available_memory_bytes``).
 
 State (``get_state``) holds only torch tensors, numbers, strings, lists and dicts, so it
 loads with ``torch.load(weights_only=True)`` inside a shoal checkpoint. A compressed column

@@ -27,10 +27,11 @@ succeeds and the process is killed for memory hours later.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
+from shoal import process
 from shoal.batch import Col
 from shoal.errors import ConfigError
 
@@ -42,7 +43,6 @@ OBSERVATION_COLUMNS = (Col.OBS, Col.NEXT_OBS)
 # the slot's length (int64).
 ROW_OVERHEAD_BYTES = 64 + 8
 ESTIMATE_SAFETY = 2.0  # compressed rows later in a run may compress worse than the first batch's
-GB = 1e9
 
 
 def check_compression(mode: Any) -> str:
@@ -106,19 +106,6 @@ def block_lengths(blocks: np.ndarray) -> np.ndarray:
     return np.fromiter(map(len, blocks), dtype=np.int64, count=len(blocks))
 
 
-# ---- memory ------------------------------------------------------------------------------
-def available_memory_bytes() -> Optional[int]:
-    """``MemAvailable`` of ``/proc/meminfo`` in bytes; None where it cannot be read (not Linux)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def estimate_bytes(capacity: int, specs: dict[str, tuple[tuple[int, ...], np.dtype]],
                    packed: dict[str, np.ndarray]) -> int:
     """Bytes a full ring will hold: plain columns exactly; a compressed column from the mean
@@ -135,20 +122,20 @@ def estimate_bytes(capacity: int, specs: dict[str, tuple[tuple[int, ...], np.dty
 
 def check_fits(capacity: int, needed: int, compressed: bool, share: float = 1.0) -> None:
     """ConfigError if ``needed`` bytes exceed ``share`` of the memory available now
-    (:func:`available_memory_bytes`, looked up at each call so that tests can replace it)."""
-    avail = available_memory_bytes()
+    (:func:`shoal.process.available_memory_bytes`, looked up at each call so that tests can replace it)."""
+    avail = process.available_memory_bytes()
     if avail is None:
         return
     allowed = avail * share
     if needed <= allowed:
         return
-    whose = "" if share >= 1 else (f" to it ({share:.0%} of the {avail / GB:.1f} GB available: the replay shards of a "
+    whose = "" if share >= 1 else (f" to it ({share:.0%} of the {avail / process.GB:.1f} GB available: the replay shards of a "
                                    "run share the machine equally)")
     remedy = ("lower replay_capacity" if compressed else
               "lower replay_capacity, or set replay_compression to auto or lz4 (uint8 observations stored compressed)")
     raise ConfigError(f"replay_capacity is too large for this machine's memory: a replay buffer of {capacity:,} rows "
-                      f"needs about {needed / GB:.1f} GB ({needed / capacity:,.0f} bytes per row), and "
-                      f"{allowed / GB:.1f} GB is available{whose}. To fit, {remedy}. Nothing was allocated.")
+                      f"needs about {needed / process.GB:.1f} GB ({needed / capacity:,.0f} bytes per row), and "
+                      f"{allowed / process.GB:.1f} GB is available{whose}. To fit, {remedy}. Nothing was allocated.")
 
 
 # ---- columns ----------------------------------------------------------------------------

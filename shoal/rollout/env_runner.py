@@ -34,11 +34,11 @@ from shoal.callbacks import Episode, build_callbacks, call_episode_end, override
 from shoal.envs.atari import LearningSignal
 from shoal.envs.make import make_env, make_vec_env
 from shoal.envs.normalize import Normalizer, RunningStats
-from shoal.models.catalog import preprocess_obs
+from shoal.process import configure_process
 from shoal.rollout.faults import EnvFaults, env_call
 from shoal.rollout.policies import STATE_OUT
-from shoal.process import configure_process
 from shoal.seeding import evaluation_seed, worker_seed
+from shoal.spaces import preprocess_obs
 
 
 @dataclass

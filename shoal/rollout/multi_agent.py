@@ -7,9 +7,9 @@ agents that must act, over all its env copies, by policy and runs **one batched 
 policy**; illegal actions get zero probability (:func:`shoal.models.distributions.masked_logits`).
 
 What the learner gets matches the single-agent IMPALA/APPO layout
-(:func:`shoal.algorithms.impala.sequence_postprocess`): per policy, sequences of ``T`` rows laid
+(:func:`shoal.rollout.postprocessing.sequence_postprocess`): per policy, sequences of ``T`` rows laid
 out one after another, with ``OBS, NEXT_OBS, ACTIONS, ACTION_LOGP, REWARDS, TERMINATEDS,
-VALID`` plus ``ACTION_MASK`` (the mask the action was sampled under, so the learner masks the
+VALID`` and ``BOOTSTRAP_OBS`` (each sequence's last ``NEXT_OBS``, packed) plus ``ACTION_MASK`` (the mask the action was sampled under, so the learner masks the
 same logits: :class:`shoal.learn.masking.ActionMasked`). A row is one *decision* of one agent:
 in a turn-based game the opponent's moves are part of the environment, the reward credited to
 a decision is everything the agent received until its next decision (a loss on the opponent's
@@ -36,16 +36,16 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from shoal.batch import Batch, Col
+from shoal.batch import Batch, Col, pack_per_sequence
+from shoal.callbacks import Episode, build_callbacks, call_episode_end, overrides
 from shoal.envs.multi_agent import SCRIPTED_PLAYERS, MultiAgentEnvAdapter, make_multi_agent_env, make_scripted_player
 from shoal.errors import ConfigError
 from shoal.models.distributions import masked_logits
-from shoal.callbacks import Episode, build_callbacks, call_episode_end, overrides
+from shoal.models.recurrent import pack_state
+from shoal.process import configure_process
 from shoal.rollout.env_runner import RolloutMetrics
 from shoal.rollout.faults import check_batch_finite
-from shoal.models.recurrent import pack_state
 from shoal.rollout.policies import STATE_OUT, ActorCriticPolicy
-from shoal.process import configure_process
 from shoal.seeding import evaluation_seed, policy_seed, worker_seed
 
 DEFAULT_SEQUENCE_LENGTH = 50
@@ -627,8 +627,11 @@ class MultiAgentEnvRunner:
         dtypes = (np.float32, np.float32, None, np.float32, np.float32, bool, bool, bool)
         batch = Batch({name: np.asarray(np.stack(col) if np.ndim(col[0]) else col, dtype=dt)
                        for name, col, dt in zip(_COLUMNS, cols, dtypes)})
+        T = len(seqs[0])
         if seqs[0][0].state is not None:  # a recurrent policy: each sequence's start state (shoal.models.recurrent)
-            batch[Col.STATE_IN] = pack_state(np.stack([seq[0].state for seq in seqs]), len(seqs[0]))
+            batch[Col.STATE_IN] = pack_state(np.stack([seq[0].state for seq in seqs]), T)
+        # V-trace's bootstrap, as single-agent sequences carry it (PPO's GAE reads NEXT_OBS on every row)
+        batch[Col.BOOTSTRAP_OBS] = pack_per_sequence(batch[Col.NEXT_OBS][T - 1 :: T], T)
         return batch
 
     # ---- evaluation ----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Pure functions over time-major arrays: GAE and the flattening of fragments.
+"""Pure functions over time-major arrays: GAE, the flattening of fragments, and sequences.
 
 Arrays are time-major, shape ``(T, N)`` for T steps of N envs. ``next_values[t]`` is the
 value of the observation that followed step t, so a transition carries its own bootstrap:
@@ -8,7 +8,15 @@ step it is ignored. Advantages never flow across an episode end.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+from shoal.batch import Batch, Col, pack_per_sequence
+from shoal.models.recurrent import pack_state
+
+if TYPE_CHECKING:
+    from shoal.rollout.env_runner import Fragment
 
 
 def compute_gae(
@@ -97,3 +105,24 @@ def q_td_errors(q_sa: np.ndarray, q_next: np.ndarray, returns: np.ndarray, disco
     """``|returns + discounts * (1 - terminated) * max_a q_next - q_sa|``: initial replay priorities."""
     target = returns + discounts * (1.0 - terminateds.astype(np.float32)) * q_next.max(axis=-1)
     return np.abs(target - q_sa)
+
+
+def sequence_postprocess(fragment: Fragment) -> Batch:
+    """Worker-side (IMPALA, APPO): keep every step (reset rows masked by VALID), one env's T steps after another;
+    the observation after each env's last step (the V-trace bootstrap) and a recurrent policy's
+    state at each fragment's start ride along, packed over the sequence's rows (``BOOTSTRAP_OBS``,
+    ``STATE_IN``)."""
+    seq = env_major  # (T, N, ...) -> rows, one env's T steps after another
+    state = {}
+    if fragment.state_in is not None:
+        state[Col.STATE_IN] = pack_state(fragment.state_in[0], len(fragment.rewards))
+    return Batch({
+        **state,
+        Col.OBS: seq(fragment.obs[:-1]),
+        Col.BOOTSTRAP_OBS: pack_per_sequence(fragment.obs[-1], len(fragment.rewards)),  # each env's last next obs
+        Col.ACTIONS: seq(fragment.actions),
+        Col.ACTION_LOGP: seq(fragment.extras[Col.ACTION_LOGP]),
+        Col.REWARDS: seq(fragment.rewards),
+        Col.TERMINATEDS: seq(fragment.terminateds),
+        Col.VALID: seq(fragment.valid),
+    })

@@ -16,7 +16,6 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from shoal.errors import NodeResourceError, ResourceError
 from shoal.runtime import signals
 
-
 WORKING_DIR_VAR = "SHOAL_DRIVER_CWD"
 
 

@@ -1,0 +1,98 @@
+"""PolicyLearner: one policy's training unit, the same wherever a policy learns.
+
+A :class:`~shoal.learn.Learner` with the algorithm's loss record, plus what some losses need
+beside the network: a target network (APPO), refreshed by the learner's post-update hook, and
+an adaptive KL coefficient whose declared ``after_update`` phase moves it once per learner
+result. The multi-agent form builds one per learning policy and the league one per learner
+shard slot; both add only how their batches arrive (GAE in the learner, a replay actor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+from shoal.batch import Batch
+from shoal.learn.learner import Learner
+from shoal.learn.target import AdaptiveKL, TargetNetwork
+
+MakeLoss = Callable[..., Any]  # (config, *, target=..., kl=...) -> a loss record
+
+
+@dataclass
+class LearnerOutput:
+    """What one learning step of a policy produced: its stats, the rows it learned from, and
+    (for a learner in another process) the weights to broadcast."""
+
+    stats: dict[str, Any]
+    rows: int
+    weights: Optional[dict[str, np.ndarray]] = None
+
+
+class PolicyLearner:
+    """``make_loss(config, target=, kl=)`` builds the loss record; ``target_period`` (learner
+    updates) adds a target network refreshed that often; the KL coefficient is on when the
+    config's ``use_kl_loss`` is."""
+
+    def __init__(self, module: torch.nn.Module, config, make_loss: MakeLoss, *, device: Any = "cpu",
+                 target_period: Optional[int] = None) -> None:
+        self.config = config
+        self.kl = AdaptiveKL(getattr(config, "kl_coeff", 0.0), getattr(config, "kl_target", 0.01),
+                             enabled=getattr(config, "use_kl_loss", False))
+        self.learner = Learner(module, None, lr=config.lr, grad_clip=config.grad_clip, lr_schedule=config.lr_schedule,
+                               max_nonfinite_updates=config.max_nonfinite_updates, device=device)
+        self.target: Optional[TargetNetwork] = None
+        if target_period is not None:  # refreshed right after the optimizer step that reaches the period
+            self.target = TargetNetwork(self.learner.module, target_period, unit="updates")
+            self.learner.add_post_update_hook(self.target.post_update)
+        self.learner.loss_fn = make_loss(config, target=self.target, kl=self.kl)
+
+    def update(self, batch: Batch, num_epochs: int, minibatch_size: int, rng: np.random.Generator, *,
+               sequence_length: int = 1, env_steps: Optional[int] = None) -> dict[str, Any]:
+        """Learn on ``batch`` (``num_epochs`` passes), then the after-update phase; the stats."""
+        if env_steps is not None:
+            self.learner.set_env_steps(env_steps)
+        stats = self.learner.update(batch, num_epochs, minibatch_size, rng, sequence_length=sequence_length)
+        self.after_update(stats)
+        return stats
+
+    def after_update(self, stats: dict[str, Any]) -> None:
+        """The post-update phase, once per learner result: the KL coefficient moves towards its target."""
+        if self.kl.enabled and "kl" in stats:
+            self.kl.update(stats["kl"])
+        stats["kl_coeff"] = self.kl.coeff
+
+    def apply_config(self, config) -> None:
+        """A changed config (``update_config``): a rebuilt loss record, the optimizer's lr and clip, the KL target."""
+        self.config = config
+        self.learner.loss_fn = self.learner.loss_fn.with_config(config)
+        self.learner.grad_clip = config.grad_clip
+        if not config.lr_schedule:
+            self.learner.set_lr(config.lr)
+        if hasattr(config, "kl_target"):
+            self.kl.target = float(config.kl_target)
+
+    # ---- weights and state ------------------------------------------------------------------
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return self.learner.get_weights()
+
+    def set_weights(self, weights: dict) -> None:
+        self.learner.set_weights(weights)
+        if self.target is not None:
+            self.target.sync()
+
+    def get_state(self) -> dict[str, Any]:
+        """The module with its optimizer (Adam moments), update count, target network and KL coefficient."""
+        state = {"learner": self.learner.get_state(), "kl": self.kl.get_state()}
+        if self.target is not None:
+            state["target"] = self.target.get_state()
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.learner.set_state(state["learner"])
+        self.kl.set_state(state["kl"])
+        if self.target is not None and "target" in state:
+            self.target.set_state(state["target"])
