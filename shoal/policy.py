@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from shoal import checkpoint as ckpt
-from shoal.errors import CheckpointError, ConfigError
+from shoal.errors import ConfigError
 
 
 def predict_actions(policy, space, obs, state: np.ndarray | None, episode_start: np.ndarray | None,
@@ -86,10 +86,7 @@ def load_policy(path: str | Path, trust: bool = False, overrides: dict[str, Any]
     ``trust=True`` imports the code the checkpoint's config names (an env factory, a custom model)
     even when the checkpoint is not signed with your key, i.e. was not written by you on this
     machine; leave it False for a run directory from elsewhere (see :mod:`shoal.trust`)."""
-    from shoal.algorithms.base import checkpoint_config_data
-    from shoal.envs.atari import check_preprocessing_applies
-    from shoal.envs.make import env_info as describe
-    from shoal.envs.normalize import RunningStats
+    from shoal.algorithms.base import checkpoint_config_data, describe_gym_env, saved_norm_stats
     from shoal.trust import import_gate
 
     path = ckpt.resolve_checkpoint(path, prefer="best")
@@ -101,16 +98,10 @@ def load_policy(path: str | Path, trust: bool = False, overrides: dict[str, Any]
             raise ConfigError(f"Checkpoint '{path}' holds a {meta['algo']} run with several policies, and "
                               "load_policy serves single-agent policies: use shoal.load(path) and its evaluation "
                               "for a league or a multi_agent run.")
-        check_preprocessing_applies(config.env, config.env_preprocessing)
-        info = describe(config.env, config.env_config, config.env_preprocessing)
+        info = describe_gym_env(config)
         policy = algo_cls.policy_cls(info.observation_space, info.action_space, config, config.seed)
     state, _ = ckpt.load_checkpoint(path)
     policy.set_weights(algo_cls.policy_weights(state))
     policy.on_global_vars({"env_steps": int(state["counters"]["env_steps_sampled"])})  # e.g. DQN's epsilon then
-    norm_stats = None
-    if config.normalize.enabled():
-        if "normalize" not in state:
-            raise CheckpointError(f"Checkpoint '{path}' holds no normalization statistics, but its config sets "
-                                  "normalize.obs or normalize.reward: it was written without them.")
-        norm_stats = RunningStats.from_state(state["normalize"])
+    norm_stats = saved_norm_stats(state) if config.normalize.enabled() else None
     return Policy(config, info, policy, norm_stats)

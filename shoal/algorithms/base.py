@@ -70,6 +70,21 @@ def _reports_to_callbacks(train):
     return wrapper
 
 
+def describe_gym_env(config) -> Any:
+    """A single-agent config's env: its spaces and spec facts, after checking that its
+    preprocessing applies (what an algorithm and ``shoal.load_policy`` both read)."""
+    check_preprocessing_applies(config.env, config.env_preprocessing)
+    return env_info(config.env, config.env_config, config.env_preprocessing)
+
+
+def saved_norm_stats(state: dict[str, Any]) -> RunningStats:
+    """The normalization statistics a checkpoint's state holds, for a config with ``normalize`` on."""
+    if "normalize" not in state:
+        raise CheckpointError("This checkpoint holds no normalization statistics, but the config sets "
+                              "normalize.obs or normalize.reward: it was written without them.")
+    return RunningStats.from_state(state["normalize"])
+
+
 def checkpoint_config_data(path: Path, given: dict[str, Any], trust: bool):
     """``(config class, meta, config data, approved import paths)`` to rebuild checkpoint ``path``
     with the caller's ``given`` keys merged into its saved config; raises UntrustedCodeError when
@@ -164,8 +179,7 @@ class Algorithm:
     # ---- for subclasses -------------------------------------------------------------------
     def describe_env(self):
         """The env's spaces and spec facts (Gymnasium); multi-agent algorithms check their own env instead."""
-        check_preprocessing_applies(self.config.env, self.config.env_preprocessing)
-        return env_info(self.config.env, self.config.env_config, self.config.env_preprocessing)
+        return describe_gym_env(self.config)
 
     def _normalization_stats(self) -> RunningStats | None:
         """Empty running statistics for the ``normalize`` section, or None when it is off."""
@@ -485,10 +499,7 @@ class Algorithm:
         self.counters.update({k: state["counters"][k] for k in COUNTERS if k in state["counters"]})
         self.episodes.set_state(state["episodes"])
         if self.norm_stats is not None:
-            if "normalize" not in state:
-                raise CheckpointError("This checkpoint holds no normalization statistics, but the config sets "
-                                      "normalize.obs or normalize.reward: it was written without them.")
-            self.norm_stats = RunningStats.from_state(state["normalize"])
+            self.norm_stats = saved_norm_stats(state)
             for method, args in self._normalizer_calls():  # actors started (or to start) before the restore
                 for g in (self.env_runners, self.eval_runners):
                     if g is not None:
