@@ -377,10 +377,27 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
     _start_actors(algo, owned=_algo is None)  # a cluster too small for the run fails before the run directory is written
     if on_start is not None:
         on_start()
-    run_dir = _run_dir
+    run_dir, lock, session = _open_run(algo, out, _run_dir, stop, checkpoint_every, keep_checkpoints, config_note,
+                                       owned=_algo is None)
+    try:
+        reason, result = _iterate(algo, session, run_dir, stop, checkpoint_every, t_start, progress)
+    finally:
+        session.close()
+        lock.close()
+        if _algo is None:
+            algo.stop()
+    return session.summary(stop, result, reason, wall_s=time.perf_counter() - t_start)
+
+
+def _open_run(algo, out: str | Path | None, run_dir: Path | None, stop: Stop, checkpoint_every: int,
+              keep_checkpoints: int, config_note: str | None, owned: bool):
+    """``(run_dir, lock, session)``: the run directory (a new one, unless ``run_dir`` resumes one;
+    None without ``out``), the lock that makes this process its one writer, and the session that
+    writes into it. On a failure here the lock is released and an ``owned`` algorithm stopped."""
+    resuming = run_dir is not None
     if run_dir is None and out is not None:
-        run_dir = new_run_dir(out, config)
-        _write_config(run_dir, config, config_note)
+        run_dir = new_run_dir(out, algo.config)
+        _write_config(run_dir, algo.config, config_note)
     lock = contextlib.ExitStack()  # one process writes a run directory at a time (resume holds it already)
     try:
         if run_dir is not None:
@@ -389,12 +406,20 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
         session = _Session(algo, run_dir, keep_checkpoints)  # opens the loggers: W&B or MLflow may refuse
     except BaseException:
         lock.close()
-        if _algo is None:
+        if owned:
             algo.stop()
         raise
-    if _run_dir is not None and session.ckpt_dir is not None:  # resuming: the run's best so far still counts
+    if resuming and session.ckpt_dir is not None:  # the run's best so far still counts
         session.best.remember(session.ckpt_dir / "best")
+    return run_dir, lock, session
+
+
+def _iterate(algo, session: "_Session", run_dir: Path | None, stop: Stop, checkpoint_every: int, t_start: float,
+             progress: bool) -> tuple[str | None, dict[str, Any]]:
+    """Iterations until a stop criterion, a signal or a fatal error: ``(reason, last result)``.
+    Every way out saves what it can (a checkpoint, or the state at the interruption)."""
     reason, result = None, {}
+    config = algo.config
     title = f"{config.algo} on {config.env_name()}" + (f"  ->  {run_dir}" if run_dir else "")
     try:
         with ProgressDisplay(title, stop, enabled=progress, best_metric=session.best.metric,
@@ -430,12 +455,7 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
             raise
         with signals.saving():
             raise session.fatal(storage_error(e, run_dir)) from None
-    finally:
-        session.close()
-        lock.close()
-        if _algo is None:
-            algo.stop()
-    return session.summary(stop, result, reason, wall_s=time.perf_counter() - t_start)
+    return reason, result
 
 
 def resume(run_dir: str | Path, stop: Stop | dict | None = None, overrides: dict[str, Any] | None = None,

@@ -119,6 +119,33 @@ def row_at(obs, i: int):
     return obs[i]
 
 
+class _FragmentBuffers:
+    """One fragment's arrays, time-major: ``T + 1`` observations (uint8 frames stay uint8), then
+    per step rewards, flags, actions and the policy's extras (allocated at the first step, whose
+    shapes they take), and a recurrent policy's state at the start of each training sequence."""
+
+    __slots__ = ("obs", "rewards", "terms", "truncs", "valid", "actions", "extras", "state")
+
+    def __init__(self, T: int, N: int, obs: np.ndarray, state: np.ndarray | None, seq_len: int) -> None:
+        self.obs = np.empty((T + 1, *obs.shape), dtype=obs.dtype)
+        self.rewards = np.empty((T, N), dtype=np.float32)
+        self.terms = np.empty((T, N), dtype=bool)
+        self.truncs = np.empty((T, N), dtype=bool)
+        self.valid = np.empty((T, N), dtype=bool)
+        self.actions: np.ndarray | None = None
+        self.extras: dict[str, np.ndarray] | None = None
+        self.state = None if state is None else np.empty((T // seq_len, *state.shape), dtype=np.float32)
+
+    def put_actions(self, t: int, actions: np.ndarray, extras: dict[str, np.ndarray]) -> None:
+        if self.actions is None:
+            T = len(self.rewards)
+            self.actions = np.empty((T, *actions.shape), dtype=actions.dtype)
+            self.extras = {k: np.empty((T, *v.shape), dtype=v.dtype) for k, v in extras.items()}
+        self.actions[t] = actions
+        for k, v in extras.items():
+            self.extras[k][t] = v
+
+
 class EnvRunner:
     """Samples fixed-length fragments from ``num_envs`` vectorized envs.
 
@@ -211,80 +238,74 @@ class EnvRunner:
         return batch, metrics
 
     def _run_fragment(self, explore: bool) -> tuple[Fragment, RolloutMetrics]:
-        T, N = self.fragment_length, self.num_envs
-        policy, env = self.policy, self.env
-        obs = self._obs
-        obs_buf = np.empty((T + 1, *obs.shape), dtype=obs.dtype)  # uint8 frames stay uint8
-        rewards = np.empty((T, N), dtype=np.float32)
-        terms = np.empty((T, N), dtype=bool)
-        truncs = np.empty((T, N), dtype=bool)
-        valid = np.empty((T, N), dtype=bool)
-        actions_buf = extras_buf = None
-        prev_done = self._prev_done
-        ep_ret, ep_len = self._ep_return, self._ep_len
+        """The hot loop: ``T`` vector steps, each one batched forward and one env step."""
+        T, policy, recurrent = self.fragment_length, self.policy, self.recurrent
+        obs, prev_done = self._obs, self._prev_done
         metrics = RolloutMetrics(worker_index=self.worker_index)
-        recurrent, norm = self.recurrent, self.normalizer
+        state = new_episode = None
+        L = 1
         if recurrent:
             state, new_episode, L = self._state, self._new_episode, self.seq_len
             if T % L:
                 raise ValueError(f"rollout fragments of {T} steps do not split into training sequences of {L}")
-            state_buf = np.empty((T // L, *state.shape), dtype=np.float32)
+        buf = _FragmentBuffers(T, self.num_envs, obs, state, L)
         with torch.inference_mode():
             for t in range(T):
-                obs_buf[t] = obs
+                buf.obs[t] = obs
                 if recurrent:
                     if new_episode.any():
                         state[new_episode] = 0.0
                     if t % L == 0:
-                        state_buf[t // L] = state
+                        buf.state[t // L] = state
                     actions, extras = policy.act(obs, explore, state)
                     state = extras.pop(STATE_OUT)
                 else:
                     actions, extras = policy.act(obs, explore)
-                if actions_buf is None:
-                    actions_buf = np.empty((T, *actions.shape), dtype=actions.dtype)
-                    extras_buf = {k: np.empty((T, *v.shape), dtype=v.dtype) for k, v in extras.items()}
-                actions_buf[t] = actions
-                for k, v in extras.items():
-                    extras_buf[k][t] = v
-                raw, r, term, trunc, info = env_call("step", env.step, policy.to_env_actions(actions))
+                buf.put_actions(t, actions, extras)
+                raw, r, term, trunc, info = env_call("step", self.env.step, policy.to_env_actions(actions))
                 live = ~prev_done
-                valid[t] = live
-                if self.signal is None:
-                    rewards[t], terms[t] = r, term
-                else:  # what the learner sees; the episode bookkeeping below uses the raw step
-                    rewards[t], terms[t] = self.signal.apply(r, term, info)
-                truncs[t] = trunc
-                ep_ret += r * live
-                ep_len += live
-                done = term | trunc
-                if norm is not None:  # what the learner sees; the returns reported stay raw
-                    rewards[t] = norm.rewards(rewards[t], done, live)
-                if self._episodes is not None:
-                    self._episode_hooks(raw, r, live, done, info, metrics)
-                if done.any():
-                    idx = np.flatnonzero(done)
-                    metrics.episode_returns.extend(ep_ret[idx].tolist())
-                    metrics.episode_lengths.extend(ep_len[idx].tolist())
-                    metrics.episode_envs.extend(idx.tolist())
-                    ep_ret[idx] = 0.0
-                    ep_len[idx] = 0
-                prev_done = done
+                prev_done = self._record_step(buf, t, raw, r, term, trunc, info, live, metrics)
                 if recurrent:  # zero after a terminal step and after a reset step (its obs starts an episode)
-                    new_episode = ~live | terms[t]
+                    new_episode = ~live | buf.terms[t]
                 obs = self._policy_input(raw)
-            obs_buf[T] = obs
+            buf.obs[T] = obs
             if recurrent:
                 last_extras = policy.bootstrap(obs, state)
                 self._state, self._new_episode = state, new_episode
             else:
                 last_extras = policy.bootstrap(obs)
         self._obs, self._prev_done = obs, prev_done
-        rewards *= valid
-        metrics.env_steps = int(valid.sum())
-        frag = Fragment(obs_buf, actions_buf, rewards, terms, truncs, valid, extras_buf, last_extras,
-                        state_buf if recurrent else None)
-        return frag, metrics
+        buf.rewards *= buf.valid
+        metrics.env_steps = int(buf.valid.sum())
+        return Fragment(buf.obs, buf.actions, buf.rewards, buf.terms, buf.truncs, buf.valid, buf.extras, last_extras,
+                        buf.state), metrics
+
+    def _record_step(self, buf: "_FragmentBuffers", t: int, raw, r, term, trunc, info, live: np.ndarray,
+                     metrics: RolloutMetrics) -> np.ndarray:
+        """Step ``t``'s rewards and flags into the buffers, and the episode bookkeeping (returns and
+        lengths stay raw: the learner sees shaped or normalized rewards); where episodes ended."""
+        buf.valid[t] = live
+        if self.signal is None:
+            buf.rewards[t], buf.terms[t] = r, term
+        else:  # what the learner sees; the episode bookkeeping below uses the raw step
+            buf.rewards[t], buf.terms[t] = self.signal.apply(r, term, info)
+        buf.truncs[t] = trunc
+        ep_ret, ep_len = self._ep_return, self._ep_len
+        ep_ret += r * live
+        ep_len += live
+        done = term | trunc
+        if self.normalizer is not None:
+            buf.rewards[t] = self.normalizer.rewards(buf.rewards[t], done, live)
+        if self._episodes is not None:
+            self._episode_hooks(raw, r, live, done, info, metrics)
+        if done.any():
+            idx = np.flatnonzero(done)
+            metrics.episode_returns.extend(ep_ret[idx].tolist())
+            metrics.episode_lengths.extend(ep_len[idx].tolist())
+            metrics.episode_envs.extend(idx.tolist())
+            ep_ret[idx] = 0.0
+            ep_len[idx] = 0
+        return done
 
     def _episode_hooks(self, obs, rewards, live, done, info, metrics: RolloutMetrics) -> None:
         """The user's on_episode_step (live envs) and on_episode_end (envs whose episode just ended)."""
