@@ -9,13 +9,15 @@ names the key and what is allowed, and suggests the closest valid key for a miss
 Overrides come from YAML files and ``key=value`` strings (dotted keys reach into sections:
 ``resources.num_workers=2``).
 
-A config class inherits its parent's keys, and some of them may mean nothing to it (Ape-X's
-fixed per-actor epsilons make DQN's epsilon schedule meaningless). Such a class lists them in
+Some keys a user may expect mean nothing to an algorithm: an inherited one (Ape-X's fixed
+per-actor epsilons make DQN's epsilon schedule meaningless), or a key of a sibling algorithm
+that this one does not have (DD-PPO has no KL penalty, which PPO has). A class lists them in
 ``unused_keys`` (key -> why), which every section and config has: giving one (constructor,
-YAML, ``--set``, assignment) is a ConfigError naming the key, the algorithm and the reason;
-they are left out of ``to_dict()`` (so of config.yaml and checkpoints) and of the valid keys
-that error messages list. The attribute keeps its default for code shared with the parent.
-A checkpoint written before a key was declared unused still loads (``without_unused``).
+YAML, ``--set``, assignment) is a ConfigError naming the key, the algorithm and the reason,
+instead of "unknown key". An inherited one is left out of ``to_dict()`` (so of config.yaml and
+checkpoints) and of the valid keys that error messages list, and keeps its default for code
+shared with the parent. A checkpoint written before a key was declared unused still loads
+(``without_unused``).
 """
 
 from __future__ import annotations
@@ -41,20 +43,13 @@ class Section(BaseModel):
     """A config section: strict keys, validated on assignment too; ``unused_keys`` refused."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)  # no inf or NaN value
-    unused_keys: ClassVar[dict[str, str]] = {}  # inherited key -> why this class does not use it
+    unused_keys: ClassVar[dict[str, str]] = {}  # refused key (inherited, or a sibling's) -> why this class does not use it
 
     def __init__(self, **data: Any) -> None:
         given = unused_keys_given(type(self), data)
         if given:
             raise ConfigError(f"Invalid {type(self).__name__}: " + " ".join(given))
         super().__init__(**data)
-
-    @classmethod
-    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
-        super().__pydantic_init_subclass__(**kwargs)
-        strays = sorted(set(cls.unused_keys) - set(cls.model_fields))
-        if strays:
-            raise TypeError(f"{cls.__name__}.unused_keys names {strays}, which are not fields of {cls.__name__}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in type(self).unused_keys:
@@ -686,7 +681,7 @@ def unused_keys_given(model: type[BaseModel], data: dict[str, Any], prefix: str 
 
 def _unused_tree(model: type[BaseModel]) -> dict[str, Any]:
     """``model_dump(exclude=...)`` form of the unused keys: ``{key: True, section: {...}}``."""
-    out: dict[str, Any] = {k: True for k in getattr(model, "unused_keys", {})}
+    out: dict[str, Any] = {k: True for k in getattr(model, "unused_keys", {}) if k in model.model_fields}
     for key in used_keys(model):
         sub = _section_type(model, key)
         if sub is not None and (inner := _unused_tree(sub)):

@@ -37,7 +37,6 @@ from shoal.algorithms.config_groups import (
     AsyncSamplingKeys,
     ClipTargetKeys,
     KLPenaltyKeys,
-    LearnerThreadKeys,
     VTraceKeys,
     check_whole_sequences,
 )
@@ -79,8 +78,9 @@ _NO_LEARNER_QUEUE = ("policy learners pull their batches from their shard's repl
                      "replay_ratio); IMPALA's learner queue and minibatch ring are not used")
 
 
-class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, LearnerThreadKeys, AlgorithmConfig):
-    """APPO's groups (config_groups.py) plus the league; IMPALA's learner-thread keys are refused."""
+class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, AlgorithmConfig):
+    """APPO's groups (config_groups.py) but the learner thread's, plus the league; APPO's learner-thread
+    keys are refused with the reason (``unused_keys``)."""
 
     algo = "alpha_star"
     mutable_keys = frozenset()  # the learners live in other processes: nothing changes mid-run

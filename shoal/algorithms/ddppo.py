@@ -29,7 +29,7 @@ import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from shoal.algorithms.base import Algorithm
-from shoal.algorithms.config_groups import KLPenaltyKeys, PPOLossKeys
+from shoal.algorithms.config_groups import PPOLossKeys
 from shoal.algorithms.ppo import PPOLoss, gae_postprocess, sgd_sequence_length, transitions
 from shoal.config import AlgorithmConfig, ResourcesConfig
 from shoal.errors import DivergenceError, WorkerError
@@ -76,8 +76,8 @@ _NO_CENTRAL_LEARNER = ("the adaptive KL penalty needs a central learner, and DD-
                        "own batch")
 
 
-class DDPPOConfig(PPOLossKeys, KLPenaltyKeys, AlgorithmConfig):
-    """PPO's loss keys, run on every worker; the KL penalty's keys are refused (``unused_keys``)."""
+class DDPPOConfig(PPOLossKeys, AlgorithmConfig):
+    """PPO's loss keys, run on every worker; PPO's KL penalty keys are refused with the reason (``unused_keys``)."""
 
     algo = "ddppo"
     mutable_keys = frozenset()  # the learners live in other processes: nothing changes mid-run
