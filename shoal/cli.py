@@ -313,7 +313,7 @@ def _evaluation_report(p: Path, algo, n: int, deterministic: bool, opponent: Opt
     if video is not None or render:
         raise ConfigError("--video and --render show single-agent episodes; a multi-agent env has no rgb_array recording here.")
     if opponent is None and len(ev.agents_of(algo)) != 2:
-        if not hasattr(algo, "evaluation_episodes"):
+        if not algo.is_multi_agent:  # a league
             raise ConfigError(f"shoal evaluate plays a league's main policy in two-player games; {algo.config.env!r} "
                               f"has agents {', '.join(ev.agents_of(algo))}.")
         returns, lengths, _ = algo.evaluation_episodes(n, explore=not deterministic)

@@ -127,7 +127,7 @@ def play_episodes(algo, num_episodes: int, deterministic: bool = True, record: i
     for Atari the emulator's full-size RGB screen, not the preprocessed network input): one
     frame after the reset and one after every step. ``human`` shows the episodes on screen instead.
     """
-    if algo.policy_cls is None:
+    if algo.policy_cls is None or getattr(algo, "is_multi_agent", False):
         raise ConfigError(f"{type(algo).__name__} has no single-agent policy to play episodes with.")
     if not deterministic and algo.policy_cls is EpsilonGreedyQPolicy and not algo.config.epsilon_schedule():
         raise ConfigError(f"--stochastic: {type(algo).__name__}'s actors explore with fixed epsilons of their own, so "
@@ -189,7 +189,7 @@ def write_video(frames: list[np.ndarray], path: str | Path, fps: float) -> Path:
 # ---- games ------------------------------------------------------------------------------------
 def is_game(algo) -> bool:
     """Whether ``algo`` plays a multi-agent (PettingZoo) env: a league or a multi-agent algorithm."""
-    return getattr(algo, "policy_cls", None) is None and (hasattr(algo, "league") or hasattr(algo, "agents"))
+    return hasattr(algo, "league") or getattr(algo, "is_multi_agent", False)
 
 
 def main_policy(algo) -> tuple[str, dict[str, Any]]:
@@ -201,8 +201,8 @@ def main_policy(algo) -> tuple[str, dict[str, Any]]:
         return pid, {"weights": algo.weights[pid], "model": algo.config.model.model_dump(), "trainable": False}
     ids = list(algo.config.multi_agent.policies)
     pid = "main" if "main" in ids else ids[0]
-    return pid, {"weights": algo._weights_of(pid), "model": algo.policy_configs[pid].model.model_dump(),
-                 "agent": algo._agent_for(pid), "trainable": False}
+    return pid, {"weights": algo.policies.weights(pid), "model": algo.policies.configs[pid].model.model_dump(),
+                 "agent": algo.agents.agent_for(pid), "trainable": False}
 
 
 def agents_of(algo) -> list[str]:

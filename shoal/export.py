@@ -91,7 +91,7 @@ def exported_signature(model: ExportedPolicy) -> tuple[list[str], list[str]]:
 
 def policy_model(algo) -> ExportedPolicy:
     """The exportable module of ``algo``'s single-agent policy, with its current weights."""
-    if algo.policy_cls is None:
+    if algo.policy_cls is None or getattr(algo, "is_multi_agent", False):
         raise ConfigError(f"shoal export serves single-agent policies; a {type(algo).__name__} checkpoint (several "
                           "policies, a multi-agent env) has none to export.")
     space, action_space = algo.env_info.observation_space, algo.env_info.action_space

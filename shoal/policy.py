@@ -5,7 +5,8 @@
 
 Only the policy network is built, in this process, from the checkpoint's config and weights:
 no learner, no optimizer, no replay buffer, no thread and nothing of Ray. It acts as
-:meth:`~shoal.algorithms.base.Algorithm.predict` does (both call :func:`predict_actions`).
+:meth:`~shoal.algorithms.base.Algorithm.predict` does (both call
+:func:`shoal.rollout.policies.predict_actions`).
 """
 
 from __future__ import annotations
@@ -14,40 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from shoal import checkpoint as ckpt
 from shoal.errors import ConfigError
-
-
-def predict_actions(policy, space, obs, state: np.ndarray | None, episode_start: np.ndarray | None,
-                    deterministic: bool, norm_stats=None, normalize=None) -> tuple[np.ndarray, np.ndarray | None]:
-    """``(actions, state)`` of inference policy ``policy`` for one observation or a batch of
-    ``space``'s; observations are normalized by ``norm_stats`` (frozen) when given. A recurrent
-    policy starts from its initial state where ``state`` is None or ``episode_start`` is True."""
-    from shoal.rollout.policies import STATE_OUT
-    from shoal.spaces import preprocess_obs
-
-    obs = np.asarray(obs)
-    single = obs.shape == tuple(space.shape or ())
-    rows = preprocess_obs(space, obs[None] if single else obs)
-    if norm_stats is not None:  # the saved statistics, frozen
-        rows = norm_stats.normalize_obs(rows, normalize.clip_obs, normalize.epsilon)
-    with torch.inference_mode():
-        if not getattr(policy, "recurrent", False):
-            actions, _ = policy.act(rows, explore=not deterministic)
-            out_state = None
-        else:
-            n = len(rows)
-            state = policy.initial_state(n) if state is None else np.array(state, dtype=np.float32).reshape(n, -1)
-            if episode_start is not None:
-                state[np.asarray(episode_start, dtype=bool).reshape(n)] = 0.0
-            actions, extras = policy.act(rows, not deterministic, state)
-            out_state = extras[STATE_OUT]
-    actions = policy.to_env_actions(actions)
-    if single:
-        return actions[0], (None if out_state is None else out_state[0])
-    return actions, out_state
+from shoal.rollout.policies import predict_actions
 
 
 class Policy:

@@ -41,6 +41,7 @@ SIGNATURE_KEY = "signature"
 
 SHOAL_ENVS = frozenset({
     "shoal.envs.memory:RememberCue",
+    "shoal.envs.multi_cartpole:parallel_env",
     "shoal.envs.pixel_catch:PixelCatch",
     "shoal.envs.signal_match:parallel_env",
     "shoal.envs.stateless_cartpole:StatelessCartPole",
@@ -175,7 +176,7 @@ def trusted_without_asking(key: str, path: str) -> bool:
             return False
         import gymnasium as gym
 
-        from shoal.envs.atari import is_ale_id
+        from shoal.gym_ids import is_ale_id
 
         return path in gym.envs.registry or is_ale_id(path)
     if key == "league" and path in SHOAL_LEAGUE_BUILDERS:

@@ -126,7 +126,7 @@ def test_hung_evaluation_actor_is_replaced_and_the_evaluation_finishes(ray_clust
         out = algo.evaluate()  # nothing stepped the driver's envs: the evaluation actor's env hangs
         assert (tmp_path / "hung").exists()
         assert out["num_episodes"] == 2
-        assert algo.eval_runners.num_timeouts == 1 and algo.eval_runners.num_restarts == 1
+        assert algo.evaluator.runners.num_timeouts == 1 and algo.evaluator.runners.num_restarts == 1
     finally:
         algo.stop()
 
@@ -141,7 +141,7 @@ def test_an_evaluation_actor_replaced_twice_still_finishes_and_is_counted(ray_cl
         out = algo.evaluate()  # the driver's own envs never step here: only evaluation actors' envs hang
         assert (tmp_path / "hung").exists() and (tmp_path / "hung.1").exists()
         assert out["num_episodes"] == 2
-        assert algo.eval_runners.num_restarts == 2 and algo.eval_runners.num_timeouts == 2
+        assert algo.evaluator.runners.num_restarts == 2 and algo.evaluator.runners.num_timeouts == 2
     finally:
         algo.stop()
 

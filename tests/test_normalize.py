@@ -108,7 +108,7 @@ def test_checkpoint_round_trip_and_frozen_evaluation(tmp_path):
         assert restored.norm_stats.get_state() == saved
         restored.evaluate(2)
         assert restored.norm_stats.get_state() == saved  # evaluation counts nothing
-        assert restored._eval_local.normalizer.synced.get_state() == saved  # and uses the saved statistics
+        assert restored.evaluator.local.normalizer.synced.get_state() == saved  # and uses the saved statistics
         restored.stop()
         # predict on raw observations == the same network without normalization on normalized ones
         raw = np.random.default_rng(0).normal(0, 1, (64, 4)).astype(np.float32) * [1, 2, 0.2, 2]

@@ -104,7 +104,7 @@ def test_a_runs_actors_live_in_one_placement_group_and_restarts_keep_their_bundl
         assert groups[-1]["placement_group_id"] == pg.id.hex() and len(groups[-1]["bundles"]) == 3
         assert algo.placement.indices == {"rollout actor": [0, 1], "evaluation actor": [2]}
         runners = algo.env_runners.group
-        assert {_pg_of(runners, i) for i in (1, 2)} == {pg.id.hex()} == {_pg_of(algo.eval_runners, 1)}
+        assert {_pg_of(runners, i) for i in (1, 2)} == {pg.id.hex()} == {_pg_of(algo.evaluator.runners, 1)}
         old = runners.actors[2]
         runners.restart(2)
         assert runners.actors[2] is not old and _pg_of(runners, 2) == pg.id.hex()

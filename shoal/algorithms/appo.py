@@ -28,12 +28,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import numpy as np
 import torch
 from pydantic import model_validator
 
 from shoal.algorithms.base import Algorithm
 from shoal.algorithms.config_groups import (
+    ASYNC_PER_RUN_KEYS,
     AsyncSamplingKeys,
     ClipTargetKeys,
     KLPenaltyKeys,
@@ -44,10 +44,14 @@ from shoal.algorithms.config_groups import (
     check_multi_agent,
     check_whole_sequences,
 )
-from shoal.algorithms.pipeline import AsyncPipeline, make_async_learner, make_learner_thread, make_sequence_runners
+from shoal.algorithms.pipeline import (
+    AsyncPipeline,
+    make_async_policy_learner,
+    make_learner_thread,
+    make_sequence_runners,
+)
 from shoal.batch import Col
 from shoal.config import AlgorithmConfig
-from shoal.learn import Learner
 from shoal.learn.losses import LossRecord
 from shoal.learn.masking import ActionMasked
 from shoal.learn.sequences import VTraceParams, policy_advantages, time_major, unroll, value_and_entropy, vtrace_for
@@ -72,7 +76,7 @@ class APPOConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, L
     def _check_appo(self):
         check_whole_sequences(self)
         check_learner_thread(self)
-        check_multi_agent(self)
+        check_multi_agent(self, ASYNC_PER_RUN_KEYS)
         return self
 
 
@@ -156,34 +160,37 @@ class APPOLoss(LossRecord):
         return loss, stats
 
 
-def make_appo_target(learner: Learner, config) -> TargetNetwork:
-    """The target network, refreshed by the learner's post-update hook every ``target_update_frequency`` updates."""
-    target = TargetNetwork(learner.module, config.target_update_frequency, unit="updates")
-    learner.add_post_update_hook(target.post_update)
-    return target
-
-
 # ---- algorithm --------------------------------------------------------------------------
 class APPO(Algorithm):
     config_cls = APPOConfig
+    config: APPOConfig
     policy_cls = ActorCriticPolicy
 
     def setup(self) -> None:
-        cfg = self.config
-        self.kl = AdaptiveKL(cfg.kl_coeff, cfg.kl_target, enabled=cfg.use_kl_loss)
-        self.learner = make_async_learner(self, loss_fn=None)  # the loss needs the target, made from the learner
-        self.target = make_appo_target(self.learner, cfg)
-        self.learner.loss_fn = APPOLoss.from_config(cfg, target=self.target, kl=self.kl)
-        self.thread = make_learner_thread(self.learner, cfg)
+        self.policies = self.build_policies(self._policy_learner)
+        if not self.is_multi_agent:
+            only = self.policies.only
+            self.learner, self.target, self.kl = only.learner, only.target, only.kl
+        self.thread = make_learner_thread(self.policies.learners(), self.config)
         self.env_runners = make_sequence_runners(self)
-        self.pipeline = AsyncPipeline.from_config(self.env_runners, self.thread, cfg)
+        self.pipeline = AsyncPipeline.from_config(self.env_runners, self.thread, self.config)
         self.broadcast_weights()
 
-    def display_metrics(self) -> list[tuple[str, str]]:
-        return super().display_metrics() + [("learner/mean_rho", "mean_rho")]  # V-trace's mean importance ratio
+    def _policy_learner(self, cfg, obs_space, action_space, seed: Optional[int] = None):
+        """One policy's learner, with its target network: refreshed by the learner's post-update hook
+        every ``target_update_frequency`` updates."""
+        masked = self.is_multi_agent  # both networks' logits under the recorded action masks
+        return make_async_policy_learner(
+            cfg, obs_space, action_space, seed,
+            lambda c, target, kl: APPOLoss.from_config(c, target=target, kl=kl, masked=masked),
+            target_period=cfg.target_update_frequency)
 
-    def get_weights(self) -> dict[str, np.ndarray]:
-        return self.thread.get_weights()
+    def display_metrics(self) -> list[tuple[str, str]]:  # V-trace's mean importance ratio too
+        return self.policies.display(super().display_metrics() + [("learner/mean_rho", "mean_rho")])
+
+    def get_weights(self):
+        with self.thread.hold():
+            return self.policies.get_weights()
 
     def training_step(self) -> dict[str, Any]:
         p = self.pipeline
@@ -191,36 +198,35 @@ class APPO(Algorithm):
             ready = p.sample()
             self.record_rollouts([m for _, m in ready])
         with self.timers.time(Phase.ENQUEUE):
-            self.learner.set_env_steps(self.counters["env_steps_sampled"])
+            for _, pl in self.policies:
+                pl.learner.set_env_steps(self.counters["env_steps_sampled"])
             p.enqueue([b for b, _ in ready])
         with self.timers.time(Phase.DRAIN):
             results = p.drain(wait=not ready)
-        with self.timers.time(Phase.POST_UPDATE):  # once per learner result: the KL coefficient moves
+        with self.timers.time(Phase.POST_UPDATE):  # once per learner result: each policy's KL coefficient moves
             for result in results:
                 self.counters["env_steps_trained"] += result.env_steps
-                if "kl" in result.stats:
-                    self.kl.update(result.stats["kl"])
+                for pid, stats in self.policies.split_stats(result.stats).items():
+                    self.policies[pid].after_update(stats)
         with self.timers.time(Phase.SYNC):
             if p.broadcast_due():
                 p.broadcast_done()
                 self.broadcast_weights()
         p.check()
-        return {**p.metrics(), "learner/kl_coeff": self.kl.coeff}
+        now = {pid: {"lr": pl.learner.lr, "kl_coeff": pl.kl.coeff} for pid, pl in self.policies}
+        return {**p.metrics(), **self.policies.result_keys(now)}
 
     def train(self) -> dict[str, Any]:
         return {**super().train(), **self.thread.stats()}
 
     def get_state(self) -> dict[str, Any]:
         with self.thread.hold():
-            return {**super().get_state(), "learner": self.learner.get_state(), "target": self.target.get_state(),
-                    "kl": self.kl.get_state()}
+            return {**super().get_state(), **self.policies.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)
         with self.thread.hold():
-            self.learner.set_state(state["learner"])
-            self.target.set_state(state["target"])
-            self.kl.set_state(state["kl"])
+            self.policies.set_state(state)
         self.broadcast_weights()
 
     def stop(self) -> None:

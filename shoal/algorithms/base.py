@@ -18,25 +18,30 @@ import numpy as np
 import torch
 
 from shoal import checkpoint as ckpt
+from shoal.algorithms import multi_agent
+from shoal.algorithms.evaluator import Evaluator
+from shoal.algorithms.multi_agent import Agents
+from shoal.algorithms.policies import BuildLearner, PolicySet
 from shoal.callbacks import Callbacks, aggregate_custom, build_callbacks
 from shoal.config import AlgorithmConfig, env_spec_to_str
 from shoal.envs import env_info
 from shoal.envs.atari import check_preprocessing_applies
 from shoal.envs.make import check_env_memory
 from shoal.envs.normalize import RunningStats, check_normalize_applies
-from shoal.errors import ActorLostError, CheckpointError, ConfigError, DivergenceError, EnvError
+from shoal.errors import CheckpointError, ConfigError, DivergenceError, EnvError
 from shoal.learn.losses import LossRecord
 from shoal.logging.metrics import EpisodeWindow, Timers
 from shoal.models.catalog import check_model_size
 from shoal.process import configure_process
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
+from shoal.rollout.multi_agent import MultiAgentEnvRunner, PolicyReturnWindows
+from shoal.rollout.policies import predict_actions
 from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
 from shoal.runtime.deadline import DeadlineReached
 from shoal.runtime.placement import DRIVER, BundleGroup, RunPlacement
 from shoal.runtime.signals import time_limit
-from shoal.seeding import EVAL_ACTORS_FIRST_INDEX, EVAL_RUNNER_INDEX
 
-COUNTERS = ("env_steps_sampled", "env_steps_trained", "time_total_s", "num_env_failures")
+COUNTERS = ("env_steps_sampled", "env_steps_trained", "time_total_s", "num_env_failures", "agent_steps_sampled")
 
 
 @contextlib.contextmanager
@@ -132,14 +137,6 @@ class Algorithm:
         if not getattr(cls.train, "reports_to_callbacks", False):  # a train() of its own (or of a mixin)
             cls.train = _reports_to_callbacks(cls.train)
 
-    def __new__(cls, config: AlgorithmConfig | None = None, *args: Any, **kwargs: Any):
-        # A config with a multi_agent section builds the algorithm's multi-agent form (shoal.algorithms.multi_agent).
-        if getattr(config, "multi_agent", None) is not None and not getattr(cls, "multi_agent_kind", ""):
-            from shoal.algorithms.multi_agent import multi_agent_class
-
-            cls = multi_agent_class(cls)
-        return super().__new__(cls)
-
     def __init__(self, config: AlgorithmConfig) -> None:
         if not isinstance(config, self.config_cls):
             raise ConfigError(f"{type(self).__name__} needs a {self.config_cls.__name__}, got {type(config).__name__}.")
@@ -151,6 +148,9 @@ class Algorithm:
             np.random.seed(seed)
             torch.manual_seed(seed)
         self.rng = np.random.default_rng(seed)
+        self.agents: Agents | None = None  # a multi_agent section's env: its agents and their spaces
+        self.policies: PolicySet | None = None  # what setup() builds, for the algorithms that train by policy
+        self.policy_returns = PolicyReturnWindows(100)  # per policy, with a multi_agent section
         limit = config.resources.request_timeout_s
         with _naming_env(config), time_limit(limit, lambda: EnvError(
                 f"Building env {config.env_name()!r} in the driver (to read its spaces) did not finish within "
@@ -167,9 +167,8 @@ class Algorithm:
         self.callbacks: Callbacks = build_callbacks(config.callbacks) or Callbacks()  # the driver's instance
         self.custom_metrics: list[dict[str, float]] = []  # on_episode_end's, since the last result
         self.timers = Timers()
-        self.env_runners = None
-        self.eval_runners = None
-        self._eval_local: EnvRunner | None = None
+        self.env_runners: Any = None  # the rollout actor group (LazyActorGroup), made by setup()
+        self.evaluator = Evaluator(self)
         self._weights_ref = None  # the last broadcast, replayed on recreated rollout actors
         self.placement = RunPlacement(self.resource_plan(config), what=f"This {config.algo} run",
                                       wait_s=config.resources.resource_wait_s)
@@ -177,15 +176,24 @@ class Algorithm:
             self.setup()
 
     # ---- for subclasses -------------------------------------------------------------------
+    @property
+    def is_multi_agent(self) -> bool:
+        """Whether the config has a ``multi_agent`` section (a PettingZoo env, several policies)."""
+        return getattr(self.config, "multi_agent", None) is not None
+
     def describe_env(self):
-        """The env's spaces and spec facts (Gymnasium); multi-agent algorithms check their own env instead."""
+        """The env's spaces and spec facts: a Gymnasium env's, or with a ``multi_agent`` section
+        the first agent's (``self.agents`` holds them all). A league checks its own env instead."""
+        if self.is_multi_agent:
+            self.agents = Agents.describe(self.config)
+            return self.agents.env_info()
         return describe_gym_env(self.config)
 
     def _normalization_stats(self) -> RunningStats | None:
         """Empty running statistics for the ``normalize`` section, or None when it is off."""
         if not self.config.normalize.enabled():
             return None
-        if getattr(self, "multi_agent_kind", ""):
+        if self.is_multi_agent:
             raise ConfigError(f"normalize is not supported with a multi_agent section ({self.config.algo}): each "
                               "policy sees its own observations. Leave normalize.obs and normalize.reward false.")
         from shoal.spaces import preprocess_obs
@@ -196,6 +204,14 @@ class Algorithm:
 
     def setup(self) -> None:
         raise NotImplementedError
+
+    def build_policies(self, build: BuildLearner) -> PolicySet:
+        """The policies this run trains, ``build(config, obs_space, action_space, seed)`` making each
+        one's learner: the env's one policy, or every policy of a ``multi_agent`` section."""
+        if self.is_multi_agent:
+            return PolicySet.for_agents(self.config, self.agents, build)
+        info = self.env_info
+        return PolicySet.single(self.config, build(self.config, info.observation_space, info.action_space, None))
 
     # ---- resources ------------------------------------------------------------------------
     @classmethod
@@ -239,6 +255,9 @@ class Algorithm:
 
         ``max_in_flight`` bounds the asynchronous requests per actor; ``runner_cls`` is an
         EnvRunner subclass for algorithms whose actors do more (e.g. Ape-X's push to replay).
+        The env kind picks the runner: with a ``multi_agent`` section it is the
+        :class:`~shoal.rollout.multi_agent.MultiAgentEnvRunner`, which cuts sequences per policy
+        (``policy_cls``, ``postprocess`` and ``fragment_length`` are then the section's).
         A recreated actor gets the last broadcast weights and whatever ``self.restart_calls()`` adds.
 
         The group is lazy (:class:`~shoal.runtime.lazy.LazyActorGroup`): the actors, and Ray,
@@ -253,14 +272,21 @@ class Algorithm:
         def ctor(i: int):
             return (self.config, i, policy_cls, postprocess, fragment_length), {}
 
+        if self.is_multi_agent:  # the env kind picks the runner: sequences per policy
+            runner_cls, ctor = MultiAgentEnvRunner, self.multi_agent_runner_args
         group = LazyActorGroup(lambda: make_actor_group(
             runner_cls, n, ctor, remote=remote,
             resources=self.actor_resources("rollout actor") if remote else ActorResources.of_workers(res),
             max_in_flight=max_in_flight, name="rollout actor", first_index=first, about=f"env {self.config.env_name()}",
         ), n, first_index=first, max_in_flight=max_in_flight)
         group.on_restart = lambda: ([("set_weights", (self._weights_ref,))] if self._weights_ref is not None else []) \
-            + self._normalizer_calls() + self.restart_calls()
+            + self.normalizer_calls() + self.restart_calls()
         return group
+
+    def multi_agent_runner_args(self, index: int):
+        """A multi-agent rollout actor's ``(args, kwargs)``: every policy with its current weights."""
+        weights = self.get_weights()
+        return self.agents.runner_args(self.config, index, weights.__getitem__, list(self.policies.trained))
 
     def start_actors(self) -> None:
         """Create the rollout actors now rather than on the first call that needs them.
@@ -272,11 +298,13 @@ class Algorithm:
         if self.env_runners is not None:
             self.env_runners.start()
 
-    def _normalizer_calls(self) -> list[tuple[str, tuple]]:
+    def normalizer_calls(self) -> list[tuple[str, tuple]]:
         return [] if self.norm_stats is None else [("set_normalizer", (self.norm_stats.get_state(),))]
     def nonfinite_updates_skipped(self) -> int:
         """Learner updates skipped over the run for a NaN/inf loss or gradient (the result's
-        ``num_nonfinite_updates_skipped``); the driver's ``self.learner`` by default."""
+        ``num_nonfinite_updates_skipped``); the policies' learners, or the driver's ``self.learner``."""
+        if self.policies is not None:
+            return self.policies.nonfinite_skipped()
         learner = getattr(self, "learner", None)
         return int(getattr(learner, "num_nonfinite_skipped", 0))
 
@@ -309,7 +337,7 @@ class Algorithm:
             if g is self.env_runners:
                 self._weights_ref = ref
             g.foreach("set_weights", ref, wait=False)
-            for method, args in self._normalizer_calls():  # the merged statistics travel with the weights
+            for method, args in self.normalizer_calls():  # the merged statistics travel with the weights
                 g.foreach(method, *args, wait=False)
 
     def record_rollouts(self, metrics: list[RolloutMetrics]) -> int:
@@ -321,6 +349,9 @@ class Algorithm:
                 self.norm_stats.merge(m.normalizer_new)
             self.custom_metrics.extend(m.custom_metrics)
             self.counters["num_env_failures"] += getattr(m, "env_failures", 0)
+            if self.is_multi_agent:  # decisions of all agents; env_steps counts env copies' steps
+                self.policy_returns.add(m)
+                self.counters["agent_steps_sampled"] += m.agent_steps
         self.counters["env_steps_sampled"] += steps
         return steps
 
@@ -366,6 +397,8 @@ class Algorithm:
             **step_metrics,
             **self.timers.report(),
             **aggregate_custom(self.custom_metrics),
+            **({**self.policy_returns.metrics(), "agent_steps_sampled": int(self.counters["agent_steps_sampled"])}
+               if self.is_multi_agent else {}),
         }
         self.custom_metrics = []
         ev = cfg.evaluation
@@ -373,7 +406,7 @@ class Algorithm:
             evaluation = self.evaluate()
             self.callbacks.on_evaluate(self, evaluation)
             result.update({f"evaluation/{k}": v for k, v in evaluation.items()})
-        result["num_eval_worker_restarts"] = self.eval_runners.num_restarts if self.eval_runners is not None else 0
+        result["num_eval_worker_restarts"] = self.evaluator.num_restarts
         return result
 
     # ---- changing the config mid-run ------------------------------------------------------
@@ -397,6 +430,9 @@ class Algorithm:
         checked = self.config.copy_with(dict(changes))  # validates the values (a ConfigError names a bad one)
         for key in changes:
             setattr(self.config, key, getattr(checked, key))  # in place: config.yaml and Tune read this one
+        if self.policies is not None:
+            self.policies.apply_config(self.config, changes)
+            return
         learner = getattr(self, "learner", None)
         if learner is not None:
             if isinstance(learner.loss_fn, LossRecord):  # one attribute store: never a half-changed loss
@@ -420,10 +456,9 @@ class Algorithm:
         training does at the current step: from the action distribution, or epsilon-greedy with
         the epsilon a DQN schedule gives after the env steps sampled so far.
         """
-        from shoal.policy import predict_actions
-
-        if self.policy_cls is None:
-            raise ConfigError(f"{type(self).__name__}.predict serves single-agent policies; this algorithm has none")
+        if self.policy_cls is None or self.is_multi_agent:
+            raise ConfigError(f"{type(self).__name__}.predict serves single-agent policies; this run has none "
+                              "(a multi_agent section or a league)")
         space = self.env_info.observation_space
         if getattr(self, "_predict_policy", None) is None:
             self._predict_policy = self.policy_cls(space, self.env_info.action_space, self.config, self.config.seed)
@@ -440,50 +475,19 @@ class Algorithm:
         return {k: v.numpy() for k, v in state["learner"]["module"].items()}
 
     # ---- evaluation ---------------------------------------------------------------------
-    def _evaluate_on(self, actor_id: int, num_episodes: int) -> dict[str, Any]:
-        """``num_episodes`` on evaluation actor ``actor_id``; again on its replacement each time it
-        dies or hangs (the group recreates it, with the weights and normalizer sent again), until
-        the restart budget (``resources.max_worker_restarts``) says the failures come too fast."""
-        while True:
-            try:
-                return self.eval_runners.call(actor_id, "evaluate", num_episodes)
-            except ActorLostError:
-                self.eval_runners.foreach("set_weights", self.eval_runners.put(self.get_weights()),
-                                          actor_ids=[actor_id], wait=False)
-                for method, args in self._normalizer_calls():
-                    self.eval_runners.foreach(method, *args, actor_ids=[actor_id], wait=False)
-
     def evaluate(self, num_episodes: int | None = None, render: bool = False) -> dict[str, float]:
-        """Greedy episodes with the current weights, on evaluation actors or in the driver."""
-        ev = self.config.evaluation
-        n = num_episodes or ev.evaluation_num_episodes
-        weights = self.get_weights()
-        if ev.evaluation_num_workers > 0 and not render:
-            if self.eval_runners is None:
-                self.eval_runners = make_actor_group(
-                    EnvRunner, ev.evaluation_num_workers,
-                    lambda i: ((self.config, EVAL_ACTORS_FIRST_INDEX + i, self.policy_cls, None, 1), {"num_envs": 1}),
-                    remote=True, resources=self.actor_resources("evaluation actor"), name="evaluation actor",
-                    about=f"env {self.config.env_name()}")
-            k = len(self.eval_runners.actor_ids)
-            ref = self.eval_runners.put(weights)
-            self.eval_runners.foreach("set_weights", ref, wait=False)
-            for method, args in self._normalizer_calls():
-                self.eval_runners.foreach(method, *args, wait=False)
-            shares = [n // k + (1 if i < n % k else 0) for i in range(k)]
-            outs = [self._evaluate_on(i, s) for i, s in zip(self.eval_runners.actor_ids, shares) if s]
-            total = sum(o["num_episodes"] for o in outs)
-            mean = sum(o["episode_return_mean"] * o["num_episodes"] for o in outs) / total
-            var = sum((o["episode_return_std"] ** 2 + (o["episode_return_mean"] - mean) ** 2) * o["num_episodes"] for o in outs) / total
-            return {"episode_return_mean": mean, "episode_return_std": math.sqrt(var),
-                    "episode_len_mean": sum(o["episode_len_mean"] * o["num_episodes"] for o in outs) / total,
-                    "num_episodes": total}
-        if self._eval_local is None:
-            self._eval_local = EnvRunner(self.config, EVAL_RUNNER_INDEX, self.policy_cls, None, 1, num_envs=1)
-        self._eval_local.set_weights(weights)
-        for method, args in self._normalizer_calls():
-            getattr(self._eval_local, method)(*args)
-        return self._eval_local.evaluate(n, render=render)
+        """Greedy episodes with the current weights, on evaluation actors or in the driver
+        (:class:`~shoal.algorithms.evaluator.Evaluator`). With a ``multi_agent`` section: on a
+        separate runner in the driver, the mean return summed over agents, and per policy."""
+        return self.evaluator.evaluate(num_episodes or self.config.evaluation.evaluation_num_episodes, render)
+
+    def evaluation_episodes(self, n: int, explore: bool = False):
+        """With a ``multi_agent`` section: at least ``n`` episodes in the driver, greedy unless
+        ``explore``; their returns (summed over agents), lengths, and per-policy returns."""
+        if not self.is_multi_agent:
+            raise ConfigError(f"{type(self).__name__}.evaluation_episodes plays a multi_agent section's policies; "
+                              "use evaluate() for a single-agent run")
+        return multi_agent.evaluation_episodes(*self.multi_agent_runner_args(0), n, explore)
 
     # ---- state and checkpoints ----------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
@@ -500,10 +504,10 @@ class Algorithm:
         self.episodes.set_state(state["episodes"])
         if self.norm_stats is not None:
             self.norm_stats = saved_norm_stats(state)
-            for method, args in self._normalizer_calls():  # actors started (or to start) before the restore
-                for g in (self.env_runners, self.eval_runners):
-                    if g is not None:
-                        g.foreach(method, *args, wait=False)
+            for method, args in self.normalizer_calls():  # actors started (or to start) before the restore
+                if self.env_runners is not None:
+                    self.env_runners.foreach(method, *args, wait=False)
+            self.evaluator.send_normalizer()
 
     def checkpoint_meta(self, **extra: Any) -> dict[str, Any]:
         """meta.json content: what rebuilds the algorithm (algo, config) plus readable facts.
@@ -563,14 +567,11 @@ class Algorithm:
         return algo
 
     def stop(self) -> None:
-        for g in (self.env_runners, self.eval_runners):
-            if g is not None:
-                g.stop()
-        self.env_runners = self.eval_runners = None
+        if self.env_runners is not None:
+            self.env_runners.stop()
+        self.env_runners = None
+        self.evaluator.stop()
         self.placement.release()
-        if self._eval_local is not None:
-            self._eval_local.stop()
-            self._eval_local = None
 
     def __enter__(self):
         return self

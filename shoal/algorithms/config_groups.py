@@ -8,8 +8,9 @@ validator. The checks that span groups are plain functions here, which each conf
 from its own, distinctly named validator, so a check never depends on which same-named
 validator pydantic keeps.
 
-A config that includes a group only to refuse its keys (AlphaStar's learners are not
-IMPALA's learner thread) lists them in ``unused_keys`` with the reason.
+A config includes only the groups it uses. Where a user may expect a sibling's keys (AlphaStar's
+learners are not APPO's learner thread; DD-PPO has no KL penalty), the config lists them in
+``unused_keys`` with the reason, so giving one says why rather than "unknown key".
 """
 
 from __future__ import annotations
@@ -206,15 +207,19 @@ class MultiAgentKeys(Section):
         "policy_mapping, policies_to_train. None: a single-agent Gymnasium env.")
 
 
-def check_multi_agent(config) -> None:
-    """Each policy's overrides make a valid config of the algorithm."""
+# what IMPALA and APPO also fix for the whole run: one learner thread trains every policy
+ASYNC_PER_RUN_KEYS = PER_RUN_KEYS + ("num_sgd_iter",)
+
+
+def check_multi_agent(config, per_run_keys: tuple[str, ...] = PER_RUN_KEYS) -> None:
+    """Each policy's overrides make a valid config of the algorithm, and change no ``per_run_keys``."""
     ma = config.multi_agent
     if ma is None:
         return
     for pid, spec in ma.policies.items():
         if spec is None:
             continue
-        bad = sorted(set(spec.config) & set(PER_RUN_KEYS))
+        bad = sorted(set(spec.config) & set(per_run_keys))
         if bad:
             raise ValueError(f"multi_agent.policies.{pid}.config sets {bad[0]}, which is one per run, not per policy "
                              "(per-policy model keys go in multi_agent.policies.<id>.model)")

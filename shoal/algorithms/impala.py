@@ -16,14 +16,14 @@ again, recomputes values with the current network and runs V-trace over it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
-import numpy as np
 import torch
 from pydantic import model_validator
 
 from shoal.algorithms.base import Algorithm
 from shoal.algorithms.config_groups import (
+    ASYNC_PER_RUN_KEYS,
     AsyncSamplingKeys,
     LearnerThreadKeys,
     MultiAgentKeys,
@@ -32,7 +32,12 @@ from shoal.algorithms.config_groups import (
     check_multi_agent,
     check_whole_sequences,
 )
-from shoal.algorithms.pipeline import AsyncPipeline, make_async_learner, make_learner_thread, make_sequence_runners
+from shoal.algorithms.pipeline import (
+    AsyncPipeline,
+    make_async_policy_learner,
+    make_learner_thread,
+    make_sequence_runners,
+)
 from shoal.batch import Col
 from shoal.config import AlgorithmConfig
 from shoal.learn.losses import LossRecord
@@ -56,7 +61,7 @@ class IMPALAConfig(VTraceKeys, AsyncSamplingKeys, LearnerThreadKeys, MultiAgentK
     def _check_impala(self):
         check_whole_sequences(self)
         check_learner_thread(self)
-        check_multi_agent(self)
+        check_multi_agent(self, ASYNC_PER_RUN_KEYS)
         return self
 
 
@@ -111,20 +116,29 @@ class IMPALALoss(LossRecord):
 # ---- algorithm --------------------------------------------------------------------------
 class IMPALA(Algorithm):
     config_cls = IMPALAConfig
+    config: IMPALAConfig
     policy_cls = ActorCriticPolicy
 
     def setup(self) -> None:
-        self.learner = make_async_learner(self, IMPALALoss.from_config(self.config))
-        self.thread = make_learner_thread(self.learner, self.config)
+        self.policies = self.build_policies(self._policy_learner)
+        if not self.is_multi_agent:
+            self.learner = self.policies.only.learner
+        self.thread = make_learner_thread(self.policies.learners(), self.config)
         self.env_runners = make_sequence_runners(self)
         self.pipeline = AsyncPipeline.from_config(self.env_runners, self.thread, self.config)
         self.broadcast_weights()
 
-    def display_metrics(self) -> list[tuple[str, str]]:
-        return super().display_metrics() + [("learner/mean_rho", "mean_rho")]  # V-trace's mean importance ratio
+    def _policy_learner(self, cfg, obs_space, action_space, seed: Optional[int] = None):
+        masked = self.is_multi_agent  # logits under the recorded action masks
+        return make_async_policy_learner(cfg, obs_space, action_space, seed,
+                                         lambda c, target, kl: IMPALALoss.from_config(c, masked=masked))
 
-    def get_weights(self) -> dict[str, np.ndarray]:
-        return self.thread.get_weights()
+    def display_metrics(self) -> list[tuple[str, str]]:  # V-trace's mean importance ratio too
+        return self.policies.display(super().display_metrics() + [("learner/mean_rho", "mean_rho")])
+
+    def get_weights(self):
+        with self.thread.hold():
+            return self.policies.get_weights()
 
     def training_step(self) -> dict[str, Any]:
         p = self.pipeline
@@ -132,7 +146,8 @@ class IMPALA(Algorithm):
             ready = p.sample()
             self.record_rollouts([m for _, m in ready])
         with self.timers.time(Phase.ENQUEUE):
-            self.learner.set_env_steps(self.counters["env_steps_sampled"])
+            for _, pl in self.policies:
+                pl.learner.set_env_steps(self.counters["env_steps_sampled"])
             p.enqueue([b for b, _ in ready])
         with self.timers.time(Phase.DRAIN):
             for result in p.drain(wait=not ready):
@@ -142,19 +157,19 @@ class IMPALA(Algorithm):
                 p.broadcast_done()
                 self.broadcast_weights()
         p.check()
-        return p.metrics()
+        return {**p.metrics(), **self.policies.result_keys({pid: {"lr": pl.learner.lr} for pid, pl in self.policies})}
 
     def train(self) -> dict[str, Any]:
         return {**super().train(), **self.thread.stats()}
 
     def get_state(self) -> dict[str, Any]:
         with self.thread.hold():
-            return {**super().get_state(), "learner": self.learner.get_state()}
+            return {**super().get_state(), **self.policies.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)
         with self.thread.hold():
-            self.learner.set_state(state["learner"])
+            self.policies.set_state(state)
         self.broadcast_weights()
 
     def stop(self) -> None:

@@ -9,7 +9,10 @@ pipeline state of its own and every field is written down here:
 
 - the sample requests in flight (inside the rollout actor group: at most
   ``max_requests_in_flight_per_worker`` per actor);
-- ``pending``: sampled sequences not yet cut into a train batch (whole sequences only);
+- ``pending``: sampled sequences not yet cut into a train batch (whole sequences only), per
+  policy when a ``multi_agent`` section trains several: each train batch holds one policy's
+  sequences, and the batches cut in one step travel to the learner thread together as
+  ``{policy_id: Batch}`` (its dict mode: one update step trains every policy present);
 - the learner thread with its in-queue (``thread.num_dropped`` counts the train batches a
   full queue refused);
 - ``learner_info``: the mean stats of the latest learner results (a report, never an input);
@@ -24,10 +27,13 @@ thread and the rollout actors that return sequences.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Optional
 
+from shoal.algorithms.policies import build_policy_module
 from shoal.batch import Batch, Col
-from shoal.learn import Learner, resolve_device
+from shoal.learn import resolve_device
+from shoal.learn.policy_learner import MakeLoss, PolicyLearner
 from shoal.learn.stats import mean_stats
 from shoal.learn.threads import LearnerResult
 from shoal.models import build_actor_critic
@@ -46,8 +52,8 @@ class AsyncPipeline:
         self.thread = thread
         self.train_batch_size = train_batch_size
         self.broadcast_interval = broadcast_interval
-        self.pending: list[Batch] = []  # sequences waiting to fill a train batch
-        self.pending_rows = 0
+        self.pending: dict[Any, list[Batch]] = defaultdict(list)  # policy id (None: the only one) -> sequences
+        self.pending_rows: dict[Any, int] = defaultdict(int)
         self.learner_info: dict[str, float] = {}
         self.num_learner_results = 0
         self.broadcast_at = 0  # thread.num_updates at the last broadcast
@@ -67,10 +73,13 @@ class AsyncPipeline:
             self.env_runners.submit("sample")
         return [r for _, r in self.env_runners.fetch_ready(timeout_s=WAIT_S)]
 
-    def enqueue(self, batches: list[Batch]) -> None:
-        """Cut every full train batch off the pending sequences and offer it to the learner."""
-        for batch in self._cut_train_batches(batches):
-            self.thread.add(batch, env_steps=int(batch[Col.VALID].sum()))  # a full queue drops it (counted)
+    def enqueue(self, sampled: list[Any]) -> None:
+        """Cut every full train batch off the pending sequences and offer it to the learner
+        (``sampled``: a Batch per rollout result, or a ``{policy_id: Batch}`` with several policies)."""
+        for item in self._cut_train_batches(sampled):
+            parts = item.values() if isinstance(item, dict) else [item]
+            steps = sum(int(b[Col.VALID].sum()) for b in parts)
+            self.thread.add(item, env_steps=steps)  # a full queue drops it (counted)
 
     def drain(self, wait: bool) -> list[LearnerResult]:
         """The learner results finished since the last call, oldest first (waiting up to
@@ -96,22 +105,33 @@ class AsyncPipeline:
         return {**self.learner_info, "num_dropped_batches": self.thread.num_dropped,
                 "num_learner_results": self.num_learner_results}
 
-    def _cut_train_batches(self, batches: list[Batch]) -> list[Batch]:
-        size = self.train_batch_size
-        self.pending.extend(batches)
-        self.pending_rows += sum(len(b) for b in batches)
+    def _cut_train_batches(self, sampled: list[Any]) -> list[Any]:
+        """Train batches, each a Batch, or a ``{policy_id: Batch}`` of the policies whose turn it is."""
+        for item in sampled:
+            for pid, batch in (item.items() if isinstance(item, dict) else [(None, item)]):
+                self.pending[pid].append(batch)
+                self.pending_rows[pid] += len(batch)
+        cut = {pid: self._cut(pid) for pid in list(self.pending)}
         out = []
-        while self.pending_rows >= size:
-            joined = Batch.concat(self.pending)
+        for i in range(max(map(len, cut.values()), default=0)):
+            parts = {pid: batches[i] for pid, batches in cut.items() if i < len(batches)}
+            out.append(parts[None] if None in parts else parts)
+        return out
+
+    def _cut(self, pid) -> list[Batch]:
+        size, out = self.train_batch_size, []
+        while self.pending_rows[pid] >= size:
+            joined = Batch.concat(self.pending[pid])
             out.append(joined.slice(0, size))
             rest = joined.slice(size, len(joined))
-            self.pending, self.pending_rows = ([rest] if len(rest) else []), len(rest)
+            self.pending[pid], self.pending_rows[pid] = ([rest] if len(rest) else []), len(rest)
         return out
 
 
 # ---- building the pipeline's parts (IMPALA and APPO) -------------------------------------------
-def make_learner_thread(learner: Learner, config):
-    """A LearnerThread, or the multi-device one when the config names several devices or a GPU."""
+def make_learner_thread(learner, config):
+    """A LearnerThread, or the multi-device one when the config names several devices or a GPU;
+    ``learner`` is a Learner, or ``{policy_id: Learner}`` for a thread that trains several policies."""
     devices = config.learner_devices()
     if config.multi_device():
         from shoal.learn.multi_device import MultiDeviceLearnerThread
@@ -128,14 +148,13 @@ def make_learner_thread(learner: Learner, config):
                          learner_queue_timeout=config.learner_queue_timeout)
 
 
-def make_async_learner(algo: Algorithm, loss_fn) -> Learner:
-    """The actor-critic Learner on the first learner device (``loss_fn(module, batch, learner)``)."""
-    cfg = algo.config
+def make_async_policy_learner(cfg, obs_space, action_space, seed: Optional[int], make_loss: MakeLoss, *,
+                              target_period: Optional[int] = None) -> PolicyLearner:
+    """One policy's actor-critic learner on the first learner device (``make_loss(config, target=, kl=)``)."""
     if not cfg.fake_devices:
         resolve_device(cfg.resources.num_gpus)  # a clear ConfigError when GPUs are asked for but absent
-    module = build_actor_critic(algo.env_info.observation_space, algo.env_info.action_space, cfg.model)
-    return Learner(module, loss_fn, lr=cfg.lr, grad_clip=cfg.grad_clip, lr_schedule=cfg.lr_schedule,
-                   max_nonfinite_updates=cfg.max_nonfinite_updates, device=cfg.learner_devices()[0])
+    module = build_policy_module(build_actor_critic, obs_space, action_space, cfg.model, seed)
+    return PolicyLearner(module, cfg, make_loss, device=cfg.learner_devices()[0], target_period=target_period)
 
 
 def make_sequence_runners(algo: Algorithm):

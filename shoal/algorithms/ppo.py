@@ -22,11 +22,14 @@ from pydantic import Field, model_validator
 
 from shoal.algorithms.base import Algorithm
 from shoal.algorithms.config_groups import KLPenaltyKeys, MultiAgentKeys, PPOLossKeys, check_multi_agent
+from shoal.algorithms.multi_agent import sequence_length
+from shoal.algorithms.policies import build_policy_module
 from shoal.batch import Batch, Col
 from shoal.config import AlgorithmConfig
 from shoal.learn import Learner, resolve_device
 from shoal.learn.losses import LossRecord
 from shoal.learn.masking import ActionMasked
+from shoal.learn.policy_learner import PolicyLearner
 from shoal.learn.stats import masked_mean, standardize
 from shoal.learn.target import AdaptiveKL, KLAdaptiveLR
 from shoal.logging.metrics import Phase
@@ -236,55 +239,105 @@ def transitions(batch: Batch) -> int:
 # ---- algorithm --------------------------------------------------------------------------
 class PPO(Algorithm):
     config_cls = PPOConfig
+    config: PPOConfig
     policy_cls = ActorCriticPolicy
 
     def setup(self) -> None:
         cfg: PPOConfig = self.config
-        module = build_actor_critic(self.env_info.observation_space, self.env_info.action_space, cfg.model)
-        self.kl = AdaptiveKL(cfg.kl_coeff, cfg.kl_target, enabled=cfg.use_kl_loss)
+        self.policies = self.build_policies(self._policy_learner)
+        if not self.is_multi_agent:
+            self.learner, self.kl = self.policies.only.learner, self.policies.only.kl
         self.lr_by_kl = KLAdaptiveLR(cfg.lr_kl_target) if cfg.lr_kl_target is not None else None
-        self.learner = Learner(module, PPOLoss.from_config(cfg, kl=self.kl), lr=cfg.lr,
-                               grad_clip=cfg.grad_clip, lr_schedule=cfg.lr_schedule,
-                               max_nonfinite_updates=cfg.max_nonfinite_updates, device=resolve_device(cfg.resources.num_gpus))
         postprocess = functools.partial(gae_postprocess, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda)
         self.env_runners = self.make_env_runners(ActorCriticPolicy, postprocess, cfg.fragment_length())
         self.broadcast_weights()
 
+    def _policy_learner(self, cfg: PPOConfig, obs_space, action_space, seed: Optional[int] = None) -> PolicyLearner:
+        """One policy's learner: PPO's loss (under the recorded action masks in a multi-agent game)."""
+        module = build_policy_module(build_actor_critic, obs_space, action_space, cfg.model, seed)
+        return PolicyLearner(module, cfg, lambda c, target, kl: PPOLoss.from_config(c, kl=kl, masked=self.is_multi_agent),
+                             device=resolve_device(cfg.resources.num_gpus))
+
     def get_weights(self):
-        return self.learner.get_weights()
+        return self.policies.get_weights()
 
     def training_step(self) -> dict[str, Any]:
-        cfg: PPOConfig = self.config
         with self.timers.time(Phase.SAMPLE):
             results = self.env_runners.foreach("sample")
             if not results:  # every rollout actor failed this round (they were recreated)
                 return {}
-            batch = Batch.concat([b for b, _ in results])
             self.record_rollouts([m for _, m in results])
+            batches = self.policies.batches(b for b, _ in results)
+        stats = {}
         with self.timers.time(Phase.LEARN):
-            self.learner.set_env_steps(self.counters["env_steps_sampled"])
-            stats = self.learner.update(batch, cfg.num_sgd_iter, cfg.minibatch_size, self.rng,
-                                        sequence_length=sgd_sequence_length(cfg),
-                                        on_epoch=self._adapt_lr if self.lr_by_kl is not None else None)
-            self.counters["env_steps_trained"] += transitions(batch)
-        with self.timers.time(Phase.POST_UPDATE):
-            stats["kl_coeff"] = self.kl.update(stats["kl"]) if cfg.use_kl_loss else self.kl.coeff
+            for pid, batch in batches.items():
+                stats[pid] = self._learn(self.policies[pid], batch)
+                self.counters["env_steps_trained"] += transitions(batch)
+        with self.timers.time(Phase.POST_UPDATE):  # the KL coefficient moves, once per policy update
+            for pid, policy_stats in stats.items():
+                self.policies[pid].after_update(policy_stats)
         with self.timers.time(Phase.SYNC):
             self.broadcast_weights()
-        return {f"learner/{k}": v for k, v in stats.items()}
+        return self.policies.result_keys(stats)
+
+    def _learn(self, pl: PolicyLearner, batch: Batch) -> dict[str, Any]:
+        """``num_sgd_iter`` epochs of minibatches; in a multi-agent game GAE is computed here first,
+        from the network that sampled the batch (weights move only between rounds)."""
+        cfg = pl.config
+        pl.learner.set_env_steps(self.counters["env_steps_sampled"])
+        if self.is_multi_agent:
+            batch = learner_side_gae(pl.learner, batch, sequence_length(cfg), cfg.gamma, cfg.gae_lambda)
+        return pl.learner.update(batch, cfg.num_sgd_iter, cfg.minibatch_size, self.rng,
+                                 sequence_length=sgd_sequence_length(cfg),
+                                 on_epoch=self._adapt_lr if self.lr_by_kl is not None else None)
 
     def _adapt_lr(self, epoch_stats: dict[str, float]) -> None:
         """With ``lr_kl_target``: the next epoch's learning rate from this epoch's mean KL."""
         self.learner.set_lr(self.lr_by_kl.next_lr(self.learner.lr, epoch_stats["kl"]))
 
+    def display_metrics(self) -> list[tuple[str, str]]:
+        return self.policies.display(super().display_metrics())
+
     def get_state(self) -> dict[str, Any]:
-        return {**super().get_state(), "learner": self.learner.get_state(), "kl": self.kl.get_state(),
-                "lr": self.learner.lr}
+        extra = {} if self.is_multi_agent else {"lr": self.learner.lr}
+        return {**super().get_state(), **self.policies.get_state(), **extra}
 
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)
-        self.learner.set_state(state["learner"])
-        self.kl.set_state(state["kl"])
+        self.policies.set_state(state)
         if self.lr_by_kl is not None and "lr" in state:  # where the adaptation had taken it
             self.learner.set_lr(float(state["lr"]))
         self.broadcast_weights()
+
+
+@torch.no_grad()
+def learner_side_gae(learner: Learner, batch: Batch, T: int, gamma: float, gae_lambda: float) -> Batch:
+    """PPO's columns for a multi-agent batch of sequences of ``T`` decisions, computed in the
+    learner: the behaviour logits and values of the current network (which sampled the batch)
+    and GAE over each sequence. A row's chain stops at termination and before a reset row;
+    after the sequence's last row it bootstraps from the value of that row's next observation."""
+    t = batch.to_torch(learner.device)
+    module = ActionMasked(learner.module, t[Col.ACTION_MASK])
+    if module.recurrent:  # the next row's value, and after a sequence the value from its final state
+        inputs, values, final = run_sequences(module, t, T)
+        last = t[Col.NEXT_OBS].reshape(-1, T, *t[Col.NEXT_OBS].shape[1:])[:, -1]
+        seq_values = values.reshape(-1, T)
+        next_values = torch.cat([seq_values[:, 1:], module.value_step(last, final)[:, None]], dim=1).reshape(-1)
+    else:
+        inputs, values = module(t[Col.OBS])
+        next_values = module.value(t[Col.NEXT_OBS])
+
+    def tm(x: np.ndarray) -> np.ndarray:  # rows, sequence after sequence -> (T, sequences)
+        return x.reshape(-1, T).T
+
+    valid, term = tm(batch[Col.VALID]), tm(batch[Col.TERMINATEDS])
+    next_valid = np.concatenate([valid[1:], np.ones_like(valid[:1])])
+    adv = compute_gae(tm(batch[Col.REWARDS]), tm(values.cpu().numpy()), tm(next_values.cpu().numpy()), term,
+                      term | ~next_valid, gamma, gae_lambda)
+    out = Batch(dict(batch.items()))
+    v = values.cpu().numpy()
+    out[Col.ADVANTAGES] = adv.T.reshape(-1)
+    out[Col.VALUE_TARGETS] = out[Col.ADVANTAGES] + v
+    out[Col.VF_PREDS] = v
+    out[Col.ACTION_DIST_INPUTS] = inputs.cpu().numpy()
+    return out

@@ -23,34 +23,9 @@ import gymnasium as gym
 import numpy as np
 
 from shoal.errors import ConfigError, EnvError
+from shoal.gym_ids import is_ale_id, register_ale
 
-ALE_ENTRY_POINT = "ale_py.env:AtariEnv"
 INSTALL_HINT = "Atari envs need the atari extra: pip install 'shoal[atari]'"
-
-
-def register_ale() -> bool:
-    """Register ale-py's ids with Gymnasium; False when ale-py is not installed."""
-    try:
-        import ale_py
-    except ImportError:
-        return False
-    gym.register_envs(ale_py)
-    return True
-
-
-def looks_like_ale(env_id: str) -> bool:
-    """Ids ale-py registers: ``ALE/Game-v5`` and the older ``GameNoFrameskip-v4`` forms."""
-    return env_id.startswith("ALE/") or env_id.endswith("-v4")  # v4: Pong-v4, PongNoFrameskip-v4, ...
-
-
-def is_ale_id(env: Any) -> bool:
-    """Whether ``env`` is a Gymnasium id of an ALE game (registering ale-py's ids when needed)."""
-    if not isinstance(env, str):
-        return False
-    if env not in gym.envs.registry and looks_like_ale(env):
-        register_ale()
-    spec = gym.envs.registry.get(env)
-    return spec is not None and spec.entry_point == ALE_ENTRY_POINT
 
 
 def missing_ale_error(env_id: str) -> EnvError | None:

@@ -65,12 +65,14 @@ class PolicyLearner:
             self.kl.update(stats["kl"])
         stats["kl_coeff"] = self.kl.coeff
 
-    def apply_config(self, config) -> None:
-        """A changed config (``update_config``): a rebuilt loss record, the optimizer's lr and clip, the KL target."""
+    def apply_config(self, config, *, set_lr: bool = True) -> None:
+        """A changed config (``update_config``): a rebuilt loss record (one attribute store, so a
+        learner thread never sees a half-changed loss), the optimizer's clip, its lr when
+        ``set_lr`` (and no lr_schedule decides it), the KL target."""
         self.config = config
         self.learner.loss_fn = self.learner.loss_fn.with_config(config)
         self.learner.grad_clip = config.grad_clip
-        if not config.lr_schedule:
+        if set_lr and not config.lr_schedule:
             self.learner.set_lr(config.lr)
         if hasattr(config, "kl_target"):
             self.kl.target = float(config.kl_target)
@@ -93,6 +95,7 @@ class PolicyLearner:
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.learner.set_state(state["learner"])
-        self.kl.set_state(state["kl"])
+        if "kl" in state:  # IMPALA's checkpoints have none
+            self.kl.set_state(state["kl"])
         if self.target is not None and "target" in state:
             self.target.set_state(state["target"])

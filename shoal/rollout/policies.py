@@ -20,6 +20,7 @@ from shoal.batch import Col
 from shoal.models import build_actor_critic
 from shoal.models.weights import load_numpy_weights, weights_to_numpy
 from shoal.schedule import PiecewiseSchedule
+from shoal.spaces import preprocess_obs
 
 STATE_OUT = "state_out"  # a recurrent policy's extras key for the state after the step (not a Batch column)
 
@@ -155,3 +156,30 @@ class EpsilonGreedyQPolicy(InferencePolicy):
 
     def set_weights(self, weights: dict) -> None:
         load_numpy_weights(self.module, weights)
+
+
+def predict_actions(policy, space, obs, state: np.ndarray | None, episode_start: np.ndarray | None,
+                    deterministic: bool, norm_stats=None, normalize=None) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(actions, state)`` of inference policy ``policy`` for one observation or a batch of
+    ``space``'s; observations are normalized by ``norm_stats`` (frozen) when given. A recurrent
+    policy starts from its initial state where ``state`` is None or ``episode_start`` is True."""
+    obs = np.asarray(obs)
+    single = obs.shape == tuple(space.shape or ())
+    rows = preprocess_obs(space, obs[None] if single else obs)
+    if norm_stats is not None:  # the saved statistics, frozen
+        rows = norm_stats.normalize_obs(rows, normalize.clip_obs, normalize.epsilon)
+    with torch.inference_mode():
+        if not getattr(policy, "recurrent", False):
+            actions, _ = policy.act(rows, explore=not deterministic)
+            out_state = None
+        else:
+            n = len(rows)
+            state = policy.initial_state(n) if state is None else np.array(state, dtype=np.float32).reshape(n, -1)
+            if episode_start is not None:
+                state[np.asarray(episode_start, dtype=bool).reshape(n)] = 0.0
+            actions, extras = policy.act(rows, not deterministic, state)
+            out_state = extras[STATE_OUT]
+    actions = policy.to_env_actions(actions)
+    if single:
+        return actions[0], (None if out_state is None else out_state[0])
+    return actions, out_state

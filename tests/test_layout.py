@@ -1,0 +1,100 @@
+"""The package layout holds: no import cycle (lazy imports in functions included), and the
+base layers import nothing above them. Read from the source with ast; nothing is imported."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import shoal
+
+ROOT = Path(shoal.__file__).resolve().parent
+BASE = ("shoal.config", "shoal.envs", "shoal.models", "shoal.batch", "shoal.spaces", "shoal.imports",
+        "shoal.process", "shoal.errors", "shoal.trust", "shoal.gym_ids", "shoal.files", "shoal.seeding")
+ABOVE_BASE = ("shoal.algorithms", "shoal.learn", "shoal.rollout", "shoal.replay", "shoal.league", "shoal.trainer",
+              "shoal.policy", "shoal.evaluation", "shoal.export", "shoal.tune", "shoal.tune_run", "shoal.cli")
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for path in ROOT.rglob("*.py"):
+        parts = ("shoal", *path.relative_to(ROOT).with_suffix("").parts)
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return mods
+
+
+def _imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
+    """The shoal modules ``name`` imports anywhere outside ``if TYPE_CHECKING:``, with the packages
+    importing them runs (``import a.b.c`` runs ``a.b``'s ``__init__`` first)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                   for n in ast.walk(node)}
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names)
+    out = set()
+    for target in found:
+        while target and target not in mods:
+            target = target.rpartition(".")[0]
+        if target.startswith("shoal") and target != name:
+            parts = target.split(".")
+            out.update(p for p in (".".join(parts[:i]) for i in range(2, len(parts) + 1))
+                       if p in mods and p != name and not name.startswith(p + "."))
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {name: _imports(name, path, mods) for name, path in mods.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph``, or None (depth-first search, three colours)."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycle_lazy_imports_included():
+    assert _cycle(_graph()) is None, " -> ".join(_cycle(_graph()) or [])
+
+
+def _in(name: str, layer: tuple[str, ...]) -> bool:
+    return any(name == m or name.startswith(m + ".") for m in layer)
+
+
+def test_the_base_layers_import_nothing_above_them():
+    graph = _graph()
+    wrong = sorted((a, b) for a, targets in graph.items() if _in(a, BASE) for b in targets if _in(b, ABOVE_BASE))
+    assert wrong == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None

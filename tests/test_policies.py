@@ -1,0 +1,81 @@
+"""PolicySet: rows, stats, result keys and weights by policy id, with the single-agent layout
+kept for one policy; AsyncPipeline's train batches per policy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shoal.algorithms.pipeline import AsyncPipeline
+from shoal.algorithms.policies import DEFAULT_POLICY, PolicySet
+from shoal.batch import Batch, Col
+
+
+class _Learner:
+    def __init__(self, w: float) -> None:
+        self.w = {"x": np.full(2, w)}
+
+    def get_weights(self):
+        return self.w
+
+
+def _rows(n: int, start: int = 0) -> Batch:
+    return Batch({Col.VALID: np.ones(n, dtype=bool), "x": np.arange(start, start + n)})
+
+
+def test_one_policy_keeps_the_single_agent_layout():
+    ps = PolicySet.single(None, _Learner(1.0))
+    out = ps.batches([_rows(2), _rows(3, 2)])
+    assert list(out) == [DEFAULT_POLICY] and out[DEFAULT_POLICY]["x"].tolist() == [0, 1, 2, 3, 4]
+    assert ps.split_stats({"kl": 0.5}) == {DEFAULT_POLICY: {"kl": 0.5}}
+    assert ps.result_keys({DEFAULT_POLICY: {"kl": 0.5}}) == {"learner/kl": 0.5}
+    assert ps.display([("learner/vf_loss", "vf_loss")]) == [("learner/vf_loss", "vf_loss")]
+    assert ps.get_weights()["x"].tolist() == [1.0, 1.0]  # the weights themselves, not keyed by id
+    assert ps.batches([]) == {}
+
+
+def test_several_policies_key_rows_stats_results_and_weights_by_id():
+    frozen = {"x": np.zeros(2)}
+    ps = PolicySet({"a": None, "b": None, "c": None}, {"a": _Learner(1.0), "b": _Learner(2.0)}, {"c": frozen},
+                   multi=True)
+    assert ps.ids == ["a", "b", "c"] and [pid for pid, _ in ps] == ["a", "b"]
+    out = ps.batches([{"a": _rows(2), "b": _rows(1)}, {"a": _rows(3, 2)}])
+    assert {pid: b["x"].tolist() for pid, b in out.items()} == {"a": [0, 1, 2, 3, 4], "b": [0]}
+    # a learner thread's flat stats: only the learning policies' keys are split out
+    assert ps.split_stats({"a/kl": 1.0, "b/kl": 2.0, "c/kl": 3.0, "num_updates": 4}) == {"a": {"kl": 1.0},
+                                                                                        "b": {"kl": 2.0}}
+    assert ps.result_keys({"a": {"kl": 1.0}, "b": {"kl": 2.0}}) == {"learner/a/kl": 1.0, "learner/b/kl": 2.0}
+    assert ps.display([("learner/vf_loss", "vf_loss")]) == [("learner/a/vf_loss", "a/vf_loss")]
+    w = ps.get_weights()
+    assert list(w) == ["a", "b", "c"] and w["b"]["x"].tolist() == [2.0, 2.0] and w["c"] is frozen
+    with pytest.raises(AttributeError, match="one learner per policy"):
+        _ = ps.only
+
+
+class _Thread:
+    def __init__(self) -> None:
+        self.items: list = []
+
+    def add(self, item, env_steps: int) -> bool:
+        self.items.append((item, env_steps))
+        return True
+
+
+def test_async_pipeline_cuts_each_policys_train_batches_from_its_own_rows():
+    thread = _Thread()
+    p = AsyncPipeline(None, thread, train_batch_size=4, broadcast_interval=1)
+    p.enqueue([{"a": _rows(6), "b": _rows(2)}])  # a: one batch, 2 rows wait; b: 2 rows wait
+    p.enqueue([{"a": _rows(6, 6), "b": _rows(2, 2)}])  # a: 8 rows -> two batches; b: 4 -> one
+    got = [({pid: b["x"].tolist() for pid, b in item.items()}, steps) for item, steps in thread.items]
+    assert got == [({"a": [0, 1, 2, 3]}, 4),
+                   ({"a": [4, 5, 6, 7], "b": [0, 1, 2, 3]}, 8),  # the batches cut in one step travel together
+                   ({"a": [8, 9, 10, 11]}, 4)]
+    assert p.pending_rows == {"a": 0, "b": 0}
+
+
+def test_async_pipeline_with_one_policy_offers_plain_batches():
+    thread = _Thread()
+    p = AsyncPipeline(None, thread, train_batch_size=4, broadcast_interval=1)
+    p.enqueue([_rows(3), _rows(3, 3)])
+    assert [(item["x"].tolist(), steps) for item, steps in thread.items] == [([0, 1, 2, 3], 4)]
+    assert p.pending_rows[None] == 2
