@@ -144,7 +144,7 @@ def test_in_process_league_grows_and_a_checkpoint_continues_the_same_league(tmp_
         assert r["num_policies"] > 4, "a snapshot should have joined the league"  # main, 2 exploiters, random_0
         assert r["learner/main/device"] == "cpu"  # no GPUs: the shard slot's device
         assert r["num_learning_policies"] == 3  # snapshots are frozen: no new learners
-        frozen = [p for p, s in algo.league.players.items() if not s["trainable"] and s["parent"]]
+        frozen = [p for p, s in algo.league.players.items() if not s.trainable and s.parent]
         assert frozen and all(p in algo.weights for p in frozen)
         runner = algo.env_runners.actors[0]
         assert set(runner.policies) == set(algo.weights)
@@ -166,7 +166,7 @@ def test_in_process_league_grows_and_a_checkpoint_continues_the_same_league(tmp_
         assert set(restored.weights) == set(weights)
         for pid, w in weights.items():
             assert all(np.allclose(restored.weights[pid][k], w[k]) for k in w)
-        assert set(restored.learners.policy_ids) == {p for p, s in players.items() if s["trainable"]}
+        assert set(restored.learners.policy_ids) == {p for p, s in players.items() if s.trainable}
         assert set(restored.env_runners.actors[0].policies) == set(weights)
         # the learners continue with their optimizer state (Adam moments, step) and update count
         got = restored.learners.call("main", "get_state")["learner"]
@@ -186,7 +186,7 @@ def test_exploiter_snapshots_that_keep_learning_take_the_slot_a_freeze_frees():
     algo = small(league=league, max_num_policies_to_train=4).build()
     try:
         def exploiter_snapshots():
-            return [p for p, s in algo.league.players.items() if s["parent"] and s["type"] != "main"]
+            return [p for p, s in algo.league.players.items() if s.parent and s.type != "main"]
 
         for _ in range(40):
             r = algo.train()
@@ -196,7 +196,7 @@ def test_exploiter_snapshots_that_keep_learning_take_the_slot_a_freeze_frees():
         assert len(snaps) >= 3, snaps
         learning = algo.league.learning_policies()
         assert len(learning) == 4 and set(algo.learners.policy_ids) == set(learning)
-        assert r["num_learning_policies"] == 4 and sum(not algo.league.players[p]["trainable"] for p in snaps) >= 2
+        assert r["num_learning_policies"] == 4 and sum(not algo.league.players[p].trainable for p in snaps) >= 2
     finally:
         algo.stop()
 
@@ -289,14 +289,14 @@ def _check_match_types(league) -> None:
         assert abs(counts[mt] / n - p) < 0.1, (mt, counts)  # 0.1 is over 4 standard deviations at n = 300
     players = league.players
     opponents_ok = {  # match type -> (its learning home's type, what the home may play)
-        "league_exploiter": ("league_exploiter", lambda away: not players[away]["trainable"]),
-        "main_exploiter": ("main_exploiter", lambda away: players[away]["type"] == "main"),
-        "main": ("main", lambda away: away == "main" or not players[away]["trainable"]),
+        "league_exploiter": ("league_exploiter", lambda away: not players[away].trainable),
+        "main_exploiter": ("main_exploiter", lambda away: players[away].type == "main"),
+        "main": ("main", lambda away: away == "main" or not players[away].trainable),
     }
     for mt, table in league.pair_type_counts.items():
         home_type, ok = opponents_ok[mt]
         for home, row in table.items():
-            if players[home]["type"] == home_type and players[home]["trainable"]:
+            if players[home].type == home_type and players[home].trainable:
                 assert all(ok(away) for away in row), (mt, home, row)
 
 

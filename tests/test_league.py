@@ -1,11 +1,14 @@
 """League package: PFSP weights, payoff running averages, AlphaStar builder logic on scripted
-results, matchmaking frequencies, state round trip through a checkpoint, builder selection
-from config values, and the report (tables, heatmap, TensorBoard)."""
+results, the league's records (PlayerSpec, AddPolicy, MatchResult) and their old dict forms,
+matchmaking frequencies, state round trip through a checkpoint, builder selection from config
+values, and the report (tables, heatmap, TensorBoard)."""
 
 from __future__ import annotations
 
 import json
+import pickle
 import sys
+from dataclasses import FrozenInstanceError
 
 import numpy as np
 import pytest
@@ -14,12 +17,16 @@ import yaml
 from shoal.checkpoint import load_checkpoint, save_checkpoint
 from shoal.errors import CheckpointError, ConfigError
 from shoal.league import (
+    AddPolicy,
     AlphaStarLeagueBuilder,
     LeagueBuilder,
+    LeagueChanges,
     Matchmaking,
+    MatchResult,
     MatchType,
     NoLeagueBuilder,
     PayoffTable,
+    PlayerSpec,
     format_league_report,
     league_report,
     make_league_builder,
@@ -105,8 +112,9 @@ def test_initial_league():
     specs = b.initial_policies()
     assert list(specs) == ["main", "main_exploiter_0", "main_exploiter_1", "league_exploiter_0", "league_exploiter_1",
                            "league_exploiter_2", "random_0", "random_1"]
-    assert specs["main"] == {"type": "main", "trainable": True, "parent": None, "created_iteration": 0}
-    assert specs["league_exploiter_2"]["type"] == "league_exploiter"
+    assert specs["main"] == PlayerSpec("main", True, parent=None, created_iteration=0)
+    assert specs["main"].to_dict() == {"type": "main", "trainable": True, "parent": None, "created_iteration": 0}
+    assert specs["league_exploiter_2"].type == "league_exploiter"
     assert len(b.learning_policies()) == 6 and b.frozen_policies() == ["random_0", "random_1"]
     assert b.build(None, {}).empty
 
@@ -120,8 +128,8 @@ def test_snapshot_exactly_when_the_threshold_is_reached():
     b.record_results(games("main", "main_exploiter_0", wins_b=1, match_type="main_exploiter"))
     assert b.recent_win_rate("main") == pytest.approx(0.9)
     changes = b.build(None, {"iteration": 2})
-    assert changes.add == [("main_v1", "main", False, {"type": "main", "trainable": False, "parent": "main",
-                                                        "created_iteration": 2})]
+    assert changes.add == [AddPolicy("main_v1", "main", False, PlayerSpec("main", False, parent="main",
+                                                                          created_iteration=2))]
     assert changes.reset == changes.freeze == changes.remove == []
     assert len(b.learning_policies()) == 3 and b.frozen_policies() == ["random_0", "main_v1"]
     # the window starts afresh after a snapshot; one loss more keeps main below the threshold
@@ -133,7 +141,7 @@ def test_snapshot_exactly_when_the_threshold_is_reached():
     assert b.recent_win_rate("main") == pytest.approx(0.8) and b.build(None, {}).empty
     # ... and the next win pushes the first loss out: 0.9 again
     b.record_results(games("main", "random_0", wins_a=1))
-    assert b.build(None, {}).add[0][0] == "main_v2"
+    assert b.build(None, {}).add[0].new_id == "main_v2"
     assert b.version == 2
     # self-play games never count towards a policy's win rate
     b.record_results(games("main", "main", wins_a=50))
@@ -144,14 +152,15 @@ def test_draws_count_half_towards_the_threshold():
     b = alpha_star(win_rate_window=10, min_games_for_snapshot=10)
     b.record_results(games("main", "random_0", wins_a=8, draws=2))
     assert b.recent_win_rate("main") == pytest.approx(0.9)
-    assert b.build(None, {}).add[0][0] == "main_v1"
+    assert b.build(None, {}).add[0].new_id == "main_v1"
 
 
 def test_exploiter_snapshots_keep_training_or_freeze_and_reset():
     b = alpha_star(keep_training_prob=1.0, reset_exploiter_prob=1.0)
     b.record_results(games("league_exploiter_0", "random_0", wins_a=20, match_type="league_exploiter"))
     changes = b.build(None, {})
-    assert [a[:3] for a in changes.add] == [("league_exploiter_0_v1", "league_exploiter_0", True)]
+    assert [(a.new_id, a.from_id, a.trainable) for a in changes.add] == [
+        ("league_exploiter_0_v1", "league_exploiter_0", True)]
     assert changes.reset == ["league_exploiter_0"]
     assert len(b.learning_policies()) == 4 and b.frozen_policies() == ["random_0"]
     homes = b.matchmaking().match_types[0].homes
@@ -160,7 +169,8 @@ def test_exploiter_snapshots_keep_training_or_freeze_and_reset():
     b = alpha_star(keep_training_prob=0.0)
     b.record_results(games("main_exploiter_0", "main", wins_a=20, match_type="main_exploiter"))
     changes = b.build(None, {})
-    assert [a[:3] for a in changes.add] == [("main_exploiter_0_v1", "main_exploiter_0", False)]
+    assert [(a.new_id, a.from_id, a.trainable) for a in changes.add] == [
+        ("main_exploiter_0_v1", "main_exploiter_0", False)]
     assert changes.reset == []  # reset_exploiter_prob defaults to 0
     assert len(b.learning_policies()) == 3 and len(b.frozen_policies()) == 2
 
@@ -170,7 +180,7 @@ def test_keep_training_probability_is_honoured():
     kept = 0
     for _ in range(400):
         b.record_results(games("main_exploiter_0", "main", wins_a=1))
-        kept += sum(a[2] for a in b.build(None, {}).add)
+        kept += sum(a.trainable for a in b.build(None, {}).add)
     assert kept / 400 == pytest.approx(0.3, abs=0.07)
 
 
@@ -178,22 +188,25 @@ def test_caps_freeze_oldest_learning_snapshots_and_remove_oldest_frozen():
     # learning cap 4 (3 at the start): the second learning snapshot freezes the first
     b = alpha_star(keep_training_prob=1.0, max_learning_policies=4, num_random_policies=1)
     b.record_results(games("league_exploiter_0", "random_0", wins_a=20))
-    assert b.build(None, {}).add[0][:3] == ("league_exploiter_0_v1", "league_exploiter_0", True)
+    a = b.build(None, {}).add[0]
+    assert (a.new_id, a.from_id, a.trainable) == ("league_exploiter_0_v1", "league_exploiter_0", True)
     b.record_results(games("main_exploiter_0", "main", wins_a=20))
     changes = b.build(None, {})
-    assert changes.add[0][:3] == ("main_exploiter_0_v1", "main_exploiter_0", True)
+    a = changes.add[0]
+    assert (a.new_id, a.from_id, a.trainable) == ("main_exploiter_0_v1", "main_exploiter_0", True)
     assert changes.freeze == ["league_exploiter_0_v1"]
     assert len(b.learning_policies()) == 4
     # at the cap from the start: the new snapshot arrives frozen, nothing to freeze separately
     b = alpha_star(keep_training_prob=1.0, max_learning_policies=3)
     b.record_results(games("league_exploiter_0", "random_0", wins_a=20))
     changes = b.build(None, {})
-    assert changes.add[0][2] is False and changes.add[0][3]["trainable"] is False and changes.freeze == []
+    assert changes.add[0].trainable is False and changes.add[0].spec.trainable is False and changes.freeze == []
+    assert b.players["league_exploiter_0_v1"].trainable is False
     # frozen cap 1: main's snapshot pushes out the random player
     b = alpha_star(max_frozen_policies=1)
     b.record_results(games("main", "random_0", wins_a=20))
     changes = b.build(None, {})
-    assert changes.add[0][0] == "main_v1" and changes.remove == ["random_0"]
+    assert changes.add[0].new_id == "main_v1" and changes.remove == ["random_0"]
     assert "random_0" not in b.players and b.payoff.games("main", "random_0") == 0
     assert "random_0" not in b.matchmaking().policy_ids()
     with pytest.raises(ConfigError, match="max_learning_policies"):
@@ -208,6 +221,89 @@ def test_results_of_unknown_policies_are_dropped_and_bad_winners_rejected():
         b.record_results([{"policies": ("main", "random_0"), "winner": "league_exploiter_0"}])
     b.record_results([{"policies": ("main", "random_0"), "winner": None}])
     assert b.match_type_counts == {"unknown": 1}
+
+
+# ---- the league's records ----------------------------------------------------------------
+def test_player_spec_from_its_dict_form_and_back():
+    d = {"type": "main_exploiter", "trainable": True, "parent": "main_exploiter_0", "created_iteration": 3}
+    spec = PlayerSpec.coerce(d)
+    assert spec == PlayerSpec("main_exploiter", True, "main_exploiter_0", 3) and spec.to_dict() == d
+    assert PlayerSpec.coerce(spec) is spec
+    assert PlayerSpec.coerce({"type": "random", "trainable": False}) == policy_spec("random", False)
+    assert policy_spec("main", 1).trainable is True and isinstance(policy_spec("main", True), PlayerSpec)
+    with pytest.raises(FrozenInstanceError):
+        spec.trainable = False
+    with pytest.raises(ValueError, match=r"missing keys \['trainable'\]"):
+        PlayerSpec.coerce({"type": "main"})
+    with pytest.raises(ValueError, match=r"unknown keys \['trainabel'\]"):
+        PlayerSpec.coerce({"type": "main", "trainable": True, "trainabel": True})
+    with pytest.raises(ValueError, match="PlayerSpec or a dict"):
+        PlayerSpec.coerce(("main", True))
+
+
+def test_match_result_from_its_dict_form():
+    r = MatchResult.coerce({"policies": ["main", "random_0"], "winner": "main", "match_type": "main"})
+    assert r == MatchResult(("main", "random_0"), "main", "main") and r.policies == ("main", "random_0")
+    assert MatchResult.coerce(r) is r and not r.draw
+    draw = MatchResult.coerce({"policies": ("a", "b")})  # no winner: a draw; no match type
+    assert draw.winner is None and draw.draw and draw.match_type is None
+    # the runner's old dict layout, "draw" included, reads back to the same dict
+    old = {"policies": ("a", "b"), "agents": {"p1": "a", "p2": "b"}, "returns": {"p1": 1.0, "p2": -1.0},
+           "winner": "a", "winner_agent": "p1", "draw": False, "match_type": None, "length": 5, "episode_id": 3,
+           "worker_index": 1}
+    assert MatchResult.coerce(old).to_dict() == old
+    assert pickle.loads(pickle.dumps(MatchResult.coerce(old))) == MatchResult.coerce(old)  # it travels from actors
+    with pytest.raises(ValueError, match=r"missing keys \['policies'\]"):
+        MatchResult.coerce({"winner": "a"})
+    with pytest.raises(ValueError, match=r"unknown keys \['loser'\]"):
+        MatchResult.coerce({"policies": ("a", "b"), "loser": "b"})
+    with pytest.raises(ValueError, match="MatchResult or a dict"):
+        MatchResult.coerce(("a", "b"))
+
+
+def test_record_results_takes_match_results_and_dicts_alike():
+    b, c = alpha_star(), alpha_star()
+    results = games("main", "random_0", wins_a=2, wins_b=1, draws=1, match_type="main")
+    b.record_results(results)
+    c.record_results([MatchResult.coerce(r) for r in results])
+    assert b.get_state() == c.get_state() and b.payoff.games("main", "random_0") == 4
+
+
+def test_league_changes_hold_add_policy_records():
+    b = alpha_star(win_rate_window=10, min_games_for_snapshot=10)
+    b.record_results(games("main", "random_0", wins_a=10))
+    changes = b.build(None, {})
+    a, = changes.add
+    assert isinstance(a, AddPolicy) and isinstance(a.spec, PlayerSpec)
+    assert (a.new_id, a.from_id, a.trainable) == ("main_v1", "main", False) and a.spec == b.players["main_v1"]
+    assert AddPolicy.coerce(a) is a
+    assert AddPolicy.coerce(("x", None, True, {"type": "main", "trainable": True})) == AddPolicy(
+        "x", None, True, PlayerSpec("main", True))
+    with pytest.raises(ValueError, match="AddPolicy"):
+        AddPolicy.coerce(("x", None))
+
+
+class OldStyleBuilder(LeagueBuilder):
+    """A user's builder written against the dict and tuple forms of the records."""
+
+    def _initial_players(self):
+        return {"a": {"type": "main", "trainable": True, "parent": None, "created_iteration": 0},
+                "b": {"type": "random", "trainable": False}}
+
+    def _build(self, algorithm, result):
+        self.players["a_v1"] = {"type": "main", "trainable": False, "parent": "a", "created_iteration": self.iteration}
+        return LeagueChanges(add=[("a_v1", "a", False, dict(self.players["a_v1"]))])
+
+
+def test_a_builder_of_plain_dicts_and_tuples_still_works():
+    b = OldStyleBuilder()
+    assert b.initial_policies() == {"a": PlayerSpec("main", True), "b": PlayerSpec("random", False)}
+    assert b.learning_policies() == ["a"] and b.frozen_policies() == ["b"]
+    changes = b.build(None, {})
+    assert changes.add == [AddPolicy("a_v1", "a", False, PlayerSpec("main", False, "a", 1))]
+    assert b.players["a_v1"] == PlayerSpec("main", False, "a", 1) and b.frozen_policies() == ["b", "a_v1"]
+    assert json.loads(json.dumps(b.get_state()))["players"]["a_v1"] == {
+        "type": "main", "trainable": False, "parent": "a", "created_iteration": 1}
 
 
 # ---- matchmaking -------------------------------------------------------------------------
@@ -293,8 +389,7 @@ def test_matchmaking_is_plain_data():
 
 def test_no_league_builder():
     b = make_league_builder("no_league")
-    assert isinstance(b, NoLeagueBuilder) and b.initial_policies() == {
-        "main": {"type": "main", "trainable": True, "parent": None, "created_iteration": 0}}
+    assert isinstance(b, NoLeagueBuilder) and b.initial_policies() == {"main": PlayerSpec("main", True)}
     assert b.matchmaking().pairs() == [("self_play", "main", "main", 1.0)]
     b.record_results(games("main", "main", wins_a=3, match_type="self_play"))
     assert b.build(None, {}).empty and b.payoff.games("main", "main") == 3
@@ -327,6 +422,20 @@ def test_state_round_trip_through_a_checkpoint(tmp_path):
     assert {**c.get_state(), "config": None} == {**b.get_state(), "config": None}
     with pytest.raises(ValueError, match="league state"):
         c.set_state({"players": {}})
+
+
+def test_state_is_plain_data_and_players_come_back_as_player_specs():
+    b = scripted_league()
+    state = b.get_state()
+    assert json.loads(json.dumps(state)) == state  # plain dicts, lists, strings and numbers
+    assert state["players"]["main_v1"] == {"type": "main", "trainable": False, "parent": "main",
+                                           "created_iteration": 1}
+    c = alpha_star(payoff_decay=1.0, win_rate_window=10, min_games_for_snapshot=10)
+    c.set_state(json.loads(json.dumps(state)))  # a checkpoint's players are dicts
+    assert c.players == b.players and all(isinstance(s, PlayerSpec) for s in c.players.values())
+    assert c.get_state() == state
+    with pytest.raises(ValueError, match=r"missing keys \['trainable'\]"):
+        c.set_state({**state, "players": {"main": {"type": "main"}}})
 
 
 # ---- choosing the builder in the config ----------------------------------------------------

@@ -116,7 +116,7 @@ def test_no_illegal_move_over_many_random_steps_and_masks_are_stored():
             occupied = b[Col.OBS].reshape(-1, 9, 2).sum(-1) > 0
             np.testing.assert_array_equal(b[Col.ACTION_MASK], ~occupied)
             seen += len(b)
-        assert all(not m["draw"] or m["winner"] is None for m in metrics.matches)
+        assert all(not m.draw or m.winner is None for m in metrics.matches)
     waiting = sum(len(rows) for rows in runner._streams.values()) + sum(len(o) for o in runner._open)  # + open moves
     assert steps == 12 * 10 * 4 and seen + waiting == steps and seen >= 300
 
@@ -146,8 +146,8 @@ def test_win_and_loss_are_credited_to_each_players_last_move():
     assert nxt[0, 0] == 1 and nxt[1, 1] == 1 and nxt.sum() == 2
     final = x[Col.NEXT_OBS][3].reshape(9, 2)  # X's final observation: 4 own pieces, 3 of O's
     assert final[:, 0].sum() == 4 and final[:, 1].sum() == 3
-    assert [m["winner"] for m in metrics.matches] == ["x", "x"]
-    assert metrics.matches[0]["policies"] == ("x", "o") and metrics.matches[0]["length"] == 7
+    assert [m.winner for m in metrics.matches] == ["x", "x"]
+    assert metrics.matches[0].policies == ("x", "o") and metrics.matches[0].length == 7
     assert dict(metrics.policy_returns) == {"x": [1.0, 1.0], "o": [-1.0, -1.0]}
     assert metrics.env_steps == metrics.agent_steps == 14
 
@@ -160,7 +160,7 @@ def test_draw_gives_zero_reward_and_terminates_both():
     assert not x[Col.REWARDS].any() and not o[Col.REWARDS].any()
     assert not x[Col.TERMINATEDS].any() and o[Col.TERMINATEDS][-1]
     m, = metrics.matches
-    assert m["draw"] and m["winner"] is None and m["returns"] == {"player_1": 0.0, "player_2": 0.0}
+    assert m.draw and m.winner is None and m.returns == {"player_1": 0.0, "player_2": 0.0}
     assert metrics.episode_returns == [0.0] and metrics.episode_lengths == [9]
 
 
@@ -203,9 +203,9 @@ def test_mapping_fn_is_called_once_per_agent_per_episode_and_holds_for_the_episo
     assert len(matches) >= 6
     assert len(calls) == len(set(calls))  # once per (episode, agent)
     for m in matches:
-        expected = tuple(mapping(a, type("E", (), {"id": m["episode_id"]})) for a in ("player_1", "player_2"))
-        assert m["policies"] == expected and m["agents"] == dict(zip(("player_1", "player_2"), expected))
-    assert {m["policies"] for m in matches} == {("a", "b"), ("b", "a")}
+        expected = tuple(mapping(a, type("E", (), {"id": m.episode_id})) for a in ("player_1", "player_2"))
+        assert m.policies == expected and m.agents == dict(zip(("player_1", "player_2"), expected))
+    assert {m.policies for m in matches} == {("a", "b"), ("b", "a")}
 
 
 def test_matchmaking_data_picks_matches_with_its_probabilities_and_shuffles_seats():
@@ -216,17 +216,17 @@ def test_matchmaking_data_picks_matches_with_its_probabilities_and_shuffles_seat
     matches = []
     while len(matches) < 400:
         matches += runner.sample()[1].matches
-    types = [m["match_type"] for m in matches]
+    types = [m.match_type for m in matches]
     assert abs(types.count("vs_snapshot") / len(types) - 0.75) < 0.07
-    snap = [m for m in matches if m["match_type"] == "vs_snapshot"]
-    assert all(set(m["policies"]) == {"main", "snap"} for m in snap)
-    assert abs(sum(m["policies"][0] == "main" for m in snap) / len(snap) - 0.5) < 0.1
-    assert all(m["policies"] == ("main", "main") for m in matches if m["match_type"] == "self_play")
+    snap = [m for m in matches if m.match_type == "vs_snapshot"]
+    assert all(set(m.policies) == {"main", "snap"} for m in snap)
+    assert abs(sum(m.policies[0] == "main" for m in snap) / len(snap) - 0.5) < 0.1
+    assert all(m.policies == ("main", "main") for m in matches if m.match_type == "self_play")
     # changed as data; fixed seats with a dict
     runner.set_matchmaking([{"policies": {"player_1": "snap", "player_2": "main"}, "match_type": "fixed"}])
     runner.sample()
     late = runner.sample()[1].matches
-    assert late and all(m["policies"] == ("snap", "main") and m["match_type"] == "fixed" for m in late)
+    assert late and all(m.policies == ("snap", "main") and m.match_type == "fixed" for m in late)
     with pytest.raises(KeyError, match="unknown policies"):
         runner.set_matchmaking([{"policies": ["main", "nobody"]}])
     with pytest.raises(ConfigError):
@@ -246,9 +246,9 @@ def test_policies_added_removed_and_weights_synced_at_runtime():
     assert all(np.allclose(got[k], w[k] + 1.0) for k in w)
     running = max(ep.id for ep in runner._episodes)  # games already under way keep their mapping
     _, metrics = runner.sample()
-    new = [m for m in metrics.matches if m["episode_id"] > running]
-    assert new and all(set(m["policies"]) == {"main", "main_v1"} for m in new)
-    assert all(m["policies"] == ("main", "main") for m in metrics.matches if m["episode_id"] <= running)
+    new = [m for m in metrics.matches if m.episode_id > running]
+    assert new and all(set(m.policies) == {"main", "main_v1"} for m in new)
+    assert all(m.policies == ("main", "main") for m in metrics.matches if m.episode_id <= running)
     with pytest.raises(ValueError, match="still names 'main_v1'"):
         runner.remove_policy("main_v1")
     runner.set_matchmaking([{"policies": ["main"]}])
@@ -256,7 +256,7 @@ def test_policies_added_removed_and_weights_synced_at_runtime():
     assert "main_v1" not in runner.policies
     assert all("main_v1" not in ep.policies.values() for ep in runner._episodes)
     _, metrics = runner.sample()
-    assert metrics.matches and all(m["policies"] == ("main", "main") for m in metrics.matches)
+    assert metrics.matches and all(m.policies == ("main", "main") for m in metrics.matches)
 
 
 def _chained_rows(batch, T):
@@ -374,7 +374,7 @@ def test_parallel_env_transitions_truncation_rows_and_rewards():
                                  lambda agent, ep: "q" if agent == "c" else "p", ticks_per_sample=12)
     batches, metrics = runner.sample()
     assert metrics.env_steps == 24 and metrics.agent_steps == 2 * (4 + 4 + 2) * 3
-    assert len(metrics.matches) == 6 and all(m["length"] == 4 for m in metrics.matches)
+    assert len(metrics.matches) == 6 and all(m.length == 4 for m in metrics.matches)
     p, q = batches["p"], batches["q"]
     # "p" plays a and b: 4 decisions then a truncation row per episode (5 rows = one sequence per agent and episode)
     assert len(p) == 2 * 2 * 3 * 5
@@ -410,7 +410,7 @@ def test_runner_as_a_ray_actor_with_matchmaking_data(ray_cluster):
         group.foreach("set_weights", {"main": {k: np.zeros_like(v) for k, v in local.items()}})
         (batches, metrics), = group.foreach("sample")
         assert set(batches) <= {"main"} and metrics.matches
-        assert all(m["match_type"] == "vs_random" and set(m["policies"]) == {"main", "rnd"} for m in metrics.matches)
+        assert all(m.match_type == "vs_random" and set(m.policies) == {"main", "rnd"} for m in metrics.matches)
         got, = group.foreach("get_weights")
         assert all(not v.any() for v in got["main"].values())
     finally:
@@ -418,18 +418,19 @@ def test_runner_as_a_ray_actor_with_matchmaking_data(ray_cluster):
 
 
 def test_league_players_matchmaking_and_results_round_trip():
-    from shoal.league.alpha_star import AlphaStarLeagueBuilder
+    from shoal.league import AlphaStarLeagueBuilder, MatchResult
 
     builder = AlphaStarLeagueBuilder(seed=0)
     players = builder.initial_policies()
     runner = MultiAgentEnvRunner(config(num_envs=4, rollout_fragment_length=4), 0, players,
                                  matchmaking=builder.matchmaking().to_dict(), ticks_per_sample=30)
-    assert runner.policies_to_train == {pid for pid, s in players.items() if s["trainable"]}
+    assert runner.policies_to_train == {pid for pid, s in players.items() if s.trainable}  # PlayerSpecs as specs
     batches, metrics = runner.sample()
     assert set(batches) <= runner.policies_to_train and metrics.matches
-    pairs = {(m["match_type"], frozenset(m["policies"])) for m in metrics.matches}
+    pairs = {(m.match_type, frozenset(m.policies)) for m in metrics.matches}
     allowed = {(m["match_type"], frozenset(m["policies"])) for m in builder.matchmaking().to_dict()["matches"]}
     assert pairs <= allowed
+    assert all(isinstance(m, MatchResult) for m in metrics.matches)
     builder.record_results(metrics.matches)
     assert builder.dropped_results == 0
     runner.set_matchmaking(builder.matchmaking())  # the Matchmaking object itself works too

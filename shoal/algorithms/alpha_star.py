@@ -44,12 +44,12 @@ from shoal.algorithms.pipeline import WAIT_S
 from shoal.config import AlgorithmConfig, EnvSpec, EvaluationConfig, ResourcesConfig
 from shoal.envs.multi_agent import make_multi_agent_env
 from shoal.errors import ConfigError
-from shoal.league import make_league_builder
+from shoal.league import LeagueChanges, make_league_builder
 from shoal.learn.distributed_learners import DistributedLearners, shard_plan, shard_sizes
 from shoal.logging.metrics import Phase
 from shoal.models import build_actor_critic
 from shoal.replay import BatchReplay
-from shoal.rollout.league import LeagueRolloutActor, store_batches
+from shoal.rollout.league import LeagueRolloutActor, SyncMessage, store_batches
 from shoal.rollout.multi_agent import MultiAgentEnvRunner, PolicyReturnWindows
 from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
 from shoal.runtime.placement import DRIVER, BundleGroup
@@ -116,7 +116,7 @@ class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKe
             builder = make_league_builder(self.league)
         except ConfigError as e:
             raise ValueError(f"league: {str(e).rstrip('.')}") from None  # the config's own error adds its name
-        learning = sum(1 for s in builder.initial_policies().values() if s["trainable"])
+        learning = sum(1 for s in builder.initial_policies().values() if s.trainable)
         builder.check_learner_slots(self.max_num_policies_to_train)
         if learning > self.max_num_policies_to_train:
             raise ValueError(f"the league starts with {learning} learning policies but max_num_policies_to_train is "
@@ -185,7 +185,7 @@ class AlphaStar(Algorithm):
         self.weights: dict[str, dict] = {}  # every policy's latest weights (driver copy)
         self.sync = LeagueSync()
         for pid, spec in self.league.initial_policies().items():
-            self._add(pid, self._fresh_weights(pid), spec["trainable"])
+            self._add(pid, self._fresh_weights(pid), spec.trainable)
         self.sync.changed.clear()
         self._matches_this_iter = 0
         self._learner_stats: dict[str, float] = {}  # the last stats of every learner: stable result columns
@@ -260,9 +260,9 @@ class AlphaStar(Algorithm):
     def _replay(self) -> dict:
         return {} if self._driver_stores else self.learners.replay_proxies()
 
-    def _message(self, full: bool = False) -> dict[str, Any]:
-        return {"weights": dict(self.weights if full else self.sync.changed), "matchmaking": self._mm(),
-                "train": list(self.learners.policy_ids), "replay": self._replay(), "remove": list(self.sync.removed)}
+    def _message(self, full: bool = False) -> SyncMessage:
+        return SyncMessage(weights=dict(self.weights if full else self.sync.changed), matchmaking=self._mm(),
+                           train=list(self.learners.policy_ids), replay=self._replay(), remove=list(self.sync.removed))
 
     def display_metrics(self) -> list[tuple[str, str]]:
         """Main's learner figures (the headline is its win rate against frozen players, ``best_metric``)."""
@@ -335,11 +335,11 @@ class AlphaStar(Algorithm):
                        "num_replay_actor_restarts": self.learners.num_replay_restarts})
         return result
 
-    def apply_league_changes(self, changes) -> None:
+    def apply_league_changes(self, changes: LeagueChanges) -> None:
         """Freezes and removals first, so the learner slots they free can take this build's
         additions (a full league would refuse them); a snapshot copies its parent's weights as
         they were before any reset in the same build."""
-        parents = {new_id: self.weights[from_id] for new_id, from_id, _, _ in changes.add if from_id}
+        parents = {a.new_id: self.weights[a.from_id] for a in changes.add if a.from_id}
         for pid in [*changes.freeze, *changes.remove]:
             if pid in self.learners.policy_ids:
                 self.learners.remove_policy(pid)
@@ -348,8 +348,8 @@ class AlphaStar(Algorithm):
             self.sync.changed.pop(pid, None)
             self._learner_stats = {k: v for k, v in self._learner_stats.items() if not k.startswith(f"learner/{pid}/")}
             self.sync.removed.append(pid)
-        for new_id, _, trainable, _spec in changes.add:
-            self._add(new_id, parents.get(new_id) or self._fresh_weights(new_id), trainable)
+        for a in changes.add:
+            self._add(a.new_id, parents.get(a.new_id) or self._fresh_weights(a.new_id), a.trainable)
         for pid in changes.reset:
             self.weights[pid] = self.sync.changed[pid] = self._fresh_weights(pid)
             if pid in self.learners.policy_ids:
@@ -390,7 +390,7 @@ class AlphaStar(Algorithm):
             self.learners.remove_policy(pid)
         self.weights, self.sync.changed = {}, {}
         for pid, spec in self.league.players.items():
-            self._add(pid, {k: v.numpy() for k, v in state["weights"][pid].items()}, spec["trainable"])
+            self._add(pid, {k: v.numpy() for k, v in state["weights"][pid].items()}, spec.trainable)
         for pid, learner_state in state.get("learners", {}).items():  # optimizer and target network too
             if pid in self.learners.policy_ids:
                 self.learners.call(pid, "set_state", learner_state)

@@ -1,4 +1,5 @@
-"""League self-play: builders, payoff table, matchmaking data and reports.
+"""League self-play: builders, their records (PlayerSpec, AddPolicy, MatchResult), payoff table,
+matchmaking data and reports.
 
 See :mod:`shoal.league.builder` for how an algorithm drives a builder and
 :mod:`shoal.league.alpha_star` for the AlphaStar league's rules.
@@ -7,9 +8,12 @@ See :mod:`shoal.league.builder` for how an algorithm drives a builder and
 from shoal.league.alpha_star import AlphaStarLeagueBuilder, AlphaStarLeagueConfig
 from shoal.league.builder import (
                                   LEAGUE_BUILDERS,
+                                  AddPolicy,
                                   LeagueBuilder,
                                   LeagueChanges,
+                                  MatchResult,
                                   NoLeagueBuilder,
+                                  PlayerSpec,
                                   make_league_builder,
                                   policy_spec,
                                   resolve_league_builder,
@@ -19,8 +23,9 @@ from shoal.league.payoff import PFSP_WEIGHTINGS, PayoffTable, pfsp_probs, pfsp_w
 from shoal.league.report import format_league_report, league_report, write_league_report
 
 __all__ = [
-    "AlphaStarLeagueBuilder", "AlphaStarLeagueConfig", "LEAGUE_BUILDERS", "LeagueBuilder", "LeagueChanges",
-    "NoLeagueBuilder", "make_league_builder", "policy_spec", "resolve_league_builder", "Matchmaking", "MatchType",
+    "AddPolicy", "AlphaStarLeagueBuilder", "AlphaStarLeagueConfig", "LEAGUE_BUILDERS", "LeagueBuilder", "LeagueChanges",
+    "MatchResult", "NoLeagueBuilder", "PlayerSpec", "make_league_builder", "policy_spec", "resolve_league_builder",
+    "Matchmaking", "MatchType",
     "sample_match", "PFSP_WEIGHTINGS", "PayoffTable", "pfsp_probs", "pfsp_weights", "format_league_report",
     "league_report", "write_league_report",
 ]

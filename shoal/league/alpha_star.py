@@ -37,6 +37,7 @@ removes the oldest frozen players beyond it.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Optional
 
 import numpy as np
@@ -44,7 +45,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from shoal.config import Section, format_validation_error
 from shoal.errors import ConfigError
-from shoal.league.builder import LeagueBuilder, LeagueChanges, policy_spec
+from shoal.league.builder import AddPolicy, LeagueBuilder, LeagueChanges, PlayerSpec, policy_spec
 from shoal.league.matchmaking import Matchmaking, MatchType, normalized
 from shoal.league.payoff import PFSP_WEIGHTINGS, pfsp_probs
 
@@ -123,7 +124,7 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
                              f"({max_num_policies_to_train}) so the learner slots never run out")
 
     # ---- players -------------------------------------------------------------------
-    def _initial_players(self) -> dict[str, dict[str, Any]]:
+    def _initial_players(self) -> dict[str, PlayerSpec]:
         c = self.config
         players = {MAIN: policy_spec(MAIN, True)}
         for type_, n in ((MAIN_EXPLOITER, c.num_main_exploiters), (LEAGUE_EXPLOITER, c.num_league_exploiters)):
@@ -137,11 +138,11 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
         n = self.config.win_rate_window
         for me, other in ((a, b), (b, a)):
             outcome = 0.5 if winner is None else float(winner == me)
-            if self.players[me]["trainable"]:
+            if self.players[me].trainable:
                 w = self.windows.setdefault(me, [])
                 w.append(outcome)
                 del w[:-n]
-            if me == MAIN and not self.players[other]["trainable"]:
+            if me == MAIN and not self.players[other].trainable:
                 self.main_vs_frozen.append(outcome)
                 del self.main_vs_frozen[:-n]
 
@@ -166,11 +167,11 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
         n = self.snapshot_counts.get(pid, 0) + 1
         self.snapshot_counts[pid] = n
         new_id = f"{pid}_v{n}"
-        exploiter = spec["type"] != MAIN
+        exploiter = spec.type != MAIN
         trainable = exploiter and rng.random() < self.config.keep_training_prob
-        new_spec = policy_spec(spec["type"], trainable, parent=pid, created_iteration=self.iteration)
+        new_spec = policy_spec(spec.type, trainable, parent=pid, created_iteration=self.iteration)
         self.players[new_id] = new_spec
-        changes.add.append((new_id, pid, trainable, dict(new_spec)))
+        changes.add.append(AddPolicy(new_id, pid, new_spec.trainable, new_spec))
         self.windows[pid] = []
         if exploiter and rng.random() < self.config.reset_exploiter_prob:
             changes.reset.append(pid)
@@ -178,9 +179,9 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
     def _apply_caps(self, changes: LeagueChanges) -> None:
         c = self.config
         if c.max_learning_policies is not None:
-            snapshots = [p for p in self.learning_policies() if self.players[p]["parent"] is not None]
+            snapshots = [p for p in self.learning_policies() if self.players[p].parent is not None]
             for pid in snapshots[:max(0, len(self.learning_policies()) - c.max_learning_policies)]:
-                self.players[pid]["trainable"] = False
+                self.players[pid] = dataclasses.replace(self.players[pid], trainable=False)
                 self.windows.pop(pid, None)
                 changes.freeze.append(pid)
         if c.max_frozen_policies is not None:
@@ -190,10 +191,11 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
                 self.payoff.remove_player(pid)
                 changes.remove.append(pid)
         # A policy added in this same build reaches the algorithm in its final form only.
-        added = {a[0] for a in changes.add}
+        added = {a.new_id for a in changes.add}
         gone = added & set(changes.remove)
-        changes.add = [(n, f, t and n not in changes.freeze, {**s, "trainable": t and n not in changes.freeze})
-                       for n, f, t, s in changes.add if n not in gone]
+        changes.add = [AddPolicy(a.new_id, a.from_id, a.trainable and a.new_id not in changes.freeze,
+                                 dataclasses.replace(a.spec, trainable=a.trainable and a.new_id not in changes.freeze))
+                       for a in changes.add if a.new_id not in gone]
         changes.freeze = [p for p in changes.freeze if p not in added]
         changes.remove = [p for p in changes.remove if p not in gone]
 
@@ -203,7 +205,7 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
         return {c: float(p) for c, p in zip(candidates, probs)}
 
     def _of_type(self, type_: str, trainable: bool) -> list[str]:
-        return [p for p, s in self.players.items() if s["type"] == type_ and s["trainable"] == trainable]
+        return [p for p, s in self.players.items() if s.type == type_ and s.trainable == trainable]
 
     def matchmaking(self) -> Matchmaking:
         c = self.config

@@ -40,6 +40,7 @@ from shoal.batch import Batch, Col, pack_per_sequence
 from shoal.callbacks import Episode, build_callbacks, call_episode_end, overrides
 from shoal.envs.multi_agent import SCRIPTED_PLAYERS, MultiAgentEnvAdapter, make_multi_agent_env, make_scripted_player
 from shoal.errors import ConfigError
+from shoal.league.builder import MatchResult, PlayerSpec
 from shoal.models.distributions import masked_logits
 from shoal.models.recurrent import pack_state
 from shoal.process import configure_process
@@ -274,28 +275,27 @@ class MultiAgentRolloutMetrics(RolloutMetrics):
     agent_steps: int = 0
     policy_returns: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     policy_agent_steps: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    matches: list[dict[str, Any]] = field(default_factory=list)
+    matches: list[MatchResult] = field(default_factory=list)
 
 
-def match_outcome(episode: EpisodeInfo) -> dict[str, Any]:
+def match_outcome(episode: EpisodeInfo) -> MatchResult:
     """Per-match record: ``policies`` in seat order, ``winner`` a policy id (None on a draw)."""
     agents = episode.agents
     rets = {a: float(episode.returns.get(a, 0.0)) for a in agents}
     best = max(rets.values())
     top = [a for a in agents if rets[a] == best]
     winner_agent = top[0] if len(top) == 1 else None
-    return {
-        "policies": tuple(episode.policies[a] for a in agents),
-        "agents": dict(episode.policies),
-        "returns": rets,
-        "winner": episode.policies[winner_agent] if winner_agent else None,
-        "winner_agent": winner_agent,
-        "draw": winner_agent is None,
-        "match_type": episode.match_type,
-        "length": episode.length,
-        "episode_id": episode.id,
-        "worker_index": episode.worker_index,
-    }
+    return MatchResult(
+        policies=tuple(episode.policies[a] for a in agents),
+        winner=episode.policies[winner_agent] if winner_agent else None,
+        match_type=episode.match_type,
+        agents=dict(episode.policies),
+        returns=rets,
+        winner_agent=winner_agent,
+        length=episode.length,
+        episode_id=episode.id,
+        worker_index=episode.worker_index,
+    )
 
 
 class PolicyReturnWindows:
@@ -323,7 +323,8 @@ class MultiAgentEnvRunner:
         worker_index: 0 in the driver, 1..N for remote actors (seeds differ per index).
         policies: ``{policy_id: spec}``; a spec is None (a new actor-critic from ``config.model``),
             a dict of weights, ``{"weights": ..., "model": {overrides}, "agent": id_for_spaces,
-            "trainable": bool}`` (a league player's spec fits: its other keys are ignored),
+            "trainable": bool}`` (a league player's spec fits, a ``PlayerSpec`` or its dict form:
+            its other keys are ignored),
             ``"random"`` / ``"heuristic"`` (scripted, never trained) or a policy object with ``act``.
         policy_mapping_fn: ``(agent_id, episode) -> policy_id`` (picklable for remote actors);
             called once per agent when an episode starts.
@@ -383,6 +384,8 @@ class MultiAgentEnvRunner:
     def add_policy(self, policy_id: str, spec: Any = None, *, trainable: bool | None = None,
                    weights: Mapping | None = None) -> None:
         """Add (or replace) a policy; ``trainable`` None: network policies train, scripted ones do not."""
+        if isinstance(spec, PlayerSpec):  # a league player: its trainable flag counts, the rest is metadata
+            spec = spec.to_dict()
         policy = self._build_policy(policy_id, spec)
         if weights is not None:
             policy.set_weights(weights)
