@@ -151,6 +151,7 @@ class LeagueSync:
 
 class AlphaStar(Algorithm):
     config_cls = AlphaStarConfig
+    config: AlphaStarConfig
 
     def describe_env(self):
         env = make_multi_agent_env(self.config.env, self.config.env_config)  # fails early on a bad env
@@ -201,10 +202,11 @@ class AlphaStar(Algorithm):
         self.best_metric = self._best_metric()
 
     @classmethod
-    def resource_plan(cls, config: AlphaStarConfig) -> list[BundleGroup]:
+    def resource_plan(cls, config: AlgorithmConfig) -> list[BundleGroup]:
         """The shared plan plus the learner shards when they are Ray actors: one bundle per shard
         (its replay actor and a learner per slot, with their GPUs), spread over the nodes; the
         driver then needs no GPU."""
+        assert isinstance(config, AlphaStarConfig)
         plan, res = super().resource_plan(config), config.resources
         if not res.learners_remote():
             return plan

@@ -19,7 +19,7 @@ import numpy as np
 from shoal.algorithms.appo import APPOLoss
 from shoal.batch import Batch
 from shoal.errors import ActorLostError
-from shoal.learn.distributed_learners import REPLAY_LOST, resolve_learner_device
+from shoal.learn.distributed_learners import REPLAY_LOST, ReplayLost, resolve_learner_device
 from shoal.learn.policy_learner import LearnerOutput, PolicyLearner
 from shoal.models import build_actor_critic
 from shoal.process import configure_process
@@ -41,16 +41,18 @@ class APPOPolicyLearner(PolicyLearner):
                          device=resolve_learner_device(device), target_period=config.target_update_frequency)
         self.rng = np.random.default_rng(None if config.seed is None else [config.seed, *policy_id.encode()])
 
-    def learn(self, env_steps: Optional[int] = None) -> Union[LearnerOutput, str, None]:
+    def learn(self, env_steps: Optional[int] = None) -> Union[LearnerOutput, ReplayLost, None]:
         """``env_steps``: the run's sampled env steps, which move ``lr_schedule`` along. Returns
         :data:`REPLAY_LOST` when the shard's replay actor died under it."""
         if env_steps is not None:
             self.learner.set_env_steps(env_steps)
         batches = self._pull()
-        if batches is REPLAY_LOST or not batches:
-            if not batches and self.idle_sleep_s:
+        if isinstance(batches, ReplayLost):
+            return batches
+        if not batches:
+            if self.idle_sleep_s:
                 time.sleep(self.idle_sleep_s)
-            return batches if batches is REPLAY_LOST else None
+            return None
         cfg = self.config
         rows = sum(len(b) for b in batches)
         stats = self.update(Batch.concat(batches), cfg.num_sgd_iter, cfg.minibatch_size or rows, self.rng,
@@ -59,7 +61,7 @@ class APPOPolicyLearner(PolicyLearner):
                      device=str(self.learner.device))
         return LearnerOutput(stats, rows, self.get_weights())
 
-    def _pull(self) -> Union[list[Batch], str]:
+    def _pull(self) -> Union[list[Batch], ReplayLost]:
         """Batches from the shard's replay until a train batch's rows are in (or it has none left)."""
         batches, rows = [], 0
         while rows < self.config.train_batch_size:

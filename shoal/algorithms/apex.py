@@ -46,7 +46,7 @@ from shoal.algorithms.dqn import (
     replay_kwargs,
 )
 from shoal.batch import Col
-from shoal.config import ResourcesConfig
+from shoal.config import AlgorithmConfig, ResourcesConfig
 from shoal.errors import ConfigError, NodeResourceError
 from shoal.learn.replay_learner import ReplayLearnerThread
 from shoal.learn.threads import LearnerResult
@@ -172,6 +172,8 @@ class ApeXRunner(EnvRunner):
 # ---- algorithm --------------------------------------------------------------------------
 class ApeX(Algorithm):
     config_cls = ApeXConfig
+    config: ApeXConfig
+    shards: Any  # the replay shards' actor group (a LazyActorGroup); None once stopped
     policy_cls = EpsilonGreedyQPolicy
 
     def setup(self) -> None:
@@ -181,7 +183,8 @@ class ApeX(Algorithm):
         self.learner = build_q_learner(self, cfg)
         self.target = attach_target(self.learner, cfg)
         self.learner_thread = ReplayLearnerThread(
-            functools.partial(learn_on_replay_batch, self.learner), lambda: weights_to_numpy(self.learner.module.q),
+            functools.partial(learn_on_replay_batch, self.learner),
+            lambda: weights_to_numpy(self.learner.module.get_submodule("q")),
             queue_size=cfg.learner_queue_size)
         self.learner_thread.start()
         per_shard = math.ceil(cfg.replay_capacity / res.num_replay_shards)
@@ -243,9 +246,10 @@ class ApeX(Algorithm):
         return [("set_shards", (list(self.shards.proxies().values()),))]
 
     @classmethod
-    def resource_plan(cls, config: ApeXConfig) -> list[BundleGroup]:
+    def resource_plan(cls, config: AlgorithmConfig) -> list[BundleGroup]:
         """The shared plan plus the replay shards (remote with rollout actors), pinned to the driver's
         node when ``resources.replay_shards_on_driver_node`` is set."""
+        assert isinstance(config, ApeXConfig)
         plan, res = super().resource_plan(config), config.resources
         if res.num_workers > 0:
             plan.insert(1, BundleGroup("replay shard", res.num_replay_shards, res.replay_shard_cpus,
@@ -361,6 +365,7 @@ class ApeX(Algorithm):
             if not self.config.prioritized_replay or r.priorities is None:  # None: a skipped NaN/inf update
                 continue
             tag = r.replay
+            assert tag is not None, "a learned replay batch carries its tag"
             if tag.shard_id in self.shards.actor_ids and tag.generation == self.shards.generation(tag.shard_id):
                 self.shards.foreach("update_priorities", tag.indices, r.priorities, tag.row_ids,
                                     actor_ids=[tag.shard_id], wait=False)

@@ -50,6 +50,7 @@ from shoal.algorithms.pipeline import (
     make_learner_thread,
     make_sequence_runners,
 )
+from shoal.algorithms.policies import PolicySet
 from shoal.batch import Col
 from shoal.config import AlgorithmConfig
 from shoal.learn.losses import LossRecord
@@ -149,11 +150,11 @@ class APPOLoss(LossRecord):
             target_logp = time_major(target_dist.logp(batch[Col.ACTIONS]), T)
         vt = vtrace_for(u, target_logp, self.vtrace)
         advantages = policy_advantages(vt, u, self.normalize_advantages)
-        kl_on = self.kl is not None and self.kl.enabled
-        kl_terms = time_major(target_dist.kl(u.dist), T) if kl_on else None
+        kl = self.kl if self.kl is not None and self.kl.enabled else None
+        kl_terms = time_major(target_dist.kl(u.dist), T) if kl is not None else None
         terms = appo_loss_terms(u.logp, target_logp, advantages, u.values, vt.vs, u.entropy, u.valid, kl_terms,
                                 clip_param=self.clip_param, vf_loss_coeff=self.vf_loss_coeff,
-                                entropy_coeff=self.entropy_coeff, kl_coeff=self.kl.coeff if kl_on else 0.0)
+                                entropy_coeff=self.entropy_coeff, kl_coeff=kl.coeff if kl is not None else 0.0)
         loss = terms.pop("total_loss")
         stats = {k: v.detach() for k, v in terms.items()}
         stats["mean_rho"] = masked_mean(vt.rhos, u.valid)
@@ -164,6 +165,7 @@ class APPOLoss(LossRecord):
 class APPO(Algorithm):
     config_cls = APPOConfig
     config: APPOConfig
+    policies: PolicySet  # built by setup()
     policy_cls = ActorCriticPolicy
 
     def setup(self) -> None:

@@ -34,7 +34,7 @@ from shoal.logging.metrics import EpisodeWindow, Timers
 from shoal.models.catalog import check_model_size
 from shoal.process import configure_process
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
-from shoal.rollout.multi_agent import MultiAgentEnvRunner, PolicyReturnWindows
+from shoal.rollout.multi_agent import MultiAgentEnvRunner, MultiAgentRolloutMetrics, PolicyReturnWindows
 from shoal.rollout.policies import predict_actions
 from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
 from shoal.runtime.deadline import DeadlineReached
@@ -115,7 +115,7 @@ class Algorithm:
     ``algorithm_cls``, what its ``build()`` makes; one that inherits it (a variant of an
     algorithm) leaves the config building its parent."""
 
-    best_metric: ClassVar[str] = "episode_return_mean"
+    best_metric: str = "episode_return_mean"
     """The result key that picks a run's ``checkpoints/best`` (what ``shoal evaluate RUN_DIR`` loads).
 
     The mean return suits single-agent training. In a zero-sum self-play league it stays near
@@ -135,7 +135,7 @@ class Algorithm:
         if "config_cls" in cls.__dict__:
             cls.config_cls.algorithm_cls = cls
         if not getattr(cls.train, "reports_to_callbacks", False):  # a train() of its own (or of a mixin)
-            cls.train = _reports_to_callbacks(cls.train)
+            cls.train = _reports_to_callbacks(cls.train)  # type: ignore[method-assign]
 
     def __init__(self, config: AlgorithmConfig) -> None:
         if not isinstance(config, self.config_cls):
@@ -245,7 +245,7 @@ class Algorithm:
         """One pass of the execution plan; returns metrics for this step."""
         raise NotImplementedError
 
-    def get_weights(self) -> dict[str, np.ndarray]:
+    def get_weights(self) -> dict[str, Any]:
         """The current policy's weights as numpy arrays, by parameter name (what actors receive)."""
         raise NotImplementedError
 
@@ -270,10 +270,12 @@ class Algorithm:
         n, first = max(res.num_workers, 1), 1 if remote else 0
 
         def ctor(i: int):
+            if self.is_multi_agent:
+                return self.multi_agent_runner_args(i)
             return (self.config, i, policy_cls, postprocess, fragment_length), {}
 
         if self.is_multi_agent:  # the env kind picks the runner: sequences per policy
-            runner_cls, ctor = MultiAgentEnvRunner, self.multi_agent_runner_args
+            runner_cls = MultiAgentEnvRunner
         group = LazyActorGroup(lambda: make_actor_group(
             runner_cls, n, ctor, remote=remote,
             resources=self.actor_resources("rollout actor") if remote else ActorResources.of_workers(res),
@@ -285,6 +287,7 @@ class Algorithm:
 
     def multi_agent_runner_args(self, index: int):
         """A multi-agent rollout actor's ``(args, kwargs)``: every policy with its current weights."""
+        assert self.agents is not None and self.policies is not None, "a multi_agent run describes its agents first"
         weights = self.get_weights()
         return self.agents.runner_args(self.config, index, weights.__getitem__, list(self.policies.trained))
 
@@ -349,7 +352,7 @@ class Algorithm:
                 self.norm_stats.merge(m.normalizer_new)
             self.custom_metrics.extend(m.custom_metrics)
             self.counters["num_env_failures"] += getattr(m, "env_failures", 0)
-            if self.is_multi_agent:  # decisions of all agents; env_steps counts env copies' steps
+            if self.is_multi_agent and isinstance(m, MultiAgentRolloutMetrics):  # env_steps: env copies' steps
                 self.policy_returns.add(m)
                 self.counters["agent_steps_sampled"] += m.agent_steps
         self.counters["env_steps_sampled"] += steps
@@ -440,9 +443,6 @@ class Algorithm:
             learner.grad_clip = self.config.grad_clip
             if "lr" in changes:
                 learner.set_lr(self.config.lr)
-        kl = getattr(self, "kl", None)
-        if kl is not None and "kl_target" in changes:
-            kl.target = float(self.config.kl_target)
 
     # ---- inference ----------------------------------------------------------------------
     def predict(self, obs, state: np.ndarray | None = None, episode_start: np.ndarray | None = None,
@@ -487,7 +487,8 @@ class Algorithm:
         if not self.is_multi_agent:
             raise ConfigError(f"{type(self).__name__}.evaluation_episodes plays a multi_agent section's policies; "
                               "use evaluate() for a single-agent run")
-        return multi_agent.evaluation_episodes(*self.multi_agent_runner_args(0), n, explore)
+        args, kwargs = self.multi_agent_runner_args(0)
+        return multi_agent.evaluation_episodes(args, kwargs, n, explore)
 
     # ---- state and checkpoints ----------------------------------------------------------
     def get_state(self) -> dict[str, Any]:

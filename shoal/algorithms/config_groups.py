@@ -15,7 +15,7 @@ learners are not APPO's learner thread; DD-PPO has no KL penalty), the config li
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from pydantic import Field, model_validator
 
@@ -39,6 +39,9 @@ class VTraceKeys(Section):
 class AsyncSamplingKeys(Section):
     """Asynchronous sampling into train batches of whole sequences (IMPALA, APPO, AlphaStar)."""
 
+    if TYPE_CHECKING:  # AlgorithmConfig's, which every config that takes this group has
+        rollout_fragment_length: Union[int, str]
+
     lr: float = Field(5e-4, gt=0, description="Adam learning rate (lr_schedule overrides it).")
     min_time_s_per_iteration: float = Field(1.0, ge=0, description="Asynchronous steps are short: report about once a second.")
     train_batch_size: int = Field(500, ge=1, description="Rows (env steps, whole sequences) per learner update.")
@@ -54,6 +57,11 @@ class AsyncSamplingKeys(Section):
 
 class LearnerThreadKeys(Section):
     """IMPALA's background learner thread, single- or multi-device (IMPALA, APPO)."""
+
+    if TYPE_CHECKING:  # AlgorithmConfig's, which every config that takes this group has
+        from shoal.config import ResourcesConfig
+
+        resources: ResourcesConfig
 
     minibatch_buffer_size: int = Field(1, ge=1, description="Train batches in the learner's ring; they are learned interleaved.")
     learner_queue_size: int = Field(16, ge=1, description="Train batches waiting for the learner; a full queue drops new ones.")

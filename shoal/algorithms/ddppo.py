@@ -23,7 +23,7 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional, Union
+from typing import Any, ClassVar, Optional, TypeVar, Union
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
@@ -175,7 +175,11 @@ class RoundResult:
     nonfinite_skipped: int = 0  # this replica's updates skipped for a NaN/inf gradient, over the run
 
 
-def make_learner(config: DDPPOConfig, obs_space, action_space, cls=Learner, device="cpu") -> Learner:
+L = TypeVar("L", bound=Learner)
+
+
+def make_learner(config: DDPPOConfig, obs_space, action_space, cls: type[L], device="cpu") -> L:
+    """A ``cls`` learner (the driver's plain copy, or a worker's DistributedLearner) with PPO's loss."""
     module = build_actor_critic(obs_space, action_space, config.model)
     extra = {"spin_wait": config.spin_wait()} if issubclass(cls, DistributedLearner) else {}
     # no KL penalty: each replica learns alone, with nothing central to adapt a coefficient
@@ -255,12 +259,13 @@ class DDPPO(Algorithm):
     """The driver: starts the workers (on the first training step), gathers, aggregates, re-forms."""
 
     config_cls = DDPPOConfig
+    config: DDPPOConfig
     policy_cls = ActorCriticPolicy
 
     def setup(self) -> None:
         cfg: DDPPOConfig = self.config
         # The driver's copy: initial state for the workers, worker 0's weights when kept in sync.
-        self.local = make_learner(cfg, self.env_info.observation_space, self.env_info.action_space)
+        self.local = make_learner(cfg, self.env_info.observation_space, self.env_info.action_space, Learner)
         self.rounds = 0
         self.num_regroups = 0
         self.num_failed_rounds = 0  # rounds whose collective failed (a peer died): sampled, not trained
@@ -346,8 +351,9 @@ class DDPPO(Algorithm):
         return ready
 
     @classmethod
-    def resource_plan(cls, config: DDPPOConfig) -> list[BundleGroup]:
+    def resource_plan(cls, config: AlgorithmConfig) -> list[BundleGroup]:
         """The driver (which never trains) and the workers, each sampling and learning on its CPUs and GPUs."""
+        assert isinstance(config, DDPPOConfig)
         plan = [g for g in super().resource_plan(config) if g.name != "rollout actor"]
         res = config.resources
         plan.insert(1, BundleGroup("DD-PPO worker", res.num_workers, res.num_cpus_per_worker, res.num_gpus_per_worker,

@@ -101,7 +101,7 @@ class DQNConfig(AlgorithmConfig):
     def fragment_length(self) -> int:
         return self.rollout_fragment_length if isinstance(self.rollout_fragment_length, int) else 16
 
-    def epsilon_schedule(self) -> list[tuple[int, float]]:
+    def epsilon_schedule(self) -> Optional[list[tuple[int, float]]]:
         return [(0, self.exploration_initial_eps), (self.exploration_timesteps, self.exploration_final_eps)]
 
     def beta(self, env_steps: float) -> float:
@@ -136,8 +136,9 @@ class QLearnerModule(nn.Module):
 def attach_target(learner: Learner, config: DQNConfig) -> TargetNetwork:
     """The target-network phase: ``learner.module.target`` refreshed every
     ``target_network_update_freq`` trained env steps, after the optimizer step that reaches it."""
-    target = TargetNetwork(learner.module.q, config.target_network_update_freq, unit="env_steps", tau=config.tau,
-                           net=learner.module.target)
+    module = learner.module
+    target = TargetNetwork(module.get_submodule("q"), config.target_network_update_freq, unit="env_steps",
+                           tau=config.tau, net=module.get_submodule("target"))
     learner.add_post_update_hook(target.post_update)
     return target
 
@@ -268,6 +269,7 @@ Q_DISPLAY_METRICS = [("learner/loss", "loss"), ("learner/mean_q", "mean_q"), ("l
 
 class DQN(Algorithm):
     config_cls = DQNConfig
+    config: DQNConfig
     policy_cls = EpsilonGreedyQPolicy
 
     def setup(self) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shoal.errors import ActorLostError, ConfigError
-from shoal.rollout.env_runner import EnvRunner
+from shoal.rollout.env_runner import EnvRunner, fragment_to_batch
 from shoal.runtime import make_actor_group
 from shoal.seeding import EVAL_ACTORS_FIRST_INDEX, EVAL_RUNNER_INDEX
 
@@ -45,7 +45,7 @@ class Evaluator:
         if algo.config.evaluation.evaluation_num_workers > 0 and not render:
             return self._on_actors(n, algo.get_weights())
         if self.local is None:
-            self.local = EnvRunner(algo.config, EVAL_RUNNER_INDEX, algo.policy_cls, None, 1, num_envs=1)
+            self.local = EnvRunner(algo.config, EVAL_RUNNER_INDEX, algo.policy_cls, fragment_to_batch, 1, num_envs=1)
         self.local.set_weights(algo.get_weights())
         for method, args in algo.normalizer_calls():
             getattr(self.local, method)(*args)
@@ -57,7 +57,8 @@ class Evaluator:
         if self.runners is None:
             self.runners = make_actor_group(
                 EnvRunner, algo.config.evaluation.evaluation_num_workers,
-                lambda i: ((algo.config, EVAL_ACTORS_FIRST_INDEX + i, algo.policy_cls, None, 1), {"num_envs": 1}),
+                lambda i: ((algo.config, EVAL_ACTORS_FIRST_INDEX + i, algo.policy_cls, fragment_to_batch, 1),
+                           {"num_envs": 1}),
                 remote=True, resources=algo.actor_resources("evaluation actor"), name="evaluation actor",
                 about=f"env {algo.config.env_name()}")
         k = len(self.runners.actor_ids)

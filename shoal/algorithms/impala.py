@@ -38,6 +38,7 @@ from shoal.algorithms.pipeline import (
     make_learner_thread,
     make_sequence_runners,
 )
+from shoal.algorithms.policies import PolicySet
 from shoal.batch import Col
 from shoal.config import AlgorithmConfig
 from shoal.learn.losses import LossRecord
@@ -117,6 +118,7 @@ class IMPALALoss(LossRecord):
 class IMPALA(Algorithm):
     config_cls = IMPALAConfig
     config: IMPALAConfig
+    policies: PolicySet  # built by setup()
     policy_cls = ActorCriticPolicy
 
     def setup(self) -> None:

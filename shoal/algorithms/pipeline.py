@@ -41,7 +41,8 @@ from shoal.rollout import ActorCriticPolicy
 from shoal.rollout.postprocessing import sequence_postprocess
 
 if TYPE_CHECKING:
-    from shoal.algorithms.base import Algorithm
+    from shoal.algorithms.appo import APPO
+    from shoal.algorithms.impala import IMPALA
 
 WAIT_S = 0.02  # longest a training step blocks on sample results or learner results
 
@@ -157,7 +158,7 @@ def make_async_policy_learner(cfg, obs_space, action_space, seed: Optional[int],
     return PolicyLearner(module, cfg, make_loss, device=cfg.learner_devices()[0], target_period=target_period)
 
 
-def make_sequence_runners(algo: Algorithm):
+def make_sequence_runners(algo: IMPALA | APPO):
     """Rollout actors that return time-major sequences, with requests kept in flight."""
     cfg = algo.config
     return algo.make_env_runners(ActorCriticPolicy, sequence_postprocess, cfg.fragment_length(),

@@ -23,7 +23,7 @@ from pydantic import Field, model_validator
 from shoal.algorithms.base import Algorithm
 from shoal.algorithms.config_groups import KLPenaltyKeys, MultiAgentKeys, PPOLossKeys, check_multi_agent
 from shoal.algorithms.multi_agent import sequence_length
-from shoal.algorithms.policies import build_policy_module
+from shoal.algorithms.policies import PolicySet, build_policy_module
 from shoal.batch import Batch, Col
 from shoal.config import AlgorithmConfig
 from shoal.learn import Learner, resolve_device
@@ -180,13 +180,13 @@ class PPOLoss(LossRecord):
         adv = batch[Col.ADVANTAGES]
         if self.normalize_advantages:
             adv = standardize(adv, valid)
-        kl_on = self.kl is not None and self.kl.enabled
-        kl_old_new = module.dist_cls(batch[Col.ACTION_DIST_INPUTS]).kl(dist) if kl_on else None
+        kl = self.kl if self.kl is not None and self.kl.enabled else None
+        kl_old_new = module.dist_cls(batch[Col.ACTION_DIST_INPUTS]).kl(dist) if kl is not None else None
         terms = ppo_loss_terms(
             dist.logp(batch[Col.ACTIONS]), batch[Col.ACTION_LOGP], adv, values, batch[Col.VF_PREDS],
             batch[Col.VALUE_TARGETS], dist.entropy(), kl_old_new,
             clip_param=self.clip_param, vf_clip_param=self.vf_clip_param, vf_loss_coeff=self.vf_loss_coeff,
-            entropy_coeff=self.entropy_coeff, kl_coeff=self.kl.coeff if kl_on else 0.0, valid=valid,
+            entropy_coeff=self.entropy_coeff, kl_coeff=kl.coeff if kl is not None else 0.0, valid=valid,
         )
         loss = terms.pop("total_loss")
         return loss, {k: v.detach() for k, v in terms.items()}
@@ -217,6 +217,7 @@ def sequence_rows(cols: dict[str, np.ndarray], fragment: Fragment) -> Batch:
     """Time-major ``(T, N, ...)`` columns as rows of training sequences: each env's T steps in order
     (``VALID`` marks the reset rows), so each run of ``L = T // len(state_in)`` rows is one
     sequence, and ``STATE_IN`` holds the state recorded at its start."""
+    assert fragment.state_in is not None, "a recurrent policy's fragment records its states"
     T, n_seq = len(fragment.rewards), len(fragment.state_in)
     rows = {k: env_major(v) for k, v in cols.items()}
     rows[Col.VALID] = env_major(fragment.valid)
@@ -240,6 +241,7 @@ def transitions(batch: Batch) -> int:
 class PPO(Algorithm):
     config_cls = PPOConfig
     config: PPOConfig
+    policies: PolicySet  # built by setup()
     policy_cls = ActorCriticPolicy
 
     def setup(self) -> None:
@@ -293,6 +295,7 @@ class PPO(Algorithm):
 
     def _adapt_lr(self, epoch_stats: dict[str, float]) -> None:
         """With ``lr_kl_target``: the next epoch's learning rate from this epoch's mean KL."""
+        assert self.lr_by_kl is not None
         self.learner.set_lr(self.lr_by_kl.next_lr(self.learner.lr, epoch_stats["kl"]))
 
     def display_metrics(self) -> list[tuple[str, str]]:

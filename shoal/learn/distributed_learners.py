@@ -27,14 +27,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import Any
 
 import torch
 
 from shoal import runtime
 from shoal.errors import ConfigError
 
-PolicyId = Hashable
+PolicyId = str
 
 
 # ---- the arithmetic ----------------------------------------------------------------------
@@ -155,7 +155,7 @@ class DistributedLearners:
         self.replays = runtime.make_actor_group(
             replay_cls, plan.num_shards, lambda i: ((), dict(replay_kwargs or {})), remote=remote,
             resources=self.replay_resources, name="learner shard replay actor", first_index=0)
-        self.replay_nodes: dict[int, str | None] = self.replays.node_ids() if remote else {}
+        self.replay_nodes: dict[int, str] = self.replays.node_ids() if remote else {}
         self._replay_actors = dict(self.replays.actors)  # the replay actor each shard's learners were given
         self.slots: list[list[PolicyId | None]] = [[None] * c for c in plan.shard_capacities()]
         self.where: dict[PolicyId, tuple[int, int]] = {}

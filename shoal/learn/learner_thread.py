@@ -71,7 +71,7 @@ class LearnerThread(LearnerThreadBase):
         _positive("learner_queue_timeout", learner_queue_timeout, float)
         super().__init__(learner_queue_size, name)
         self.multi_agent = not isinstance(learner, Learner)
-        self.learners: dict[Any, Learner] = dict(learner) if self.multi_agent else {None: learner}
+        self.learners: dict[Any, Learner] = {None: learner} if isinstance(learner, Learner) else dict(learner)
         if not self.learners:
             raise ConfigError("the learner thread needs at least one Learner (got an empty dict).")
         self.num_sgd_iter = int(num_sgd_iter)
@@ -95,7 +95,7 @@ class LearnerThread(LearnerThreadBase):
                 f"{type(batch).__name__}; put a {'dict of policy_id -> Batch' if self.multi_agent else 'Batch'}"
             )
 
-    def get_weights(self, policy_id=None) -> dict[str, np.ndarray]:
+    def get_weights(self, policy_id=None) -> dict[str, Any]:
         """A copy of the current weights (of ``policy_id``; of every policy, keyed by id, when
         it is None in a multi-agent thread). Safe to call while the thread trains."""
         with self.hold():

@@ -91,7 +91,8 @@ class _Towers:
         self.views = [learner, *(_TowerView(learner, m, d) for m, d in zip(replicas, devices[1:]))]
         self.params = [[p for p in m.parameters() if p.requires_grad] for m in self.modules]
         # A compute stream per CUDA replica (the master computes on its device's current stream).
-        self.streams = [None] + [torch.cuda.Stream(device=d) if d.type == "cuda" else None for d in devices[1:]]
+        self.streams: list[torch.cuda.Stream | None] = [
+            None, *(torch.cuda.Stream(device=d) if d.type == "cuda" else None for d in devices[1:])]
 
     def update(self, shards: list[dict], weights: Sequence[float], stats: StatsMean, prefix: str = "") -> None:
         """One SGD step on the shards (one per device, ``weights`` their shares of the batch);
@@ -103,6 +104,7 @@ class _Towers:
         self.sync_replicas()
         dev0 = self.devices[0]
         loss_fn = self.learner.loss_fn  # read once: a loss swapped in by update_config meets every tower next step
+        assert loss_fn is not None, "the learner has its loss before it learns"
         combined: dict[str, torch.Tensor] = {}
         for module, view, params, shard, w, stream in zip(self.modules, self.views, self.params, shards, weights,
                                                           self.streams):
@@ -132,7 +134,7 @@ class _Towers:
             return
         dev0 = self.devices[0]
         for j, master in enumerate(self.params[0]):
-            grads = [(w, ps[j].grad) for w, ps in zip(weights[1:], self.params[1:]) if ps[j].grad is not None]
+            grads = [(w, g) for w, ps in zip(weights[1:], self.params[1:]) if (g := ps[j].grad) is not None]
             if master.grad is None:
                 if not grads:
                     continue  # a parameter the loss does not use
@@ -148,8 +150,8 @@ class _Towers:
         for replica in self.modules[1:]:
             for r, m in zip(replica.parameters(), master.parameters()):
                 r.copy_(m, non_blocking=True)
-            for r, m in zip(replica.buffers(), master.buffers()):
-                r.copy_(m, non_blocking=True)
+            for rb, mb in zip(replica.buffers(), master.buffers()):
+                rb.copy_(mb, non_blocking=True)
 
 
 @contextmanager

@@ -10,13 +10,14 @@ shard slot; both add only how their batches arrive (GAE in the learner, a replay
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 import torch
 
 from shoal.batch import Batch
 from shoal.learn.learner import Learner
+from shoal.learn.losses import LossRecord
 from shoal.learn.target import AdaptiveKL, TargetNetwork
 
 MakeLoss = Callable[..., Any]  # (config, *, target=..., kl=...) -> a loss record
@@ -70,7 +71,9 @@ class PolicyLearner:
         learner thread never sees a half-changed loss), the optimizer's clip, its lr when
         ``set_lr`` (and no lr_schedule decides it), the KL target."""
         self.config = config
-        self.learner.loss_fn = self.learner.loss_fn.with_config(config)
+        loss = self.learner.loss_fn
+        assert isinstance(loss, LossRecord), "a PolicyLearner's loss is a loss record"
+        self.learner.loss_fn = loss.with_config(config)
         self.learner.grad_clip = config.grad_clip
         if set_lr and not config.lr_schedule:
             self.learner.set_lr(config.lr)
@@ -93,7 +96,7 @@ class PolicyLearner:
             state["target"] = self.target.get_state()
         return state
 
-    def set_state(self, state: dict[str, Any]) -> None:
+    def set_state(self, state: Mapping[str, Any]) -> None:
         self.learner.set_state(state["learner"])
         if "kl" in state:  # IMPALA's checkpoints have none
             self.kl.set_state(state["kl"])

@@ -22,7 +22,7 @@ from shoal.learn.threads import LearnerResult, LearnerThreadBase, ReplayTag, wai
 
 
 class ReplayLearnerThread(LearnerThreadBase):
-    def __init__(self, learn_fn: Callable[[Batch], tuple[np.ndarray, dict]], get_weights_fn: Callable[[], dict],
+    def __init__(self, learn_fn: Callable[[Batch], tuple[np.ndarray | None, dict]], get_weights_fn: Callable[[], dict],
                  queue_size: int = 16) -> None:
         super().__init__(queue_size, name="shoal-replay-learner")
         self.learn_fn = learn_fn

@@ -398,7 +398,7 @@ def _torso_kwargs(model_config) -> dict:
 BYTES_PER_PARAMETER = 16  # float32 weights, their gradients and Adam's two moments
 
 
-def check_model_size(model_config: Any, obs_space: gym.Space) -> None:
+def check_model_size(model_config: Any, obs_space: gym.Space | None) -> None:
     """ConfigError before any layer is allocated when the MLP (and LSTM) the model section describes
     cannot fit in the memory available: two such networks (policy and value, or online and target)."""
     from shoal import process

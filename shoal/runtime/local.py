@@ -40,6 +40,38 @@ class ActorGroupBase:
         """The actors exist from construction on; a lazy group creates them here."""
         return self
 
+    # ---- what every group does (in the driver: LocalActorGroup; on Ray: RayActorGroup) -----
+    actors: dict[int, Any]  # actor id -> the actor (in-process object or Ray handle)
+
+    def proxies(self, wait: bool = False) -> dict[int, Any]:
+        raise NotImplementedError
+
+    def node_ids(self) -> dict[int, str]:
+        """Where each actor runs (Ray node ids); only a Ray group has nodes."""
+        raise NotImplementedError
+
+    def foreach(self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, wait: bool = True,
+                **kwargs: Any) -> list[Any]:
+        raise NotImplementedError
+
+    def call(self, actor_id: int, method: str, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def submit(self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, **kwargs: Any) -> int:
+        raise NotImplementedError
+
+    def fetch_ready(self, timeout_s: float | None = 0.0) -> list[tuple[int, Any]]:
+        raise NotImplementedError
+
+    def num_in_flight(self, actor_id: int | None = None) -> int:
+        raise NotImplementedError
+
+    def restart(self, i: int) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
 
 class LocalActorGroup(ActorGroupBase):
     def __init__(self, cls: type, num_actors: int, ctor: Callable[[int], tuple[tuple, dict]], max_in_flight: int = 1,
