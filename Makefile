@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/apex_cartpole.py
 	$(PY) benchmarks/impala_cartpole.py
 	$(PY) benchmarks/appo_cartpole.py
+	$(PY) benchmarks/multi_agent_appo.py
 	$(PY) benchmarks/ddppo_scaling.py
 	$(PY) benchmarks/multi_device_learner.py
 	$(PY) benchmarks/recurrent.py
