@@ -83,7 +83,7 @@ LossFn = Callable[[torch.nn.Module, dict, "Learner"], tuple[torch.Tensor, dict]]
 
 
 class Learner:
-    def __init__(self, module: torch.nn.Module, loss_fn: LossFn | None, lr: float, grad_clip: float | None = None,
+    def __init__(self, module: torch.nn.Module, loss_fn: LossFn, lr: float, grad_clip: float | None = None,
                  lr_schedule: list[tuple[int, float]] | None = None, device: torch.device | str = "cpu",
                  adam_eps: float = 1e-5, max_nonfinite_updates: int = 20) -> None:
         self.device = torch.device(device)
@@ -122,8 +122,6 @@ class Learner:
     def compute_gradients(self, batch: dict) -> dict:
         self.optimizer.zero_grad(set_to_none=True)
         self.last_batch_rows = len(next(iter(batch.values()))) if batch else 0
-        if self.loss_fn is None:
-            raise RuntimeError("this Learner has no loss_fn yet: set learner.loss_fn before it learns")
         loss, stats = self.loss_fn(self.module, batch, self)
         loss.backward()
         self._last_stats = {"loss": loss.detach(), **stats}

@@ -104,7 +104,6 @@ class _Towers:
         self.sync_replicas()
         dev0 = self.devices[0]
         loss_fn = self.learner.loss_fn  # read once: a loss swapped in by update_config meets every tower next step
-        assert loss_fn is not None, "the learner has its loss before it learns"
         combined: dict[str, torch.Tensor] = {}
         for module, view, params, shard, w, stream in zip(self.modules, self.views, self.params, shards, weights,
                                                           self.streams):

@@ -43,19 +43,19 @@ class PolicyLearner:
         self.config = config
         self.kl = AdaptiveKL(getattr(config, "kl_coeff", 0.0), getattr(config, "kl_target", 0.01),
                              enabled=getattr(config, "use_kl_loss", False))
-        self.learner = Learner(module, None, lr=config.lr, grad_clip=config.grad_clip, lr_schedule=config.lr_schedule,
-                               max_nonfinite_updates=config.max_nonfinite_updates, device=device)
+        module = module.to(device)  # on its device before the target copies it
         self.target: Optional[TargetNetwork] = None
-        if target_period is not None:  # refreshed right after the optimizer step that reaches the period
-            self.target = TargetNetwork(self.learner.module, target_period, unit="updates")
+        if target_period is not None:
+            self.target = TargetNetwork(module, target_period, unit="updates")
+        self.learner = Learner(module, make_loss(config, target=self.target, kl=self.kl), lr=config.lr,
+                               grad_clip=config.grad_clip, lr_schedule=config.lr_schedule,
+                               max_nonfinite_updates=config.max_nonfinite_updates, device=device)
+        if self.target is not None:  # refreshed right after the optimizer step that reaches the period
             self.learner.add_post_update_hook(self.target.post_update)
-        self.learner.loss_fn = make_loss(config, target=self.target, kl=self.kl)
 
     def update(self, batch: Batch, num_epochs: int, minibatch_size: int, rng: np.random.Generator, *,
-               sequence_length: int = 1, env_steps: Optional[int] = None) -> dict[str, Any]:
+               sequence_length: int = 1) -> dict[str, Any]:
         """Learn on ``batch`` (``num_epochs`` passes), then the after-update phase; the stats."""
-        if env_steps is not None:
-            self.learner.set_env_steps(env_steps)
         stats = self.learner.update(batch, num_epochs, minibatch_size, rng, sequence_length=sequence_length)
         self.after_update(stats)
         return stats
