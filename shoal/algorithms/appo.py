@@ -191,8 +191,8 @@ class APPO(Algorithm):
         return self.policies.display(super().display_metrics() + [("learner/mean_rho", "mean_rho")])
 
     def get_weights(self):
-        with self.thread.hold():
-            return self.policies.get_weights()
+        with self.thread.hold():  # never a half-applied update
+            return super().get_weights()
 
     def training_step(self) -> dict[str, Any]:
         p = self.pipeline
@@ -223,12 +223,11 @@ class APPO(Algorithm):
 
     def get_state(self) -> dict[str, Any]:
         with self.thread.hold():
-            return {**super().get_state(), **self.policies.get_state()}
+            return super().get_state()
 
     def set_state(self, state: dict[str, Any]) -> None:
-        super().set_state(state)
         with self.thread.hold():
-            self.policies.set_state(state)
+            super().set_state(state)
         self.broadcast_weights()
 
     def stop(self) -> None:

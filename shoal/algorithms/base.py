@@ -246,8 +246,11 @@ class Algorithm:
         raise NotImplementedError
 
     def get_weights(self) -> dict[str, Any]:
-        """The current policy's weights as numpy arrays, by parameter name (what actors receive)."""
-        raise NotImplementedError
+        """The current policy's weights as numpy arrays, by parameter name (what actors receive);
+        with several policies, those of each by policy id."""
+        if self.policies is None:
+            raise NotImplementedError
+        return self.policies.get_weights()
 
     def make_env_runners(self, policy_cls, postprocess, fragment_length: int, *, max_in_flight: int = 1,
                          runner_cls: type = EnvRunner):
@@ -497,12 +500,15 @@ class Algorithm:
             "counters": {k: float(v) for k, v in self.counters.items()},
             "episodes": self.episodes.get_state(),
             **({"normalize": self.norm_stats.get_state()} if self.norm_stats is not None else {}),
+            **(self.policies.get_state() if self.policies is not None else {}),
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.iteration = int(state["iteration"])
         self.counters.update({k: state["counters"][k] for k in COUNTERS if k in state["counters"]})
         self.episodes.set_state(state["episodes"])
+        if self.policies is not None:
+            self.policies.set_state(state)
         if self.norm_stats is not None:
             self.norm_stats = saved_norm_stats(state)
             for method, args in self.normalizer_calls():  # actors started (or to start) before the restore

@@ -260,9 +260,6 @@ class PPO(Algorithm):
         return PolicyLearner(module, cfg, lambda c, target, kl: PPOLoss.from_config(c, kl=kl, masked=self.is_multi_agent),
                              device=resolve_device(cfg.resources.num_gpus))
 
-    def get_weights(self):
-        return self.policies.get_weights()
-
     def training_step(self) -> dict[str, Any]:
         with self.timers.time(Phase.SAMPLE):
             results = self.env_runners.foreach("sample")
@@ -303,11 +300,10 @@ class PPO(Algorithm):
 
     def get_state(self) -> dict[str, Any]:
         extra = {} if self.is_multi_agent else {"lr": self.learner.lr}
-        return {**super().get_state(), **self.policies.get_state(), **extra}
+        return {**super().get_state(), **extra}
 
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)
-        self.policies.set_state(state)
         if self.lr_by_kl is not None and "lr" in state:  # where the adaptation had taken it
             self.learner.set_lr(float(state["lr"]))
         self.broadcast_weights()
