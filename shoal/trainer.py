@@ -234,6 +234,7 @@ class _Session:
         # best_metric's best iteration: its state, kept in memory until the next numbered checkpoint
         self._best_state = self._best_meta = self._best_iter = self._saved_best_iter = None
         self._finished_counters: dict[str, Any] | None = None
+        self._finished_iteration = 0
         self.iteration_done()
 
     def record(self, result: dict[str, Any]) -> None:
@@ -259,15 +260,18 @@ class _Session:
             self.algo.log_tensorboard_extras(tb, int(result.get("env_steps_sampled", self.algo.iteration)))
 
     def iteration_done(self) -> None:
-        """The counters of the last finished iteration: those its results row shows."""
+        """The counters and number of the last finished iteration: those its results row shows."""
         self._finished_counters = dict(self.algo.counters)
+        self._finished_iteration = self.algo.iteration
 
     def save_interrupted(self) -> None:
         """On Ctrl-C, SIGTERM or the stop time: a numbered checkpoint of the last finished iteration,
         unless it has one already. An iteration cut short has sampled (and maybe learned) some
-        more; the checkpoint keeps the counters of the finished one, so they agree with results.jsonl."""
+        more; the checkpoint keeps the counters and number of the finished one, so they agree with
+        results.jsonl (a signal may land after ``train()`` counted the iteration, before its row is written)."""
         if self._finished_counters is not None:
             self.algo.counters.update(self._finished_counters)
+        self.algo.iteration = self._finished_iteration
         it = self.algo.iteration
         if self.ckpt_dir is not None and it and (self.last_ckpt is None or not self.last_ckpt.name.endswith(f"{it:06d}")):
             self.last_ckpt = self._save_numbered(final=True)

@@ -66,3 +66,12 @@ class AgentReturns(shoal.Callbacks):
 
     def on_train_result(self, algorithm, result):  # after the league's own keys (added after super().train())
         result["saw_num_policies"] = float("num_policies" in result)
+
+
+class TerminatedAtThree(shoal.Callbacks):
+    """SIGTERM's exception in the moment after ``train()`` counted iteration 3, before its row is written."""
+
+    def on_train_result(self, algorithm, result):
+        if result["iteration"] == 3:
+            from shoal.runtime import signals
+            raise signals.Terminated

@@ -72,6 +72,19 @@ def test_a_full_disk_ends_with_one_paragraph_and_exit_2(tmp_path, monkeypatch):
     assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == ["checkpoint_000001"]
 
 
+def test_a_signal_after_an_iteration_is_counted_saves_the_one_before(tmp_path):
+    """The window the process test below can hit by chance: iteration 3 counted, its row not yet written."""
+    r = invoke("train", *TINY, "--set", "callbacks=hook_helpers:TerminatedAtThree", "--checkpoint-every", "1000",
+               "--out", str(tmp_path))
+    assert r.exit_code == 143, r.output
+    (run,) = tmp_path.iterdir()
+    rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    (last,) = ckpt.list_checkpoints(run / "checkpoints")
+    meta = ckpt.read_meta(last)
+    assert last.name == "checkpoint_000002" and meta["iteration"] == rows[-1]["iteration"] == 2
+    assert meta["env_steps_sampled"] == rows[-1]["env_steps_sampled"]
+
+
 # ---- a real driver ---------------------------------------------------------------------------
 def _start(tmp_path: Path, *extra: str, pause: tuple[str, int, Path] | None = None) -> subprocess.Popen:
     """``shoal train`` with its output in ``tmp_path/out.txt`` (read with :func:`_output`); with
