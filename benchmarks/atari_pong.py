@@ -15,7 +15,12 @@ frame skip); ``best_mean_20``; ``frames`` (emulator frames sampled); ``agent_ste
 the iterations in which it trained; null for the others); ``curve`` (``[seconds, frames, mean
 of the last 20 games]`` after each iteration); and ``png``, the learning curve drawn beside
 the JSON in ``--out-dir`` (``atari_pong_<algo>.json`` and ``.png``: the mean of the last 20
-games against frames and against minutes).
+games against frames and against minutes); ``final_mean_20`` (the mean of the last 20 games
+when the run ended) and ``target``.
+
+Other games: ``--config examples/appo_breakout.yaml --no-target`` trains the whole budget
+(``target`` null, ``reached`` false) and names its files after the config
+(``atari_appo_breakout.json``); ``--target X`` stops at another score.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ def log(msg: str) -> None:
     print(f"[atari_pong] {msg}", file=sys.stderr, flush=True)
 
 
-def child(algo_name: str, config_path: str, budget_s: float, spawn_time: float) -> dict:
+def child(algo_name: str, config_path: str, budget_s: float, spawn_time: float, target: float | None) -> dict:
     import numpy as np
     import torch
 
@@ -56,7 +61,8 @@ def child(algo_name: str, config_path: str, budget_s: float, spawn_time: float) 
     sticky = config.env_preprocessing.repeat_action_probability
     out = {"algo": algo_name, "env": config.env, "repeat_action_probability": sticky, "budget_s": budget_s,
            "reached": False, "seconds_to_18": None, "agent_steps_to_18": None, "best_mean_20": None, "frames": 0,
-           "agent_steps": 0, "frames_per_s": None, "learner_busy_fraction": None, "curve": []}
+           "agent_steps": 0, "frames_per_s": None, "learner_busy_fraction": None, "final_mean_20": None,
+           "target": target, "curve": []}
     busy: list[float] = []  # Ape-X: the learner thread's busy share of each iteration once it trains
     try:
         while time.time() - spawn_time < budget_s:
@@ -72,12 +78,13 @@ def child(algo_name: str, config_path: str, budget_s: float, spawn_time: float) 
                 busy.append(float(result["learner_busy_fraction"]))
                 out["learner_busy_fraction"] = float(np.mean(busy))
             if mean20 is not None:
+                out["final_mean_20"] = mean20
                 out["best_mean_20"] = mean20 if out["best_mean_20"] is None else max(out["best_mean_20"], mean20)
             lr = result.get("learner/lr")
             log(f"{seconds:.0f} s, {out['frames']} frames ({out['frames_per_s']:.0f}/s), "
                 f"{result['episodes_total']} games, mean of last {WINDOW}: {mean20}"
                 + (f", learner busy {busy[-1]:.2f}" if busy else "") + (f", lr {lr:.3g}" if lr is not None else ""))
-            if mean20 is not None and mean20 >= TARGET:
+            if mean20 is not None and target is not None and mean20 >= target:
                 out.update(reached=True, seconds_to_18=seconds, agent_steps_to_18=out["agent_steps"])
                 break
     finally:
@@ -94,19 +101,28 @@ def draw_curve(out: dict, path: Path) -> None:
     from matplotlib.figure import Figure
 
     points = [(s, f, m) for s, f, m in out.get("curve", []) if m is not None]
+    target = out.get("target")
+    pong = all(-21 <= m <= 21 for _, _, m in points)
     fig = Figure(figsize=(10, 3.6), dpi=110)
     for ax, x, label in ((fig.add_subplot(1, 2, 1), [f / 1e6 for _, f, _ in points], "emulator frames (millions)"),
                          (fig.add_subplot(1, 2, 2), [s / 60 for s, _, _ in points], "minutes from process start")):
         ax.plot(x, [m for _, _, m in points], color="tab:blue")
-        ax.axhline(TARGET, color="grey", linestyle="--", linewidth=1)
-        ax.set_ylim(-21.5, 21.5)
+        if target is not None:
+            ax.axhline(target, color="grey", linestyle="--", linewidth=1)
+        if pong:
+            ax.set_ylim(-21.5, 21.5)
         ax.set_xlabel(label)
         ax.set_ylabel("mean of the last 20 games")
         ax.grid(alpha=0.3)
     sticky = out.get("repeat_action_probability")
+    if target is None:
+        outcome = f": {out.get('final_mean_20')} at the end, best {out.get('best_mean_20')}"
+    elif out.get("reached"):
+        outcome = f": {target:+g} at {out['agent_steps_to_18']:,} agent steps, {out['seconds_to_18'] / 60:.1f} min"
+    else:
+        outcome = f": {target:+g} not reached"
     fig.suptitle(f"{out.get('algo')} on {out.get('env')} (sticky actions {sticky if sticky is not None else 'as the id'})"
-                 + (f": +18 at {out['agent_steps_to_18']:,} agent steps, {out['seconds_to_18'] / 60:.1f} min"
-                    if out.get("reached") else ": +18 not reached"))
+                 + outcome)
     fig.tight_layout()
     fig.savefig(path)
 
@@ -118,6 +134,8 @@ def main() -> None:
     p.add_argument("--config", default=None, help="default: examples/<algo>_pong.yaml")
     p.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"),
                    help="where atari_pong_<algo>.json and .png (the learning curve) are written")
+    p.add_argument("--target", type=float, default=TARGET, help="stop when the mean of the last 20 games reaches it")
+    p.add_argument("--no-target", action="store_true", help="train the whole budget (e.g. Breakout)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--spawn-time", type=float, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -125,21 +143,26 @@ def main() -> None:
     config = config if config.is_absolute() else (REPO / config).resolve()
     if not config.is_file():
         raise SystemExit(f"config file {config} does not exist")
+    target = None if args.no_target else args.target
     if args.child:
-        print(json.dumps(child(args.algo, str(config), args.budget_s, args.spawn_time or time.time())), flush=True)
+        print(json.dumps(child(args.algo, str(config), args.budget_s, args.spawn_time or time.time(), target)),
+              flush=True)
         return
-    log(f"{args.algo} from {config}, budget {args.budget_s:.0f} s, fresh process")
-    r = run_child(__file__, ["--child", "--algo", args.algo, "--config", str(config), "--budget-s", str(args.budget_s)],
+    log(f"{args.algo} from {config}, budget {args.budget_s:.0f} s, target {target}, fresh process")
+    r = run_child(__file__, ["--child", "--algo", args.algo, "--config", str(config), "--budget-s", str(args.budget_s),
+                             *(["--no-target"] if target is None else ["--target", str(target)])],
                   args.budget_s + 600)
     out = {"benchmark": "atari_pong", **r}
     out.setdefault("algo", args.algo)
     out.setdefault("budget_s", args.budget_s)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    png = out_dir / f"atari_pong_{args.algo}.png"
+    default = args.config is None or config.stem == f"{args.algo}_pong"
+    stem = f"atari_pong_{args.algo}" if default else f"atari_{config.stem}"
+    png = out_dir / f"{stem}.png"
     draw_curve(out, png)
     out["png"] = str(png)
-    (out_dir / f"atari_pong_{args.algo}.json").write_text(json.dumps(out) + "\n")
+    (out_dir / f"{stem}.json").write_text(json.dumps(out) + "\n")
     print(json.dumps(out))
 
 
