@@ -21,14 +21,13 @@ from shoal.algorithms.dqn import (
     DQNConfig,
     DQNLoss,
     QLearnerModule,
-    attach_target,
+    QPolicyLearner,
     learn_on_replay_batch,
     n_step_postprocess,
     q_targets,
 )
 from shoal.batch import Batch, Col
 from shoal.errors import ConfigError
-from shoal.learn import Learner
 from shoal.learn.target import TargetNetwork
 from shoal.models import build_q_network
 from shoal.replay import ReplayShard
@@ -293,11 +292,10 @@ def _random_replay_batch(rng: np.random.Generator, n: int) -> Batch:
 def test_learn_on_replay_batch_target_updates_and_priorities():
     cfg = DQNConfig(env="CartPole-v1", model={"hiddens": [16]}, target_network_update_freq=12, tau=1.0, lr=1e-2)
     torch.manual_seed(0)
-    q = build_q_network(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), cfg.model, cfg.dueling)
-    learner = Learner(QLearnerModule(q), DQNLoss.from_config(cfg), lr=cfg.lr, grad_clip=cfg.grad_clip)
+    policy = QPolicyLearner(cfg, gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))
+    learner, target_net = policy.learner, policy.target
     module = learner.module
     rng = np.random.default_rng(0)
-    target_net = attach_target(learner, cfg)
 
     def same_as_online() -> bool:
         return all(torch.equal(a, b) for a, b in zip(module.q.parameters(), module.target.parameters()))
@@ -326,10 +324,9 @@ def test_learn_on_replay_batch_target_updates_and_priorities():
 
 def test_learn_on_replay_batch_soft_update_blends():
     cfg = DQNConfig(env="CartPole-v1", model={"hiddens": [8]}, target_network_update_freq=4, tau=0.25, lr=1e-2)
-    q = build_q_network(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), cfg.model, cfg.dueling)
-    learner = Learner(QLearnerModule(q), DQNLoss.from_config(cfg), lr=cfg.lr)
+    policy = QPolicyLearner(cfg, gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))
+    learner, target = policy.learner, policy.target
     before = copy.deepcopy(learner.module.target.state_dict())
-    target = attach_target(learner, cfg)
     learn_on_replay_batch(learner, _random_replay_batch(np.random.default_rng(1), 4))
     assert target.num_updates == 1
     online = learner.module.q.state_dict()
@@ -385,6 +382,19 @@ def test_apex_small_machine_preset_validates():
     assert cfg.learning_starts <= cfg.replay_capacity
     assert cfg.resources.num_replay_shards == 2
     assert cfg.epsilon_schedule() is None
+
+
+def test_dqn_iterations_sample_a_thousand_steps_and_report_epsilon():
+    cfg = DQNConfig(env="CartPole-v1", exploration_initial_eps=1.0, exploration_final_eps=0.1,
+                    exploration_timesteps=4000, learning_starts=500, model={"hiddens": [8]}, seed=0,
+                    resources={"num_workers": 0, "num_envs_per_worker": 2})
+    with cfg.build() as algo:
+        first, second = algo.train(), algo.train()
+        for r in (first, second):
+            assert r["epsilon"] == pytest.approx(max(0.1, 1.0 - 0.9 * r["env_steps_sampled"] / 4000))
+        assert 1000 <= first["env_steps_sampled"] < 1000 + 2 * cfg.fragment_length()  # one step past 1,000 at most
+        assert second["env_steps_sampled"] - first["env_steps_sampled"] >= 1000
+        assert ("epsilon", "epsilon") in algo.display_metrics()
 
 
 def test_dqn_epsilon_schedule_anneals_linearly():

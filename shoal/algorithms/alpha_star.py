@@ -42,8 +42,8 @@ from shoal.algorithms.config_groups import (
 )
 from shoal.algorithms.pipeline import WAIT_S
 from shoal.config import AlgorithmConfig, EnvSpec, EvaluationConfig, ResourcesConfig
-from shoal.envs.multi_agent import make_multi_agent_env
-from shoal.errors import ConfigError
+from shoal.envs.multi_agent import make_multi_agent_env, make_scripted_player
+from shoal.errors import ConfigError, EnvError
 from shoal.league import LeagueChanges, make_league_builder
 from shoal.learn.distributed_learners import DistributedLearners, shard_plan, shard_sizes
 from shoal.logging.metrics import Phase
@@ -219,15 +219,25 @@ class AlphaStar(Algorithm):
 
     # ---- helpers ---------------------------------------------------------------------------
     def _best_metric(self) -> str:
-        """What picks ``checkpoints/best``: the return is ~0 in a zero-sum league however good main is.
+        """What picks ``checkpoints/best``: a fixed yardstick, since the return is ~0 in a zero-sum
+        league however good main is, and the league's own win rates move with its opponents
+        (main's rate against the frozen players rises whenever the frozen set is weak).
 
-        Main's win rate against a uniformly random player when evaluation runs, else the league's
-        own figure (the AlphaStar builder's: main's recent win rate against the frozen players),
-        else the mean return (e.g. a league of independent single-agent policies).
+        With evaluation on: main's win rate against the lookahead heuristic in the games it knows
+        (connect four, tic-tac-toe), else against a uniformly random player. Without evaluation
+        there is no fixed yardstick: ``iteration``, so ``best`` is the latest checkpoint.
         """
         if self.config.evaluation.evaluation_interval:
-            return "evaluation/win_rate_vs_random"
-        return self.league.best_metric or "episode_return_mean"
+            return f"evaluation/win_rate_vs_{'heuristic' if self._knows_heuristic() else 'random'}"
+        return "iteration"
+
+    def _knows_heuristic(self) -> bool:
+        """Whether the lookahead heuristic plays this game (connect four, tic-tac-toe)."""
+        try:
+            make_scripted_player("heuristic", self.obs_space, self.action_space)
+        except EnvError:
+            return False
+        return True
 
     def _fresh_weights(self, pid: str) -> dict:
         seed = derive_seed(self.config.seed, index=len(self.weights), stride=1, offset=1)  # the n-th policy: seed + 1 + n
@@ -370,12 +380,19 @@ class AlphaStar(Algorithm):
             runner.stop()
 
     def evaluate(self, num_episodes: Optional[int] = None, render: bool = False) -> dict[str, float]:
-        """Main against the uniform random player (two-player games); its return is +1 win, 0 draw, -1 loss."""
-        out = self.evaluate_vs("random", num_episodes or self.config.evaluation.evaluation_num_episodes)
+        """Main against the uniform random player (two-player games); its return is +1 win, 0 draw, -1 loss.
+        In a game the lookahead heuristic plays, as many games against it (``win_rate_vs_heuristic``)."""
+        n = num_episodes or self.config.evaluation.evaluation_num_episodes
+        out = self.evaluate_vs("random", n)
         mean = out["win_rate"] - out["loss_rate"]
         std = float(np.sqrt(max(0.0, out["win_rate"] + out["loss_rate"] - mean ** 2)))
-        return {"episode_return_mean": mean, "episode_return_std": std, "episode_len_mean": out["mean_length"],
-                "num_episodes": out["games"], "win_rate_vs_random": out["win_rate"], "draw_rate_vs_random": out["draw_rate"]}
+        result = {"episode_return_mean": mean, "episode_return_std": std, "episode_len_mean": out["mean_length"],
+                  "num_episodes": out["games"], "win_rate_vs_random": out["win_rate"],
+                  "draw_rate_vs_random": out["draw_rate"]}
+        if self._knows_heuristic():
+            h = self.evaluate_vs("heuristic", n)
+            result.update(win_rate_vs_heuristic=h["win_rate"], draw_rate_vs_heuristic=h["draw_rate"])
+        return result
 
     # ---- state -------------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:

@@ -37,12 +37,12 @@ from shoal.algorithms.base import Algorithm
 from shoal.algorithms.dqn import (
     Q_DISPLAY_METRICS,
     DQNConfig,
-    attach_target,
-    build_q_learner,
+    QPolicyLearner,
     check_replay_fits,
     learn_on_replay_batch,
     n_step_postprocess,
     q_network_weights,
+    q_target,
     replay_kwargs,
 )
 from shoal.batch import Col
@@ -51,7 +51,6 @@ from shoal.errors import ConfigError, NodeResourceError
 from shoal.learn.replay_learner import ReplayLearnerThread
 from shoal.learn.threads import LearnerResult
 from shoal.logging.metrics import EpisodeWindow, Phase
-from shoal.models.weights import weights_to_numpy
 from shoal.replay.storage import lz4_block
 from shoal.rollout import EnvRunner
 from shoal.rollout.policies import EpsilonGreedyQPolicy, apex_epsilon
@@ -93,6 +92,8 @@ class ApeXConfig(DQNConfig):
     prioritized_replay: bool = Field(True, description="Sample by TD-error priority; false: uniformly.")
     worker_side_prioritization: bool = Field(True, description="Rollout actors compute initial priorities from their own Q-values.")
     min_time_s_per_iteration: float = Field(1.0, ge=0, description="Asynchronous: one result (and row) per second, not per step.")
+    min_env_steps_per_iteration: int = Field(0, ge=0, description="An iteration repeats training steps until it has "
+                                             "sampled this many env steps (Ape-X reports by time instead).")
     max_weight_sync_delay: int = Field(400, ge=1, description="Steps an actor samples before its weights are refreshed.")
     max_requests_in_flight_per_worker: int = Field(4, ge=1, description="Sample requests kept open per rollout actor.")
     max_replay_requests_in_flight_per_shard: int = Field(16, ge=1, description="Replay requests kept open per replay shard.")
@@ -180,12 +181,11 @@ class ApeX(Algorithm):
         cfg: ApeXConfig = self.config
         res = cfg.resources
         check_replay_fits(cfg, self.env_info.observation_space, res.num_replay_shards)  # not in shard actors
-        self.learner = build_q_learner(self, cfg)
-        self.target = attach_target(self.learner, cfg)
-        self.learner_thread = ReplayLearnerThread(
-            functools.partial(learn_on_replay_batch, self.learner),
-            lambda: weights_to_numpy(self.learner.module.get_submodule("q")),
-            queue_size=cfg.learner_queue_size)
+        self.policies = self.build_policies(QPolicyLearner)
+        policy = self.policies.only
+        self.learner, self.target = policy.learner, q_target(self.policies)
+        self.learner_thread = ReplayLearnerThread(functools.partial(learn_on_replay_batch, self.learner),
+                                                  policy.get_weights, queue_size=cfg.learner_queue_size)
         self.learner_thread.start()
         per_shard = math.ceil(cfg.replay_capacity / res.num_replay_shards)
         if cfg.replay_compression == "lz4":
@@ -413,9 +413,8 @@ class ApeX(Algorithm):
                 "num_target_updates": self.target.num_updates, "learner/lr": self.learner.lr}
 
     def get_state(self) -> dict[str, Any]:
-        with self.learner_thread.hold():
-            state = {**super().get_state(), "learner": self.learner.get_state(), "target": self.target.get_state(),
-                     "num_learner_updates": self.learner_thread.num_updates,
+        with self.learner_thread.hold():  # the policy's learner and target, at the top of the state
+            state = {**super().get_state(), "num_learner_updates": self.learner_thread.num_updates,
                      "all_env_episodes": self.all_env_episodes.get_state()}
             # requests in flight or queued are lost with this process: a restored run owes them again
             owed = self._owed + self._replay_in_flight + self.learner_thread.inqueue.qsize()
@@ -426,10 +425,8 @@ class ApeX(Algorithm):
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
-        super().set_state(state)
         with self.learner_thread.hold():
-            self.learner.set_state(state["learner"])
-            self.target.set_state(state["target"])
+            super().set_state(state)
             # the thread's SGD steps go on from the checkpoint (older ones did not save it: the learner's count)
             self.learner_thread.num_updates = int(state.get("num_learner_updates", self.learner.num_updates))
         if "all_env_episodes" in state:  # older checkpoints kept only the headline window

@@ -18,8 +18,9 @@ The design, kept simple:
   (mu's mismatch is already corrected by V-trace's clipped pg-rho in A.)
 - Values come from the current network and regress onto the V-trace targets.
 - Optional KL term ``kl_coeff * KL(pi_target || pi)``; the coefficient
-  (:class:`~shoal.learn.target.AdaptiveKL`) moves towards ``kl_target`` once per learner
-  result, in the driver's post-update phase of ``training_step``.
+  (:class:`~shoal.learn.target.AdaptiveKL`) moves towards ``kl_target`` in the driver's
+  post-update phase of ``training_step``, after a learner result in which the target network
+  refreshed: the KL against the target spans its whole period only then.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from typing import Any, Optional
 import torch
 from pydantic import model_validator
 
-from shoal.algorithms.base import Algorithm
 from shoal.algorithms.config_groups import (
     ASYNC_PER_RUN_KEYS,
     AsyncSamplingKeys,
@@ -44,13 +44,7 @@ from shoal.algorithms.config_groups import (
     check_multi_agent,
     check_whole_sequences,
 )
-from shoal.algorithms.pipeline import (
-    AsyncPipeline,
-    make_async_policy_learner,
-    make_learner_thread,
-    make_sequence_runners,
-)
-from shoal.algorithms.policies import PolicySet
+from shoal.algorithms.pipeline import AsyncAlgorithm, make_async_policy_learner
 from shoal.batch import Col
 from shoal.config import AlgorithmConfig
 from shoal.learn.losses import LossRecord
@@ -60,7 +54,6 @@ from shoal.learn.stats import masked_mean
 from shoal.learn.target import AdaptiveKL, TargetNetwork
 from shoal.logging.metrics import Phase
 from shoal.models.recurrent import run_sequences
-from shoal.rollout import ActorCriticPolicy
 
 
 # ---- config -----------------------------------------------------------------------------
@@ -162,21 +155,15 @@ class APPOLoss(LossRecord):
 
 
 # ---- algorithm --------------------------------------------------------------------------
-class APPO(Algorithm):
+class APPO(AsyncAlgorithm):
     config_cls = APPOConfig
     config: APPOConfig
-    policies: PolicySet  # built by setup()
-    policy_cls = ActorCriticPolicy
 
     def setup(self) -> None:
-        self.policies = self.build_policies(self._policy_learner)
+        super().setup()
         if not self.is_multi_agent:
             only = self.policies.only
-            self.learner, self.target, self.kl = only.learner, only.target, only.kl
-        self.thread = make_learner_thread(self.policies.learners(), self.config)
-        self.env_runners = make_sequence_runners(self)
-        self.pipeline = AsyncPipeline.from_config(self.env_runners, self.thread, self.config)
-        self.broadcast_weights()
+            self.target, self.kl = only.target, only.kl
 
     def _policy_learner(self, cfg, obs_space, action_space, seed: Optional[int] = None):
         """One policy's learner, with its target network: refreshed by the learner's post-update hook
@@ -186,13 +173,6 @@ class APPO(Algorithm):
             cfg, obs_space, action_space, seed,
             lambda c, target, kl: APPOLoss.from_config(c, target=target, kl=kl, masked=masked),
             target_period=cfg.target_update_frequency)
-
-    def display_metrics(self) -> list[tuple[str, str]]:  # V-trace's mean importance ratio too
-        return self.policies.display(super().display_metrics() + [("learner/mean_rho", "mean_rho")])
-
-    def get_weights(self):
-        with self.thread.hold():  # never a half-applied update
-            return super().get_weights()
 
     def training_step(self) -> dict[str, Any]:
         p = self.pipeline
@@ -205,7 +185,7 @@ class APPO(Algorithm):
             p.enqueue([b for b, _ in ready])
         with self.timers.time(Phase.DRAIN):
             results = p.drain(wait=not ready)
-        with self.timers.time(Phase.POST_UPDATE):  # once per learner result: each policy's KL coefficient moves
+        with self.timers.time(Phase.POST_UPDATE):  # each policy's KL coefficient moves (when its target refreshed)
             for result in results:
                 self.counters["env_steps_trained"] += result.env_steps
                 for pid, stats in self.policies.split_stats(result.stats).items():
@@ -217,19 +197,3 @@ class APPO(Algorithm):
         p.check()
         now = {pid: {"lr": pl.learner.lr, "kl_coeff": pl.kl.coeff} for pid, pl in self.policies}
         return {**p.metrics(), **self.policies.result_keys(now)}
-
-    def train(self) -> dict[str, Any]:
-        return {**super().train(), **self.thread.stats()}
-
-    def get_state(self) -> dict[str, Any]:
-        with self.thread.hold():
-            return super().get_state()
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        with self.thread.hold():
-            super().set_state(state)
-        self.broadcast_weights()
-
-    def stop(self) -> None:
-        self.thread.stop()
-        super().stop()

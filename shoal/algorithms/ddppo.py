@@ -23,13 +23,14 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional, TypeVar, Union
+from typing import Any, ClassVar, Optional, Union, cast
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from shoal.algorithms.base import Algorithm
 from shoal.algorithms.config_groups import PPOLossKeys
+from shoal.algorithms.policies import PolicySet
 from shoal.algorithms.ppo import PPOLoss, gae_postprocess, sgd_sequence_length, transitions
 from shoal.config import AlgorithmConfig, ResourcesConfig
 from shoal.errors import DivergenceError, WorkerError
@@ -44,6 +45,7 @@ from shoal.learn.distributed import (
     init_process_group,
     node_ip,
 )
+from shoal.learn.policy_learner import PolicyLearner
 from shoal.learn.stats import mean_stats
 from shoal.logging.metrics import Phase
 from shoal.models import build_actor_critic
@@ -175,16 +177,15 @@ class RoundResult:
     nonfinite_skipped: int = 0  # this replica's updates skipped for a NaN/inf gradient, over the run
 
 
-L = TypeVar("L", bound=Learner)
-
-
-def make_learner(config: DDPPOConfig, obs_space, action_space, cls: type[L], device="cpu") -> L:
-    """A ``cls`` learner (the driver's plain copy, or a worker's DistributedLearner) with PPO's loss."""
+def ppo_policy_learner(config: DDPPOConfig, obs_space, action_space, learner_cls: type[Learner] = Learner,
+                       device="cpu") -> PolicyLearner:
+    """The policy with PPO's loss on a ``learner_cls`` learner: the driver's plain copy, or a
+    worker's DistributedLearner. No KL penalty: each replica learns alone, with nothing central
+    to adapt a coefficient."""
     module = build_actor_critic(obs_space, action_space, config.model)
-    extra = {"spin_wait": config.spin_wait()} if issubclass(cls, DistributedLearner) else {}
-    # no KL penalty: each replica learns alone, with nothing central to adapt a coefficient
-    return cls(module, PPOLoss.from_config(config), lr=config.lr, grad_clip=config.grad_clip,
-               max_nonfinite_updates=config.max_nonfinite_updates, lr_schedule=config.lr_schedule, device=device, **extra)
+    extra = {"spin_wait": config.spin_wait()} if issubclass(learner_cls, DistributedLearner) else {}
+    return PolicyLearner(module, config, lambda c, **_: PPOLoss.from_config(c), device=device, learner_cls=learner_cls,
+                         **extra)
 
 
 class DDPPOWorker:
@@ -195,8 +196,9 @@ class DDPPOWorker:
         self.config, self.worker_index = config, worker_index
         postprocess = functools.partial(gae_postprocess, gamma=config.gamma, gae_lambda=config.gae_lambda)
         self.runner = EnvRunner(config, worker_index, ActorCriticPolicy, postprocess, config.fragment_length())
-        self.learner = make_learner(config, self.runner.obs_space, self.runner.action_space, DistributedLearner,
-                                    resolve_device(config.resources.num_gpus_per_worker))
+        self.policy = ppo_policy_learner(config, self.runner.obs_space, self.runner.action_space, DistributedLearner,
+                                         resolve_device(config.resources.num_gpus_per_worker))
+        self.learner = cast(DistributedLearner, self.policy.learner)
         self.rng = np.random.default_rng(component_seed(config.seed, worker_index))
         self.rounds = 0  # rounds trained by the group: drives the lr schedule identically on every replica
         self.rank: Optional[int] = None
@@ -265,7 +267,9 @@ class DDPPO(Algorithm):
     def setup(self) -> None:
         cfg: DDPPOConfig = self.config
         # The driver's copy: initial state for the workers, worker 0's weights when kept in sync.
-        self.local = make_learner(cfg, self.env_info.observation_space, self.env_info.action_space, Learner)
+        info = self.env_info
+        self.policies = PolicySet.single(cfg, ppo_policy_learner(cfg, info.observation_space, info.action_space))
+        self.local = self.policies.only.learner
         self.rounds = 0
         self.num_regroups = 0
         self.num_failed_rounds = 0  # rounds whose collective failed (a peer died): sampled, not trained
@@ -433,8 +437,7 @@ class DDPPO(Algorithm):
         return {**super().get_state(), **self._sync_state(), "num_regroups": self.num_regroups}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        super().set_state(state)
-        self.local.set_state(state["learner"])
+        super().set_state(state)  # the driver's copy of the policy
         self.rounds, self.num_regroups = int(state["rounds"]), int(state.get("num_regroups", 0))
         if self.env_runners is not None:
             self.env_runners.foreach("set_sync_state", self.env_runners.put(self._local_state()))

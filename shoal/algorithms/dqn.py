@@ -29,11 +29,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from shoal.algorithms.base import Algorithm
+from shoal.algorithms.policies import build_policy_module
 from shoal.batch import Batch, Col
 from shoal.config import AlgorithmConfig, ModelConfig
 from shoal.errors import ConfigError
 from shoal.learn import Learner, resolve_device
 from shoal.learn.losses import LossRecord
+from shoal.learn.policy_learner import PolicyLearner
 from shoal.learn.target import TargetNetwork
 from shoal.logging.metrics import Phase
 from shoal.models import build_q_network
@@ -41,7 +43,7 @@ from shoal.models.weights import weights_to_numpy
 from shoal.rollout import Fragment, flatten_valid
 from shoal.rollout.policies import EpsilonGreedyQPolicy
 from shoal.rollout.postprocessing import n_step_targets, q_td_errors
-from shoal.schedule import linear_schedule
+from shoal.schedule import PiecewiseSchedule, linear_schedule
 
 
 # ---- config -----------------------------------------------------------------------------
@@ -62,6 +64,9 @@ class DQNConfig(AlgorithmConfig):
                     "recurrent policy")
 
     lr: float = Field(1e-3, gt=0, description="Adam learning rate (lr_schedule overrides it).")
+    min_env_steps_per_iteration: int = Field(
+        1000, ge=0, description="A training step samples one fragment per env: an iteration (one result row) "
+        "repeats them until it has sampled this many env steps.")
     grad_clip: Optional[float] = Field(10.0, gt=0, description="Global gradient-norm clip; None disables.")
     model: QModelConfig = Field(default_factory=lambda: QModelConfig(hiddens=[128, 128], activation="relu"),
                                description="The Q network: torso, hidden layers, or a custom class.")
@@ -125,22 +130,12 @@ def q_targets(rewards: torch.Tensor, discounts: torch.Tensor, terminateds: torch
 class QLearnerModule(nn.Module):
     """The online Q network and its target copy (no gradients), saved together with the learner.
 
-    :func:`attach_target` keeps ``target`` refreshed."""
+    :class:`QPolicyLearner` keeps ``target`` refreshed."""
 
     def __init__(self, q: nn.Module) -> None:
         super().__init__()
         self.q = q
         self.target = copy.deepcopy(q).requires_grad_(False)
-
-
-def attach_target(learner: Learner, config: DQNConfig) -> TargetNetwork:
-    """The target-network phase: ``learner.module.target`` refreshed every
-    ``target_network_update_freq`` trained env steps, after the optimizer step that reaches it."""
-    module = learner.module
-    target = TargetNetwork(module.get_submodule("q"), config.target_network_update_freq, unit="env_steps",
-                           tau=config.tau, net=module.get_submodule("target"))
-    learner.add_post_update_hook(target.post_update)
-    return target
 
 
 @dataclass(frozen=True)
@@ -248,12 +243,38 @@ def make_replay(config: DQNConfig, capacity: int, seed: int | None):
     return ReplayShard(capacity, **replay_kwargs(config, seed))
 
 
-def build_q_learner(algo: Algorithm, config: DQNConfig) -> Learner:
-    check_discrete(algo.env_info.action_space, config.algo)
-    q = build_q_network(algo.env_info.observation_space, algo.env_info.action_space, config.model, config.dueling)
-    return Learner(QLearnerModule(q), DQNLoss.from_config(config), lr=config.lr,
-                   grad_clip=config.grad_clip, lr_schedule=config.lr_schedule,
-                   max_nonfinite_updates=config.max_nonfinite_updates, device=resolve_device(config.resources.num_gpus))
+class QPolicyLearner(PolicyLearner):
+    """One Q-network policy's training unit (DQN, Ape-X): a :class:`QLearnerModule` learning
+    :class:`DQNLoss`, whose ``target`` is refreshed every ``target_network_update_freq`` trained
+    env steps (copied, or blended by ``tau``), right after the optimizer step that reaches it.
+    Rollout actors receive the online network's weights only."""
+
+    def __init__(self, config: DQNConfig, obs_space, action_space, seed: Optional[int] = None) -> None:
+        check_discrete(action_space, config.algo)
+        q = build_policy_module(functools.partial(build_q_network, dueling=config.dueling), obs_space, action_space,
+                                config.model, seed)
+        super().__init__(QLearnerModule(q), config, lambda c, **_: DQNLoss.from_config(c),
+                         device=resolve_device(config.resources.num_gpus))
+        module = self.learner.module
+        self.target = TargetNetwork(module.get_submodule("q"), config.target_network_update_freq, unit="env_steps",
+                                    tau=config.tau, net=module.get_submodule("target"))
+        self.learner.add_post_update_hook(self.target.post_update)
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return weights_to_numpy(self.learner.module.get_submodule("q"))
+
+    def set_weights(self, weights: dict) -> None:
+        q = self.learner.module.get_submodule("q")
+        q.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in weights.items()})
+        assert self.target is not None
+        self.target.sync()
+
+
+def q_target(policies) -> TargetNetwork:
+    """The one Q policy's target network (DQN and Ape-X train one policy)."""
+    target = policies.only.target
+    assert target is not None, "a QPolicyLearner always has its target"
+    return target
 
 
 def q_network_weights(state: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -275,8 +296,8 @@ class DQN(Algorithm):
     def setup(self) -> None:
         cfg: DQNConfig = self.config
         check_replay_fits(cfg, self.env_info.observation_space)
-        self.learner = build_q_learner(self, cfg)
-        self.target = attach_target(self.learner, cfg)
+        self.policies = self.build_policies(QPolicyLearner)
+        self.learner, self.target = self.policies.only.learner, q_target(self.policies)
         self.replay = make_replay(cfg, cfg.replay_capacity, cfg.seed)
         self._update_credit = 0.0
         postprocess = functools.partial(n_step_postprocess, n_step=cfg.n_step, gamma=cfg.gamma,
@@ -285,10 +306,7 @@ class DQN(Algorithm):
         self.broadcast_weights()
 
     def display_metrics(self) -> list[tuple[str, str]]:
-        return Q_DISPLAY_METRICS
-
-    def get_weights(self):
-        return weights_to_numpy(self.learner.module.q)
+        return [*Q_DISPLAY_METRICS, ("epsilon", "epsilon")]
 
     @classmethod
     def policy_weights(cls, state: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -323,18 +341,22 @@ class DQN(Algorithm):
             self.env_runners.foreach("set_global_vars", {"env_steps": sampled}, wait=False)
             self.broadcast_weights()
         return {**{f"learner/{k}": v for k, v in stats.items()}, "replay_size": self.replay.stats()["size"],
-                "num_target_updates": self.target.num_updates}
+                "num_target_updates": self.target.num_updates, "epsilon": self.epsilon(sampled)}
+
+    def epsilon(self, env_steps: float) -> float:
+        """The exploration epsilon the rollout actors use after ``env_steps`` sampled steps."""
+        points = self.config.epsilon_schedule()
+        assert points is not None, "DQN anneals one epsilon"
+        return float(PiecewiseSchedule(points)(env_steps))
 
     def get_state(self) -> dict[str, Any]:
-        state = {**super().get_state(), "learner": self.learner.get_state(), "target": self.target.get_state()}
+        state = super().get_state()  # the policy's learner and target, at the top as before
         if self.config.checkpoint_replay:
             state["replay"] = self.replay.get_state()
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)
-        self.learner.set_state(state["learner"])
-        self.target.set_state(state["target"])
         if "replay" in state:
             self.replay.set_state(state["replay"])
         self.env_runners.foreach("set_global_vars", {"env_steps": self.counters["env_steps_sampled"]}, wait=False)

@@ -21,7 +21,6 @@ from typing import Any, Optional
 import torch
 from pydantic import model_validator
 
-from shoal.algorithms.base import Algorithm
 from shoal.algorithms.config_groups import (
     ASYNC_PER_RUN_KEYS,
     AsyncSamplingKeys,
@@ -32,13 +31,7 @@ from shoal.algorithms.config_groups import (
     check_multi_agent,
     check_whole_sequences,
 )
-from shoal.algorithms.pipeline import (
-    AsyncPipeline,
-    make_async_policy_learner,
-    make_learner_thread,
-    make_sequence_runners,
-)
-from shoal.algorithms.policies import PolicySet
+from shoal.algorithms.pipeline import AsyncAlgorithm, make_async_policy_learner
 from shoal.batch import Col
 from shoal.config import AlgorithmConfig
 from shoal.learn.losses import LossRecord
@@ -46,7 +39,6 @@ from shoal.learn.masking import ActionMasked
 from shoal.learn.sequences import VTraceParams, policy_advantages, unroll, value_and_entropy, vtrace_for
 from shoal.learn.stats import masked_mean
 from shoal.logging.metrics import Phase
-from shoal.rollout import ActorCriticPolicy
 
 
 # ---- config -----------------------------------------------------------------------------
@@ -115,32 +107,14 @@ class IMPALALoss(LossRecord):
 
 
 # ---- algorithm --------------------------------------------------------------------------
-class IMPALA(Algorithm):
+class IMPALA(AsyncAlgorithm):
     config_cls = IMPALAConfig
     config: IMPALAConfig
-    policies: PolicySet  # built by setup()
-    policy_cls = ActorCriticPolicy
-
-    def setup(self) -> None:
-        self.policies = self.build_policies(self._policy_learner)
-        if not self.is_multi_agent:
-            self.learner = self.policies.only.learner
-        self.thread = make_learner_thread(self.policies.learners(), self.config)
-        self.env_runners = make_sequence_runners(self)
-        self.pipeline = AsyncPipeline.from_config(self.env_runners, self.thread, self.config)
-        self.broadcast_weights()
 
     def _policy_learner(self, cfg, obs_space, action_space, seed: Optional[int] = None):
         masked = self.is_multi_agent  # logits under the recorded action masks
         return make_async_policy_learner(cfg, obs_space, action_space, seed,
                                          lambda c, target, kl: IMPALALoss.from_config(c, masked=masked))
-
-    def display_metrics(self) -> list[tuple[str, str]]:  # V-trace's mean importance ratio too
-        return self.policies.display(super().display_metrics() + [("learner/mean_rho", "mean_rho")])
-
-    def get_weights(self):
-        with self.thread.hold():  # never a half-applied update
-            return super().get_weights()
 
     def training_step(self) -> dict[str, Any]:
         p = self.pipeline
@@ -160,19 +134,3 @@ class IMPALA(Algorithm):
                 self.broadcast_weights()
         p.check()
         return {**p.metrics(), **self.policies.result_keys({pid: {"lr": pl.learner.lr} for pid, pl in self.policies})}
-
-    def train(self) -> dict[str, Any]:
-        return {**super().train(), **self.thread.stats()}
-
-    def get_state(self) -> dict[str, Any]:
-        with self.thread.hold():
-            return super().get_state()
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        with self.thread.hold():
-            super().set_state(state)
-        self.broadcast_weights()
-
-    def stop(self) -> None:
-        self.thread.stop()
-        super().stop()

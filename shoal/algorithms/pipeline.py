@@ -21,16 +21,19 @@ pipeline state of its own and every field is written down here:
 
 The algorithm's ``training_step`` calls the phases in order (sample, enqueue, drain, sync)
 and adds its own between them (APPO adapts its KL coefficient on each drained result).
-The functions at the end build the parts both algorithms wire together: the learner, its
-thread and the rollout actors that return sequences.
+:class:`AsyncAlgorithm` is what both algorithms share around their ``training_step``: the
+policies' learners behind one learner thread, this pipeline, and the thread's hold around
+weights and state. The functions at the end build the parts it wires together: the learner,
+its thread and the rollout actors that return sequences.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
-from shoal.algorithms.policies import build_policy_module
+from shoal.algorithms.base import Algorithm
+from shoal.algorithms.policies import PolicySet, build_policy_module
 from shoal.batch import Batch, Col
 from shoal.learn import resolve_device
 from shoal.learn.policy_learner import MakeLoss, PolicyLearner
@@ -39,10 +42,6 @@ from shoal.learn.threads import LearnerResult
 from shoal.models import build_actor_critic
 from shoal.rollout import ActorCriticPolicy
 from shoal.rollout.postprocessing import sequence_postprocess
-
-if TYPE_CHECKING:
-    from shoal.algorithms.appo import APPO
-    from shoal.algorithms.impala import IMPALA
 
 WAIT_S = 0.02  # longest a training step blocks on sample results or learner results
 
@@ -129,6 +128,51 @@ class AsyncPipeline:
         return out
 
 
+# ---- the algorithm around the pipeline (IMPALA and APPO) ----------------------------------------
+class AsyncAlgorithm(Algorithm):
+    """IMPALA's and APPO's common part: each policy's learner (``_policy_learner``, the loss being
+    the difference) trained by one learner thread, fed by the :class:`AsyncPipeline`. Weights and
+    state are read and restored with the thread held, so never from a half-applied update."""
+
+    policies: PolicySet  # built by setup()
+    policy_cls = ActorCriticPolicy
+
+    def setup(self) -> None:
+        self.policies = self.build_policies(self._policy_learner)
+        if not self.is_multi_agent:
+            self.learner = self.policies.only.learner
+        self.thread = make_learner_thread(self.policies.learners(), self.config)
+        self.env_runners = make_sequence_runners(self)
+        self.pipeline = AsyncPipeline.from_config(self.env_runners, self.thread, self.config)
+        self.broadcast_weights()
+
+    def _policy_learner(self, cfg, obs_space, action_space, seed: Optional[int] = None) -> PolicyLearner:
+        raise NotImplementedError
+
+    def display_metrics(self) -> list[tuple[str, str]]:  # V-trace's mean importance ratio too
+        return self.policies.display(super().display_metrics() + [("learner/mean_rho", "mean_rho")])
+
+    def get_weights(self):
+        with self.thread.hold():  # never a half-applied update
+            return super().get_weights()
+
+    def train(self) -> dict[str, Any]:
+        return {**super().train(), **self.thread.stats()}
+
+    def get_state(self) -> dict[str, Any]:
+        with self.thread.hold():
+            return super().get_state()
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        with self.thread.hold():
+            super().set_state(state)
+        self.broadcast_weights()
+
+    def stop(self) -> None:
+        self.thread.stop()
+        super().stop()
+
+
 # ---- building the pipeline's parts (IMPALA and APPO) -------------------------------------------
 def make_learner_thread(learner, config):
     """A LearnerThread, or the multi-device one when the config names several devices or a GPU;
@@ -158,8 +202,8 @@ def make_async_policy_learner(cfg, obs_space, action_space, seed: Optional[int],
     return PolicyLearner(module, cfg, make_loss, device=cfg.learner_devices()[0], target_period=target_period)
 
 
-def make_sequence_runners(algo: IMPALA | APPO):
+def make_sequence_runners(algo: AsyncAlgorithm):
     """Rollout actors that return time-major sequences, with requests kept in flight."""
-    cfg = algo.config
+    cfg: Any = algo.config  # IMPALA's or APPO's config
     return algo.make_env_runners(ActorCriticPolicy, sequence_postprocess, cfg.fragment_length(),
                                  max_in_flight=cfg.max_requests_in_flight_per_worker)

@@ -36,10 +36,12 @@ class LearnerOutput:
 class PolicyLearner:
     """``make_loss(config, target=, kl=)`` builds the loss record; ``target_period`` (learner
     updates) adds a target network refreshed that often; the KL coefficient is on when the
-    config's ``use_kl_loss`` is."""
+    config's ``use_kl_loss`` is. ``learner_cls`` (with ``learner_kwargs``) is the Learner kind,
+    e.g. DD-PPO's all-reducing :class:`~shoal.learn.distributed.DistributedLearner`."""
 
     def __init__(self, module: torch.nn.Module, config, make_loss: MakeLoss, *, device: Any = "cpu",
-                 target_period: Optional[int] = None) -> None:
+                 target_period: Optional[int] = None, learner_cls: type[Learner] = Learner,
+                 **learner_kwargs: Any) -> None:
         self.config = config
         self.kl = AdaptiveKL(getattr(config, "kl_coeff", 0.0), getattr(config, "kl_target", 0.01),
                              enabled=getattr(config, "use_kl_loss", False))
@@ -47,11 +49,12 @@ class PolicyLearner:
         self.target: Optional[TargetNetwork] = None
         if target_period is not None:
             self.target = TargetNetwork(module, target_period, unit="updates")
-        self.learner = Learner(module, make_loss(config, target=self.target, kl=self.kl), lr=config.lr,
-                               grad_clip=config.grad_clip, lr_schedule=config.lr_schedule,
-                               max_nonfinite_updates=config.max_nonfinite_updates, device=device)
+        self.learner = learner_cls(module, make_loss(config, target=self.target, kl=self.kl), lr=config.lr,
+                                   grad_clip=config.grad_clip, lr_schedule=config.lr_schedule,
+                                   max_nonfinite_updates=config.max_nonfinite_updates, device=device, **learner_kwargs)
         if self.target is not None:  # refreshed right after the optimizer step that reaches the period
             self.learner.add_post_update_hook(self.target.post_update)
+        self._refreshes_seen: Optional[int] = 0  # target refreshes when the KL coefficient last moved
 
     def update(self, batch: Batch, num_epochs: int, minibatch_size: int, rng: np.random.Generator, *,
                sequence_length: int = 1) -> dict[str, Any]:
@@ -61,9 +64,17 @@ class PolicyLearner:
         return stats
 
     def after_update(self, stats: dict[str, Any]) -> None:
-        """The post-update phase, once per learner result: the KL coefficient moves towards its target."""
+        """The post-update phase, once per learner result: the KL coefficient moves towards its target.
+
+        With a target network (APPO) the KL is measured against the target, so it only spans the
+        updates since its last refresh and is small right after one. The coefficient then moves
+        only in a result in which the target was refreshed: that result's KL spans the target's
+        whole period, the step size the penalty is meant to hold near ``kl_target``."""
         if self.kl.enabled and "kl" in stats:
-            self.kl.update(stats["kl"])
+            refreshes = self.target.num_updates if self.target is not None else None
+            if refreshes is None or refreshes != self._refreshes_seen:
+                self.kl.update(stats["kl"])
+                self._refreshes_seen = refreshes
         stats["kl_coeff"] = self.kl.coeff
 
     def apply_config(self, config, *, set_lr: bool = True) -> None:

@@ -109,7 +109,13 @@ def update_kl_coeff(kl_coeff: float, kl: float, kl_target: float) -> float:
 
 
 class AdaptiveKL:
-    """The KL penalty coefficient: ``coeff`` (0 when the penalty is off), adapted by ``update(kl)``."""
+    """The KL penalty coefficient: ``coeff`` (0 when the penalty is off), adapted by ``update(kl)``
+    and kept at most ``MAX_COEFF``, so a run of large KLs cannot take it where the penalty swamps
+    the loss. There is no floor: on APPO's CartPole preset (KL over a target period ~1e-6, against
+    a target of 0.01) a floor of 1e-4 was followed by a collapse to a deterministic policy, where
+    the unfloored coefficient decayed towards 0 and the run learned."""
+
+    MAX_COEFF = 1e4
 
     def __init__(self, coeff: float, target: float, enabled: bool = True) -> None:
         self.coeff = float(coeff) if enabled else 0.0
@@ -118,8 +124,8 @@ class AdaptiveKL:
 
     def update(self, kl: float) -> float:
         """Once per learner result: move ``coeff`` towards ``target`` (no-op when disabled)."""
-        if self.enabled:
-            self.coeff = update_kl_coeff(self.coeff, float(kl), self.target)  # one float assignment: thread-safe
+        if self.enabled:  # one float assignment: thread-safe
+            self.coeff = min(self.MAX_COEFF, update_kl_coeff(self.coeff, float(kl), self.target))
         return self.coeff
 
     def get_state(self) -> dict[str, float]:
