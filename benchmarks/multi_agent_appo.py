@@ -35,6 +35,7 @@ def _config(mode: str, seed: int):
 
     data = load_yaml(REPO / "examples" / "appo_cartpole.yaml")
     data.pop("stop", None)
+    data.pop("algo", None)
     data.update(seed=seed, min_time_s_per_iteration=5)
     if mode == "single":
         data["resources"] = {"num_workers": 0, "num_envs_per_worker": NUM_ENVS}

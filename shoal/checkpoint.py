@@ -28,6 +28,7 @@ FORMAT = "shoal-checkpoint"
 FORMAT_VERSION = 1
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
+TUNE_CHECKPOINT_NAME = "shoal"  # the shoal checkpoint inside a Tune checkpoint directory (checkpoint_000003/shoal)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -238,15 +239,22 @@ def list_checkpoints(ckpt_dir: str | Path) -> list[Path]:
 
 
 def resolve_checkpoint(path: str | Path, prefer: str = "latest") -> Path:
-    """A checkpoint directory from a checkpoint, a ``checkpoints/`` directory or a run directory.
+    """A checkpoint directory from a checkpoint, a ``checkpoints/`` directory, a run directory,
+    or a Tune trial directory or one of its checkpoint directories (``shoal tune``'s).
 
-    ``prefer`` is "latest" (the last numbered checkpoint) or "best".
+    ``prefer`` is "latest" (the last numbered checkpoint) or "best" (a Tune trial has no best:
+    its latest).
     """
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"Checkpoint path '{p}' does not exist.")
     if (p / META_FILE).is_file():
         return p
+    if (p / TUNE_CHECKPOINT_NAME / META_FILE).is_file():
+        return p / TUNE_CHECKPOINT_NAME
+    trial = sorted(c / TUNE_CHECKPOINT_NAME for c in p.glob("checkpoint_*") if (c / TUNE_CHECKPOINT_NAME / META_FILE).is_file())
+    if trial:
+        return trial[-1]
     for d in (p / "checkpoints", p):
         numbered = list_checkpoints(d)
         best = d / "best"
@@ -258,5 +266,5 @@ def resolve_checkpoint(path: str | Path, prefer: str = "latest") -> Path:
             return best
     raise CheckpointError(
         f"No shoal checkpoint found in '{p}': expected a checkpoint directory (with {META_FILE}), "
-        "a run directory with checkpoints/, or a checkpoints/ directory."
+        "a run directory with checkpoints/, a checkpoints/ directory, or a Tune trial directory."
     )

@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from shoal.errors import ConfigError, EnvError, ShoalError
 from shoal.runtime.signals import SaveAborted
@@ -60,8 +61,20 @@ def _print_version(value: bool) -> None:
 def _root(version: bool = typer.Option(False, "--version", "-V", callback=_print_version, is_eager=True,
                                        help="Print shoal's version and exit.")) -> None:
     """Distributed reinforcement learning on Ray and PyTorch. `shoal algos` lists the algorithms."""
-out = Console()
-err = Console(stderr=True)
+OFF_TERMINAL_WIDTH = 100_000  # a pipe, a log file, CI: lines are written whole, never split mid-word
+
+
+def _console(stderr: bool = False) -> Console:
+    """A rich console that wraps at the terminal's width on a terminal (or at ``COLUMNS`` when
+    set), and off one writes each line and table row whole, so a path is never split."""
+    stream = sys.stderr if stderr else sys.stdout
+    if getattr(stream, "isatty", lambda: False)() or os.environ.get("COLUMNS"):
+        return Console(stderr=stderr)
+    return Console(stderr=stderr, width=OFF_TERMINAL_WIDTH, soft_wrap=True)
+
+
+out = _console()
+err = _console(stderr=True)
 
 STOP_KEYS = ("reward", "env_steps", "time_s", "iterations")
 TRUST_HELP = ("Import the code this run's config names (its env factory, model, callbacks) even though its checkpoint "
@@ -74,18 +87,24 @@ def _fail(e: ShoalError) -> None:
     raise typer.Exit(2)
 
 
-def _build_config(algo: str, config_file: Optional[Path], sets: List[str], flags: dict[str, Any]):
+def _build_config(algo: Optional[str], config_file: Optional[Path], sets: List[str], flags: dict[str, Any]):
     """defaults < small-machine preset (only when no resources are given) < YAML file < --set < explicit flags.
+    ``algo`` None: the config file's ``algo:``.
 
     Returns (config, stop-from-yaml, preset note or None).
     """
     from shoal.algorithms import get_config_class
     from shoal.config import deep_merge, load_yaml, parse_set_overrides
 
-    cfg_cls = get_config_class(algo)
     data: dict[str, Any] = load_yaml(config_file) if config_file else {}
     yaml_stop = data.pop("stop", None) or {}
     yaml_algo = data.pop("algo", None)
+    if algo is None:
+        if yaml_algo is None:
+            raise ConfigError("No algorithm given: name it (shoal train ppo ...; `shoal algos` lists them)"
+                              + (f", or add a line `algo: ppo` to '{config_file}'." if config_file else "."))
+        algo = str(yaml_algo)
+    cfg_cls = get_config_class(algo)
     if yaml_algo is not None and yaml_algo != cfg_cls.algo:
         raise ShoalError(f"Config file '{config_file}' is for algorithm '{yaml_algo}', but you asked to train '{algo}'.")
     if not isinstance(yaml_stop, dict) or set(yaml_stop) - set(STOP_KEYS):
@@ -182,7 +201,7 @@ def _print_summary(s, stop) -> None:
 
 @app.command()
 def train(
-    algo: str = typer.Argument(..., help="Algorithm to train, e.g. ppo (see `shoal algos`)."),
+    algo: Optional[str] = typer.Argument(None, help="Algorithm to train, e.g. ppo (see `shoal algos`); may be left out when the config file names it (`algo: ppo`)."),
     env: Optional[str] = typer.Option(None, "--env", "-e", help="Gymnasium id (CartPole-v1) or import path 'pkg.module:make_env'."),
     workers: Optional[int] = typer.Option(None, "--workers", "-w", help="Remote rollout actors (resources.num_workers); 0 runs in-process without Ray."),
     envs_per_worker: Optional[int] = typer.Option(None, "--envs-per-worker", help="Vectorized envs per rollout actor (resources.num_envs_per_worker)."),
@@ -256,6 +275,7 @@ def evaluate(
     opponent: Optional[str] = typer.Option(None, "--opponent", help="Two-player games: play the checkpoint's main policy against random, heuristic, or another checkpoint (a path); seats alternate. Default for a two-player game: random."),
     video: Optional[Path] = typer.Option(None, "--video", help="Record the episodes to this file (e.g. out.mp4) from render_mode='rgb_array' frames; needs pip install 'shoal\\[video]'."),
     video_episodes: Optional[int] = typer.Option(None, "--video-episodes", min=1, help="With --video: record only the first K episodes."),
+    video_length: int = typer.Option(1000, "--video-length", min=1, help="With --video: at most this many frames (frames stream to the file as they come)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the figures and per-episode returns, and nothing else, on stdout."),
     render: bool = typer.Option(False, "--render", help="Render each episode on screen (render_mode='human'; needs a display and pygame)."),
     seed: Optional[int] = typer.Option(None, "--seed", min=0, max=MAX_SEED, help="Seed for the evaluation envs and the sampling; episode i resets with seed + i."),
@@ -273,7 +293,7 @@ def evaluate(
         algo = load_for_evaluation(p, seed, trust=trust)
         try:
             rep = _evaluation_report(p, algo, episodes, not stochastic, opponent, video, video_episodes, render, seed,
-                                     trust)
+                                     trust, video_length, progress=not as_json)
         finally:
             algo.stop()
     except ShoalError as e:
@@ -286,13 +306,17 @@ def evaluate(
     out.print(_evaluation_line(rep), highlight=False)
     if video is not None:
         k = min(video_episodes or episodes, episodes)
-        out.print(f"Video: {video} (the first {k} of {episodes} episodes)" if k < episodes else f"Video: {video}",
-                  highlight=False)
+        frames = rep["video_frames"]
+        what = f"the first {k} of {episodes} episodes" if k < episodes else f"{k} episode{'s' * (k > 1)}"
+        cut = f", cut at --video-length {video_length}" if frames >= video_length else ""
+        out.print(f"Video: {video} ({frames} frames: {what}{cut})", highlight=False)
 
 
 def _evaluation_report(p: Path, algo, n: int, deterministic: bool, opponent: Optional[str], video: Optional[Path],
-                       video_episodes: Optional[int], render: bool, seed: Optional[int], trust: bool) -> dict[str, Any]:
-    """Play what `shoal evaluate` asked for and return :func:`shoal.evaluation.report`'s figures."""
+                       video_episodes: Optional[int], render: bool, seed: Optional[int], trust: bool,
+                       video_length: int = 1000, progress: bool = False) -> dict[str, Any]:
+    """Play what `shoal evaluate` asked for and return :func:`shoal.evaluation.report`'s figures
+    (plus ``video_frames`` with a video)."""
     from shoal import evaluation as ev
 
     if not ev.is_game(algo):
@@ -300,16 +324,26 @@ def _evaluation_report(p: Path, algo, n: int, deterministic: bool, opponent: Opt
             raise ConfigError(f"--opponent plays two-player games (PettingZoo envs trained with a multi_agent section or "
                               f"alpha_star); {algo.config.env!r} is a single-agent env. Leave --opponent out.")
         record = min(video_episodes or n, n) if video is not None else 0
+        writer = ev.VideoWriter(video, max_frames=video_length) if video is not None else None
+
+        def episode_done(i: int, ret: float, length: int) -> None:  # a recording (Atari: minutes) shows it advances
+            if progress and writer is not None:
+                err.print(f"episode {i + 1}/{n}: return {ret:g}, {length} steps, {writer.count} frames recorded",
+                          highlight=False)
+
         try:
-            eps = ev.play_episodes(algo, n, deterministic, record=record, human=render)
+            eps = ev.play_episodes(algo, n, deterministic, record=record, human=render, video=writer,
+                                   on_episode=episode_done)
         except Exception as e:  # noqa: BLE001 - rendering needs optional deps; report plainly
             if render and not isinstance(e, ShoalError):
                 raise ShoalError(f"Rendering failed: {e}. Rendering needs a display and the env's render dependencies "
                                  "(e.g. pip install pygame); run without --render to evaluate only.") from None
             raise
-        if record:
-            ev.write_video(eps.frames, video, eps.fps)
-        return ev.report(p, algo, eps.returns, eps.lengths, deterministic)
+        finally:
+            if writer is not None:
+                writer.close()
+        rep = ev.report(p, algo, eps.returns, eps.lengths, deterministic)
+        return rep if writer is None else {**rep, "video_frames": writer.count}
     if video is not None or render:
         raise ConfigError("--video and --render show single-agent episodes; a multi-agent env has no rgb_array recording here.")
     if opponent is None and len(ev.agents_of(algo)) != 2:
@@ -371,17 +405,20 @@ def resume(
     stop_time: Optional[float] = typer.Option(None, "--stop-time", help="Replace the run's time criterion (total training seconds)."),
     stop_iters: Optional[int] = typer.Option(None, "--stop-iters", help="Replace the run's iteration criterion (total)."),
     workers: Optional[int] = typer.Option(None, "--workers", "-w", help="Change the number of rollout actors."),
+    set_: List[str] = typer.Option([], "--set", "-s", help="Change a key that may change mid-run (those Tune's PBT perturbs: lr, grad_clip, entropy_coeff...; an error lists the algorithm's): --set lr=0.0001."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress display."),
     trust: bool = typer.Option(False, "--trust", help=TRUST_HELP),
 ) -> None:
     """Continue a run from its latest checkpoint, keeping its counters and appending to its files."""
     try:
+        from shoal.config import parse_set_overrides
         from shoal.trainer import Stop
         from shoal.trainer import resume as run_resume
 
         given = {k: v for k, v in zip(STOP_KEYS, (stop_reward, stop_steps, stop_time, stop_iters)) if v is not None}
         overrides = {"resources": {"num_workers": workers}} if workers is not None else None
-        summary = run_resume(run_dir, stop=given or None, overrides=overrides, progress=not quiet, trust=trust)
+        summary = run_resume(run_dir, stop=given or None, overrides=overrides, progress=not quiet, trust=trust,
+                             changes=parse_set_overrides(set_))
         if summary.already_met:
             flag = {"reward": "--stop-reward", "env_steps": "--stop-steps", "time": "--stop-time", "iterations": "--stop-iters"}
             out.print(f"Nothing to train: {run_dir} at {summary.last_checkpoint.name} already meets its stop criterion "
@@ -423,7 +460,7 @@ def _print_tune_summary(summary) -> None:
         table.add_column(column, overflow="fold")
     for row in summary.trials:
         params = ", ".join(f"{k}={_short(v)}" for k, v in row["params"].items())
-        table.add_row(str(row["trial"]), params, str(row["iterations"]), _short(row["metric"]), row["status"])
+        table.add_row(*map(Text, (str(row["trial"]), params, str(row["iterations"]), _short(row["metric"]), row["status"])))
     out.print(table)
     out.print(f"Tune results: {summary.run_dir}", highlight=False)
     if summary.best_config is None:
@@ -435,6 +472,25 @@ def _print_tune_summary(summary) -> None:
 
 def _short(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else "-" if v is None else str(v)
+
+
+@app.command()
+def plot(
+    runs: List[Path] = typer.Argument(..., help="Run directories (or directories of runs, e.g. runs/)."),
+    x: str = typer.Option("env_steps", "--x", help="The x axis: env_steps, time (training seconds) or iteration."),
+    key: str = typer.Option("episode_return_mean", "--key", "-k", help="The result key to draw (any number in results.jsonl)."),
+    out_file: Path = typer.Option(Path("curves.png"), "--out", "-o", help="The picture: .png, .svg or .pdf."),
+    no_group: bool = typer.Option(False, "--no-group", help="One curve per run, even for runs of one config with different seeds."),
+    title: Optional[str] = typer.Option(None, "--title", help="A title above the curves."),
+) -> None:
+    """Learning curves of one or many runs; runs of one config with different seeds are drawn as their mean with a min-max band."""
+    from shoal.plotting import plot_runs
+
+    try:
+        path = plot_runs(runs, out_file, x=x, key=key, group=not no_group, title=title)
+    except ShoalError as e:
+        _fail(e)
+    out.print(f"Curves: {path}", highlight=False)
 
 
 @app.command("config")
@@ -458,7 +514,7 @@ def config_reference(
     for column in ("key", "type", "default", "description"):
         table.add_column(column, overflow="fold")
     for row in key_reference(cls):
-        table.add_row(*row)
+        table.add_row(*map(Text, row))  # plain text: a description's [brackets] are not rich markup
     out.print(table)
 
 
@@ -471,7 +527,7 @@ def algos() -> None:
     table.add_column("algorithm")
     table.add_column("description")
     for name, desc in describe().items():
-        table.add_row(name, desc)
+        table.add_row(Text(name), Text(desc))
     out.print(table)
 
 

@@ -724,24 +724,25 @@ def all_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 
 def format_validation_error(model: type[BaseModel], err: ValidationError) -> str:
+    """One paragraph: each unknown key once (with a close match when there is one), the valid
+    keys of each section once, then the other errors."""
     name = model.__name__
+    unknown: dict[str, list[tuple[str, str]]] = {}  # section prefix ("" at the top) -> (unknown key, hint)
     lines = []
     for e in err.errors():
         loc = tuple(e.get("loc", ()))
         dotted = ".".join(str(p) for p in loc)
         if e["type"] in ("extra_forbidden", "no_such_attribute"):  # unknown key at construction / assignment
             sub, prefix = _fields_of(model, loc)
-            valid = used_keys(sub) if sub else []
             key = str(loc[-1]) if loc else "?"
-            close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+            close = difflib.get_close_matches(key, used_keys(sub) if sub else [], n=1, cutoff=0.6)
             anywhere = [k for k in all_keys(model) if k.split(".")[-1] == key]
             hint = ""
             if close:
-                hint = f" Did you mean '{(prefix + '.' if prefix else '') + close[0]}'?"
+                hint = f"Did you mean '{(prefix + '.' if prefix else '') + close[0]}'?"
             elif anywhere:
-                hint = f" It exists as '{anywhere[0]}'."
-            where = f"section '{prefix}'" if prefix else name
-            lines.append(f"Unknown config key '{dotted}' in {where}.{hint} Valid keys: {', '.join(valid)}.")
+                hint = f"It exists as '{anywhere[0]}'."
+            unknown.setdefault(prefix, []).append((dotted, hint))
         elif e["type"] == "missing":
             lines.append(f"Missing required config key '{dotted}'.")
         else:
@@ -750,6 +751,17 @@ def format_validation_error(model: type[BaseModel], err: ValidationError) -> str
             got_s = f" (got {got!r})" if dotted and (not isinstance(got, (dict, list)) or len(repr(got)) < 80) else ""
             msg = e.get("msg", "invalid value").removeprefix("Value error, ")
             lines.append(f"Config key '{dotted}': {msg}{got_s}." if dotted else f"{msg}.")
+    for prefix, keys in unknown.items():
+        sub, _ = _fields_of(model, (*prefix.split("."), "x") if prefix else ("x",))
+        where = f"section '{prefix}'" if prefix else name
+        valid = ", ".join(used_keys(sub)) if sub else ""
+        if len(keys) == 1:
+            (key, hint), = keys
+            text = f"Unknown config key '{key}' in {where}." + (f" {hint}" if hint else "")
+        else:
+            text = (f"Unknown config keys {', '.join(repr(k) for k, _ in keys)} in {where}."
+                    + "".join(f" '{k}': {hint}" for k, hint in keys if hint))
+        lines.insert(0, f"{text} Valid keys: {valid}.")
     return f"Invalid {name}: " + " ".join(lines)
 
 

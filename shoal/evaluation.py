@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -85,8 +85,8 @@ def load_for_evaluation(path: str | Path, seed: int | None = None, trust: bool =
 # ---- single-agent episodes ------------------------------------------------------------------------
 @dataclass
 class Episodes:
-    """Per-episode returns and lengths; ``frames`` holds the recorded episodes' RGB frames, ``fps``
-    the frame rate the env declares (``metadata["render_fps"]``, else 30)."""
+    """Per-episode returns and lengths; ``frames`` holds the recorded episodes' RGB frames when no
+    video writer took them, ``fps`` the frame rate the env declares (``metadata["render_fps"]``, else 30)."""
 
     returns: list[float] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
@@ -119,13 +119,17 @@ def _frame(env) -> np.ndarray:
     return frame[:, :, :3]
 
 
-def play_episodes(algo, num_episodes: int, deterministic: bool = True, record: int = 0, human: bool = False) -> Episodes:
+def play_episodes(algo, num_episodes: int, deterministic: bool = True, record: int = 0, human: bool = False,
+                  video: "VideoWriter | None" = None,
+                  on_episode: Callable[[int, float, int], None] | None = None) -> Episodes:
     """``num_episodes`` episodes of ``algo``'s single-agent policy on one env, in this process.
 
     Episode ``i`` starts from ``reset(seed=config.seed + i)`` (unseeded without a seed), so a
     greedy policy repeats exactly. The first ``record`` episodes are rendered (``rgb_array``;
     for Atari the emulator's full-size RGB screen, not the preprocessed network input): one
-    frame after the reset and one after every step. ``human`` shows the episodes on screen instead.
+    frame after the reset and one after every step, streamed to ``video`` as they come (and no
+    more once it is full), or kept in ``Episodes.frames`` without one. ``human`` shows the
+    episodes on screen instead. ``on_episode(i, return, length)`` is called as each one ends.
     """
     if algo.policy_cls is None or getattr(algo, "is_multi_agent", False):
         raise ConfigError(f"{type(algo).__name__} has no single-agent policy to play episodes with.")
@@ -135,21 +139,29 @@ def play_episodes(algo, num_episodes: int, deterministic: bool = True, record: i
     seed = algo.config.seed
     env = _make_eval_env(algo.config, "rgb_array" if record > 0 else "human" if human else None)
     out = Episodes(fps=_video_fps(algo.config, env))
+    if video is not None and video.fps is None:
+        video.fps = out.fps
+    keep = out.frames.append if video is None else video.add
+
+    def recording(i: int) -> bool:
+        return i < record and (video is None or not video.full)
+
     try:
         for i in range(num_episodes):
             obs, _ = env.reset(seed=None if seed is None else seed + i)
-            rec = i < record
-            if rec:
-                out.frames.append(_frame(env))
+            if recording(i):
+                keep(_frame(env))
             state, done, ret, n = None, False, 0.0, 0
             while not done:
                 action, state = algo.predict(obs, state, deterministic=deterministic)
                 obs, r, term, trunc, _ = env.step(action)
                 ret, n, done = ret + float(r), n + 1, bool(term or trunc)
-                if rec:
-                    out.frames.append(_frame(env))
+                if recording(i):
+                    keep(_frame(env))
             out.returns.append(ret)
             out.lengths.append(n)
+            if on_episode is not None:
+                on_episode(i, ret, n)
     finally:
         env.close()
     return out
@@ -165,25 +177,60 @@ def _video_fps(cfg, env) -> float:
     return float(env.metadata.get("render_fps") or 30)
 
 
-def write_video(frames: list[np.ndarray], path: str | Path, fps: float) -> Path:
-    """Write RGB frames to ``path`` (mp4, gif, ... by its suffix) with imageio."""
-    try:
-        import imageio.v2 as imageio
-    except ImportError:
-        raise ShoalError("--video needs imageio and imageio-ffmpeg: pip install 'shoal[video]'.") from None
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    kwargs: dict[str, Any] = {"fps": fps}
-    if path.suffix.lower() in (".mp4", ".mkv", ".avi", ".mov"):
+class VideoWriter:
+    """RGB frames streamed to a video file (mp4, gif, ... by its suffix) with imageio as they
+    come, so memory holds one frame whatever the length; at most ``max_frames`` (None: all).
+    The file is opened by the first frame: a run that fails before rendering leaves none."""
+
+    def __init__(self, path: str | Path, fps: float | None = None, max_frames: int | None = None) -> None:
+        """``fps`` None: the frame rate :func:`play_episodes` reads from the env."""
         try:
-            import imageio_ffmpeg  # noqa: F401
+            import imageio.v2 as imageio
         except ImportError:
-            raise ShoalError("--video to an mp4 file needs imageio-ffmpeg: pip install 'shoal[video]'.") from None
-        kwargs["macro_block_size"] = 2  # even sizes suffice for H.264; no resizing of frames such as 600x400
-    with imageio.get_writer(path, **kwargs) as writer:
+            raise ShoalError("--video needs imageio and imageio-ffmpeg: pip install 'shoal[video]'.") from None
+        self.path, self.max_frames, self.count = Path(path), max_frames, 0
+        self.fps = fps
+        self._kwargs: dict[str, Any] = {}
+        if self.path.suffix.lower() in (".mp4", ".mkv", ".avi", ".mov"):
+            try:
+                import imageio_ffmpeg  # noqa: F401
+            except ImportError:
+                raise ShoalError("--video to an mp4 file needs imageio-ffmpeg: pip install 'shoal[video]'.") from None
+            self._kwargs["macro_block_size"] = 2  # even sizes suffice for H.264; no resizing of frames such as 600x400
+        self._imageio = imageio
+        self._writer: Any = None
+
+    @property
+    def full(self) -> bool:
+        return self.max_frames is not None and self.count >= self.max_frames
+
+    def add(self, frame: np.ndarray) -> None:
+        if self.full:
+            return
+        if self._writer is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._writer = self._imageio.get_writer(self.path, fps=self.fps or 30.0, **self._kwargs)
+        self._writer.append_data(frame)
+        self.count += 1
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def __enter__(self) -> "VideoWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def write_video(frames: Iterable[np.ndarray], path: str | Path, fps: float) -> Path:
+    """Write RGB frames to ``path`` (mp4, gif, ... by its suffix) with imageio."""
+    with VideoWriter(path, fps) as writer:
         for f in frames:
-            writer.append_data(f)
-    return path
+            writer.add(f)
+    return Path(path)
 
 
 # ---- games ------------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ observation shape and dtype, the action space and the state size.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import warnings
 from pathlib import Path
@@ -139,10 +141,14 @@ def _to_onnx(model: ExportedPolicy, inputs: tuple[torch.Tensor, ...], out: Path)
     names_in, names_out = exported_signature(model)
     batch = torch.export.Dim("batch", min=1)
     dynamic = {name: {0: batch} for name in names_in}
-    with torch.no_grad():
+    # The exporter narrates its passes on stdout and warns about its own internals (deprecations in
+    # torch._dynamo, LSTM weights assigned while tracing): none of it is the user's to act on.
+    with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        for category in (DeprecationWarning, FutureWarning, UserWarning):
+            warnings.simplefilter("ignore", category)
         program = torch.onnx.export(model, inputs, dynamo=True, input_names=names_in, output_names=names_out,
                                     dynamic_shapes=dynamic, verbose=False)
-    program.save(str(out))
+        program.save(str(out))
 
 
 def export_policy(path: str | Path, format: str = "torchscript", out: str | Path | None = None,

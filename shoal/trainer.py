@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from shoal import checkpoint as ckpt
-from shoal.config import AlgorithmConfig
+from shoal.config import AlgorithmConfig, deep_merge
 from shoal.errors import (
     CheckpointError,
     ConfigError,
@@ -387,10 +387,25 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
         reason, result = _iterate(algo, session, run_dir, stop, checkpoint_every, t_start, progress)
     finally:
         session.close()
+        if run_dir is not None:
+            _draw_curves(run_dir, algo.best_metric)
         lock.close()
         if _algo is None:
             algo.stop()
     return session.summary(stop, result, reason, wall_s=time.perf_counter() - t_start)
+
+
+def _draw_curves(run_dir: Path, best_metric: str) -> None:
+    """``curves.png``: the run's mean return (or its ``best_metric``, a league's) against env steps.
+    A picture is never worth a failed run: any error is logged and the run goes on as it was."""
+    from shoal.plotting import plot_runs
+
+    try:
+        plot_runs([run_dir], run_dir / "curves.png", key=best_metric, title=run_dir.name)
+    except ConfigError:
+        log.debug("no curves.png for %s: no finite %s yet", run_dir, best_metric)
+    except Exception as e:  # noqa: BLE001 - matplotlib, a full disk: the run's own files matter, not this
+        log.warning("could not draw %s: %s", run_dir / "curves.png", e)
 
 
 def _open_run(algo, out: str | Path | None, run_dir: Path | None, stop: Stop, checkpoint_every: int,
@@ -463,29 +478,35 @@ def _iterate(algo, session: "_Session", run_dir: Path | None, stop: Stop, checkp
 
 
 def resume(run_dir: str | Path, stop: Stop | dict | None = None, overrides: dict[str, Any] | None = None,
-           progress: bool = True, trust: bool = False) -> TrainSummary:
+           progress: bool = True, trust: bool = False, changes: dict[str, Any] | None = None) -> TrainSummary:
     """Continue a run from its latest intact checkpoint, with its counters, appending to its files.
 
-    ``trust``: import the code the run's config names (its env factory, model, callbacks) even
-    though its checkpoint is not signed with your key (see :mod:`shoal.trust`)."""
+    ``overrides`` rebuild the run with other settings (e.g. ``{"resources": {"num_workers": 4}}``);
+    ``changes`` are keys that may change mid-run (the algorithm's ``mutable_keys``, what Tune's
+    PBT perturbs: ``lr``, ``entropy_coeff``...), applied after the restore as ``update_config``
+    applies them, so the optimizer takes the new ``lr``. Any other key is refused before anything
+    is read further. ``trust``: import the code the run's config names (its env factory, model,
+    callbacks) even though its checkpoint is not signed with your key (see :mod:`shoal.trust`)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"Run directory '{run_dir}' does not exist.")
     if not (run_dir / "checkpoints").is_dir():
         raise CheckpointError(f"'{run_dir}' has no checkpoints/ to resume from; is it a shoal run directory?")
     with run_lock(run_dir):  # before anything is read or repaired: another process may be writing it
-        return _resume_locked(run_dir, stop, overrides, progress, trust)
+        return _resume_locked(run_dir, stop, overrides, progress, trust, changes or {})
 
 
 def _resume_locked(run_dir: Path, stop: Stop | dict | None, overrides: dict[str, Any] | None, progress: bool,
-                   trust: bool) -> TrainSummary:
+                   trust: bool, changes: dict[str, Any]) -> TrainSummary:
     from shoal.algorithms.base import Algorithm
 
     settings = _run_settings(run_dir)
     given = _as_stop(stop)  # a bad value is an error before anything is read further or changed
     checkpoints = run_dir / "checkpoints"
-    if overrides and ckpt.list_checkpoints(checkpoints):  # a bad override is refused before anything is touched
-        _check_overrides(newest_intact_checkpoint(checkpoints), overrides, trust)
+    if (overrides or changes) and ckpt.list_checkpoints(checkpoints):  # refused before anything is touched
+        newest = newest_intact_checkpoint(checkpoints)
+        _check_changes(newest, changes)
+        _check_overrides(newest, deep_merge(overrides or {}, changes), trust)
     for note in ckpt.remove_leftovers(checkpoints):  # puts back a checkpoint a killed save had moved aside
         log.warning("%s: %s (left by a save that was killed)", checkpoints, note)
     if not ckpt.list_checkpoints(checkpoints):
@@ -504,6 +525,8 @@ def _resume_locked(run_dir: Path, stop: Stop | dict | None, overrides: dict[str,
                             best_checkpoint=best if best.is_dir() else None, stop_detail=saved_stop.explain(at))
     algo = Algorithm.from_checkpoint(start, overrides=overrides, trust=trust)
     try:
+        if changes:  # after the restore, which put back the optimizer's saved lr
+            algo.update_config(changes)
         truncate_results(run_dir, algo.iteration)
         return train(algo.config, saved_stop, out=None, checkpoint_every=settings.get("checkpoint_every", 10),
                      keep_checkpoints=settings.get("keep_checkpoints", 3), progress=progress, _algo=algo, _run_dir=run_dir)
@@ -533,6 +556,20 @@ def _run_settings(run_dir: Path) -> dict[str, Any]:
                                   f"(`shoal train` wrote one). Fix that line, or delete run.yaml to resume with the "
                                   "defaults and the stop criteria you give.")
     return settings
+
+
+def _check_changes(path: Path, changes: dict[str, Any]) -> None:
+    """A ConfigError now for a key of ``changes`` the run's algorithm cannot change mid-run."""
+    from shoal.algorithms import get_config_class
+
+    config_cls = get_config_class(ckpt.read_run_meta(path)["algo"])
+    allowed = config_cls.mutable_keys
+    bad = sorted(set(changes) - allowed)
+    if bad:
+        raise ConfigError(
+            f"{config_cls.algo} cannot change {', '.join(map(repr, bad))} when a run resumes (it shapes buffers, "
+            f"actors or the network); keys that can change: {', '.join(sorted(allowed)) or 'none'}. For the others, "
+            f"start a new run: shoal train {config_cls.algo} -c CONFIG.")
 
 
 def _check_overrides(path: Path, overrides: dict[str, Any], trust: bool) -> None:

@@ -15,9 +15,10 @@ import copy
 from pathlib import Path
 from typing import Any
 
+from shoal.checkpoint import TUNE_CHECKPOINT_NAME
 from shoal.errors import ConfigError
 
-CHECKPOINT_NAME = "shoal"  # the shoal checkpoint directory inside a Tune checkpoint directory
+CHECKPOINT_NAME = TUNE_CHECKPOINT_NAME  # the shoal checkpoint directory inside a Tune checkpoint directory
 
 
 def _tune():

@@ -75,6 +75,7 @@ def test_train_writes_run_dir(run_dir):
     assert list(run_dir.glob("events.out.tfevents*"))
     assert (run_dir / "checkpoints" / "checkpoint_000002" / "meta.json").is_file()
     assert (run_dir / "checkpoints" / "best" / "state.pt").is_file()
+    assert (run_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"  # drawn when the run ended
 
 
 def test_evaluate_then_resume(run_dir):
@@ -136,6 +137,27 @@ def test_evaluate_not_a_checkpoint(tmp_path):
     assert_user_error(r, "No shoal checkpoint found")
 
 
+def test_resume_set_changes_a_mutable_key_and_refuses_the_others(tmp_path):
+    from shoal import checkpoint as ckpt
+
+    r = invoke("train", "ppo", "--env", "CartPole-v1", "--stop-iters", 1, "--out", tmp_path, "-q", *SMALL)
+    assert r.exit_code == 0, r.output
+    (run,) = tmp_path.iterdir()
+    text = assert_user_error(invoke("resume", run, "--set", "minibatch_size=64", "--stop-iters", 2, "-q"),
+                             "cannot change 'minibatch_size'", "entropy_coeff", "lr")
+    assert "shoal train ppo" in text and [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == \
+        ["checkpoint_000001"]
+    assert_user_error(invoke("resume", run, "--set", "lr=-1", "--stop-iters", 2, "-q"), "lr")
+    r = invoke("resume", run, "--set", "lr=0.0123", "--set", "entropy_coeff=0.02", "--stop-iters", 2, "-q")
+    assert r.exit_code == 0, r.output
+    last = ckpt.list_checkpoints(run / "checkpoints")[-1]
+    assert last.name == "checkpoint_000002"
+    meta = ckpt.read_meta(last)
+    assert meta["config"]["lr"] == 0.0123 and meta["config"]["entropy_coeff"] == 0.02
+    state, _ = ckpt.load_checkpoint(last)
+    assert state["learner"]["optimizer"]["param_groups"][0]["lr"] == pytest.approx(0.0123)
+
+
 def test_resume_not_a_run_dir(tmp_path):
     assert_user_error(invoke("resume", tmp_path / "nope"), "does not exist")
     assert_user_error(invoke("resume", tmp_path), "no checkpoints")
@@ -152,6 +174,29 @@ def test_config_file_bad_stop_and_other_algo(tmp_path):
     assert_user_error(invoke("train", "ppo", "-c", p, "--out", tmp_path), "'dqn'")
     p.write_text("env: CartPole-v1\nstop:\n  rewards: 10\n")
     assert_user_error(invoke("train", "ppo", "-c", p, "--out", tmp_path), "`stop`")
+
+
+def test_a_config_file_that_names_its_algorithm_needs_no_algo_argument(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("algo: ppo\nenv: CartPole-v1\ntrain_batch_size: 256\nminibatch_size: 128\nnum_sgd_iter: 1\n")
+    r = invoke("train", "-c", p, "--stop-iters", 1, "--no-stop-reward", "-q", "--out", tmp_path / "runs")
+    assert r.exit_code == 0, r.output
+    (run,) = (tmp_path / "runs").iterdir()
+    assert run.name.startswith("ppo_CartPole-v1")
+    p.write_text("env: CartPole-v1\n")
+    assert_user_error(invoke("train", "-c", p, "--out", tmp_path), "No algorithm given", "algo: ppo")
+    assert_user_error(invoke("train", "--env", "CartPole-v1", "--out", tmp_path), "No algorithm given")
+
+
+def test_another_algorithms_keys_are_named_once_with_the_valid_keys_once(tmp_path):
+    p = tmp_path / "dqn_like.yaml"  # a DQN preset without its algo line, trained as PPO
+    p.write_text("env: CartPole-v1\nn_step: 3\nlearning_starts: 500\ntraining_intensity: 4\nlrr: 0.1\n")
+    text = assert_user_error(invoke("train", "ppo", "-c", p, "--out", tmp_path), "Did you mean 'lr'?")
+    assert text.count("Valid keys") == 1 and text.count("entropy_coeff") == 1
+    for key in ("n_step", "learning_starts", "training_intensity"):
+        assert text.count(f"'{key}'") == 1, key
+    assert text.count("'lrr'") == 2  # named, then with its suggestion
+    assert len(text) < 1500, len(text)
 
 
 def test_no_env(tmp_path):

@@ -459,6 +459,21 @@ def test_shoal_config_yaml_is_a_complete_config_that_validates(algo, tmp_path):
     assert ("(required)" in table.output) == (algo != "alpha_star")  # alpha_star's env has a default
 
 
+@pytest.mark.parametrize("algo", ["ppo", "dqn", "apex", "impala", "appo", "ddppo", "alpha_star"])
+def test_shoal_config_table_shows_every_description_whole(algo):
+    """Off a terminal each key is one line, and a description's [brackets] are text, not rich markup."""
+    from shoal.algorithms import get_config_class
+    from shoal.config_reference import key_reference
+
+    r = invoke("config", algo)
+    assert r.exit_code == 0, r.output
+    lines = {line.split()[0]: line for line in r.output.splitlines() if line.strip()}
+    for key, type_name, default, desc in key_reference(get_config_class(algo)):
+        line = lines[key]
+        assert desc in line and type_name in line and default in line, (key, line)
+    assert "[[env_steps, lr], ...]" in lines["lr_schedule"] and "'shoal[wandb]'" in lines["logging.writers"]
+
+
 def test_shoal_config_names_an_unknown_algorithm():
 
 

@@ -74,6 +74,7 @@ def test_the_example_preset_solves_cartpole_with_its_custom_model_and_checkpoint
 
     data = load_yaml(REPO / "examples" / "ppo_custom_model.yaml")
     data.pop("stop")
+    assert data.pop("algo") == "ppo"
     summary = train(PPOConfig(**data, seed=0), {"reward": 475, "env_steps": 600_000}, out=str(tmp_path),
                     progress=False)
     assert summary.solved, f"best {summary.best_return:.1f} after {summary.result['env_steps_sampled']} steps"

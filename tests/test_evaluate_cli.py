@@ -156,6 +156,35 @@ def test_video_writes_the_first_k_episodes_as_an_mp4(tmp_path):
     assert frames[0].shape == (80, 80, 3)  # the 10x10 screen at 8x8 per pixel, RGB
 
 
+def test_video_frames_stream_to_the_file_and_stop_at_the_length_cap(tmp_path):
+    import tracemalloc
+
+    import imageio.v2 as imageio
+
+    from shoal.evaluation import VideoWriter, load_for_evaluation, play_episodes
+
+    path = untrained(tmp_path, "catch", env=CATCH, model=SMALL_CNN)
+    algo = load_for_evaluation(path)
+    peaks = {}
+    try:
+        for episodes in (20, 200):  # 210 and 2,100 frames of 80x80x3 (19 KB each: 40 MB if all were kept)
+            tracemalloc.start()
+            with VideoWriter(tmp_path / f"v{episodes}.mp4") as writer:
+                play_episodes(algo, episodes, record=episodes, video=writer)
+            peaks[episodes] = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            assert writer.count == episodes * 10
+    finally:
+        algo.stop()
+    assert peaks[200] < peaks[20] + 4_000_000, peaks  # memory does not grow with the length
+    r = invoke("evaluate", path, "-n", 3, "--video", tmp_path / "cut.mp4", "--video-length", 15)
+    assert r.exit_code == 0, r.output
+    with imageio.get_reader(tmp_path / "cut.mp4") as reader:
+        assert sum(1 for _ in reader) == 15
+    text = flat(r.output)
+    assert "15 frames" in text and "cut at --video-length 15" in text and "episode 3/3" in text
+
+
 def test_video_errors_name_the_cause(tmp_path, monkeypatch):
     path = untrained(tmp_path, "cue", env="shoal.envs.memory:RememberCue")
     r = invoke("evaluate", path, "-n", 1, "--video", tmp_path / "x.mp4")

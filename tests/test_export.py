@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -130,8 +131,12 @@ def test_a_recurrent_policy_exports_obs_and_state_to_outputs_and_state(checkpoin
 
 def test_sidecar_and_cli(checkpoints, tmp_path):
     path = checkpoints["ppo_cnn"]
-    r = invoke("export", str(path), "--format", "onnx", "--out", str(tmp_path / "catch.onnx"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = invoke("export", str(path), "--format", "onnx", "--out", str(tmp_path / "catch.onnx"))
     assert r.exit_code == 0, r.output
+    assert "torch.onnx" not in r.output and r.output.strip().count("\n") <= 2, r.output  # no exporter chatter
+    assert not [w for w in caught if "onnx" in str(w.filename) or "_dynamo" in str(w.filename)], caught
     meta = json.loads((tmp_path / "catch.onnx.json").read_text())
     assert meta["format"] == "onnx" and meta["inputs"] == ["obs"] and meta["outputs"] == ["action", "dist_inputs", "value"]
     assert meta["observation"] == {**meta["observation"], "shape": [1, 10, 10], "dtype": "uint8"}

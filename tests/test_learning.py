@@ -19,6 +19,7 @@ def test_ppo_solves_cartpole_in_process_with_the_preset():
 
     data = load_yaml(PRESET)
     stop = data.pop("stop")
+    assert data.pop("algo") == "ppo"
     assert stop["reward"] == 475
     config = PPOConfig(**data, seed=0)
     # Budget for a loaded 2-core CI machine; the preset solves in ~5-8 s of training alone.

@@ -282,6 +282,33 @@ def test_a_trial_restored_from_anothers_checkpoint_keeps_its_counters_and_its_ow
         b.stop()
 
 
+def test_a_tune_trial_directory_is_evaluated_and_loaded_like_a_run_directory(tmp_path):
+    import numpy as np
+    from helpers import flat
+
+    import shoal
+    from shoal import checkpoint as ckpt
+    from shoal.tune import trainable
+
+    trial = tmp_path / "PPOTrainable_00000"
+    a = trainable()(config={"algo": "ppo", **TINY, "seed": 1})
+    try:
+        for i in range(2):  # Tune's layout: the trial's checkpoint_00000N directories, shoal's checkpoint inside
+            a.step()
+            (trial / f"checkpoint_00000{i}").mkdir(parents=True)
+            a.save_checkpoint(str(trial / f"checkpoint_00000{i}"))
+    finally:
+        a.stop()
+    assert ckpt.resolve_checkpoint(trial, prefer="best") == trial / "checkpoint_000001" / "shoal"  # the latest
+    assert ckpt.resolve_checkpoint(trial / "checkpoint_000000") == trial / "checkpoint_000000" / "shoal"
+    with shoal.load_policy(trial) as policy:
+        actions, _ = policy.predict(np.zeros((3, 4), np.float32))
+    assert actions.shape == (3,)
+    r = invoke("evaluate", trial, "--episodes", 2)
+    assert r.exit_code == 0, r.output
+    assert "over 2 greedy episodes" in flat(r.output)
+
+
 def _wait_until_all_cpus_are_free(timeout_s: float = 60.0) -> None:
     import time
 

@@ -55,6 +55,20 @@ def _neutral_working_dir():
         os.chdir(cwd)
 
 
+@contextlib.contextmanager
+def _quiet_local_auth_note(local: bool):
+    """A new local instance: Ray's warning that it turned token authentication on by default is
+    about its own default, not something the user asked for or can act on here; it is held back."""
+    auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = auth_log.level
+    if local:
+        auth_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        auth_log.setLevel(level)
+
+
 def start(address: str | None = None, num_cpus: int | None = None, **kwargs) -> None:
     """Start a quiet local Ray instance (no dashboard), or connect to ``address``. Idempotent."""
     if ray.is_initialized():
@@ -89,7 +103,7 @@ def start(address: str | None = None, num_cpus: int | None = None, **kwargs) -> 
 
             watchdog = _watchdog = start_watchdog()
         try:
-            with _neutral_working_dir():
+            with _neutral_working_dir(), _quiet_local_auth_note(address is None):
                 ray.init(**init_kwargs)
         except ConnectionError as e:
             raise ResourceError(f"Cannot connect to the Ray cluster at '{address}': {e}") from None

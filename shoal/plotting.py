@@ -1,0 +1,152 @@
+"""Learning curves of run directories: ``shoal plot RUN...`` and each run's ``curves.png``.
+
+A run's curve is one result key (the mean return by default) against env steps, training time
+or iterations, read from its ``results.jsonl``. Runs whose configs differ only in their seed are
+one group: drawn as the mean over the seeds with a band from the lowest to the highest seed, on
+the x range all of them reached (each seed's curve interpolated onto a common grid). A run alone
+is drawn as it is. The file type follows the output's suffix (``.png``, ``.svg`` or ``.pdf``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from shoal.errors import ConfigError
+
+X_AXES = {"env_steps": ("env_steps_sampled", "env steps sampled"),
+          "time": ("time_total_s", "training time (s)"),
+          "iteration": ("iteration", "iteration")}
+SUFFIXES = (".png", ".svg", ".pdf")
+GRID_POINTS = 200
+
+
+@dataclass
+class Group:
+    """Runs of one config (seeds apart): their label and each run's ``(x, y)`` points."""
+
+    label: str
+    runs: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """The run directories ``paths`` name: each a run (it has ``results.jsonl``), or a directory
+    whose subdirectories are runs (e.g. ``runs/``)."""
+    found: list[Path] = []
+    for p in paths:
+        if (p / "results.jsonl").is_file():
+            found.append(p)
+        elif p.is_dir() and (children := sorted(c for c in p.iterdir() if (c / "results.jsonl").is_file())):
+            found.extend(children)
+        else:
+            raise ConfigError(f"'{p}' is not a run directory (it has no results.jsonl) and holds none: give run "
+                              "directories written by `shoal train`, or the directory they are in.")
+    return found
+
+
+def read_curve(run: Path, x_key: str, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, y)`` of ``run``'s results rows that have a finite ``key``."""
+    xs, ys = [], []
+    for line in (run / "results.jsonl").read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        x, y = row.get(x_key), row.get(key)
+        if isinstance(x, (int, float)) and isinstance(y, (int, float)) and math.isfinite(y):
+            xs.append(float(x))
+            ys.append(float(y))
+    return np.asarray(xs), np.asarray(ys)
+
+
+def _numeric_keys(run: Path) -> list[str]:
+    keys: set[str] = set()
+    for line in (run / "results.jsonl").read_text(encoding="utf-8").splitlines()[:50]:
+        if line.strip():
+            keys.update(k for k, v in json.loads(line).items() if isinstance(v, (int, float)))
+    return sorted(keys)
+
+
+def _config_without_seed(run: Path) -> str:
+    """The run's config as text with its seed left out: runs that differ only in the seed agree."""
+    f = run / "config.yaml"
+    if not f.is_file():
+        return str(run)  # a run of its own
+    data = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
+    data.pop("seed", None)
+    return yaml.safe_dump(data, sort_keys=True)
+
+
+def _label(run: Path) -> str:
+    return re.sub(r"_\d{8}-\d{6}(_\d+)?$", "", run.name)  # ppo_CartPole-v1_20261122-101500 -> ppo_CartPole-v1
+
+
+def group_runs(runs: list[Path], x_key: str, key: str, group: bool = True) -> list[Group]:
+    """The curves of ``runs``, one group per config (per run when ``group`` is False)."""
+    groups: dict[str, Group] = {}
+    for run in runs:
+        x, y = read_curve(run, x_key, key)
+        if len(x) == 0:
+            continue
+        ident = _config_without_seed(run) if group else str(run)
+        if ident not in groups:
+            label = _label(run) if group else run.name
+            taken = sum(g.label.split(" (")[0] == label for g in groups.values())
+            groups[ident] = Group(label if not taken else f"{label} (config {taken + 1})")
+        groups[ident].runs.append((x, y))
+    return list(groups.values())
+
+
+def mean_and_band(runs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(grid, mean, low, high)`` of several curves on the x range they all cover."""
+    lo = max(float(x[0]) for x, _ in runs)
+    hi = min(float(x[-1]) for x, _ in runs)
+    grid = np.linspace(lo, hi, GRID_POINTS) if hi > lo else np.asarray([lo])
+    ys = np.stack([np.interp(grid, x, y) for x, y in runs])
+    return grid, ys.mean(axis=0), ys.min(axis=0), ys.max(axis=0)
+
+
+def plot_runs(paths: list[Path], out: Path, x: str = "env_steps", key: str = "episode_return_mean",
+              group: bool = True, title: str | None = None) -> Path:
+    """Draw ``key`` of the runs in ``paths`` against ``x`` into ``out``; returns ``out``."""
+    if x not in X_AXES:
+        raise ConfigError(f"--x {x!r} is not an axis; choose one of {', '.join(X_AXES)}.")
+    out = Path(out)
+    if out.suffix.lower() not in SUFFIXES:
+        raise ConfigError(f"'{out}': the picture's type follows its suffix; use one of {', '.join(SUFFIXES)}.")
+    x_key, x_label = X_AXES[x]
+    runs = find_runs([Path(p) for p in paths])
+    groups = group_runs(runs, x_key, key, group)
+    if not groups:
+        raise ConfigError(f"No run has a finite '{key}' in its results.jsonl. Keys the first run reports: "
+                          f"{', '.join(_numeric_keys(runs[0]))}.")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.2), dpi=110)
+    ax = fig.add_subplot(1, 1, 1)
+    for g in groups:
+        if len(g.runs) == 1:
+            (xs, ys), = g.runs
+            ax.plot(xs, ys, label=g.label)
+        else:
+            grid, mean, low, high = mean_and_band(g.runs)
+            (line,) = ax.plot(grid, mean, label=f"{g.label} ({len(g.runs)} seeds: mean, min-max)")
+            ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(key)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    return out

@@ -1,0 +1,61 @@
+"""Learning curves: ``shoal plot`` over run directories, seeds grouped as a mean and a band."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+from helpers import flat, invoke
+
+from shoal.errors import ConfigError
+from shoal.plotting import group_runs, mean_and_band, plot_runs
+
+
+def fake_run(root, name: str, config: dict, rows: list[tuple[int, float]]):
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(yaml.safe_dump({"algo": "ppo", **config}))
+    (d / "results.jsonl").write_text("".join(
+        json.dumps({"iteration": i + 1, "env_steps_sampled": x, "time_total_s": 2.0 * (i + 1), "episode_return_mean": y})
+        + "\n" for i, (x, y) in enumerate(rows)))
+    return d
+
+
+@pytest.fixture
+def runs(tmp_path):
+    root = tmp_path / "runs"
+    fake_run(root, "ppo_CartPole-v1_20261126-010000", {"env": "CartPole-v1", "lr": 1e-3, "seed": 0}, [(0, 0.0), (10, 10.0)])
+    fake_run(root, "ppo_CartPole-v1_20261126-010100", {"env": "CartPole-v1", "lr": 1e-3, "seed": 1}, [(0, 0.0), (20, 40.0)])
+    fake_run(root, "ppo_CartPole-v1_20261126-010200", {"env": "CartPole-v1", "lr": 1e-4, "seed": 0},
+             [(0, 1.0), (5, float("nan")), (10, 3.0)])
+    return root
+
+
+def test_seeds_of_one_config_are_one_group_and_its_band_is_hand_computed(runs):
+    groups = group_runs(sorted(runs.iterdir()), "env_steps_sampled", "episode_return_mean")
+    assert [(g.label, len(g.runs)) for g in groups] == [("ppo_CartPole-v1", 2), ("ppo_CartPole-v1 (config 2)", 1)]
+    assert groups[1].runs[0][1].tolist() == [1.0, 3.0]  # the NaN row is left out
+    grid, mean, low, high = mean_and_band(groups[0].runs)
+    assert grid[0] == 0 and grid[-1] == 10  # the range both seeds reached
+    i = int(np.argmin(abs(grid - 5.0)))
+    x = grid[i]  # seed 0: y = x; seed 1: y = 2x
+    assert mean[i] == pytest.approx(1.5 * x) and low[i] == pytest.approx(x) and high[i] == pytest.approx(2 * x)
+    assert len(group_runs(sorted(runs.iterdir()), "env_steps_sampled", "episode_return_mean", group=False)) == 3
+
+
+def test_plot_writes_png_and_svg_and_refuses_bad_inputs(runs, tmp_path):
+    png = plot_runs([runs], tmp_path / "c.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = invoke("plot", runs, "--x", "time", "-o", tmp_path / "c.svg", "--title", "two configs")
+    assert r.exit_code == 0, r.output
+    assert "<svg" in (tmp_path / "c.svg").read_text() and "Curves:" in r.output
+    r = invoke("plot", runs, "--x", "frames", "-o", tmp_path / "x.png")
+    assert r.exit_code == 2 and "env_steps, time, iteration" in flat(r.output)
+    r = invoke("plot", runs, "--key", "episode_reward_mean", "-o", tmp_path / "x.png")
+    assert r.exit_code == 2 and "episode_return_mean" in flat(r.output)  # the keys it does have
+    r = invoke("plot", runs, "-o", tmp_path / "x.jpg")
+    assert r.exit_code == 2 and ".png, .svg, .pdf" in flat(r.output)
+    with pytest.raises(ConfigError, match="not a run directory"):
+        plot_runs([tmp_path / "nothing"], tmp_path / "x.png")
