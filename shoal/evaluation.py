@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -100,6 +101,9 @@ def _make_eval_env(cfg, render_mode: str | None):
     if render_mode != "rgb_array":
         kwargs = {"render_mode": render_mode} if render_mode else {}
         return make_env(cfg.env, cfg.env_config, preprocessing=cfg.env_preprocessing, **kwargs)
+    # Frames drawn off screen need no display: pygame's dummy video driver, so SDL does not look
+    # for one (and print "XDG_RUNTIME_DIR is invalid or not set" where there is none).
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     try:
         env = make_env(cfg.env, cfg.env_config, preprocessing=cfg.env_preprocessing, render_mode="rgb_array")
     except EnvError as e:

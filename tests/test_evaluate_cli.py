@@ -185,6 +185,18 @@ def test_video_frames_stream_to_the_file_and_stop_at_the_length_cap(tmp_path):
     assert "15 frames" in text and "cut at --video-length 15" in text and "episode 3/3" in text
 
 
+def test_recording_a_video_prints_nothing_about_a_display(tmp_path):
+    import os
+    import subprocess
+
+    path = untrained(tmp_path, "cart", env="CartPole-v1")
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "SDL_VIDEODRIVER", "DISPLAY")}
+    p = subprocess.run([sys.executable, "-m", "shoal", "evaluate", path, "-n", "1", "--video", str(tmp_path / "c.mp4"),
+                        "--video-length", "5"], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr
+    assert "XDG_RUNTIME_DIR" not in p.stderr + p.stdout and "5 frames" in p.stdout, p.stderr
+
+
 def test_video_errors_name_the_cause(tmp_path, monkeypatch):
     path = untrained(tmp_path, "cue", env="shoal.envs.memory:RememberCue")
     r = invoke("evaluate", path, "-n", 1, "--video", tmp_path / "x.mp4")
