@@ -727,7 +727,7 @@ def format_validation_error(model: type[BaseModel], err: ValidationError) -> str
     """One paragraph: each unknown key once (with a close match when there is one), the valid
     keys of each section once, then the other errors."""
     name = model.__name__
-    unknown: dict[str, list[tuple[str, str]]] = {}  # section prefix ("" at the top) -> (unknown key, hint)
+    unknown: dict[str, tuple[Any, list[tuple[str, str]]]] = {}  # section prefix -> (its model, [(unknown key, hint)])
     lines = []
     for e in err.errors():
         loc = tuple(e.get("loc", ()))
@@ -742,7 +742,7 @@ def format_validation_error(model: type[BaseModel], err: ValidationError) -> str
                 hint = f"Did you mean '{(prefix + '.' if prefix else '') + close[0]}'?"
             elif anywhere:
                 hint = f"It exists as '{anywhere[0]}'."
-            unknown.setdefault(prefix, []).append((dotted, hint))
+            unknown.setdefault(prefix, (sub, []))[1].append((dotted, hint))
         elif e["type"] == "missing":
             lines.append(f"Missing required config key '{dotted}'.")
         else:
@@ -751,8 +751,7 @@ def format_validation_error(model: type[BaseModel], err: ValidationError) -> str
             got_s = f" (got {got!r})" if dotted and (not isinstance(got, (dict, list)) or len(repr(got)) < 80) else ""
             msg = e.get("msg", "invalid value").removeprefix("Value error, ")
             lines.append(f"Config key '{dotted}': {msg}{got_s}." if dotted else f"{msg}.")
-    for prefix, keys in unknown.items():
-        sub, _ = _fields_of(model, (*prefix.split("."), "x") if prefix else ("x",))
+    for prefix, (sub, keys) in unknown.items():
         where = f"section '{prefix}'" if prefix else name
         valid = ", ".join(used_keys(sub)) if sub else ""
         if len(keys) == 1:

@@ -2,7 +2,7 @@
 
 - :func:`select_checkpoint`: ``best``, ``last`` or a named checkpoint of a run directory.
 - :func:`play_episodes`: single-agent episodes with :meth:`Algorithm.predict`, greedy or
-  sampled, optionally recording the first few as RGB frames for :func:`write_video`.
+  sampled, optionally recording the first few as RGB frames to a :class:`VideoWriter`.
 - :func:`play_games`: a game checkpoint's main policy against ``random``, ``heuristic`` (the
   scripted players of :mod:`shoal.envs.multi_agent`) or another checkpoint's main policy, for
   two-player PettingZoo envs trained by a multi-agent algorithm or the AlphaStar league.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -229,14 +229,6 @@ class VideoWriter:
         self.close()
 
 
-def write_video(frames: Iterable[np.ndarray], path: str | Path, fps: float) -> Path:
-    """Write RGB frames to ``path`` (mp4, gif, ... by its suffix) with imageio."""
-    with VideoWriter(path, fps) as writer:
-        for f in frames:
-            writer.add(f)
-    return Path(path)
-
-
 # ---- games ------------------------------------------------------------------------------------
 def is_game(algo) -> bool:
     """Whether ``algo`` plays a multi-agent (PettingZoo) env: a league or a multi-agent algorithm."""
@@ -316,4 +308,4 @@ def report(checkpoint: Path, algo, returns: list[float], lengths: list[float], d
 
 
 __all__ = ["CHECKPOINT_CHOICES", "Episodes", "SCRIPTED_OPPONENTS", "agents_of", "is_game", "load_for_evaluation",
-           "main_policy", "play_episodes", "play_games", "report", "select_checkpoint", "write_video"]
+           "main_policy", "play_episodes", "play_games", "report", "select_checkpoint", "VideoWriter"]

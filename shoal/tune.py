@@ -18,8 +18,6 @@ from typing import Any
 from shoal.checkpoint import TUNE_CHECKPOINT_NAME
 from shoal.errors import ConfigError
 
-CHECKPOINT_NAME = TUNE_CHECKPOINT_NAME  # the shoal checkpoint directory inside a Tune checkpoint directory
-
 
 def _tune():
     from shoal.runtime.tune_api import tune_module
@@ -86,11 +84,11 @@ def _make_trainable():
             return self.algo.train()
 
         def save_checkpoint(self, checkpoint_dir: str) -> str:
-            self.algo.save(Path(checkpoint_dir) / CHECKPOINT_NAME)  # atomic: state.pt + meta.json, renamed in
+            self.algo.save(Path(checkpoint_dir) / TUNE_CHECKPOINT_NAME)  # atomic: state.pt + meta.json, renamed in
             return checkpoint_dir
 
         def load_checkpoint(self, checkpoint_dir: str) -> None:
-            self.algo.restore(Path(checkpoint_dir) / CHECKPOINT_NAME)
+            self.algo.restore(Path(checkpoint_dir) / TUNE_CHECKPOINT_NAME)
             # PBT restores another trial's checkpoint (its optimizer holds that trial's lr), then this
             # trial's (perturbed) values apply.
             self.algo.update_config(self._mutable_values(self.algo.config.to_dict()))

@@ -299,6 +299,9 @@ class DQN(Algorithm):
         self.policies = self.build_policies(QPolicyLearner)
         self.learner, self.target = self.policies.only.learner, q_target(self.policies)
         self.replay = make_replay(cfg, cfg.replay_capacity, cfg.seed)
+        points = cfg.epsilon_schedule()
+        assert points is not None, "DQN anneals one epsilon"
+        self.epsilon = PiecewiseSchedule(points)  # what the rollout actors explore with, by env steps sampled
         self._update_credit = 0.0
         postprocess = functools.partial(n_step_postprocess, n_step=cfg.n_step, gamma=cfg.gamma,
                                         priorities=cfg.worker_side_prioritization and cfg.prioritized_replay)
@@ -341,13 +344,7 @@ class DQN(Algorithm):
             self.env_runners.foreach("set_global_vars", {"env_steps": sampled}, wait=False)
             self.broadcast_weights()
         return {**{f"learner/{k}": v for k, v in stats.items()}, "replay_size": self.replay.stats()["size"],
-                "num_target_updates": self.target.num_updates, "epsilon": self.epsilon(sampled)}
-
-    def epsilon(self, env_steps: float) -> float:
-        """The exploration epsilon the rollout actors use after ``env_steps`` sampled steps."""
-        points = self.config.epsilon_schedule()
-        assert points is not None, "DQN anneals one epsilon"
-        return float(PiecewiseSchedule(points)(env_steps))
+                "num_target_updates": self.target.num_updates, "epsilon": float(self.epsilon(sampled))}
 
     def get_state(self) -> dict[str, Any]:
         state = super().get_state()  # the policy's learner and target, at the top as before
