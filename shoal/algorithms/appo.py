@@ -19,8 +19,10 @@ The design, kept simple:
 - Values come from the current network and regress onto the V-trace targets.
 - Optional KL term ``kl_coeff * KL(pi_target || pi)``; the coefficient
   (:class:`~shoal.learn.target.AdaptiveKL`) moves towards ``kl_target`` in the driver's
-  post-update phase of ``training_step``, after a learner result in which the target network
-  refreshed: the KL against the target spans its whole period only then.
+  post-update phase of ``training_step``, once per target refresh, on the KL the period's last
+  update measured against the target (``learner/period_kl``): the policy's movement over a
+  target period, which is what the penalty holds near ``kl_target``. A result's mean KL would
+  not do: it averages updates right after a refresh, where the KL is 0.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from shoal.algorithms.config_groups import (
     LearnerThreadKeys,
     MultiAgentKeys,
     VTraceKeys,
+    check_kl_against_target,
     check_learner_thread,
     check_multi_agent,
     check_whole_sequences,
@@ -70,6 +73,7 @@ class APPOConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, L
     def _check_appo(self):
         check_whole_sequences(self)
         check_learner_thread(self)
+        check_kl_against_target(self)
         check_multi_agent(self, ASYNC_PER_RUN_KEYS)
         return self
 
@@ -195,5 +199,5 @@ class APPO(AsyncAlgorithm):
                 p.broadcast_done()
                 self.broadcast_weights()
         p.check()
-        now = {pid: {"lr": pl.learner.lr, "kl_coeff": pl.kl.coeff} for pid, pl in self.policies}
+        now = {pid: {"lr": pl.learner.lr, **pl.kl_stats()} for pid, pl in self.policies}
         return {**p.metrics(), **self.policies.result_keys(now)}

@@ -124,6 +124,14 @@ def check_whole_sequences(cfg) -> None:
                          f"({T}): the learner trains on whole sequences")
 
 
+def check_kl_against_target(cfg) -> None:
+    """A KL penalty against a target network needs the target to lag the policy."""
+    if cfg.use_kl_loss and cfg.target_update_frequency < 2:
+        raise ValueError("use_kl_loss penalizes KL(target || policy), but target_update_frequency is 1: the target is "
+                         "refreshed after every update, so the KL the loss sees is always 0 and the penalty does "
+                         "nothing. Set target_update_frequency to 2 or more, or use_kl_loss to false")
+
+
 def check_learner_thread(cfg) -> None:
     """The learner devices exist and split the batch evenly; each thread's own keys only."""
     T, n, gpus = cfg.fragment_length(), cfg.num_devices(), cfg.resources.num_gpus

@@ -173,6 +173,11 @@ class Learner:
                 f"(lr {self.lr:g}), NaN or inf in observations or rewards, or a loss that divides by zero. "
                 f"max_nonfinite_updates={self.max_nonfinite_updates} sets how many in a row stop the run.")
 
+    @property
+    def last_stats(self) -> dict:
+        """The loss terms of the latest minibatch (tensors), e.g. for a post-update hook."""
+        return self._last_stats
+
     def add_post_update_hook(self, hook: Callable[[int], Any]) -> None:
         """Call ``hook(rows)`` after every optimizer step, in the thread that learns (e.g.
         :meth:`TargetNetwork.post_update <shoal.learn.target.TargetNetwork.post_update>`)."""

@@ -9,6 +9,7 @@ shard slot; both add only how their batches arrive (GAE in the learner, a replay
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
@@ -52,9 +53,14 @@ class PolicyLearner:
         self.learner = learner_cls(module, make_loss(config, target=self.target, kl=self.kl), lr=config.lr,
                                    grad_clip=config.grad_clip, lr_schedule=config.lr_schedule,
                                    max_nonfinite_updates=config.max_nonfinite_updates, device=device, **learner_kwargs)
+        # KL(target || policy) measured by the loss at each update that completes a target period:
+        # appended by the learning thread, consumed by ``after_update``
+        self._period_kls: deque[float] = deque()
+        self.period_kl: Optional[float] = None  # their mean over the latest result that had any
         if self.target is not None:  # refreshed right after the optimizer step that reaches the period
+            if self.kl.enabled:  # runs first: reads the period's last KL before the refresh
+                self.learner.add_post_update_hook(self._record_period_kl)
             self.learner.add_post_update_hook(self.target.post_update)
-        self._refreshes_seen: Optional[int] = 0  # target refreshes when the KL coefficient last moved
 
     def update(self, batch: Batch, num_epochs: int, minibatch_size: int, rng: np.random.Generator, *,
                sequence_length: int = 1) -> dict[str, Any]:
@@ -63,19 +69,43 @@ class PolicyLearner:
         self.after_update(stats)
         return stats
 
+    def _record_period_kl(self, rows: int) -> None:
+        """Post-update hook, before the target's: when this update completes a target period, keep
+        the KL between the target and the policy that its loss measured (the policy's movement
+        over the period's updates before this one)."""
+        target = self.target
+        assert target is not None
+        if target.since_update + 1 >= target.period:
+            kl = self.learner.last_stats.get("kl")
+            if kl is not None:
+                self._period_kls.append(float(kl))
+
     def after_update(self, stats: dict[str, Any]) -> None:
         """The post-update phase, once per learner result: the KL coefficient moves towards its target.
 
-        With a target network (APPO) the KL is measured against the target, so it only spans the
-        updates since its last refresh and is small right after one. The coefficient then moves
-        only in a result in which the target was refreshed: that result's KL spans the target's
-        whole period, the step size the penalty is meant to hold near ``kl_target``."""
-        if self.kl.enabled and "kl" in stats:
-            refreshes = self.target.num_updates if self.target is not None else None
-            if refreshes is None or refreshes != self._refreshes_seen:
-                self.kl.update(stats["kl"])
-                self._refreshes_seen = refreshes
+        Without a target network (PPO) the result's mean KL between the sampling policy and the
+        updated one drives it. With one (APPO, AlphaStar) the loss measures the KL against the
+        target, which is 0 right after each refresh, so a result's mean KL says little about
+        the step size; the coefficient moves once per target refresh instead, on the KL the last
+        update of the period measured (the span the penalty is meant to hold near ``kl_target``),
+        reported as ``period_kl``."""
+        if self.kl.enabled and self.target is None and "kl" in stats:
+            self.kl.update(stats["kl"])
+        elif self.kl.enabled:
+            kls = [self._period_kls.popleft() for _ in range(len(self._period_kls))]
+            for kl in kls:
+                self.kl.update(kl)
+            if kls:
+                self.period_kl = float(np.mean(kls))
+                stats["period_kl"] = self.period_kl
         stats["kl_coeff"] = self.kl.coeff
+
+    def kl_stats(self) -> dict[str, float]:
+        """``kl_coeff``, and with a target network and the penalty on, the latest ``period_kl``."""
+        out = {"kl_coeff": self.kl.coeff}
+        if self.period_kl is not None:
+            out["period_kl"] = self.period_kl
+        return out
 
     def apply_config(self, config, *, set_lr: bool = True) -> None:
         """A changed config (``update_config``): a rebuilt loss record (one attribute store, so a

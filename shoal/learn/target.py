@@ -110,11 +110,12 @@ def update_kl_coeff(kl_coeff: float, kl: float, kl_target: float) -> float:
 
 class AdaptiveKL:
     """The KL penalty coefficient: ``coeff`` (0 when the penalty is off), adapted by ``update(kl)``
-    and kept at most ``MAX_COEFF``, so a run of large KLs cannot take it where the penalty swamps
-    the loss. There is no floor: on APPO's CartPole preset (KL over a target period ~1e-6, against
-    a target of 0.01) a floor of 1e-4 was followed by a collapse to a deterministic policy, where
-    the unfloored coefficient decayed towards 0 and the run learned."""
+    and kept within [``MIN_COEFF``, ``MAX_COEFF``]: the cap keeps a run of large KLs from taking
+    it where the penalty swamps the loss, the floor keeps a long run of small KLs from taking it
+    so near 0 that it could not come back when the KL grows (from 1e-6, 34 measurements above
+    twice the target bring it back to 1)."""
 
+    MIN_COEFF = 1e-6
     MAX_COEFF = 1e4
 
     def __init__(self, coeff: float, target: float, enabled: bool = True) -> None:
@@ -123,9 +124,10 @@ class AdaptiveKL:
         self.enabled = enabled
 
     def update(self, kl: float) -> float:
-        """Once per learner result: move ``coeff`` towards ``target`` (no-op when disabled)."""
+        """Move ``coeff`` towards ``target`` after one measured KL (no-op when disabled)."""
         if self.enabled:  # one float assignment: thread-safe
-            self.coeff = min(self.MAX_COEFF, update_kl_coeff(self.coeff, float(kl), self.target))
+            coeff = update_kl_coeff(self.coeff, float(kl), self.target)
+            self.coeff = min(self.MAX_COEFF, max(self.MIN_COEFF, coeff))
         return self.coeff
 
     def get_state(self) -> dict[str, float]:
