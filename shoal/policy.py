@@ -57,7 +57,8 @@ def load_policy(path: str | Path, trust: bool = False, overrides: dict[str, Any]
     ``trust=True`` imports the code the checkpoint's config names (an env factory, a custom model)
     even when the checkpoint is not signed with your key, i.e. was not written by you on this
     machine; leave it False for a run directory from elsewhere (see :mod:`shoal.trust`)."""
-    from shoal.algorithms.base import checkpoint_config_data, describe_gym_env, saved_norm_stats
+    from shoal.algorithms.checkpointing import checkpoint_config_data, saved_norm_stats
+    from shoal.algorithms.env_checks import describe_gym_env
     from shoal.trust import import_gate
 
     path = ckpt.resolve_checkpoint(path, prefer="best")

@@ -98,3 +98,27 @@ def test_the_base_layers_import_nothing_above_them():
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def _function_lengths() -> list[tuple[int, str, str]]:
+    """``(lines, "path:line", name)`` of every function and method in the package."""
+    out = []
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out.append((node.end_lineno - node.lineno + 1, f"{path.relative_to(ROOT)}:{node.lineno}", node.name))
+    return out
+
+
+def test_no_function_is_longer_than_a_screen():
+    """60 lines at most (docstring included): longer ones are split into named steps."""
+    lengths = _function_lengths()
+    assert len(lengths) > 500  # the walk found the package
+    assert [f for f in lengths if f[0] > 60] == []
+
+
+def test_every_training_step_reads_on_one_screen():
+    """An algorithm's whole step (sample -> learn per policy -> post-update -> sync) in <= 35 lines."""
+    steps = [f for f in _function_lengths() if f[2] == "training_step" and "algorithms/base.py" not in f[1]]
+    assert len(steps) >= 7, steps  # PPO, DQN, IMPALA, APPO, Ape-X, DD-PPO, AlphaStar
+    assert [f for f in steps if f[0] > 35] == []

@@ -6,9 +6,7 @@ visible execution plan) plus ``get_state``/``set_state`` for anything they add.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import math
 import random
 import time
 from pathlib import Path
@@ -19,41 +17,26 @@ import torch
 
 from shoal import checkpoint as ckpt
 from shoal.algorithms import multi_agent
+from shoal.algorithms.checkpointing import checkpoint_meta, rebuild, restore_into, saved_norm_stats
+from shoal.algorithms.config_changes import apply_config_changes
+from shoal.algorithms.env_checks import describe_gym_env, describe_within_time_limit, naming_env, normalization_stats
 from shoal.algorithms.evaluator import Evaluator
+from shoal.algorithms.inference import DriverPredictor
 from shoal.algorithms.multi_agent import Agents
 from shoal.algorithms.policies import BuildLearner, PolicySet
+from shoal.algorithms.rollout_group import base_resource_plan, rollout_group
 from shoal.callbacks import Callbacks, aggregate_custom, build_callbacks
-from shoal.config import AlgorithmConfig, env_spec_to_str
-from shoal.envs import env_info
-from shoal.envs.atari import check_preprocessing_applies
-from shoal.envs.make import check_env_memory
-from shoal.envs.normalize import RunningStats, check_normalize_applies
-from shoal.errors import CheckpointError, ConfigError, DivergenceError, EnvError
-from shoal.learn.losses import LossRecord
+from shoal.config import AlgorithmConfig
+from shoal.errors import CheckpointError, ConfigError, DivergenceError
 from shoal.logging.metrics import EpisodeWindow, Timers
-from shoal.models.catalog import check_model_size
 from shoal.process import configure_process
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
-from shoal.rollout.multi_agent import MultiAgentEnvRunner, MultiAgentRolloutMetrics, PolicyReturnWindows
-from shoal.rollout.policies import predict_actions
-from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
+from shoal.rollout.multi_agent import MultiAgentRolloutMetrics, PolicyReturnWindows
+from shoal.runtime import ActorResources
 from shoal.runtime.deadline import DeadlineReached
-from shoal.runtime.placement import DRIVER, BundleGroup, RunPlacement
-from shoal.runtime.signals import time_limit
+from shoal.runtime.placement import BundleGroup, RunPlacement
 
 COUNTERS = ("env_steps_sampled", "env_steps_trained", "time_total_s", "num_env_failures", "agent_steps_sampled")
-
-
-@contextlib.contextmanager
-def _naming_env(config: AlgorithmConfig):
-    """A ConfigError or EnvError about the env's spaces names the env when it does not already."""
-    try:
-        yield
-    except (ConfigError, EnvError) as e:
-        name = env_spec_to_str(config.env)
-        if type(e) not in (ConfigError, EnvError) or name in str(e) or "space" not in str(e):
-            raise
-        raise type(e)(f"With env '{name}': {e}") from None
 
 
 def _reports_to_callbacks(train):
@@ -73,36 +56,6 @@ def _reports_to_callbacks(train):
 
     wrapper.reports_to_callbacks = True
     return wrapper
-
-
-def describe_gym_env(config) -> Any:
-    """A single-agent config's env: its spaces and spec facts, after checking that its
-    preprocessing applies (what an algorithm and ``shoal.load_policy`` both read)."""
-    check_preprocessing_applies(config.env, config.env_preprocessing)
-    return env_info(config.env, config.env_config, config.env_preprocessing)
-
-
-def saved_norm_stats(state: dict[str, Any]) -> RunningStats:
-    """The normalization statistics a checkpoint's state holds, for a config with ``normalize`` on."""
-    if "normalize" not in state:
-        raise CheckpointError("This checkpoint holds no normalization statistics, but the config sets "
-                              "normalize.obs or normalize.reward: it was written without them.")
-    return RunningStats.from_state(state["normalize"])
-
-
-def checkpoint_config_data(path: Path, given: dict[str, Any], trust: bool):
-    """``(config class, meta, config data, approved import paths)`` to rebuild checkpoint ``path``
-    with the caller's ``given`` keys merged into its saved config; raises UntrustedCodeError when
-    that config names code nobody vouched for (:func:`shoal.trust.check_checkpoint_code`)."""
-    from shoal.algorithms import get_config_class
-    from shoal.config import deep_merge
-    from shoal.trust import check_checkpoint_code
-
-    meta = ckpt.read_run_meta(path)
-    config_cls = get_config_class(meta["algo"])
-    # keys declared unused since the checkpoint was written never had an effect: drop them
-    data = deep_merge(config_cls.without_unused(meta["config"]), given)
-    return config_cls, meta, data, check_checkpoint_code(f"Checkpoint '{path}'", meta, data, given, trust)
 
 
 class Algorithm:
@@ -126,7 +79,7 @@ class Algorithm:
     """The inference policy rollout actors, evaluation and ``predict`` build
     (``policy_cls(obs_space, action_space, config, seed)``); None for an algorithm without a
     single-agent policy (the league, the multi-agent form)."""
-    best_metric_mode: ClassVar[str] = "max"
+    best_metric_mode: str = "max"
     """``"max"``: higher values of ``best_metric`` are better; ``"min"``: lower ones (e.g. a
     time to reach a goal)."""
 
@@ -151,16 +104,8 @@ class Algorithm:
         self.agents: Agents | None = None  # a multi_agent section's env: its agents and their spaces
         self.policies: PolicySet | None = None  # what setup() builds, for the algorithms that train by policy
         self.policy_returns = PolicyReturnWindows(100)  # per policy, with a multi_agent section
-        limit = config.resources.request_timeout_s
-        with _naming_env(config), time_limit(limit, lambda: EnvError(
-                f"Building env {config.env_name()!r} in the driver (to read its spaces) did not finish within "
-                f"resources.request_timeout_s={limit:g} s: its constructor hangs (waiting on a file, a server, a "
-                "licence?). Fix the env, or raise resources.request_timeout_s if it is only slow.")):
-            self.env_info = self.describe_env()  # fails early on a bad env
-        obs_space = getattr(self.env_info, "observation_space", None)
-        check_env_memory(config, obs_space)  # before any env vector is built
-        check_model_size(getattr(config, "model", None), obs_space)  # before any layer is allocated
-        self.norm_stats = self._normalization_stats()  # merged from the rollout actors (normalize section)
+        self.env_info = describe_within_time_limit(config, self.describe_env)  # fails early on a bad env
+        self.norm_stats = normalization_stats(config, self.env_info, self.is_multi_agent)  # merged from the actors
         self.iteration = 0
         self.counters: dict[str, float] = {k: 0 for k in COUNTERS}
         self.episodes = EpisodeWindow(100)
@@ -169,10 +114,11 @@ class Algorithm:
         self.timers = Timers()
         self.env_runners: Any = None  # the rollout actor group (LazyActorGroup), made by setup()
         self.evaluator = Evaluator(self)
+        self._predictor = DriverPredictor(self)
         self._weights_ref = None  # the last broadcast, replayed on recreated rollout actors
         self.placement = RunPlacement(self.resource_plan(config), what=f"This {config.algo} run",
                                       wait_s=config.resources.resource_wait_s)
-        with _naming_env(config):
+        with naming_env(config):
             self.setup()
 
     # ---- for subclasses -------------------------------------------------------------------
@@ -188,19 +134,6 @@ class Algorithm:
             self.agents = Agents.describe(self.config)
             return self.agents.env_info()
         return describe_gym_env(self.config)
-
-    def _normalization_stats(self) -> RunningStats | None:
-        """Empty running statistics for the ``normalize`` section, or None when it is off."""
-        if not self.config.normalize.enabled():
-            return None
-        if self.is_multi_agent:
-            raise ConfigError(f"normalize is not supported with a multi_agent section ({self.config.algo}): each "
-                              "policy sees its own observations. Leave normalize.obs and normalize.reward false.")
-        from shoal.spaces import preprocess_obs
-
-        space = self.env_info.observation_space
-        check_normalize_applies(self.config, space)
-        return RunningStats.for_config(self.config, preprocess_obs(space, space.sample()[None]).shape[1:])
 
     def setup(self) -> None:
         raise NotImplementedError
@@ -222,15 +155,7 @@ class Algorithm:
         (a Tune trial asks for the driver's bundle too, as its head). A subclass adds its own
         groups (Ape-X: replay shards); with ``num_workers=0`` nothing remote is planned.
         """
-        res = config.resources
-        plan = [BundleGroup(DRIVER, 1, 1.0, getattr(res, "num_gpus", 0.0))]
-        spread = res.worker_placement == "SPREAD"  # over the nodes: the run's placement group becomes SPREAD
-        if res.num_workers > 0:
-            plan.append(BundleGroup("rollout actor", res.num_workers, res.num_cpus_per_worker, spread=spread))
-        if config.evaluation.evaluation_num_workers > 0:  # remote even when rollouts are not
-            plan.append(BundleGroup("evaluation actor", config.evaluation.evaluation_num_workers, res.num_cpus_per_worker,
-                                    spread=spread))
-        return plan
+        return base_resource_plan(config)
 
     def actor_resources(self, name: str, **changes: Any) -> ActorResources:
         """What each actor of the planned group ``name`` reserves: its bundles in the run's placement
@@ -268,25 +193,8 @@ class Algorithm:
         so an algorithm restored only to evaluate or save starts neither; they start with the
         latest weights broadcast and the state ``on_restart`` gives a recreated actor.
         """
-        res = self.config.resources
-        remote = res.num_workers > 0
-        n, first = max(res.num_workers, 1), 1 if remote else 0
-
-        def ctor(i: int):
-            if self.is_multi_agent:
-                return self.multi_agent_runner_args(i)
-            return (self.config, i, policy_cls, postprocess, fragment_length), {}
-
-        if self.is_multi_agent:  # the env kind picks the runner: sequences per policy
-            runner_cls = MultiAgentEnvRunner
-        group = LazyActorGroup(lambda: make_actor_group(
-            runner_cls, n, ctor, remote=remote,
-            resources=self.actor_resources("rollout actor") if remote else ActorResources.of_workers(res),
-            max_in_flight=max_in_flight, name="rollout actor", first_index=first, about=f"env {self.config.env_name()}",
-        ), n, first_index=first, max_in_flight=max_in_flight)
-        group.on_restart = lambda: ([("set_weights", (self._weights_ref,))] if self._weights_ref is not None else []) \
-            + self.normalizer_calls() + self.restart_calls()
-        return group
+        return rollout_group(self, policy_cls, postprocess, fragment_length, max_in_flight=max_in_flight,
+                             runner_cls=runner_cls)
 
     def multi_agent_runner_args(self, index: int):
         """A multi-agent rollout actor's ``(args, kwargs)``: every policy with its current weights."""
@@ -385,27 +293,8 @@ class Algorithm:
                 break
         self.iteration += 1
         self.counters["time_total_s"] += elapsed
-        sampled = self.counters["env_steps_sampled"] - sampled0
-        result: dict[str, Any] = {
-            "iteration": self.iteration,
-            "env_steps_sampled": int(self.counters["env_steps_sampled"]),
-            "env_steps_trained": int(self.counters["env_steps_trained"]),
-            **self.episodes.metrics(),
-            "time_this_iter_s": elapsed,
-            "time_total_s": self.counters["time_total_s"],
-            "env_steps_per_s": sampled / elapsed if elapsed > 0 else 0.0,
-            "env_steps_trained_per_s": (self.counters["env_steps_trained"] - trained0) / elapsed if elapsed > 0 else 0.0,
-            "num_worker_restarts": self.env_runners.num_restarts if self.env_runners is not None else 0,
-            "num_worker_timeouts": self.env_runners.num_timeouts if self.env_runners is not None else 0,
-            "num_dropped_requests": self.env_runners.num_dropped_requests if self.env_runners is not None else 0,
-            "num_nonfinite_updates_skipped": self.nonfinite_updates_skipped(),
-            "num_env_failures": int(self.counters["num_env_failures"]),
-            **step_metrics,
-            **self.timers.report(),
-            **aggregate_custom(self.custom_metrics),
-            **({**self.policy_returns.metrics(), "agent_steps_sampled": int(self.counters["agent_steps_sampled"])}
-               if self.is_multi_agent else {}),
-        }
+        result = self._iteration_result(elapsed, self.counters["env_steps_sampled"] - sampled0,
+                                        self.counters["env_steps_trained"] - trained0, step_metrics)
         self.custom_metrics = []
         ev = cfg.evaluation
         if ev.evaluation_interval and self.iteration % ev.evaluation_interval == 0:
@@ -414,6 +303,32 @@ class Algorithm:
             result.update({f"evaluation/{k}": v for k, v in evaluation.items()})
         result["num_eval_worker_restarts"] = self.evaluator.num_restarts
         return result
+
+    def _iteration_result(self, elapsed: float, sampled: float, trained: float, step_metrics: dict[str, Any]
+                          ) -> dict[str, Any]:
+        """The result of the iteration that just ended: counters, episode figures, rates, actor
+        faults, the training step's metrics, phase timers, custom metrics, per-policy returns."""
+        groups = self.env_runners
+        return {
+            "iteration": self.iteration,
+            "env_steps_sampled": int(self.counters["env_steps_sampled"]),
+            "env_steps_trained": int(self.counters["env_steps_trained"]),
+            **self.episodes.metrics(),
+            "time_this_iter_s": elapsed,
+            "time_total_s": self.counters["time_total_s"],
+            "env_steps_per_s": sampled / elapsed if elapsed > 0 else 0.0,
+            "env_steps_trained_per_s": trained / elapsed if elapsed > 0 else 0.0,
+            "num_worker_restarts": groups.num_restarts if groups is not None else 0,
+            "num_worker_timeouts": groups.num_timeouts if groups is not None else 0,
+            "num_dropped_requests": groups.num_dropped_requests if groups is not None else 0,
+            "num_nonfinite_updates_skipped": self.nonfinite_updates_skipped(),
+            "num_env_failures": int(self.counters["num_env_failures"]),
+            **step_metrics,
+            **self.timers.report(),
+            **aggregate_custom(self.custom_metrics),
+            **({**self.policy_returns.metrics(), "agent_steps_sampled": int(self.counters["agent_steps_sampled"])}
+               if self.is_multi_agent else {}),
+        }
 
     # ---- changing the config mid-run ------------------------------------------------------
     def update_config(self, changes: dict[str, Any]) -> None:
@@ -425,27 +340,7 @@ class Algorithm:
         ``grad_clip`` at once, an adaptive KL penalty its new ``kl_target``. Any other key is a ConfigError
         naming the keys that may change (what Tune's PBT may perturb).
         """
-        allowed = type(self.config).mutable_keys
-        bad = sorted(set(changes) - allowed)
-        if bad:
-            raise ConfigError(
-                f"{self.config.algo} cannot change {', '.join(map(repr, bad))} mid-run (it shapes buffers, actors or the "
-                f"network, or lives in another process); keys that can change: {', '.join(sorted(allowed)) or 'none'}.")
-        if "lr" in changes and self.config.lr_schedule:
-            raise ConfigError("lr cannot change mid-run while lr_schedule is set: the schedule decides the learning rate.")
-        checked = self.config.copy_with(dict(changes))  # validates the values (a ConfigError names a bad one)
-        for key in changes:
-            setattr(self.config, key, getattr(checked, key))  # in place: config.yaml and Tune read this one
-        if self.policies is not None:
-            self.policies.apply_config(self.config, changes)
-            return
-        learner = getattr(self, "learner", None)
-        if learner is not None:
-            if isinstance(learner.loss_fn, LossRecord):  # one attribute store: never a half-changed loss
-                learner.loss_fn = learner.loss_fn.with_config(self.config)
-            learner.grad_clip = self.config.grad_clip
-            if "lr" in changes:
-                learner.set_lr(self.config.lr)
+        apply_config_changes(self, changes)
 
     # ---- inference ----------------------------------------------------------------------
     def predict(self, obs, state: np.ndarray | None = None, episode_start: np.ndarray | None = None,
@@ -459,17 +354,7 @@ class Algorithm:
         training does at the current step: from the action distribution, or epsilon-greedy with
         the epsilon a DQN schedule gives after the env steps sampled so far.
         """
-        if self.policy_cls is None or self.is_multi_agent:
-            raise ConfigError(f"{type(self).__name__}.predict serves single-agent policies; this run has none "
-                              "(a multi_agent section or a league)")
-        space = self.env_info.observation_space
-        if getattr(self, "_predict_policy", None) is None:
-            self._predict_policy = self.policy_cls(space, self.env_info.action_space, self.config, self.config.seed)
-        policy = self._predict_policy
-        policy.on_global_vars({"env_steps": int(self.counters["env_steps_sampled"])})  # e.g. DQN's epsilon now
-        policy.set_weights(self.get_weights())
-        return predict_actions(policy, space, obs, state, episode_start, deterministic, self.norm_stats,
-                               self.config.normalize)
+        return self._predictor(obs, state, episode_start, deterministic)
 
     @classmethod
     def policy_weights(cls, state: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -517,19 +402,8 @@ class Algorithm:
             self.evaluator.send_normalizer()
 
     def checkpoint_meta(self, **extra: Any) -> dict[str, Any]:
-        """meta.json content: what rebuilds the algorithm (algo, config) plus readable facts.
-
-        The facts include every figure a stop criterion reads, so ``shoal resume`` can tell a
-        criterion already met without building the algorithm (or starting its actors).
-        """
-        from shoal import __version__
-
-        ret = self.episodes.metrics()["episode_return_mean"]
-        return {"algo": self.config.algo, "shoal_version": __version__, "iteration": self.iteration,
-                "env_steps_sampled": int(self.counters["env_steps_sampled"]),
-                "time_total_s": float(self.counters["time_total_s"]),
-                "episode_return_mean": ret if math.isfinite(ret) else None,
-                "config": self.config.to_dict(redact=True), **extra}
+        """meta.json content (:func:`~shoal.algorithms.checkpointing.checkpoint_meta`)."""
+        return checkpoint_meta(self, **extra)
 
     def save(self, path: str | Path) -> Path:
         """Write a checkpoint directory atomically; returns its path."""
@@ -537,17 +411,7 @@ class Algorithm:
 
     def restore(self, path: str | Path) -> None:
         """Load a checkpoint of this algorithm into this instance (weights, optimizer state, counters)."""
-        state, meta = ckpt.load_checkpoint(path)
-        if meta.get("algo") != self.config.algo:
-            raise CheckpointError(f"Checkpoint '{path}' is for algorithm '{meta.get('algo')}', not '{self.config.algo}'.")
-        try:
-            self.set_state(state)
-        except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
-            first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-            raise CheckpointError(
-                f"Checkpoint '{path}' holds a state that does not fit the {self.config.algo} run its meta.json "
-                f"describes ({type(e).__name__}: {first}). Its state.pt was written by another algorithm or "
-                "config, or replaced; use the checkpoint the run wrote.") from None
+        restore_into(self, path)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, overrides: dict[str, Any] | None = None, trust: bool = False,
@@ -562,14 +426,10 @@ class Algorithm:
         is imported only when the checkpoint is signed with your key (you wrote it on this
         machine), when you give that key again, or with ``trust=True``: see :mod:`shoal.trust`.
         """
-        from shoal.trust import import_gate
-
         path = ckpt.resolve_checkpoint(path)
-        config_cls, meta, data, approved = checkpoint_config_data(path, {**(overrides or {}), **config_kwargs}, trust)
-        with import_gate(approved):
-            algo = config_cls.from_dict(data).build()
+        algo, name = rebuild(path, {**(overrides or {}), **config_kwargs}, trust)
         if cls is not Algorithm and not isinstance(algo, cls):
-            raise CheckpointError(f"Checkpoint '{path}' holds a '{meta['algo']}' run, not {cls.__name__}.")
+            raise CheckpointError(f"Checkpoint '{path}' holds a '{name}' run, not {cls.__name__}.")
         algo.restore(path)
         return algo
 
