@@ -9,7 +9,7 @@ PIP     = $(PY) -m pip
 TORCH  ?= torch==2.13.0
 STAMP   = $(VENV)/.installed
 
-.PHONY: train test bench docs setup clean
+.PHONY: train test bench gpu-check docs setup clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ bench: $(STAMP)
 	$(PY) benchmarks/atari_throughput.py --budget-s 120
 	$(PY) benchmarks/chaos.py --budget-s 900
 	$(PY) benchmarks/atari_pong.py --budget-s 3600
+
+# Every CUDA path once, on a GPU machine (one JSON line; without a GPU it says so and exits 0).
+gpu-check: $(STAMP)
+	$(PY) benchmarks/gpu_check.py
 
 # The documentation site (MkDocs, Material theme) into site/; --strict: any warning fails the build.
 docs: $(STAMP)
