@@ -49,10 +49,14 @@ class Policy:
 
 
 def load_policy(path: str | Path, trust: bool = False, overrides: dict[str, Any] | None = None,
-                **config_kwargs: Any) -> Policy:
+                policy: str | None = None, **config_kwargs: Any) -> Any:
     """The policy of a checkpoint, or of a run directory's best checkpoint. ``overrides`` (a nested
     dict) and keyword arguments change the saved config as in ``Algorithm.from_checkpoint`` (e.g.
     ``env=my_callable`` for an env saved without an import path).
+
+    A league run (alpha_star) holds several players: ``policy`` names one (``"main"``, an
+    exploiter, a snapshot), or on an OpenSpiel game ``"league_nash"``, the Nash mixture of the
+    meta-game over the frozen players; see :mod:`shoal.league.policies`.
 
     ``trust=True`` imports the code the checkpoint's config names (an env factory, a custom model)
     even when the checkpoint is not signed with your key, i.e. was not written by you on this
@@ -64,16 +68,64 @@ def load_policy(path: str | Path, trust: bool = False, overrides: dict[str, Any]
     path = ckpt.resolve_checkpoint(path, prefer="best")
     config_cls, meta, data, approved = checkpoint_config_data(path, {**(overrides or {}), **config_kwargs}, trust)
     algo_cls = config_cls.algorithm_cls
+    if meta["algo"] == "alpha_star":
+        with import_gate(approved):
+            config = config_cls.from_dict(data)
+        return _league_policy(path, config, policy)
+    if policy is not None:
+        raise ConfigError(f"policy={policy!r} picks a player of a league run (alpha_star); checkpoint '{path}' "
+                          f"holds a {meta['algo']} run: leave policy out.")
     with import_gate(approved):
         config = config_cls.from_dict(data)
         if algo_cls is None or algo_cls.policy_cls is None or getattr(config, "multi_agent", None) is not None:
             raise ConfigError(f"Checkpoint '{path}' holds a {meta['algo']} run with several policies, and "
-                              "load_policy serves single-agent policies: use shoal.load(path) and its evaluation "
-                              "for a league or a multi_agent run.")
+                              "load_policy serves single-agent policies and league players: use shoal.load(path) "
+                              "and its evaluation for a multi_agent run.")
         info = describe_gym_env(config)
-        policy = algo_cls.policy_cls(info.observation_space, info.action_space, config, config.seed)
+        acting = algo_cls.policy_cls(info.observation_space, info.action_space, config, config.seed)
     state, _ = ckpt.load_checkpoint(path)
-    policy.set_weights(algo_cls.policy_weights(state))
-    policy.on_global_vars({"env_steps": int(state["counters"]["env_steps_sampled"])})  # e.g. DQN's epsilon then
+    acting.set_weights(algo_cls.policy_weights(state))
+    acting.on_global_vars({"env_steps": int(state["counters"]["env_steps_sampled"])})  # e.g. DQN's epsilon then
     norm_stats = saved_norm_stats(state) if config.normalize.enabled() else None
-    return Policy(config, info, policy, norm_stats)
+    return Policy(config, info, acting, norm_stats)
+
+
+def _league_policy(path: Path, config, policy: str | None):
+    """A league player's policy, or its Nash mixture (``"league_nash"``), from checkpoint ``path``."""
+    import torch
+
+    from shoal.envs.multi_agent import make_multi_agent_env
+    from shoal.league.policies import LEAGUE_NASH, LeaguePolicy, MixturePolicy
+    from shoal.models import build_actor_critic
+
+    state, _ = ckpt.load_checkpoint(path)
+    players = list(state["weights"])
+    if policy is None:
+        raise ConfigError(f"Checkpoint '{path}' holds a league of {len(players)} players: name one with policy= "
+                          f"({', '.join(players)}), or policy='{LEAGUE_NASH}' for the Nash mixture on an OpenSpiel game.")
+    env = make_multi_agent_env(config.env, config.env_config)
+    agent = env.possible_agents[0]
+    obs_space, action_space = env.observation_space(agent), env.action_space(agent)
+    env.close()
+
+    def module(pid: str) -> torch.nn.Module:
+        m = build_actor_critic(obs_space, action_space, config.model)
+        m.load_state_dict(state["weights"][pid])
+        return m.eval()
+
+    if policy == LEAGUE_NASH:
+        if not (isinstance(config.env, str) and config.env.startswith("openspiel:")):
+            raise ConfigError(f"policy='{LEAGUE_NASH}' is the Nash mixture computed on an OpenSpiel game; this "
+                              f"league played {config.env_name()!r}. Name a player instead ({', '.join(players)}).")
+        from shoal.league.exploitability import module_probs, tabular_policy
+        from shoal.league.mixture import league_mixture
+
+        frozen = [p for p, spec in state["league"]["players"].items() if not spec["trainable"]] or ["main"]
+        game_env = make_multi_agent_env(config.env, config.env_config).env
+        tables = {p: tabular_policy(game_env.game, module_probs(module(p)), game_env.observation_kind) for p in frozen}
+        return MixturePolicy(game_env.game, league_mixture(game_env.game, tables), game_env.observation_kind,
+                             seed=config.seed)
+    if policy not in state["weights"]:
+        raise ConfigError(f"Checkpoint '{path}' has no player {policy!r}; its players are {', '.join(players)}"
+                          f"{f', or {LEAGUE_NASH!r} for the Nash mixture' if str(config.env).startswith('openspiel:') else ''}.")
+    return LeaguePolicy(module(policy), policy, int(action_space.n), seed=config.seed)

@@ -584,3 +584,27 @@ def test_metrics():
     again = alpha_star(payoff_decay=1.0, win_rate_window=10, min_games_for_snapshot=10)
     again.set_state(b.get_state())
     assert again.metrics()["league/main_win_rate_vs_frozen"] == pytest.approx(0.75)
+
+
+def test_report_shows_the_exploitability_curve_of_an_openspiel_league(tmp_path):
+    from shoal.league.report import EXPLOITABILITY_PNG
+
+    b = scripted_league()
+    run = tmp_path / "run"
+    save_checkpoint(run / "checkpoints" / "checkpoint_000002", {"iteration": 2, "league": b.get_state()},
+                    {"algo": "alpha_star"})
+    rows = [{"iteration": 1, "env_steps_sampled": 100, "evaluation/exploitability": 2.1,
+             "evaluation/mixture_exploitability": 1.9},
+            {"iteration": 2, "env_steps_sampled": 200, "evaluation/exploitability": 1.5,
+             "evaluation/mixture_exploitability": 1.2},
+            {"iteration": 3, "env_steps_sampled": 300}]  # not evaluated: left out
+    (run / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n{\"cut sh")
+    r = write_league_report(run)
+    assert r["exploitability"] == [{"iteration": 1, "env_steps": 100, "main": 2.1, "mixture": 1.9},
+                                   {"iteration": 2, "env_steps": 200, "main": 1.5, "mixture": 1.2}]
+    assert r["files"]["exploitability"] == str(run / EXPLOITABILITY_PNG)
+    assert (run / EXPLOITABILITY_PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = (run / "league_report.txt").read_text()
+    assert "Exploitability (lower is better" in text and "1.5" in text
+    plain = write_league_report(scripted_league(), tmp_path / "no_run")  # a builder: no results, no curve
+    assert plain["exploitability"] == [] and "exploitability" not in plain["files"]

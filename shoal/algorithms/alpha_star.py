@@ -38,6 +38,7 @@ from shoal.algorithms.config_groups import (
     ClipTargetKeys,
     KLPenaltyKeys,
     VTraceKeys,
+    check_kl_against_target,
     check_whole_sequences,
 )
 from shoal.algorithms.pipeline import WAIT_S
@@ -45,6 +46,7 @@ from shoal.config import AlgorithmConfig, EnvSpec, EvaluationConfig, ResourcesCo
 from shoal.envs.multi_agent import make_multi_agent_env, make_scripted_player
 from shoal.errors import ConfigError, EnvError
 from shoal.league import LeagueChanges, make_league_builder
+from shoal.league.builder import MatchResult
 from shoal.learn.distributed_learners import DistributedLearners, shard_plan, shard_sizes
 from shoal.logging.metrics import Phase
 from shoal.models import build_actor_critic
@@ -55,6 +57,7 @@ from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
 from shoal.runtime.placement import DRIVER, BundleGroup
 from shoal.seeding import derive_seed
 
+UNDECIDED_GAMES_LIMIT = 500  # games without a single winner before the league refuses the env
 
 # ---- config -----------------------------------------------------------------------------
 class AlphaStarResourcesConfig(ResourcesConfig):
@@ -112,6 +115,7 @@ class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKe
     @model_validator(mode="after")
     def _check_league(self):
         check_whole_sequences(self)
+        check_kl_against_target(self)
         try:
             builder = make_league_builder(self.league)
         except ConfigError as e:
@@ -189,6 +193,7 @@ class AlphaStar(Algorithm):
             self._add(pid, self._fresh_weights(pid), spec.trainable)
         self.sync.changed.clear()
         self._matches_this_iter = 0
+        self._games_seen = self._games_decided = 0  # since this process built the league: any winner at all?
         self._learner_stats: dict[str, float] = {}  # the last stats of every learner: stable result columns
         n, first = max(res.num_workers, 1), 1 if remote else 0
         # Lazy, like every algorithm's rollout actors: a run restored only to evaluate starts none.
@@ -228,8 +233,55 @@ class AlphaStar(Algorithm):
         there is no fixed yardstick: ``iteration``, so ``best`` is the latest checkpoint.
         """
         if self.config.evaluation.evaluation_interval:
+            if self._openspiel_game() is not None:
+                self.best_metric_mode = "min"
+                return "evaluation/exploitability"
             return f"evaluation/win_rate_vs_{'heuristic' if self._knows_heuristic() else 'random'}"
         return "iteration"
+
+    def _openspiel_game(self):
+        """The league's OpenSpiel env (``env: openspiel:<game>``), whose exploitability can be
+        computed exactly; None for other envs."""
+        env = self.config.env
+        if not (isinstance(env, str) and env.startswith("openspiel:")):
+            return None
+        if getattr(self, "_openspiel_env", None) is None:
+            from shoal.envs.openspiel import OpenSpielEnv
+
+            self._openspiel_env = OpenSpielEnv(env[len("openspiel:"):], **self.config.env_config)
+        return self._openspiel_env
+
+    def exploitability(self, policy_id: str = "main") -> float:
+        """The exploitability (NashConv / 2) of ``policy_id``'s sampling policy, with it playing
+        every seat, on an OpenSpiel game (:mod:`shoal.league.exploitability`)."""
+        env = self._openspiel_game()
+        if env is None:
+            raise ConfigError(f"exploitability is computed on OpenSpiel games (env: openspiel:<game>); this league "
+                              f"plays {self.config.env_name()!r}")
+        from shoal.league.exploitability import module_exploitability
+
+        return module_exploitability(env, self._module(policy_id))
+
+    def league_mixture(self, policy_ids: Optional[list[str]] = None):
+        """The Nash mixture of the meta-game over ``policy_ids`` (default: the frozen players), the
+        behaviour policy that plays it and its exploitability, exactly, on an OpenSpiel game
+        (:class:`~shoal.league.mixture.LeagueMixture`; ``.policy`` is an OpenSpiel TabularPolicy)."""
+        env = self._openspiel_game()
+        if env is None:
+            raise ConfigError(f"the league mixture is computed on OpenSpiel games (env: openspiel:<game>); this league "
+                              f"plays {self.config.env_name()!r}")
+        from shoal.league.exploitability import module_probs, tabular_policy
+        from shoal.league.mixture import league_mixture
+
+        ids = policy_ids or [p for p, spec in self.league.players.items() if not spec.trainable] or ["main"]
+        tables = {p: tabular_policy(env.game, module_probs(self._module(p)), env.observation_kind) for p in ids}
+        return league_mixture(env.game, tables)
+
+    def _module(self, policy_id: str) -> torch.nn.Module:
+        """``policy_id``'s network with its latest weights, in this process, for evaluation."""
+        module = build_actor_critic(self.obs_space, self.action_space, self.config.model)
+        module.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in self.weights[policy_id].items()})
+        return module.eval()
 
     def _knows_heuristic(self) -> bool:
         """Whether the lookahead heuristic plays this game (connect four, tic-tac-toe)."""
@@ -276,8 +328,28 @@ class AlphaStar(Algorithm):
         return SyncMessage(weights=dict(self.weights if full else self.sync.changed), matchmaking=self._mm(),
                            train=list(self.learners.policy_ids), replay=self._replay(), remove=list(self.sync.removed))
 
+    def _record_matches(self, metrics) -> None:
+        """The rollout actors' finished games into the return windows and the league. A game that
+        never has a winner in its first :data:`UNDECIDED_GAMES_LIMIT` games is an EnvError: the
+        players' returns are not reaching the learners (all draws is what a wrapper that drops
+        terminal rewards looks like), and a league on it would train on zeros without a word."""
+        for m in metrics:
+            self.returns.add(m)
+            self.league.record_results(m.matches)
+            self._matches_this_iter += len(m.matches)
+            self._games_seen += len(m.matches)
+            self._games_decided += sum(MatchResult.coerce(r).winner is not None for r in m.matches)
+        if self._games_decided == 0 and self._games_seen >= UNDECIDED_GAMES_LIMIT:
+            raise EnvError(
+                f"None of the first {self._games_seen} games of {self.config.env_name()!r} had a winner: every player's "
+                "return was the same in each. The players' rewards are not reaching the learners: the env must give "
+                "each player its reward by its terminal step (a wrapper that ends the agent loop without a terminal "
+                "step, as shimmy's OpenSpiel wrapper does on Kuhn poker, gives only zeros; use env: "
+                "openspiel:<game>). A game in which every match is a draw has nothing to learn.")
+
     def display_metrics(self) -> list[tuple[str, str]]:
-        """Main's learner figures (the headline is its win rate against frozen players, ``best_metric``)."""
+        """Main's learner figures; the headline is ``best_metric`` (main's exploitability on an OpenSpiel
+        game, else its win rate against a fixed opponent, with evaluation on)."""
         return [(f"learner/main/{k}", f"main/{k}") for k in ("policy_loss", "vf_loss", "entropy")]
 
     def get_weights(self, policy_ids=None) -> dict[str, dict]:
@@ -304,10 +376,7 @@ class AlphaStar(Algorithm):
                 self.env_runners.submit("sample_and_store")
                 metrics = [m for _, m in self.env_runners.fetch_ready(WAIT_S)]
             self.record_rollouts(metrics)
-            for m in metrics:
-                self.returns.add(m)
-                self.league.record_results(m.matches)
-                self._matches_this_iter += len(m.matches)
+            self._record_matches(metrics)
         with self.timers.time(Phase.LEARN):
             for pid in self.learners.policy_ids:
                 self.learners.submit(pid, "learn", self.counters["env_steps_sampled"])
@@ -381,7 +450,9 @@ class AlphaStar(Algorithm):
 
     def evaluate(self, num_episodes: Optional[int] = None, render: bool = False) -> dict[str, float]:
         """Main against the uniform random player (two-player games); its return is +1 win, 0 draw, -1 loss.
-        In a game the lookahead heuristic plays, as many games against it (``win_rate_vs_heuristic``)."""
+        In a game the lookahead heuristic plays, as many games against it (``win_rate_vs_heuristic``);
+        on an OpenSpiel game, main's ``exploitability`` too (which then picks ``best``: lower is better),
+        and the frozen players' Nash mixture's (``mixture_exploitability``, :meth:`league_mixture`)."""
         n = num_episodes or self.config.evaluation.evaluation_num_episodes
         out = self.evaluate_vs("random", n)
         mean = out["win_rate"] - out["loss_rate"]
@@ -392,6 +463,11 @@ class AlphaStar(Algorithm):
         if self._knows_heuristic():
             h = self.evaluate_vs("heuristic", n)
             result.update(win_rate_vs_heuristic=h["win_rate"], draw_rate_vs_heuristic=h["draw_rate"])
+        if self._openspiel_game() is not None:
+            result["exploitability"] = self.exploitability("main")
+            mixture = self.league_mixture()
+            result.update(mixture_exploitability=mixture.exploitability, mixture_size=len(mixture.policy_ids),
+                          mixture_support=int((mixture.weights > 1e-6).sum()))
         return result
 
     # ---- state -------------------------------------------------------------------------------------

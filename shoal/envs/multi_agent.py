@@ -2,8 +2,9 @@
 
 ``env`` names a PettingZoo env the way ``shoal.envs.make`` names Gymnasium ones: an import
 path (``"pettingzoo.classic:tictactoe_v3"`` or ``"pettingzoo.classic.tictactoe_v3"``), a
-creator ``"my_pkg.envs:make_game"`` called with ``env_config`` as keyword arguments, or the
-callable itself. An env *module* is built with ``parallel_env(**env_config)`` when it has
+creator ``"my_pkg.envs:make_game"`` called with ``env_config`` as keyword arguments, the
+callable itself, or an OpenSpiel game, ``"openspiel:leduc_poker"``, with ``env_config`` as
+its parameters (:mod:`shoal.envs.openspiel`). An env *module* is built with ``parallel_env(**env_config)`` when it has
 one, else with ``env(**env_config)`` (the AEC, turn-based form that ``pettingzoo.classic``
 games offer).
 
@@ -48,6 +49,11 @@ def resolve_multi_agent_env(env: Any, env_config: dict[str, Any] | None = None) 
     if isinstance(env, str):
         if not env:
             raise EnvError("`env` is empty; name a PettingZoo env, e.g. 'pettingzoo.classic:tictactoe_v3'.")
+        if env.startswith("openspiel:"):  # an OpenSpiel game by name: no user code to import
+            from shoal.envs.openspiel import OpenSpielEnv
+
+            game = env[len("openspiel:"):]
+            return lambda: OpenSpielEnv(game, **env_config)
         if env in gym.envs.registry:
             raise EnvError(f"'{env}' is a single-agent Gymnasium env; a multi-agent algorithm (alpha_star, or a "
                            "multi_agent section) needs a PettingZoo env, e.g. 'pettingzoo.classic:tictactoe_v3'. "

@@ -2,8 +2,9 @@
 
 ``league_report(builder_or_state)`` returns plain data; ``format_league_report`` turns it
 into text tables; ``write_league_report(run_dir_or_state, out_dir)`` writes
-``league_report.json``, ``league_report.txt`` and ``league_win_rates.png`` (the heatmap,
-when matplotlib is installed) and is what ``shoal league RUN_DIR`` calls;
+``league_report.json``, ``league_report.txt``, ``league_win_rates.png`` (the heatmap,
+when matplotlib is installed) and, for a league on an OpenSpiel game that evaluated,
+``league_exploitability.png`` (main's and the Nash mixture's exploitability over the run) and is what ``shoal league RUN_DIR`` calls;
 ``add_league_to_tensorboard`` puts the same tables and figure in TensorBoard.
 """
 
@@ -21,6 +22,7 @@ from shoal.league.builder import STATE_FORMAT, LeagueBuilder
 from shoal.league.payoff import PayoffTable
 
 REPORT_JSON, REPORT_TXT, HEATMAP_PNG = "league_report.json", "league_report.txt", "league_win_rates.png"
+EXPLOITABILITY_PNG = "league_exploitability.png"
 NO_MATPLOTLIB = "matplotlib is not installed, so no heatmap was drawn (pip install matplotlib)."
 
 
@@ -70,6 +72,51 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
+def exploitability_curve(run_dir: Optional[Path]) -> list[dict[str, Any]]:
+    """The evaluations of an OpenSpiel league's run (``results.jsonl``): per evaluated iteration,
+    ``iteration``, ``env_steps``, main's exploitability (``main``) and the frozen players' Nash
+    mixture's (``mixture``, None when not measured). Empty for other runs."""
+    path = None if run_dir is None else Path(run_dir) / "results.jsonl"
+    if path is None or not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a crash: the rest still counts
+            continue
+        if isinstance(row, dict) and row.get("evaluation/exploitability") is not None:
+            out.append({"iteration": row.get("iteration"), "env_steps": row.get("env_steps_sampled"),
+                        "main": row["evaluation/exploitability"],
+                        "mixture": row.get("evaluation/mixture_exploitability")})
+    return out
+
+
+def exploitability_figure(curve: list[dict[str, Any]]):
+    """Main's and the mixture's exploitability against env steps; None without matplotlib or data."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    if not curve:
+        return None
+    fig = Figure(figsize=(7, 4))
+    ax = fig.add_subplot()
+    steps = [c["env_steps"] for c in curve]
+    ax.plot(steps, [c["main"] for c in curve], marker=".", label="main")
+    if any(c["mixture"] is not None for c in curve):
+        ax.plot(steps, [np.nan if c["mixture"] is None else c["mixture"] for c in curve], marker=".",
+                label="Nash mixture of the frozen players")
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("exploitability (NashConv / 2)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title("Exploitability: what a best response wins")
+    fig.tight_layout()
+    return fig
+
+
 def format_league_report(report: dict[str, Any]) -> str:
     out = [f"League after iteration {report['iteration']}: {len(report['players'])} players "
            f"({report['num_learning']} learning, {report['num_frozen']} frozen), {report['games_total']} games"
@@ -87,6 +134,11 @@ def format_league_report(report: dict[str, Any]) -> str:
     m = report["win_rate_matrix"]
     out += ["Win rate of row player against column player",
             _table(["", *m["ids"]], [[pid, *row] for pid, row in zip(m["ids"], m["matrix"])])]
+    curve = report.get("exploitability") or []
+    if curve:
+        out += ["", "Exploitability (lower is better; 0 at a Nash equilibrium)",
+                _table(["iteration", "env steps", "main", "Nash mixture"],
+                       [[c["iteration"], c["env_steps"], c["main"], c["mixture"]] for c in curve])]
     return "\n".join(out) + "\n"
 
 
@@ -162,11 +214,16 @@ def write_league_report(run_dir_or_state: Union[str, Path, dict[str, Any], Leagu
         raise ValueError("write_league_report needs out_dir when given a state or a builder")
     out.mkdir(parents=True, exist_ok=True)
     report = league_report(state)
+    report["exploitability"] = exploitability_curve(run_dir)
     files = {"json": str(out / REPORT_JSON), "text": str(out / REPORT_TXT)}
     fig = heatmap_figure(report)
     if fig is not None:
         fig.savefig(out / HEATMAP_PNG, dpi=100)
         files["heatmap"] = str(out / HEATMAP_PNG)
+    curve_fig = exploitability_figure(report["exploitability"])
+    if curve_fig is not None:
+        curve_fig.savefig(out / EXPLOITABILITY_PNG, dpi=100)
+        files["exploitability"] = str(out / EXPLOITABILITY_PNG)
     report["heatmap_message"] = None if fig is not None else NO_MATPLOTLIB
     report["files"] = files
     (out / REPORT_TXT).write_text(format_league_report(report) + ("" if fig is not None else NO_MATPLOTLIB + "\n"))

@@ -1,0 +1,309 @@
+"""OpenSpiel games as envs (``env: openspiel:<game>``) and exploitability on their tabular form."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("pyspiel")  # the openspiel extra; `make test` installs it
+
+from shoal.envs.multi_agent import make_multi_agent_env  # noqa: E402
+from shoal.envs.openspiel import OpenSpielEnv  # noqa: E402
+from shoal.errors import EnvError  # noqa: E402
+from shoal.league.exploitability import exploitability, module_exploitability, tabular_policy  # noqa: E402
+
+
+def play(adapter, rng, episodes, seed=0):
+    """Random legal play through shoal's AEC adapter: per episode, each agent's summed rewards and
+    OpenSpiel's own returns of the final state."""
+    out = []
+    for ep in range(episodes):
+        to_act = adapter.reset(seed=seed + ep)
+        got = dict.fromkeys(adapter.possible_agents, 0.0)
+        while True:
+            step = adapter.step({a: int(rng.choice(np.flatnonzero(mask))) for a, (_, mask) in to_act.items()})
+            for a, r in step.rewards.items():
+                got[a] += r
+            if step.done:
+                break
+            to_act = step.to_act
+        out.append((got, list(adapter.env.state.returns())))
+    return out
+
+
+@pytest.mark.parametrize("game", ["kuhn_poker", "leduc_poker"])
+def test_every_players_return_reaches_it_on_the_terminal_step(game):
+    """What a wrapper that drops terminal rewards (shimmy's, on Kuhn) fails: the rewards the
+    adapter hands the learner sum to OpenSpiel's returns, for every player, every game."""
+    adapter = make_multi_agent_env(f"openspiel:{game}")
+    assert adapter.turn_based and adapter.possible_agents == ["player_0", "player_1"]
+    episodes = play(adapter, np.random.default_rng(0), 200)
+    for got, returns in episodes:
+        assert [got["player_0"], got["player_1"]] == pytest.approx(returns)
+        assert sum(returns) == pytest.approx(0.0)  # zero-sum
+    assert sum(any(r != 0 for r in returns) for _, returns in episodes) > 150  # mostly decided games
+
+
+def test_observation_is_the_acting_players_information_state_with_its_legal_mask():
+    import pyspiel
+
+    env = OpenSpielEnv("leduc_poker")
+    env.reset(seed=3)
+    agent = env.agent_selection
+    obs = env.observe(agent)
+    player = env.possible_agents.index(agent)
+    assert obs["observation"].dtype == np.float32 and obs["observation"].shape == (30,)
+    np.testing.assert_array_equal(obs["observation"], env.state.information_state_tensor(player))
+    assert np.flatnonzero(obs["action_mask"]).tolist() == env.state.legal_actions(player)
+    other = env.possible_agents[1 - player]
+    assert env.observe(other)["action_mask"].sum() == 0  # not its turn
+    assert env.observation_space(agent)["observation"].shape == (30,)
+    assert env.metadata["zero_sum"] and pyspiel.load_game("leduc_poker").num_distinct_actions() == env.action_space(agent).n
+    small = OpenSpielEnv("leduc_poker", observation="observation")
+    small.reset(seed=3)
+    assert small.observe(small.agent_selection)["observation"].shape == (16,)
+
+
+def test_chance_is_sampled_from_the_seed():
+    a, b = OpenSpielEnv("leduc_poker"), OpenSpielEnv("leduc_poker")
+    deals = []
+    for env in (a, b):
+        env.reset(seed=11)
+        deals.append(env.state.history())
+    assert deals[0] == deals[1]
+    seen = set()
+    for seed in range(20):
+        a.reset(seed=seed)
+        seen.add(tuple(a.state.history()))
+    assert len(seen) > 5
+
+
+def test_game_parameters_come_from_env_config():
+    adapter = make_multi_agent_env("openspiel:kuhn_poker", {"players": 3})
+    assert adapter.possible_agents == ["player_0", "player_1", "player_2"]
+
+
+def test_bad_games_and_moves_are_clear_errors():
+    with pytest.raises(EnvError, match="cannot load game 'leduc_pokr'.*Did you mean 'leduc_poker'"):
+        make_multi_agent_env("openspiel:leduc_pokr")
+    with pytest.raises(EnvError, match="simultaneous moves"):
+        OpenSpielEnv("matrix_rps")
+    with pytest.raises(EnvError, match="observation='pixels': choose one of information_state, observation"):
+        OpenSpielEnv("kuhn_poker", observation="pixels")
+    env = OpenSpielEnv("kuhn_poker")
+    env.reset(seed=0)
+    with pytest.raises(EnvError, match=r"Illegal action 5 for player_0 in kuhn_poker: legal actions are \[0, 1\]"):
+        env.step(5)
+
+
+class Uniform(torch.nn.Module):
+    """Equal logits for every action (the masked softmax spreads them over the legal ones)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+        self.dummy = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, obs):
+        return torch.zeros(len(obs), self.n) + 0 * self.dummy, torch.zeros(len(obs))
+
+
+@pytest.mark.parametrize("game, expected", [("kuhn_poker", 0.458333333), ("leduc_poker", 2.373611111)])
+def test_uniform_play_has_the_published_exploitability(game, expected):
+    env = OpenSpielEnv(game)
+    assert module_exploitability(env, Uniform(env.action_space("player_0").n)) == pytest.approx(expected, abs=1e-6)
+
+
+# Kuhn poker's equilibrium with alpha = 0 (Kuhn 1950), by information state: the card (0 J, 1 Q,
+# 2 K) then the moves so far (p pass, b bet); each row is (P(pass), P(bet)).
+KUHN_NASH = {"0": (1, 0), "0pb": (1, 0), "1": (1, 0), "1pb": (2 / 3, 1 / 3), "2": (1, 0), "2pb": (0, 1),
+             "0p": (2 / 3, 1 / 3), "0b": (1, 0), "1p": (1, 0), "1b": (2 / 3, 1 / 3), "2p": (0, 1), "2b": (0, 1)}
+
+
+def kuhn_table_by_tensor(game, table):
+    """``{information-state tensor: row}`` from rows keyed by card and moves: the acting player
+    (0 after an even number of moves) holds the card, the other any other card."""
+    out = {}
+    for key, row in table.items():
+        card, moves = int(key[0]), key[1:]
+        other = 1 if card == 0 else 0
+        state = game.new_initial_state()
+        for dealt in ((card, other) if len(moves) % 2 == 0 else (other, card)):
+            state.apply_action(dealt)
+        for move in moves:
+            state.apply_action(0 if move == "p" else 1)
+        out[tuple(state.information_state_tensor(state.current_player()))] = row
+    return out
+
+
+def test_kuhn_equilibrium_scores_zero_and_an_always_bet_player_is_exploited():
+    import pyspiel
+
+    game = pyspiel.load_game("kuhn_poker")
+    by_tensor = kuhn_table_by_tensor(game, KUHN_NASH)
+    assert len(by_tensor) == 12
+
+    def nash(obs, masks):
+        return np.asarray([by_tensor[tuple(o)] for o in obs])
+
+    table = tabular_policy(game, nash)
+    assert exploitability(game, table) == pytest.approx(0.0, abs=1e-9)
+    # Both players always bet or call: against itself every game is a showdown for 2, value 0.
+    # Player 0's best response: J checks and folds to the bet (-1), Q gets 0 either way, K bets
+    # (+2): 1/3. Player 1's, facing the bet: J folds (-1), Q calls (0), K calls (+2): 1/3.
+    # NashConv 2/3, exploitability 1/3.
+    always_bet = tabular_policy(game, lambda obs, masks: np.tile([0.0, 1.0], (len(obs), 1)))
+    assert exploitability(game, always_bet) == pytest.approx(1 / 3, abs=1e-9)
+
+
+def test_probabilities_on_illegal_actions_are_renormalized_away():
+    import pyspiel
+
+    game = pyspiel.load_game("leduc_poker")
+    # all weight on "fold" (action 0), which is illegal when nobody has bet: those rows go to the
+    # legal actions' share, here none, so they fall back to uniform over the legal actions
+    table = tabular_policy(game, lambda obs, masks: np.tile([1.0, 0.0, 0.0], (len(obs), 1)))
+    rows = table.action_probability_array
+    assert np.allclose(rows.sum(axis=1), 1.0)
+    legal = rows > 0
+    for state, row in zip(table.states, rows):
+        assert set(np.flatnonzero(row)) <= set(state.legal_actions())
+    assert legal.any()
+
+
+def test_a_league_on_leduc_reports_mains_exploitability_and_picks_best_by_it():
+    from shoal.algorithms.alpha_star import AlphaStarConfig
+
+    cfg = AlphaStarConfig(
+        env="openspiel:leduc_poker", seed=0, lr=0.003, rollout_fragment_length=4, train_batch_size=64,
+        num_sgd_iter=1, max_num_policies_to_train=1, min_time_s_per_iteration=0.0,
+        league={"type": "alpha_star", "seed": 0, "num_main_exploiters": 0, "num_league_exploiters": 0,
+                "num_random_policies": 1, "main_self_play_prob": 0.0},
+        model={"hiddens": [32], "activation": "tanh"}, resources={"num_envs_per_worker": 8},
+        evaluation={"evaluation_interval": 1, "evaluation_num_episodes": 20})
+    with cfg.build() as algo:
+        assert algo.best_metric == "evaluation/exploitability" and algo.best_metric_mode == "min"
+        result = algo.train()
+        value = result["evaluation/exploitability"]
+        assert 0.0 < value < 4.0  # a fresh network plays near uniform: ~2.37
+        assert value == pytest.approx(algo.exploitability("main"))
+        assert "evaluation/win_rate_vs_random" in result
+
+
+class KuhnWithoutRewards(OpenSpielEnv):
+    """The bug class of shimmy's wrapper: the game ends, but no player ever receives a reward."""
+
+    def __init__(self):
+        super().__init__("kuhn_poker")
+
+    def step(self, action):
+        super().step(action)
+        self.rewards = dict.fromkeys(self.rewards, 0.0)
+        self._cumulative_rewards = dict.fromkeys(self._cumulative_rewards, 0.0)
+
+
+def test_a_league_refuses_a_game_whose_returns_never_reach_the_learners(monkeypatch):
+    from shoal.algorithms import alpha_star
+    from shoal.algorithms.alpha_star import AlphaStarConfig
+
+    monkeypatch.setattr(alpha_star, "UNDECIDED_GAMES_LIMIT", 60)
+    cfg = AlphaStarConfig(env=KuhnWithoutRewards, seed=0, rollout_fragment_length=4, train_batch_size=64,
+                          max_num_policies_to_train=1, min_time_s_per_iteration=0.0,
+                          league={"type": "alpha_star", "num_main_exploiters": 0, "num_league_exploiters": 0},
+                          resources={"num_envs_per_worker": 8})
+    with cfg.build() as algo:
+        with pytest.raises(EnvError, match="None of the first .* games .* had a winner"):
+            for _ in range(200):
+                algo.train()
+
+
+def _pure(game, action):
+    return tabular_policy(game, lambda obs, masks: np.eye(game.num_distinct_actions())[np.full(len(obs), action)])
+
+
+def test_mixture_of_rock_and_paper_is_paper_and_exploitable_by_scissors():
+    """A 2x2 meta-game by hand. Turn-based rock-paper-scissors (player 1 does not see player 0's
+    move), policies "always rock" and "always paper": rock against paper loses 1 in either
+    seat, so M = [[0, -1], [1, 0]], whose maximin mixture is all paper (value 0). Always paper's
+    exploitability: scissors wins 1 in each seat, its own value is 0: NashConv 2, exploitability 1."""
+    import pyspiel
+
+    from shoal.league.mixture import league_mixture, meta_game, walk_tree
+
+    game = pyspiel.convert_to_turn_based(pyspiel.load_game("matrix_rps"))
+    rock, paper = _pure(game, 0), _pure(game, 1)
+    totals = walk_tree(game, [rock, paper])
+    np.testing.assert_allclose(totals.values, [[0, -1], [1, 0]])  # seat 0's return: rock vs paper loses
+    np.testing.assert_allclose(meta_game(totals.values), [[0, -1], [1, 0]])
+    mix = league_mixture(game, {"rock": rock, "paper": paper})
+    np.testing.assert_allclose(mix.weights, [0, 1], atol=1e-9)
+    assert mix.exploitability == pytest.approx(1.0)
+    all_three = league_mixture(game, {"r": rock, "p": paper, "s": _pure(game, 2)})
+    np.testing.assert_allclose(all_three.weights, [1 / 3] * 3, atol=1e-6)  # the RPS equilibrium
+    assert all_three.exploitability == pytest.approx(0.0, abs=1e-6)
+
+
+def test_mixture_over_kuhn_equilibrium_and_always_bet_is_the_equilibrium():
+    """Kuhn's equilibrium (value -1/18 to player 0) against always-bet: the equilibrium wins it
+    over both seats, so the meta-game puts all weight on it and the mixture is unexploitable;
+    weights forced to 50/50 play a behaviour mix of the two, exploitable between the two extremes."""
+    import pyspiel
+
+    from shoal.league.mixture import mixture_policy, walk_tree
+
+    game = pyspiel.load_game("kuhn_poker")
+    by_tensor = kuhn_table_by_tensor(game, KUHN_NASH)
+    nash = tabular_policy(game, lambda obs, masks: np.asarray([by_tensor[tuple(o)] for o in obs]))
+    bet = tabular_policy(game, lambda obs, masks: np.tile([0.0, 1.0], (len(obs), 1)))
+    from shoal.league.mixture import league_mixture
+
+    mix = league_mixture(game, {"nash": nash, "bet": bet})
+    assert mix.meta_game[0, 1] > 0  # the equilibrium beats always-bet
+    np.testing.assert_allclose(mix.weights, [1, 0], atol=1e-9)
+    assert mix.exploitability == pytest.approx(0.0, abs=1e-9)
+    half = mixture_policy(game, [nash, bet], np.array([0.5, 0.5]), walk_tree(game, [nash, bet]))
+    assert 0.0 < exploitability(game, half) < 1 / 3
+
+
+def test_load_policy_gives_a_league_player_and_the_leagues_nash_mixture(tmp_path):
+    import shoal
+    from shoal.algorithms.alpha_star import AlphaStarConfig
+    from shoal.errors import ConfigError
+    from shoal.league.policies import LeaguePolicy, MixturePolicy
+
+    cfg = AlphaStarConfig(env="openspiel:kuhn_poker", seed=0, rollout_fragment_length=4, train_batch_size=64,
+                          max_num_policies_to_train=1, min_time_s_per_iteration=0.0,
+                          league={"type": "alpha_star", "num_main_exploiters": 0, "num_league_exploiters": 0,
+                                  "num_random_policies": 2},
+                          model={"hiddens": [16]}, resources={"num_envs_per_worker": 8})
+    with cfg.build() as algo:
+        algo.train()
+        path = algo.save(tmp_path / "ckpt")
+        mixture = algo.league_mixture()
+        env = algo._openspiel_game()
+        env.reset(seed=0)
+        obs = env.observe(env.agent_selection)
+        expected_main = algo._module("main")
+    main = shoal.load_policy(path, policy="main")
+    assert isinstance(main, LeaguePolicy)
+    probs = main.action_probabilities(obs["observation"], obs["action_mask"])
+    import torch
+
+    with torch.no_grad():
+        logits, _ = expected_main(torch.as_tensor(obs["observation"][None]))
+    np.testing.assert_allclose(probs, torch.softmax(logits, -1).numpy()[0], rtol=1e-5)
+    assert main.predict(obs["observation"], obs["action_mask"]) in np.flatnonzero(obs["action_mask"])
+    assert main.predict(np.stack([obs["observation"]] * 3)).shape == (3,)
+    nash = shoal.load_policy(path, policy="league_nash")
+    assert isinstance(nash, MixturePolicy)
+    assert nash.exploitability == pytest.approx(mixture.exploitability)
+    assert nash.policy_ids == mixture.policy_ids == ["random_0", "random_1"]  # the frozen players
+    p = nash.action_probabilities(obs["observation"], obs["action_mask"])
+    assert p.sum() == pytest.approx(1.0) and nash.predict(obs["observation"]) in (0, 1)
+    with pytest.raises(ConfigError, match="holds a league of 3 players: name one with policy= .*main"):
+        shoal.load_policy(path)
+    with pytest.raises(ConfigError, match="has no player 'mian'.*'league_nash'"):
+        shoal.load_policy(path, policy="mian")
+    with pytest.raises(ValueError, match="not one of the game's information states"):
+        nash.predict(np.full(obs["observation"].shape, 7.0, np.float32))
