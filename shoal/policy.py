@@ -117,14 +117,12 @@ def _league_policy(path: Path, config, policy: str | None):
         if not (isinstance(config.env, str) and config.env.startswith("openspiel:")):
             raise ConfigError(f"policy='{LEAGUE_NASH}' is the Nash mixture computed on an OpenSpiel game; this "
                               f"league played {config.env_name()!r}. Name a player instead ({', '.join(players)}).")
-        from shoal.league.exploitability import module_probs, tabular_policy
-        from shoal.league.mixture import league_mixture
+        from shoal.league.mixture import mixture_of_modules
 
         frozen = [p for p, spec in state["league"]["players"].items() if not spec["trainable"]] or ["main"]
         game_env = make_multi_agent_env(config.env, config.env_config).env
-        tables = {p: tabular_policy(game_env.game, module_probs(module(p)), game_env.observation_kind) for p in frozen}
-        return MixturePolicy(game_env.game, league_mixture(game_env.game, tables), game_env.observation_kind,
-                             seed=config.seed)
+        return MixturePolicy(game_env.game, mixture_of_modules(game_env, {p: module(p) for p in frozen}),
+                             game_env.observation_kind, seed=config.seed)
     if policy not in state["weights"]:
         raise ConfigError(f"Checkpoint '{path}' has no player {policy!r}; its players are {', '.join(players)}"
                           f"{f', or {LEAGUE_NASH!r} for the Nash mixture' if str(config.env).startswith('openspiel:') else ''}.")

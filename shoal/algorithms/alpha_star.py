@@ -270,12 +270,10 @@ class AlphaStar(Algorithm):
         if env is None:
             raise ConfigError(f"the league mixture is computed on OpenSpiel games (env: openspiel:<game>); this league "
                               f"plays {self.config.env_name()!r}")
-        from shoal.league.exploitability import module_probs, tabular_policy
-        from shoal.league.mixture import league_mixture
+        from shoal.league.mixture import mixture_of_modules
 
         ids = policy_ids or [p for p, spec in self.league.players.items() if not spec.trainable] or ["main"]
-        tables = {p: tabular_policy(env.game, module_probs(self._module(p)), env.observation_kind) for p in ids}
-        return league_mixture(env.game, tables)
+        return mixture_of_modules(env, {p: self._module(p) for p in ids})
 
     def _module(self, policy_id: str) -> torch.nn.Module:
         """``policy_id``'s network with its latest weights, in this process, for evaluation."""

@@ -126,3 +126,12 @@ def league_mixture(game: Any, tables: dict[str, Any]) -> LeagueMixture:
     weights, _ = solve_zero_sum(payoff)
     policy = mixture_policy(game, policies, weights, totals)
     return LeagueMixture(ids, weights, policy, exploitability(game, policy), payoff)
+
+
+def mixture_of_modules(env: Any, modules: dict[str, Any]) -> LeagueMixture:
+    """:func:`league_mixture` over networks (policy id -> actor-critic module) playing ``env``'s
+    OpenSpiel game (a :class:`~shoal.envs.openspiel.OpenSpielEnv`): each one's tabular policy first."""
+    from shoal.league.exploitability import module_probs, tabular_policy
+
+    tables = {p: tabular_policy(env.game, module_probs(m), env.observation_kind) for p, m in modules.items()}
+    return league_mixture(env.game, tables)
