@@ -277,3 +277,29 @@ def test_local_group_has_the_same_interface():
     assert group.num_restarts == 1 and (group.generation(1), group.generation(2)) == (1, 0)
     assert group.submit("work", 0) == 2  # the slot takes requests again
     group.stop()
+
+
+def test_small_broadcasts_travel_inline_and_large_ones_through_the_object_store(ray_cluster):
+    """A put under 64 KiB is the object itself (no object-store round trip, and no call into the
+    raylet's store that a dying raylet could end the process in); larger ones are one reference.
+    Either way every actor, a recreated one included, ends up with the learner's weights."""
+    import ray
+
+    from shoal.runtime.ray_group import INLINE_BYTES, _nbytes
+
+    assert _nbytes({"w": np.zeros((4, 4), np.float32), "b": [np.zeros(3), 1.5, "x"], "n": None}) == 64 + 24 + 8 + 9 + 8
+    assert _nbytes({"w": np.zeros(INLINE_BYTES)}) == INLINE_BYTES  # stops counting at the limit
+    assert _nbytes(object()) == INLINE_BYTES  # unknown objects are never inlined
+    for hidden, inline in ((16, True), (256, False)):
+        algo = PPOConfig(env="CartPole-v1", seed=3, model={"hiddens": [hidden, hidden]}, resources={"num_workers": 1},
+                         **SMALL).build()
+        try:
+            algo.train()
+            assert isinstance(algo._weights_ref, ray.ObjectRef) is not inline, hidden
+            ray.kill(algo.env_runners.actors[1], no_restart=True)
+            algo.train()
+            assert algo.train()["num_worker_restarts"] == 1
+            learner_w = algo.get_weights()
+            assert _weights_equal(algo.env_runners.foreach("get_weights")[0], learner_w)
+        finally:
+            algo.stop()

@@ -247,6 +247,24 @@ def test_a_driver_killed_inside_ray_init_leaves_no_ray_process(tmp_path):
 
 
 # ---- the local raylet killed under a run ---------------------------------------------------------
+def test_the_raylet_watch_counts_a_killed_unreaped_process_as_gone():
+    import psutil
+
+    from shoal.runtime.cluster import _alive
+
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        assert _alive(psutil.Process(child.pid))
+        child.kill()  # not reaped: a zombie until wait()
+        process = psutil.Process(child.pid)
+        deadline = time.monotonic() + 60
+        while _alive(process) and time.monotonic() < deadline:  # not child.poll(): that would reap it
+            time.sleep(0.01)
+        assert not _alive(process) and process.status() == psutil.STATUS_ZOMBIE
+    finally:
+        child.wait()
+
+
 def test_a_killed_raylet_ends_the_run_with_a_message_and_a_checkpoint(tmp_path):
     import psutil
 

@@ -119,12 +119,26 @@ def start(address: str | None = None, num_cpus: int | None = None, **kwargs) -> 
 _shutting_down = threading.Event()
 _raylet = None  # psutil.Process of the local raylet this process started, while it runs
 _raylet_gcs = None  # the GCS address of that Ray instance
+WATCH_PERIOD_S = 0.02  # how often the raylet watch looks (reading /proc/PID/stat: ~20 us)
+
+
+PF_EXITING = 0x4  # Linux task flag, set as soon as a process starts to exit (before its sockets close)
 
 
 def _alive(process) -> bool:
-    """Whether a psutil.Process still runs (not exited, not a zombie)."""
+    """Whether a psutil.Process still runs: not exited, not a zombie and, on Linux, not already
+    exiting. A SIGKILLed raylet tears down its object-store mapping before its sockets close; a
+    call into Ray in that window ends this process, so "exiting" must count as gone."""
     import psutil
 
+    try:
+        with open(f"/proc/{process.pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()  # after the command name, which may hold spaces
+        return fields[0] not in (b"Z", b"X", b"x") and not int(fields[6]) & PF_EXITING
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc (macOS): the status alone
+        pass
     try:
         return process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
@@ -166,7 +180,7 @@ def _watch_raylet() -> None:
                 if ray.is_initialized() and not _shutting_down.is_set() and signals.note_raylet_lost():
                     _thread.interrupt_main()  # not a shutdown in progress, and not already seen
                 return
-            time.sleep(0.2)
+            time.sleep(WATCH_PERIOD_S)
 
     threading.Thread(target=watch, name="shoal-raylet-watch", daemon=True).start()
 

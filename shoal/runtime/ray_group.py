@@ -22,6 +22,30 @@ FATAL_ERRORS = (DivergenceError, NonFiniteEnvError)  # raised in an actor, they 
 WAIT_SLICE_S = 0.5  # a long wait on actors is cut into slices; timeouts, the run's deadline and Ctrl-C act between them
 
 
+INLINE_BYTES = 64 * 1024  # under Ray's 100 KB limit for arguments it inlines into a call
+
+
+def _nbytes(obj: Any, limit: int = INLINE_BYTES) -> int:
+    """The array bytes in nested dicts/lists/tuples of arrays, tensors and scalars (weights,
+    sync states); ``limit`` for anything else or once the count reaches it."""
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        total = 0
+        for item in obj:
+            total += _nbytes(item, limit - total)
+            if total >= limit:
+                return limit
+        return total
+    if hasattr(obj, "nbytes") and hasattr(obj, "dtype"):  # numpy array or scalar
+        return int(obj.nbytes)
+    if hasattr(obj, "element_size") and hasattr(obj, "numel"):  # torch tensor
+        return int(obj.element_size() * obj.numel())
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return 8 + (len(obj) if isinstance(obj, str) else 0)
+    return limit
+
+
 class RayActorGroup(ActorGroupBase):
     """N actors in one placement group (one bundle each): the run's (``resources.placement``) or their own.
 
@@ -95,6 +119,10 @@ class RayActorGroup(ActorGroupBase):
         return list(self.actors)
 
     def put(self, obj: Any) -> Any:
+        """What to pass to many actors: ``obj`` itself when small (Ray copies it into each call,
+        no object-store round trip), else one object-store reference they all read."""
+        if _nbytes(obj) < INLINE_BYTES:
+            return obj
         check_raylet()
         return ray.put(obj)
 
