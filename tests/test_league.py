@@ -148,6 +148,40 @@ def test_snapshot_exactly_when_the_threshold_is_reached():
     assert b.recent_win_rate("main") is None
 
 
+def test_a_fixed_period_snapshots_main_without_a_win_rate_and_times_out_exploiters():
+    b = alpha_star(main_snapshot_every_games=10, exploiter_timeout_games=12, win_rate_threshold=0.9,
+                   win_rate_window=10, min_games_for_snapshot=10)
+    # main: 5 self-play games (one game each) and 4 lost games: 9 of its games, no snapshot yet
+    b.record_results(games("main", "main", wins_a=5) + games("main", "random_0", wins_b=4))
+    assert b.build(None, {}).empty and b.games_since_snapshot["main"] == 9
+    # the main exploiter's 6 wins over main are main's 10th..15th games and the exploiter's first 6
+    b.record_results(games("main_exploiter_0", "main", wins_a=6, match_type="main_exploiter"))
+    assert b.recent_win_rate("main") == pytest.approx(0.0)  # far below the threshold: the period decides
+    changes = b.build(None, {"iteration": 3})
+    assert [a.new_id for a in changes.add] == ["main_v1"]
+    assert b.games_since_snapshot == {"main": 0, "main_exploiter_0": 6}
+    # the exploiter (6 wins, 5 losses: below 0.9) times out at its 12th game, not at main's period
+    # (a frozen random player does not count games)
+    b.record_results(games("main_exploiter_0", "random_0", wins_b=5, match_type="main_exploiter"))
+    assert b.build(None, {}).empty
+    b.record_results(games("main_exploiter_0", "random_0", wins_b=1, match_type="main_exploiter"))
+    assert [a.new_id for a in b.build(None, {}).add] == ["main_exploiter_0_v1"]
+    assert "random_0" not in b.games_since_snapshot
+    # the counts survive a checkpoint
+    b.record_results(games("main", "main", wins_a=3))
+    restored = alpha_star(main_snapshot_every_games=10)
+    restored.set_state(pickle.loads(pickle.dumps(b.get_state())))
+    assert restored.games_since_snapshot == {"main": 3, "main_exploiter_0": 0}
+    # each clock alone: main's period leaves a losing exploiter alone, and the reverse
+    for kw, who in (({"main_snapshot_every_games": 10}, "main"), ({"exploiter_timeout_games": 10}, "main_exploiter_0")):
+        one = alpha_star(win_rate_window=10, min_games_for_snapshot=10, **kw)
+        one.record_results(games("main", "main_exploiter_0", wins_a=5, wins_b=5, match_type="main_exploiter"))
+        assert [a.new_id for a in one.build(None, {}).add] == [f"{who}_v1"]
+    off = alpha_star(win_rate_window=10, min_games_for_snapshot=10)  # off by default: 50 lost games, no snapshot
+    off.record_results(games("main", "random_0", wins_b=50))
+    assert off.build(None, {}).empty
+
+
 def test_draws_count_half_towards_the_threshold():
     b = alpha_star(win_rate_window=10, min_games_for_snapshot=10)
     b.record_results(games("main", "random_0", wins_a=8, draws=2))

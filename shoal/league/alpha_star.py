@@ -9,7 +9,11 @@ Snapshots. Every learning policy keeps the outcomes of its last ``win_rate_windo
 against other policies (a win 1, a draw 1/2, a loss 0; games against itself do not count).
 After an iteration, a learning policy with at least ``min_games_for_snapshot`` such games
 whose mean reaches ``win_rate_threshold`` (0.9) is snapshotted, and its window starts
-afresh. A snapshot of ``main`` is frozen (``main_v1``, ``main_v2``, ...); a snapshot of an
+afresh. As in the AlphaStar paper, two clocks can also decide, each counting a policy's games
+(self-play included) since its last snapshot: ``main_snapshot_every_games`` snapshots main on a
+fixed period (its past selves keep coming into the frozen set while no win rate reaches the
+threshold), and ``exploiter_timeout_games`` snapshots an exploiter that has not reached the
+threshold in that many games. A snapshot of ``main`` is frozen (``main_v1``, ``main_v2``, ...); a snapshot of an
 exploiter keeps training with probability ``keep_training_prob`` (default 0: frozen). With
 probability ``reset_exploiter_prob`` (default 0: off) the exploiter itself is then reset to
 fresh random weights, as the AlphaStar paper does with its exploiters; the algorithm
@@ -61,6 +65,12 @@ class AlphaStarLeagueConfig(Section):
     win_rate_window: int = Field(100, ge=1,
                                  description="Recent games (against other policies) the win rate is taken over.")
     min_games_for_snapshot: int = Field(20, ge=1, description="Recent games needed before a snapshot.")
+    main_snapshot_every_games: Optional[int] = Field(
+        None, ge=1, description="Also snapshot main after this many of its games (self-play included) since its "
+                                "last snapshot; None: by win rate only.")
+    exploiter_timeout_games: Optional[int] = Field(
+        None, ge=1, description="Also snapshot an exploiter after this many of its games since its last snapshot; "
+                                "None: by win rate only.")
     keep_training_prob: float = Field(0.0, ge=0, le=1,
                                       description="Probability that an exploiter's snapshot keeps learning.")
     reset_exploiter_prob: float = Field(0.0, ge=0, le=1,
@@ -115,6 +125,7 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
         self.windows: dict[str, list[float]] = {}
         self.main_vs_frozen: list[float] = []  # main's last win_rate_window results against frozen players
         self.snapshot_counts: dict[str, int] = {}
+        self.games_since_snapshot: dict[str, int] = {}  # learning policy -> its games since its last snapshot
 
     def check_learner_slots(self, max_num_policies_to_train: int) -> None:
         c = self.config
@@ -133,6 +144,9 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
         return players
 
     def _on_result(self, a: str, b: str, winner: Optional[str]) -> None:
+        for me in {a, b}:
+            if self.players[me].trainable:
+                self.games_since_snapshot[me] = self.games_since_snapshot.get(me, 0) + 1
         if a == b:
             return
         n = self.config.win_rate_window
@@ -157,7 +171,9 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
         changes = LeagueChanges()
         for pid in self.learning_policies():
             w = self.windows.get(pid, [])
-            if len(w) >= c.min_games_for_snapshot and float(np.mean(w)) >= c.win_rate_threshold:
+            period = c.main_snapshot_every_games if self.players[pid].type == MAIN else c.exploiter_timeout_games
+            due = period is not None and self.games_since_snapshot.get(pid, 0) >= period
+            if due or (len(w) >= c.min_games_for_snapshot and float(np.mean(w)) >= c.win_rate_threshold):
                 self._snapshot(pid, rng, changes)
         self._apply_caps(changes)
         return changes
@@ -173,6 +189,7 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
         self.players[new_id] = new_spec
         changes.add.append(AddPolicy(new_id, pid, new_spec.trainable, new_spec))
         self.windows[pid] = []
+        self.games_since_snapshot[pid] = 0
         if exploiter and rng.random() < self.config.reset_exploiter_prob:
             changes.reset.append(pid)
 
@@ -257,7 +274,8 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
         state = super().get_state()
         state.update(seed=self.seed, windows={p: list(w) for p, w in self.windows.items()},
                      main_vs_frozen=list(self.main_vs_frozen),
-                     snapshot_counts=dict(self.snapshot_counts), config=self.config.model_dump())
+                     snapshot_counts=dict(self.snapshot_counts),
+                     games_since_snapshot=dict(self.games_since_snapshot), config=self.config.model_dump())
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -266,3 +284,4 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
         self.windows = {p: [float(x) for x in w] for p, w in state["windows"].items()}
         self.main_vs_frozen = [float(x) for x in state.get("main_vs_frozen", [])]
         self.snapshot_counts = {p: int(n) for p, n in state["snapshot_counts"].items()}
+        self.games_since_snapshot = {p: int(n) for p, n in state.get("games_since_snapshot", {}).items()}
