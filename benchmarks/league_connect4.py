@@ -5,12 +5,13 @@
 
 Trains ``examples/alpha_star_connect4.yaml`` until the budget is spent (the last iteration
 may run over by up to ``min_time_s_per_iteration``), then plays the main policy greedily
-against a uniformly random player and against the one-step-lookahead heuristic (win if it
-can, block if it must, else random), ``--games`` each, half of them as first player.
+against a uniformly random player, the one-step-lookahead heuristic (win if it can, block if
+it must, else random) and the two-step one (as the one-step, but never a move that lets the
+opponent win on its reply), ``--games`` each, half of them as first player.
 Progress lines go to stdout; the last line is one JSON object:
 
     {"benchmark": "league_connect4", "budget_s": .., "env_steps_per_s": .., "players": ..,
-     "win_rate_vs_random": .., "win_rate_vs_heuristic": .., ...}
+     "win_rate_vs_random": .., "win_rate_vs_heuristic": .., "win_rate_vs_heuristic2": .., ...}
 """
 
 from __future__ import annotations
@@ -56,18 +57,21 @@ def main() -> None:
         wall = time.perf_counter() - t0
         vs_random = algo.evaluate_vs("random", args.games)
         vs_heuristic = algo.evaluate_vs("heuristic", args.games)
+        vs_heuristic2 = algo.evaluate_vs("heuristic2", args.games)
         players = len(algo.weights)
         league = algo.league.metrics()
     finally:
         algo.stop()
     print(f"main vs random:    {vs_random['win_rate']:.3f} (draws {vs_random['draw_rate']:.3f}, "
           f"first {vs_random['win_rate_first']:.3f}, second {vs_random['win_rate_second']:.3f})")
-    print(f"main vs heuristic: {vs_heuristic['win_rate']:.3f} (draws {vs_heuristic['draw_rate']:.3f}, "
-          f"first {vs_heuristic['win_rate_first']:.3f}, second {vs_heuristic['win_rate_second']:.3f})")
+    for name, out in (("heuristic", vs_heuristic), ("heuristic2", vs_heuristic2)):
+        print(f"main vs {name + ':':11s} {out['win_rate']:.3f} (draws {out['draw_rate']:.3f}, "
+              f"first {out['win_rate_first']:.3f}, second {out['win_rate_second']:.3f})")
     print(json.dumps({
         "benchmark": "league_connect4", "budget_s": args.budget_s,
         "env_steps_per_s": round(steps / train_s, 1) if train_s else 0.0, "players": players,
         "win_rate_vs_random": vs_random["win_rate"], "win_rate_vs_heuristic": vs_heuristic["win_rate"],
+        "win_rate_vs_heuristic2": vs_heuristic2["win_rate"],
         "games_per_opponent": vs_random["games"], "env_steps": steps, "env_steps_trained": r.get("env_steps_trained", 0),
         "wall_s": round(wall, 1), "learning_policies": int(league["league/learning"]),
         "league_games": int(league["league/games_total"]), "num_workers": cfg.resources.num_workers,

@@ -272,7 +272,7 @@ def evaluate(
     episodes: int = typer.Option(10, "--episodes", "-n", min=1, help="Episodes (games, with --opponent) to run."),
     checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="Which checkpoint of a run directory: best, last (the newest numbered one), or a checkpoint directory (a path, or a name in the run's checkpoints/)."),
     stochastic: bool = typer.Option(False, "--stochastic", help="Sample actions from the policy (DQN: epsilon-greedy at the checkpoint's epsilon) instead of greedy ones."),
-    opponent: Optional[str] = typer.Option(None, "--opponent", help="Two-player games: play the checkpoint's main policy against random, heuristic, or another checkpoint (a path); seats alternate. Default for a two-player game: random."),
+    opponent: Optional[str] = typer.Option(None, "--opponent", help="Two-player games: play the checkpoint's main policy against random, heuristic (one-step lookahead: wins, blocks), heuristic2 (also never lets the opponent win on its reply), or another checkpoint (a path); seats alternate. Default for a two-player game: random."),
     video: Optional[Path] = typer.Option(None, "--video", help="Record the episodes to this file (e.g. out.mp4) from render_mode='rgb_array' frames; needs pip install 'shoal\\[video]'."),
     video_episodes: Optional[int] = typer.Option(None, "--video-episodes", min=1, help="With --video: record only the first K episodes."),
     video_length: int = typer.Option(1000, "--video-length", min=1, help="With --video: at most this many frames (frames stream to the file as they come)."),

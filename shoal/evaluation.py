@@ -3,8 +3,8 @@
 - :func:`select_checkpoint`: ``best``, ``last`` or a named checkpoint of a run directory.
 - :func:`play_episodes`: single-agent episodes with :meth:`Algorithm.predict`, greedy or
   sampled, optionally recording the first few as RGB frames to a :class:`VideoWriter`.
-- :func:`play_games`: a game checkpoint's main policy against ``random``, ``heuristic`` (the
-  scripted players of :mod:`shoal.envs.multi_agent`) or another checkpoint's main policy, for
+- :func:`play_games`: a game checkpoint's main policy against ``random``, ``heuristic`` or
+  ``heuristic2`` (the scripted players of :mod:`shoal.envs.multi_agent`) or another checkpoint's main policy, for
   two-player PettingZoo envs trained by a multi-agent algorithm or the AlphaStar league.
 - :func:`report`: one dict of the figures (what ``--json`` prints).
 """
@@ -23,7 +23,7 @@ from shoal.errors import CheckpointError, ConfigError, EnvError, ShoalError
 from shoal.rollout.policies import EpsilonGreedyQPolicy
 
 CHECKPOINT_CHOICES = ("best", "last")
-SCRIPTED_OPPONENTS = ("random", "heuristic")
+SCRIPTED_OPPONENTS = ("random", "heuristic", "heuristic2")
 HEURISTIC_ENVS = "connect four (pettingzoo.classic:connect_four_v3) and tic-tac-toe (pettingzoo.classic:tictactoe_v3)"
 
 
@@ -260,7 +260,7 @@ def agents_of(algo) -> list[str]:
 
 
 def play_games(algo, opponent: str, num_games: int, deterministic: bool = True, opponent_algo=None) -> dict[str, Any]:
-    """``algo``'s main policy against ``opponent`` ("random", "heuristic", or ``opponent_algo``'s
+    """``algo``'s main policy against ``opponent`` ("random", "heuristic", "heuristic2", or ``opponent_algo``'s
     main policy) for ``num_games`` games, taking the first seat in every other game:
     :meth:`MultiAgentEnvRunner.evaluate_vs`'s summary plus ``player`` and ``opponent``."""
     from shoal.rollout.multi_agent import MultiAgentEnvRunner
@@ -282,8 +282,8 @@ def play_games(algo, opponent: str, num_games: int, deterministic: bool = True, 
     try:
         out = runner.evaluate_vs("player", opp_id, num_games, explore=not deterministic, num_envs=min(num_games, 16))
     except EnvError as e:
-        if opponent == "heuristic":
-            raise EnvError(f"--opponent heuristic: {e} The heuristic opponent plays {HEURISTIC_ENVS}.") from None
+        if opponent in ("heuristic", "heuristic2"):
+            raise EnvError(f"--opponent {opponent}: {e} The heuristic opponents play {HEURISTIC_ENVS}.") from None
         raise
     finally:
         runner.stop()

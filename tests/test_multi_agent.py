@@ -313,6 +313,33 @@ def test_lookahead_wins_if_it_can_else_blocks():
     assert lookahead_action(TIC_TAC_TOE, board, legal, rng) == 8
 
 
+def test_two_step_lookahead_never_plays_under_the_opponents_winning_cell():
+    rng = np.random.default_rng(0)
+    planes = np.zeros((6, 7, 2))
+    planes[3:6, 6, 1] = 1  # opponent's three in column 6: the two-step player blocks too
+    planes[5, 0, 0] = 1
+    assert lookahead_action(CONNECT_FOUR, planes, np.ones(7, bool), rng, 2) == 6
+    # The opponent's three in row 4 (columns 1-3) need (4, 0) ((4, 4) is ours); column 0 is
+    # empty, so a piece there lets the opponent win on top of it. No one can win at once.
+    planes = np.zeros((6, 7, 2))
+    planes[4, 1:4, 1] = 1
+    planes[5, [2, 4], 1] = 1
+    planes[5, [1, 3], 0] = planes[4, 4, 0] = 1
+    legal = np.ones(7, bool)
+    two_step = {lookahead_action(CONNECT_FOUR, planes, legal, np.random.default_rng(s), 2) for s in range(200)}
+    assert two_step == {1, 2, 3, 4, 5, 6}  # every column but 0, at random
+    one_step = {lookahead_action(CONNECT_FOUR, planes, legal, np.random.default_rng(s), 1) for s in range(200)}
+    assert one_step == set(range(7))  # the one-step player walks into it
+    # when every legal move hands a win (only column 0 is legal), it still moves
+    assert lookahead_action(CONNECT_FOUR, planes, np.eye(7, dtype=bool)[0], rng, 2) == 0
+
+
+def test_two_step_heuristic_beats_the_one_step_one():
+    runner = MultiAgentEnvRunner(config(C4, num_envs=8), 0, {"h2": "heuristic2"})
+    res = runner.evaluate_vs("h2", "heuristic", num_games=400)
+    assert res["win_rate"] > res["loss_rate"] + 0.08, res  # measured 0.55 against 0.375 over 200 games
+
+
 def test_evaluate_vs_random_is_symmetric_and_seats_alternate():
     runner = MultiAgentEnvRunner(config(num_envs=8), 0, {"rnd": "random"})
     res = runner.evaluate_vs("rnd", "random", num_games=400)

@@ -448,7 +448,8 @@ class AlphaStar(Algorithm):
 
     def evaluate(self, num_episodes: Optional[int] = None, render: bool = False) -> dict[str, float]:
         """Main against the uniform random player (two-player games); its return is +1 win, 0 draw, -1 loss.
-        In a game the lookahead heuristic plays, as many games against it (``win_rate_vs_heuristic``);
+        In a game the lookahead heuristics play, as many games against each (``win_rate_vs_heuristic``,
+        one-step; ``win_rate_vs_heuristic2``, two-step);
         on an OpenSpiel game, main's ``exploitability`` too (which then picks ``best``: lower is better),
         and the frozen players' Nash mixture's (``mixture_exploitability``, :meth:`league_mixture`)."""
         n = num_episodes or self.config.evaluation.evaluation_num_episodes
@@ -459,8 +460,9 @@ class AlphaStar(Algorithm):
                   "num_episodes": out["games"], "win_rate_vs_random": out["win_rate"],
                   "draw_rate_vs_random": out["draw_rate"]}
         if self._knows_heuristic():
-            h = self.evaluate_vs("heuristic", n)
-            result.update(win_rate_vs_heuristic=h["win_rate"], draw_rate_vs_heuristic=h["draw_rate"])
+            for name in ("heuristic", "heuristic2"):
+                h = self.evaluate_vs(name, n)
+                result.update({f"win_rate_vs_{name}": h["win_rate"], f"draw_rate_vs_{name}": h["draw_rate"]})
         if self._openspiel_game() is not None:
             result["exploitability"] = self.exploitability("main")
             mixture = self.league_mixture()

@@ -321,44 +321,74 @@ def cell_of(game: BoardGame, occupied: np.ndarray, action: int) -> tuple[int, in
     return None if occupied[r, c] else (r, c)
 
 
-def lookahead_action(game: BoardGame, planes: np.ndarray, legal: np.ndarray, rng: np.random.Generator) -> int:
-    """Win now if a legal move wins; else block a move that would win for the opponent; else random."""
+def _winning_moves(game: BoardGame, board: np.ndarray, occupied: np.ndarray, moves: np.ndarray) -> list[int]:
+    """The moves among ``moves`` that complete k in a row for the side whose pieces are ``board``."""
+    wins = []
+    for a in moves:
+        cell = cell_of(game, occupied, int(a))
+        if cell is None:
+            continue
+        trial = board.copy()
+        trial[cell] = True
+        if wins_at(trial, cell[0], cell[1], game.k):
+            wins.append(int(a))
+    return wins
+
+
+def _hands_a_win(game: BoardGame, opp: np.ndarray, occupied: np.ndarray, action: int) -> bool:
+    """Whether, after our ``action``, the opponent has a move that wins at once (in connect
+    four: playing right under the cell it needs)."""
+    cell = cell_of(game, occupied, action)
+    if cell is None:
+        return False
+    after = occupied.copy()
+    after[cell] = True
+    replies = np.flatnonzero(~after[0]) if game.gravity else np.flatnonzero(~after.ravel())
+    return bool(_winning_moves(game, opp, after, replies))
+
+
+def lookahead_action(game: BoardGame, planes: np.ndarray, legal: np.ndarray, rng: np.random.Generator,
+                     depth: int = 1) -> int:
+    """Win now if a legal move wins; else block a move that would win for the opponent; else
+    random, with ``depth`` 2 among the moves that do not let the opponent win on its reply
+    (all legal moves when every one does)."""
     own, opp = planes[..., 0] > 0, planes[..., 1] > 0
     occupied = own | opp
     moves = np.flatnonzero(legal)
     for board in (own, opp):  # first a winning move, then a blocking one
-        for a in moves:
-            cell = cell_of(game, occupied, int(a))
-            if cell is None:
-                continue
-            trial = board.copy()
-            trial[cell] = True
-            if wins_at(trial, cell[0], cell[1], game.k):
-                return int(a)
+        hits = _winning_moves(game, board, occupied, moves)
+        if hits:
+            return hits[0]
+    if depth >= 2:
+        safe = [int(a) for a in moves if not _hands_a_win(game, opp, occupied, int(a))]
+        moves = np.asarray(safe) if safe else moves
     return int(rng.choice(moves))
 
 
 class LookaheadPlayer(ScriptedPlayer):
-    """One-step lookahead for connect four / tic-tac-toe: win if possible, block if needed, else random."""
+    """Lookahead for connect four / tic-tac-toe. ``depth`` 1: win if possible, block if needed,
+    else random; 2: also never a move that lets the opponent win on its reply."""
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, seed: int | None = None) -> None:
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, seed: int | None = None, depth: int = 1) -> None:
         super().__init__(action_space, seed)
         self.game = board_for(obs_space)
+        self.depth = depth
 
     def act(self, obs: np.ndarray, explore: bool = True, masks: np.ndarray | None = None):
         planes = np.asarray(obs).reshape(len(obs), self.game.rows, self.game.cols, 2)
         legal = masks if masks is not None else np.ones((len(obs), self.n), dtype=bool)
-        return np.array([lookahead_action(self.game, planes[i], legal[i], self.rng) for i in range(len(obs))]), {}
+        return np.array([lookahead_action(self.game, planes[i], legal[i], self.rng, self.depth)
+                         for i in range(len(obs))]), {}
 
 
-SCRIPTED_PLAYERS = ("random", "heuristic")
+SCRIPTED_PLAYERS = ("random", "heuristic", "heuristic2")
 
 
 def make_scripted_player(name: str, obs_space: gym.Space, action_space: gym.Space, seed: int | None = None) -> ScriptedPlayer:
     if name == "random":
         return RandomPlayer(action_space, seed)
-    if name == "heuristic":
-        return LookaheadPlayer(obs_space, action_space, seed)
+    if name in ("heuristic", "heuristic2"):
+        return LookaheadPlayer(obs_space, action_space, seed, depth=1 if name == "heuristic" else 2)
     raise EnvError(f"Unknown scripted player {name!r}; choose one of {SCRIPTED_PLAYERS}.")
 
 
