@@ -1,7 +1,7 @@
 """AlphaStar league on Leduc poker for a fixed wall-clock budget, scored by exploitability.
 
     python benchmarks/league_leduc.py [--budget-s 900] [--config examples/alpha_star_leduc.yaml]
-                                      [--every-s 60] [--png curve.png]
+                                      [--every-s 60] [--png curve.png] [--save DIR]
 
 Trains the preset until the budget is spent (the last iteration may run over by up to
 ``min_time_s_per_iteration``). Every ``--every-s`` seconds, and at the end, it computes
@@ -12,7 +12,7 @@ Progress goes to stderr; the last stdout line is one JSON object:
 
     {"benchmark": "league_leduc", "budget_s": .., "main_exploitability": .., "mixture_exploitability": ..,
      "best_main_exploitability": .., "players": .., "env_steps": .., "env_steps_per_s": ..,
-     "curve": [[seconds, env_steps, main, mixture], ...], ...}
+     "mixture_support": {player: weight, ...}, "curve": [[seconds, env_steps, main, mixture], ...], ...}
 """
 
 from __future__ import annotations
@@ -35,6 +35,12 @@ def log(msg: str) -> None:
     print(f"[league_leduc] {msg}", file=sys.stderr, flush=True)
 
 
+def support(mix) -> dict[str, float]:
+    """The mixture's players with weight, heaviest first."""
+    order = sorted(zip(mix.policy_ids, mix.weights), key=lambda pw: -pw[1])
+    return {p: round(float(w), 3) for p, w in order if w > 1e-6}
+
+
 def draw(curve: list, path: Path) -> None:
     """The curve as ``shoal league`` draws a run's (main and the mixture against env steps)."""
     from shoal.league.report import exploitability_figure
@@ -51,6 +57,8 @@ def main() -> None:
     p.add_argument("--config", type=Path, default=ROOT / "examples" / "alpha_star_leduc.yaml")
     p.add_argument("--every-s", type=float, default=60.0, help="seconds between exploitability measurements")
     p.add_argument("--png", type=Path, default=None, help="also draw the curve into this PNG")
+    p.add_argument("--save", type=Path, default=None,
+                   help="also save the league at the end as a checkpoint in this directory (shoal league, load_policy)")
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -74,14 +82,17 @@ def main() -> None:
                 log(f"{curve[-1][0]:6.0f} s  iter {r['iteration']:4d}  env steps {r['env_steps_sampled']:9d}  "
                     f"players {r['num_policies']:2d}  main {main_x:.3f}  mixture {mix.exploitability:.3f} "
                     f"(support {int((mix.weights > 1e-6).sum())} of {len(mix.policy_ids)})  "
-                    f"entropy {r.get('learner/main/entropy', float('nan')):.3f}")
+                    f"entropy {r.get('learner/main/entropy', float('nan')):.3f}  weights {support(mix)}")
                 next_at += args.every_s
         train_s = time.perf_counter() - t0 - eval_s
         main_x, mix = algo.exploitability("main"), algo.league_mixture()
         curve.append([round(train_s, 1), int(r.get("env_steps_sampled", 0)), round(main_x, 4),
                       round(mix.exploitability, 4)])
         players = len(algo.weights)
-    log(f"main {main_x:.3f}, mixture {mix.exploitability:.3f} over {len(mix.policy_ids)} frozen players")
+        if args.save is not None:
+            log(f"checkpoint: {algo.save(args.save)}")
+    log(f"main {main_x:.3f}, mixture {mix.exploitability:.3f} over {len(mix.policy_ids)} frozen players: "
+        f"{support(mix)}")
     if args.png is not None:
         draw(curve, args.png)
     steps = int(r.get("env_steps_sampled", 0))
@@ -90,7 +101,7 @@ def main() -> None:
         "main_exploitability": round(main_x, 4), "mixture_exploitability": round(mix.exploitability, 4),
         "best_main_exploitability": min(c[2] for c in curve), "best_mixture_exploitability": min(c[3] for c in curve),
         "players": players, "env_steps": steps, "env_steps_per_s": round(steps / max(train_s, 1e-9), 1),
-        "uniform_random_exploitability": 2.3736, "curve": curve,
+        "uniform_random_exploitability": 2.3736, "mixture_support": support(mix), "curve": curve,
     }))
 
 
