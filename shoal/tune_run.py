@@ -84,6 +84,8 @@ class PbtSpec(_Strict):
     hyperparam_mutations: Optional[dict[str, SearchSpec]] = Field(
         None, description="Dotted key -> space that explore draws from; None: the search section's spaces.")
     time_attr: str = Field("training_iteration", description="The result key that measures a trial's progress.")
+    synch: bool = Field(False, description="Perturb once every trial has reached the interval, all at once (steady "
+                                           "with few trials or uneven speeds); false: each trial on its own clock.")
 
 
 class TuneStop(_Strict):
@@ -255,7 +257,7 @@ def _scheduler(spec: TuneSpec):
                            for k, v in spec.pbt_mutations().items()})
         return PopulationBasedTraining(time_attr=s.time_attr, perturbation_interval=s.perturbation_interval,
                                        quantile_fraction=s.quantile_fraction, resample_probability=s.resample_probability,
-                                       hyperparam_mutations=mutations)
+                                       hyperparam_mutations=mutations, synch=s.synch)
     return None
 
 

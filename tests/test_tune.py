@@ -347,7 +347,8 @@ def test_pbt_exploits_a_checkpoint_and_the_trial_continues_from_its_counters(ray
     from shoal.tune_run import run_tune
 
     spec = TuneSpec.parse(_spec(search={"lr": {"choice": [3e-2, 1e-5]}}, num_samples=2, max_concurrent_trials=2,
-                                scheduler={"type": "pbt", "perturbation_interval": 1, "quantile_fraction": 0.5},
+                                scheduler={"type": "pbt", "perturbation_interval": 1, "quantile_fraction": 0.5,
+                                           "synch": True},  # the asynchronous form copied nothing in one full-suite run
                                 stop={"iterations": 4}, name="pbt"))
     summary = run_tune(spec, out=tmp_path, verbose=0)
     assert all(r["status"] == "TERMINATED" and r["iterations"] == 4 for r in summary.trials)
