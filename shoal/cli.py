@@ -356,8 +356,8 @@ def _evaluation_report(p: Path, algo, n: int, deterministic: bool, opponent: Opt
     other = None
     if opponent not in ev.SCRIPTED_OPPONENTS:
         if not Path(opponent).exists():
-            raise ConfigError(f"--opponent must be {' or '.join(ev.SCRIPTED_OPPONENTS)} or a checkpoint path; "
-                              f"'{opponent}' is neither.")
+            raise ConfigError(f"--opponent must be {', '.join(ev.SCRIPTED_OPPONENTS)} or a checkpoint path; "
+                              f"'{opponent}' is none of these (no such file or directory).")
         other = ev.load_for_evaluation(ev.select_checkpoint(opponent), seed, trust=trust)
     try:
         games = ev.play_games(algo, opponent, n, deterministic, opponent_algo=other)

@@ -235,7 +235,7 @@ def test_opponent_errors_exit_2(game_checkpoint, run_dir, tmp_path):
     r = invoke("evaluate", run_dir, "--opponent", "random")
     assert r.exit_code == 2 and "single-agent env" in flat(r.output)
     r = invoke("evaluate", game_checkpoint, "--opponent", "grandmaster")
-    assert r.exit_code == 2 and "random or heuristic or a checkpoint path" in flat(r.output)
+    assert r.exit_code == 2 and "random, heuristic, heuristic2 or a checkpoint path" in flat(r.output)
     r = invoke("evaluate", game_checkpoint, "--video", tmp_path / "g.mp4")
     assert r.exit_code == 2 and "single-agent" in flat(r.output)
     rps = untrained(tmp_path, "rps", env="pettingzoo.classic:rps_v2", multi_agent={"policies": {"main": None}})
