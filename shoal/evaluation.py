@@ -19,11 +19,12 @@ from typing import Any, Callable
 import numpy as np
 
 from shoal import checkpoint as ckpt
+from shoal.envs.multi_agent import LOOKAHEAD_DEPTHS, SCRIPTED_PLAYERS
 from shoal.errors import CheckpointError, ConfigError, EnvError, ShoalError
 from shoal.rollout.policies import EpsilonGreedyQPolicy
 
 CHECKPOINT_CHOICES = ("best", "last")
-SCRIPTED_OPPONENTS = ("random", "heuristic", "heuristic2")
+SCRIPTED_OPPONENTS = SCRIPTED_PLAYERS
 HEURISTIC_ENVS = "connect four (pettingzoo.classic:connect_four_v3) and tic-tac-toe (pettingzoo.classic:tictactoe_v3)"
 
 
@@ -282,7 +283,7 @@ def play_games(algo, opponent: str, num_games: int, deterministic: bool = True, 
     try:
         out = runner.evaluate_vs("player", opp_id, num_games, explore=not deterministic, num_envs=min(num_games, 16))
     except EnvError as e:
-        if opponent in ("heuristic", "heuristic2"):
+        if opponent in LOOKAHEAD_DEPTHS:
             raise EnvError(f"--opponent {opponent}: {e} The heuristic opponents play {HEURISTIC_ENVS}.") from None
         raise
     finally:

@@ -343,8 +343,8 @@ def _hands_a_win(game: BoardGame, opp: np.ndarray, occupied: np.ndarray, action:
         return False
     after = occupied.copy()
     after[cell] = True
-    replies = np.flatnonzero(~after[0]) if game.gravity else np.flatnonzero(~after.ravel())
-    return bool(_winning_moves(game, opp, after, replies))
+    every_move = np.arange(game.cols if game.gravity else game.rows * game.cols)  # full ones: cell_of is None
+    return bool(_winning_moves(game, opp, after, every_move))
 
 
 def lookahead_action(game: BoardGame, planes: np.ndarray, legal: np.ndarray, rng: np.random.Generator,
@@ -381,18 +381,19 @@ class LookaheadPlayer(ScriptedPlayer):
                          for i in range(len(obs))]), {}
 
 
-SCRIPTED_PLAYERS = ("random", "heuristic", "heuristic2")
+LOOKAHEAD_DEPTHS = {"heuristic": 1, "heuristic2": 2}  # the scripted lookahead players by name
+SCRIPTED_PLAYERS = ("random", *LOOKAHEAD_DEPTHS)
 
 
 def make_scripted_player(name: str, obs_space: gym.Space, action_space: gym.Space, seed: int | None = None) -> ScriptedPlayer:
     if name == "random":
         return RandomPlayer(action_space, seed)
-    if name in ("heuristic", "heuristic2"):
-        return LookaheadPlayer(obs_space, action_space, seed, depth=1 if name == "heuristic" else 2)
+    if name in LOOKAHEAD_DEPTHS:
+        return LookaheadPlayer(obs_space, action_space, seed, depth=LOOKAHEAD_DEPTHS[name])
     raise EnvError(f"Unknown scripted player {name!r}; choose one of {SCRIPTED_PLAYERS}.")
 
 
-__all__ = ["AECAdapter", "BoardGame", "CONNECT_FOUR", "LookaheadPlayer", "MAStep", "MultiAgentEnvAdapter",
+__all__ = ["AECAdapter", "BoardGame", "CONNECT_FOUR", "LOOKAHEAD_DEPTHS", "LookaheadPlayer", "MAStep", "MultiAgentEnvAdapter",
            "ParallelAdapter", "RandomPlayer", "SCRIPTED_PLAYERS", "ScriptedPlayer", "TIC_TAC_TOE", "board_for",
            "lookahead_action", "make_multi_agent_env", "make_scripted_player", "observation_part",
            "peel_checking_wrappers", "resolve_multi_agent_env", "split_observation", "wins_at"]

@@ -120,8 +120,6 @@ _shutting_down = threading.Event()
 _raylet = None  # psutil.Process of the local raylet this process started, while it runs
 _raylet_gcs = None  # the GCS address of that Ray instance
 WATCH_PERIOD_S = 0.02  # how often the raylet watch looks (reading /proc/PID/stat: ~20 us)
-
-
 PF_EXITING = 0x4  # Linux task flag, set as soon as a process starts to exit (before its sockets close)
 
 
