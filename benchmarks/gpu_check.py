@@ -20,8 +20,9 @@ The checks (``--only`` picks some):
   the bytes of float32) and the Nature CNN scales it there.
 - ``checkpoint_to_cpu``: a PPO checkpoint written by a GPU learner loads with
   ``shoal.load_policy`` in a process that sees no GPU (``CUDA_VISIBLE_DEVICES=""``) and acts.
-- ``ddppo_nccl``: DD-PPO, two Ray workers sharing the GPU (0.5 each) all-reducing with NCCL
-  (gloo on the CPU).
+- ``ddppo_gpu``: DD-PPO, two Ray workers learning on the GPU: with one GPU they share it (0.5
+  each) and all-reduce with gloo (NCCL refuses two ranks on one device); with two or more GPUs,
+  one each and NCCL (``ddppo_backend`` says which ran).
 - ``league_fractional_gpus``: an AlphaStar league whose two learning policies share one GPU in a
   remote learner shard.
 - ``appo_pong``: ``examples/appo_pong.yaml`` with its learner on the GPU for ``--pong-s``
@@ -53,7 +54,7 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 LEARNER_ALGOS = ("ppo", "dqn", "apex", "impala", "appo")
-RAY_CHECKS = ("ddppo_nccl", "league_fractional_gpus")
+RAY_CHECKS = ("ddppo_gpu", "league_fractional_gpus")
 
 
 def log(msg: str) -> None:
@@ -166,13 +167,17 @@ def check_checkpoint_to_cpu(c: Check) -> None:
         raise AssertionError(f"load_policy in a CPU-only process failed: {(proc.stderr or proc.stdout).strip()[-400:]}")
 
 
-def check_ddppo_nccl(c: Check) -> None:
+def check_ddppo_gpu(c: Check) -> None:
     from shoal.algorithms import get_config_class
 
+    # NCCL refuses two ranks on one device: with one GPU the two workers share it (0.5 each) and
+    # all-reduce their CUDA gradients with gloo; with two or more, each gets a whole GPU and NCCL.
+    nccl = c.cuda and torch.cuda.device_count() >= 2
+    c.facts["ddppo_backend"] = "nccl" if nccl else "gloo"
     cfg = get_config_class("ddppo")(
         env="CartPole-v1", seed=0, rollout_fragment_length=32, minibatch_size=64, num_sgd_iter=1,
-        torch_distributed_backend="nccl" if c.cuda else "gloo", min_time_s_per_iteration=0.0,
-        resources={"num_workers": 2, "num_envs_per_worker": 4, "num_gpus_per_worker": c.gpus(0.5)})
+        torch_distributed_backend=c.facts["ddppo_backend"], min_time_s_per_iteration=0.0,
+        resources={"num_workers": 2, "num_envs_per_worker": 4, "num_gpus_per_worker": c.gpus(1 if nccl else 0.5)})
     with cfg.build() as trained:
         for _ in range(2):
             result = trained.train()
@@ -230,7 +235,7 @@ class SkipCheck(Exception):
 def checks() -> dict[str, Callable[[Check], None]]:
     out: dict[str, Callable[[Check], None]] = {f"learner_{a}": (lambda c, a=a: check_learner(c, a)) for a in LEARNER_ALGOS}
     out.update(multi_device_towers=check_multi_device_towers, uint8_on_device=check_uint8_on_device,
-               checkpoint_to_cpu=check_checkpoint_to_cpu, ddppo_nccl=check_ddppo_nccl,
+               checkpoint_to_cpu=check_checkpoint_to_cpu, ddppo_gpu=check_ddppo_gpu,
                league_fractional_gpus=check_league_fractional_gpus, appo_pong=check_appo_pong)
     return out
 

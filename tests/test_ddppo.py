@@ -59,6 +59,16 @@ def test_backends_torch_lacks_and_nccl_without_gpus_are_refused():
     with pytest.raises(ConfigError, match="nccl"):
         DDPPOConfig(env="CartPole-v1", torch_distributed_backend="nccl")
 
+def test_nccl_with_workers_sharing_a_gpu_is_refused(monkeypatch):
+    # two ranks on one GPU: NCCL's "invalid usage" on the first GPU run, refused before any actor starts
+    # (this torch may lack nccl: pretend it has it so the rule itself is reached)
+    monkeypatch.setattr("shoal.algorithms.ddppo.backend_available", lambda name: True)
+    with pytest.raises(ConfigError, match="whole GPU"):
+        DDPPOConfig(env="CartPole-v1", torch_distributed_backend="nccl", resources={"num_gpus_per_worker": 0.5})
+    one = DDPPOConfig(env="CartPole-v1", torch_distributed_backend="nccl",
+                      resources={"num_workers": 1, "num_gpus_per_worker": 0.5})
+    assert one.resources.num_workers == 1  # a single rank cannot collide with itself
+
 
 def test_config_rules_also_hold_on_assignment():
     cfg = DDPPOConfig(env="CartPole-v1")

@@ -26,7 +26,7 @@ def test_without_a_gpu_it_says_so_runs_nothing_and_exits_0():
     rc, out, err = _run()
     assert rc == 0, err
     assert out["gpu"] is False and out["passed"] == [] and out["failed"] == []
-    assert "learner_appo" in out["skipped"] and "ddppo_nccl" in out["skipped"]
+    assert "learner_appo" in out["skipped"] and "ddppo_gpu" in out["skipped"]
     assert "torch sees no CUDA device" in err
 
 
@@ -48,7 +48,7 @@ def test_an_unknown_check_is_named():
     assert "unknown check(s) warp_drive" in err and "learner_apex" in err
 
 
-@pytest.mark.parametrize("name", ["ddppo_nccl", "league_fractional_gpus"])
+@pytest.mark.parametrize("name", ["ddppo_gpu", "league_fractional_gpus"])
 def test_the_ray_checks_pass_with_the_cpu_standing_in(name):
     rc, out, err = _run("--device", "cpu", "--only", name)
     assert out is not None and out["failed"] == [], ((out or {}).get("errors"), err[-3000:])

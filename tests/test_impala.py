@@ -233,6 +233,16 @@ def test_config_errors_name_the_key(kw, words):
         assert w in str(e.value)
 
 
+def test_one_gpu_keeps_the_learner_thread_when_a_ring_is_asked_for():
+    # examples/appo_pong.yaml learns a ring of 4 batches; on one GPU that must still build (first GPU run:
+    # it was refused), with the single-device thread on the GPU, and without a ring the GPU gets the loader
+    ring = APPOConfig(env="CartPole-v1", minibatch_buffer_size=4, resources={"num_gpus": 1})
+    assert ring.learner_devices() == ["cuda:0"] and not ring.multi_device()
+    assert APPOConfig(env="CartPole-v1", resources={"num_gpus": 1}).multi_device()
+    with pytest.raises(ConfigError, match="set one or the other"):
+        APPOConfig(env="CartPole-v1", minibatch_buffer_size=4, num_multi_gpu_tower_stacks=2, resources={"num_gpus": 1})
+
+
 def test_appo_config_errors_and_defaults():
     with pytest.raises(ConfigError, match="clip_param"):
         APPOConfig(env="CartPole-v1", clip_param=-1)

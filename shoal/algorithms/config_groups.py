@@ -73,9 +73,10 @@ class LearnerThreadKeys(Section):
     num_data_load_threads: int = Field(1, ge=1, description="Multi-device learner: threads that preload the stacks.")
 
     def multi_device(self) -> bool:
-        """Whether the learner is the multi-device one (several devices, or one GPU)."""
+        """Whether the learner is the multi-device one: several devices, or one GPU unless
+        ``minibatch_buffer_size`` > 1 asks for the single-device thread's ring (which runs on that GPU)."""
         devices = self.learner_devices()
-        return len(devices) > 1 or devices[0] != "cpu"
+        return len(devices) > 1 or (devices[0] != "cpu" and self.minibatch_buffer_size == 1)
 
     def num_devices(self) -> int:
         return self.num_learner_devices or max(1, int(self.resources.num_gpus))
@@ -141,11 +142,15 @@ def check_learner_thread(cfg) -> None:
     if (cfg.train_batch_size // T) % n:
         raise ValueError(f"train_batch_size ({cfg.train_batch_size}) holds {cfg.train_batch_size // T} sequences of "
                          f"{T} steps, which do not divide evenly over {n} learner devices")
-    if cfg.multi_device() and cfg.minibatch_buffer_size != 1:
+    if n > 1 and cfg.minibatch_buffer_size != 1:
         raise ValueError(f"minibatch_buffer_size ({cfg.minibatch_buffer_size}) is a setting of the single-device "
-                         "learner thread; the multi-device learner (several devices, or a GPU) preloads "
+                         "learner thread; the multi-device learner (several devices) preloads "
                          "num_multi_gpu_tower_stacks stacks instead: leave it at 1")
     stacks = {k: getattr(cfg, k) for k in ("num_multi_gpu_tower_stacks", "num_data_load_threads") if getattr(cfg, k) != 1}
+    if stacks and cfg.minibatch_buffer_size != 1 and cfg.learner_devices()[0] != "cpu":
+        raise ValueError(f"{', '.join(f'{k} ({v})' for k, v in stacks.items())}: settings of the multi-device "
+                         f"learner, but minibatch_buffer_size ({cfg.minibatch_buffer_size}) runs one GPU with the "
+                         "single-device learner thread and its ring; set one or the other")
     if stacks and not cfg.multi_device():
         raise ValueError(f"{', '.join(f'{k} ({v})' for k, v in stacks.items())}: settings of the multi-device learner, "
                          "which runs only with several devices or a GPU (num_learner_devices, resources.num_gpus); "

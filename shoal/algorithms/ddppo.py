@@ -140,6 +140,12 @@ class DDPPOConfig(PPOLossKeys, AlgorithmConfig):
                              f"rollout_fragment_length x resources.num_envs_per_worker = {self.worker_batch_size()}")
         if self.torch_distributed_backend == "nccl" and self.resources.num_gpus_per_worker <= 0:
             raise ValueError("torch_distributed_backend 'nccl' needs GPUs: set resources.num_gpus_per_worker > 0, or use gloo")
+        gpus, workers = self.resources.num_gpus_per_worker, self.resources.num_workers
+        if self.torch_distributed_backend == "nccl" and gpus < 1 and workers > 1:
+            raise ValueError(f"torch_distributed_backend 'nccl' with resources.num_gpus_per_worker {gpus:g}: Ray may "
+                             "put two workers on one GPU, and NCCL refuses two ranks on one device ('invalid "
+                             "usage'). Give each worker a whole GPU (num_gpus_per_worker: 1), or use gloo, which "
+                             "all-reduces the workers' GPU gradients through the host")
         return self
 
     def fragment_length(self) -> int:

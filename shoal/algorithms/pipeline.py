@@ -175,7 +175,8 @@ class AsyncAlgorithm(Algorithm):
 
 # ---- building the pipeline's parts (IMPALA and APPO) -------------------------------------------
 def make_learner_thread(learner, config):
-    """A LearnerThread, or the multi-device one when the config names several devices or a GPU;
+    """A LearnerThread, or the multi-device one when the config names several devices or a GPU
+    (``config.multi_device()``: one GPU with a ``minibatch_buffer_size`` ring keeps the LearnerThread);
     ``learner`` is a Learner, or ``{policy_id: Learner}`` for a thread that trains several policies."""
     devices = config.learner_devices()
     if config.multi_device():
