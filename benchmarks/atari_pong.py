@@ -80,10 +80,11 @@ def child(algo_name: str, config_path: str, budget_s: float, spawn_time: float, 
             if mean20 is not None:
                 out["final_mean_20"] = mean20
                 out["best_mean_20"] = mean20 if out["best_mean_20"] is None else max(out["best_mean_20"], mean20)
-            lr = result.get("learner/lr")
+            lr, entropy = result.get("learner/lr"), result.get("learner/entropy")
             log(f"{seconds:.0f} s, {out['frames']} frames ({out['frames_per_s']:.0f}/s), "
                 f"{result['episodes_total']} games, mean of last {WINDOW}: {mean20}"
-                + (f", learner busy {busy[-1]:.2f}" if busy else "") + (f", lr {lr:.3g}" if lr is not None else ""))
+                + (f", learner busy {busy[-1]:.2f}" if busy else "") + (f", lr {lr:.3g}" if lr is not None else "")
+                + (f", entropy {entropy:.3f}" if entropy is not None else ""))
             if mean20 is not None and target is not None and mean20 >= target:
                 out.update(reached=True, seconds_to_18=seconds, agent_steps_to_18=out["agent_steps"])
                 break
