@@ -40,11 +40,11 @@ _LAZY = {
     "AlphaStarConfig": ("shoal.algorithms.alpha_star", "AlphaStarConfig"), "AlphaStar": ("shoal.algorithms.alpha_star", "AlphaStar"),
     "Algorithm": ("shoal.algorithms.base", "Algorithm"),
     "Callbacks": ("shoal.callbacks", "Callbacks"),
-    "train": ("shoal.trainer", "train"),
-    "Stop": ("shoal.trainer", "Stop"),
-    "load": ("shoal.trainer", "load"),
-    "load_policy": ("shoal.policy", "load_policy"),
-    "export_policy": ("shoal.export", "export_policy"),
+    "train": ("shoal.app.trainer", "train"),
+    "Stop": ("shoal.app.trainer", "Stop"),
+    "load": ("shoal.app.trainer", "load"),
+    "load_policy": ("shoal.app.policy", "load_policy"),
+    "export_policy": ("shoal.app.export", "export_policy"),
 }
 
 

@@ -1,3 +1,3 @@
-from shoal.cli import main
+from shoal.app.cli import main
 
 main()

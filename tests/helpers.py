@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner, Result
 
-from shoal.cli import app
+from shoal.app.cli import app
 
 
 def invoke(*args) -> Result:

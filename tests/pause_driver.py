@@ -74,7 +74,7 @@ def install(stage: str, n: int, flag: Path) -> None:
 if __name__ == "__main__":
     stage, n, flag, *args = sys.argv[1:]
     install(stage, int(n), Path(flag))
-    from shoal.cli import main
+    from shoal.app.cli import main
 
     sys.argv = ["shoal", *args]
     main()

@@ -213,7 +213,7 @@ def test_exploiter_snapshots_that_keep_learning_take_the_slot_a_freeze_frees():
 def test_the_best_checkpoint_follows_a_fixed_yardstick_not_the_leagues_own_win_rates(tmp_path, evaluation, metric):
     import json
 
-    from shoal.trainer import train
+    from shoal.app.trainer import train
 
     summary = train(small(evaluation=evaluation), {"iterations": 4}, out=tmp_path, progress=False)
     assert summary.best_metric == metric

@@ -214,7 +214,7 @@ def test_bad_stop_value(tmp_path):
 
 
 def test_apex_cli_uses_the_small_machine_preset_only_without_resources():
-    from shoal.cli import _build_config
+    from shoal.app.cli import _build_config
 
     flags = {"env": "CartPole-v1", "seed": None, "resources": {"num_workers": None, "num_envs_per_worker": None, "address": None}}
     cfg, _, note = _build_config("apex", None, ["lr=0.002"], flags)

@@ -69,8 +69,8 @@ def test_a_q_model_with_the_wrong_width_is_a_clear_error():
 @pytest.mark.learning
 def test_the_example_preset_solves_cartpole_with_its_custom_model_and_checkpoints_hold_weights(tmp_path):
     from shoal.algorithms.ppo import PPO, PPOConfig
+    from shoal.app.trainer import train
     from shoal.config import load_yaml
-    from shoal.trainer import train
 
     data = load_yaml(REPO / "examples" / "ppo_custom_model.yaml")
     data.pop("stop")
@@ -120,7 +120,7 @@ def test_box_observations_reach_the_model_in_the_space_shape_and_dtype():
 @pytest.mark.learning
 def test_a_recurrent_custom_model_learns_a_memory_task():
     """GRUPolicy (recurrent = True): shoal carries, resets and stores its state like its own LSTM's."""
-    from shoal.trainer import train
+    from shoal.app.trainer import train
 
     config = _ppo(env="shoal.envs.memory:RememberCue", env_config={"delay": 4}, lr=1e-3, train_batch_size=512,
                   minibatch_size=128, num_sgd_iter=4, model={"custom": "examples.custom_model:GRUPolicy",

@@ -16,7 +16,7 @@ def make_short_cartpole():
 
 
 def test_shoal_imports_envs_from_the_working_directory(tmp_path, monkeypatch):
-    from shoal import cli
+    from shoal.app import cli
 
     (tmp_path / "cwd_envs_for_shoal.py").write_text(ENV_MODULE)
     monkeypatch.chdir(tmp_path)

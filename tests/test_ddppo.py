@@ -309,7 +309,7 @@ def test_a_worker_killed_mid_round_is_replaced_and_the_new_group_trains_on(ray_c
 @pytest.mark.ray
 @pytest.mark.learning
 def test_two_workers_learn_cartpole_with_the_preset(ray_cluster):
-    from shoal.trainer import train
+    from shoal.app.trainer import train
 
     data = load_yaml(PRESET)
     data.pop("stop")

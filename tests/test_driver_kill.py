@@ -22,7 +22,7 @@ import torch
 
 from shoal import checkpoint as ckpt
 from shoal.algorithms.base import Algorithm
-from shoal.trainer import newest_intact_checkpoint, resume
+from shoal.app.trainer import newest_intact_checkpoint, resume
 
 REPO = Path(__file__).resolve().parent.parent
 PPO_ARGS = ["ppo", "--env", "CartPole-v1", "-w", "0", "--seed", "0", "--set", "train_batch_size=256",

@@ -12,7 +12,7 @@ from helpers import flat, invoke
 
 import shoal
 from shoal import PPOConfig
-from shoal.evaluation import select_checkpoint
+from shoal.app.evaluation import select_checkpoint
 
 CATCH = "shoal.envs.pixel_catch:PixelCatch"
 SMALL_CNN = {"torso": "conv", "conv_filters": [[8, 3, 2]], "hiddens": [32], "activation": "relu"}
@@ -161,7 +161,7 @@ def test_video_frames_stream_to_the_file_and_stop_at_the_length_cap(tmp_path):
 
     import imageio.v2 as imageio
 
-    from shoal.evaluation import VideoWriter, load_for_evaluation, play_episodes
+    from shoal.app.evaluation import VideoWriter, load_for_evaluation, play_episodes
 
     path = untrained(tmp_path, "catch", env=CATCH, model=SMALL_CNN)
     algo = load_for_evaluation(path)

@@ -12,8 +12,8 @@ from helpers import invoke
 
 import shoal
 from shoal import DQNConfig, PPOConfig
+from shoal.app.export import export_policy, sidecar_path
 from shoal.batch import Col
-from shoal.export import export_policy, sidecar_path
 from shoal.models.catalog import preprocess_obs
 from shoal.rollout.policies import STATE_OUT
 

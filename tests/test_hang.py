@@ -46,7 +46,7 @@ def test_hung_env_times_out_and_the_actor_is_recreated(ray_cluster, tmp_path, ca
 
 
 def test_stop_time_fires_while_the_driver_waits_on_a_hung_actor(ray_cluster, tmp_path):
-    from shoal.trainer import train
+    from shoal.app.trainer import train
 
     # The request timeout is far off: only the run's deadline can end the wait. The hang comes in
     # the second iteration (32 steps per env and iteration), so the first one is checkpointed.

@@ -401,7 +401,7 @@ def test_learner_queue_timeout_surfaces_in_train():
 @pytest.mark.learning
 @pytest.mark.parametrize("name, cls", [("impala", IMPALAConfig), ("appo", APPOConfig)])
 def test_learns_cartpole_with_two_rollout_actors(ray_cluster, name, cls):
-    from shoal.trainer import train
+    from shoal.app.trainer import train
 
     data = load_yaml(EXAMPLES / f"{name}_cartpole.yaml")
     data.pop("stop")

@@ -11,8 +11,8 @@ import shoal
 ROOT = Path(shoal.__file__).resolve().parent
 BASE = ("shoal.config", "shoal.envs", "shoal.models", "shoal.batch", "shoal.spaces", "shoal.imports",
         "shoal.process", "shoal.errors", "shoal.trust", "shoal.gym_ids", "shoal.files", "shoal.seeding")
-ABOVE_BASE = ("shoal.algorithms", "shoal.learn", "shoal.rollout", "shoal.replay", "shoal.league", "shoal.trainer",
-              "shoal.policy", "shoal.evaluation", "shoal.export", "shoal.tune", "shoal.tune_run", "shoal.cli")
+ABOVE_BASE = ("shoal.algorithms", "shoal.learn", "shoal.rollout", "shoal.replay", "shoal.league", "shoal.app")
+APP = ("shoal.app",)  # the product surface: CLI, trainer, Tune, evaluation, export, inference
 
 
 def _modules() -> dict[str, Path]:
@@ -92,6 +92,16 @@ def _in(name: str, layer: tuple[str, ...]) -> bool:
 def test_the_base_layers_import_nothing_above_them():
     graph = _graph()
     wrong = sorted((a, b) for a, targets in graph.items() if _in(a, BASE) for b in targets if _in(b, ABOVE_BASE))
+    assert wrong == []
+
+
+def test_only_the_entry_point_imports_the_product_surface():
+    """``shoal.app`` sits on top: the library below it never imports it (``shoal/__init__.py`` names
+    its public functions lazily, by string; ``python -m shoal`` is ``__main__``)."""
+    graph = _graph()
+    assert {"shoal.app.trainer", "shoal.app.cli"} <= set(graph)
+    wrong = sorted((a, b) for a, targets in graph.items() if not _in(a, APP) and a != "shoal.__main__"
+                   for b in targets if _in(b, APP))
     assert wrong == []
 
 

@@ -15,7 +15,7 @@ PRESET = Path(__file__).resolve().parents[1] / "examples" / "ppo_cartpole.yaml"
 
 def test_ppo_solves_cartpole_in_process_with_the_preset():
     from shoal import PPOConfig
-    from shoal.trainer import train
+    from shoal.app.trainer import train
 
     data = load_yaml(PRESET)
     stop = data.pop("stop")
@@ -48,7 +48,7 @@ def test_ppo_learns_a_box_action_task_a_little():
 def test_dqn_learns_cartpole_in_process():
     """DQN with its defaults (double, dueling, 3-step, prioritized replay) on CartPole, no Ray."""
     from shoal.algorithms.dqn import DQNConfig
-    from shoal.trainer import train
+    from shoal.app.trainer import train
 
     config = DQNConfig(env="CartPole-v1", seed=0, min_env_steps_per_iteration=4000)
     # ~80k env steps / ~15-25 s to reach 450 here; 400 within the budget leaves room for a loaded CI machine.

@@ -10,10 +10,10 @@ import time
 import pytest
 
 import shoal
+from shoal.app.trainer import resume
 from shoal.errors import ConfigError
 from shoal.logging.trackers import mlflow_key, read_run_id
 from shoal.logging.writers import flatten_config
-from shoal.trainer import resume
 
 SMALL = dict(env="CartPole-v1", seed=0, train_batch_size=256, minibatch_size=128, num_sgd_iter=1,
              resources={"num_envs_per_worker": 4})

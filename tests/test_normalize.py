@@ -165,7 +165,7 @@ def test_one_ray_rollout_actor_sends_its_statistics_to_the_driver(tmp_path):
 
 @pytest.mark.learning
 def test_ppo_with_normalization_solves_cartpole():
-    from shoal.trainer import train
+    from shoal.app.trainer import train
 
     config = PPOConfig(env="CartPole-v1", seed=0, gamma=0.98, gae_lambda=0.9, lr=0.003, train_batch_size=4096,
                        minibatch_size=2048, num_sgd_iter=8, entropy_coeff=0.0, resources={"num_envs_per_worker": 64},

@@ -36,9 +36,9 @@ def test_build_makes_a_wheel_and_an_sdist_named_by_the_one_version(dist):
     (sdist,) = dist.glob("*.tar.gz")
     assert wheel.name.startswith(f"shoal-{shoal.__version__}-") and sdist.name == f"shoal-{shoal.__version__}.tar.gz"
     names = zipfile.ZipFile(wheel).namelist()
-    assert "shoal/py.typed" in names and "shoal/cli.py" in names and not any(n.startswith("tests/") for n in names)
+    assert "shoal/py.typed" in names and "shoal/app/cli.py" in names and not any(n.startswith("tests/") for n in names)
     entry = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "shoal = shoal.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+    assert "shoal = shoal.app.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
     members = tarfile.open(sdist).getnames()
     assert f"shoal-{shoal.__version__}/pyproject.toml" in members and f"shoal-{shoal.__version__}/LICENSE" in members
 

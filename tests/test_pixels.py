@@ -56,7 +56,7 @@ def test_frames_stay_uint8_from_a_ray_rollout_actor_to_the_learner(monkeypatch):
 @pytest.mark.learning
 def test_a_cnn_agent_learns_pixel_catch_in_process():
     from shoal import PPOConfig
-    from shoal.trainer import train
+    from shoal.app.trainer import train
 
     config = PPOConfig(env=CATCH, seed=0, model=SMALL_CNN, lr=1e-3, gamma=0.9, train_batch_size=2048,
                        minibatch_size=256, num_sgd_iter=4, entropy_coeff=0.01,

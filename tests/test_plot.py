@@ -9,8 +9,8 @@ import pytest
 import yaml
 from helpers import flat, invoke
 
+from shoal.app.plotting import group_runs, mean_and_band, plot_runs
 from shoal.errors import ConfigError
-from shoal.plotting import group_runs, mean_and_band, plot_runs
 
 
 def fake_run(root, name: str, config: dict, rows: list[tuple[int, float]]):

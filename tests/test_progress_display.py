@@ -6,8 +6,8 @@ import re
 
 from rich.console import Console
 
+from shoal.app.trainer import Stop
 from shoal.logging.progress import ProgressDisplay, format_eta, metric_label
-from shoal.trainer import Stop
 
 PG = [("learner/policy_loss", "policy_loss"), ("learner/vf_loss", "vf_loss"), ("learner/entropy", "entropy")]
 

@@ -234,7 +234,7 @@ def test_forward_on_a_recurrent_module_says_what_to_call():
 
 # ---- learning on memory tasks --------------------------------------------------------------
 def _cue_run(config_cls, lstm: bool, **kw):
-    from shoal.trainer import train
+    from shoal.app.trainer import train
 
     model = {**LSTM, "lstm_cell_size": 32, "hiddens": [32]} if lstm else {"hiddens": [32]}
     config = config_cls(env=CUE, env_config={"delay": 4}, seed=0, lr=1e-3, model=model,

@@ -148,7 +148,7 @@ def test_third_signal_aborts_the_stop_save_and_leaves_no_partial_checkpoint(tmp_
 HOLDER = """
 import sys, time
 from pathlib import Path
-from shoal.run_lock import run_lock
+from shoal.app.run_lock import run_lock
 with run_lock(Path(sys.argv[1])):
     Path(sys.argv[2]).write_text("held")
     time.sleep(600)
@@ -156,8 +156,8 @@ with run_lock(Path(sys.argv[1])):
 
 
 def test_a_second_process_is_told_who_holds_the_run_directory(tmp_path):
+    from shoal.app.run_lock import LOCK_FILE, run_lock
     from shoal.errors import RunDirectoryError
-    from shoal.run_lock import LOCK_FILE, run_lock
 
     run, held = tmp_path / "run", tmp_path / "held"
     (run / "checkpoints").mkdir(parents=True)

@@ -6,7 +6,7 @@ import re
 import gymnasium as gym
 
 from shoal.algorithms.ppo import PPOConfig
-from shoal.trainer import new_run_dir
+from shoal.app.trainer import new_run_dir
 
 
 def make_env(**kwargs):

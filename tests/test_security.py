@@ -112,7 +112,7 @@ def test_another_users_key_does_not_vouch(tmp_path, monkeypatch):
     ("env", "shoal.envs.pixel_catch:PixelCatch", True),
     ("env", "subprocess:run", False),
     ("env", "os", False),                         # a module name: the multi-agent form imports it
-    ("env", "shoal.trainer:train", False),        # inside shoal, but not an env: its arguments would come from the file
+    ("env", "shoal.app.trainer:train", False),        # inside shoal, but not an env: its arguments would come from the file
     ("env", "shoal.envs.make:make_env", False),
     ("env", "pettingzoo.utils:wrappers", False),  # a pettingzoo module that is not an env
     ("env", "my_envs:make_maze", False),
@@ -251,7 +251,7 @@ def test_the_working_directory_shadows_no_installed_package(tmp_path):
                        timeout=120)
     assert p.returncode == 0, p.stderr
     assert not (tmp_path / "shadowed.txt").exists()
-    code = ("import os, sys\nfrom shoal import cli\nsys.argv = ['shoal', 'algos']\ntry:\n    cli.main()\n"
+    code = ("import os, sys\nfrom shoal.app import cli\nsys.argv = ['shoal', 'algos']\ntry:\n    cli.main()\n"
             "except SystemExit:\n    pass\nimport gymnasium, shoal_test_cwd_mod\n"
             "print(sys.path.index(os.getcwd()), len(sys.path), shoal_test_cwd_mod.VALUE)\n")
     # -I: no working directory on the path to begin with, as for the `shoal` console script

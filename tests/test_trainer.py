@@ -1,4 +1,4 @@
-"""The training loop (shoal.trainer): the best checkpoint by the algorithm's own metric, and resume."""
+"""The training loop (shoal.app.trainer): the best checkpoint by the algorithm's own metric, and resume."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from rich.console import Console
 from shoal import train
 from shoal.algorithms import REGISTRY
 from shoal.algorithms.ppo import PPO, PPOConfig
+from shoal.app.trainer import Stop
 from shoal.logging.progress import ProgressDisplay
-from shoal.trainer import Stop
 
 SMALL = dict(train_batch_size=256, minibatch_size=128, num_sgd_iter=1, resources={"num_envs_per_worker": 2})
 SCORES = {1: math.nan, 2: 5.0, 3: 3.0}  # iteration 4 reports no score at all
@@ -112,7 +112,7 @@ def rows(run_dir):
 
 
 def test_resume_with_a_criterion_already_met_trains_nothing(two_iteration_run, monkeypatch):
-    from shoal.trainer import resume
+    from shoal.app.trainer import resume
 
     run_dir = two_iteration_run
     forbid_building(monkeypatch)
@@ -128,7 +128,7 @@ def test_resume_with_a_criterion_already_met_trains_nothing(two_iteration_run, m
 
 
 def test_resume_reads_older_checkpoints_without_the_figures_in_meta(two_iteration_run, monkeypatch):
-    from shoal.trainer import resume
+    from shoal.app.trainer import resume
 
     meta_file = two_iteration_run / "checkpoints" / "checkpoint_000002" / "meta.json"
     meta = json.loads(meta_file.read_text())
@@ -150,7 +150,7 @@ def test_resume_cli_says_which_criterion_is_met(two_iteration_run, monkeypatch):
 def test_best_metric_takes_numpy_scalars_and_ignores_what_is_not_a_number():
     import numpy as np
 
-    from shoal.trainer import BestMetric
+    from shoal.app.trainer import BestMetric
 
     best = BestMetric(ScoredPPO.__new__(ScoredPPO))  # only the class attributes are read
     offers = [{"fake/score": math.nan}, {"fake/score": np.float32(2.5)}, {"fake/score": True}, {"fake/score": "9"},

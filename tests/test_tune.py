@@ -1,4 +1,4 @@
-"""One placement group per run, shoal.tune's trainable, `shoal tune` files, PBT."""
+"""One placement group per run, shoal.app.tune's trainable, `shoal tune` files, PBT."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from helpers import invoke
 
 from shoal import PPOConfig
 from shoal.algorithms.apex import ApeXConfig
+from shoal.app.tune import changed_keys, trial_bundles
+from shoal.app.tune_run import TuneSpec, load_spec
 from shoal.errors import ConfigError, ResourceError
 from shoal.runtime.placement import BundleGroup, RunPlacement, tune_bundles
-from shoal.tune import changed_keys, trial_bundles
-from shoal.tune_run import TuneSpec, load_spec
 
 HERE = Path(__file__).parent
 TINY = {"env": "CartPole-v1", "train_batch_size": 128, "minibatch_size": 64, "num_sgd_iter": 1,
@@ -252,7 +252,7 @@ def test_every_mutable_loss_key_is_a_field_of_the_loss_record():
 
 
 def test_a_trial_restored_from_anothers_checkpoint_keeps_its_counters_and_its_own_lr(tmp_path):
-    from shoal.tune import trainable
+    from shoal.app.tune import trainable
 
     T = trainable()
     a = T(config={"algo": "ppo", **TINY, "lr": 1e-3, "seed": 1})
@@ -288,7 +288,7 @@ def test_a_tune_trial_directory_is_evaluated_and_loaded_like_a_run_directory(tmp
 
     import shoal
     from shoal import checkpoint as ckpt
-    from shoal.tune import trainable
+    from shoal.app.tune import trainable
 
     trial = tmp_path / "PPOTrainable_00000"
     a = trainable()(config={"algo": "ppo", **TINY, "seed": 1})
@@ -324,7 +324,7 @@ def _wait_until_all_cpus_are_free(timeout_s: float = 60.0) -> None:
 @pytest.mark.ray
 def test_a_two_trial_grid_finishes_reports_and_writes_a_best_config_train_accepts(ray_cluster, tmp_path):
 
-    from shoal.tune_run import run_tune
+    from shoal.app.tune_run import run_tune
 
     spec = TuneSpec.parse(_spec(max_concurrent_trials=2, name="grid"))
     summary = run_tune(spec, out=tmp_path, verbose=0)
@@ -344,7 +344,7 @@ def test_a_two_trial_grid_finishes_reports_and_writes_a_best_config_train_accept
 
 @pytest.mark.ray
 def test_pbt_exploits_a_checkpoint_and_the_trial_continues_from_its_counters(ray_cluster, tmp_path):
-    from shoal.tune_run import run_tune
+    from shoal.app.tune_run import run_tune
 
     spec = TuneSpec.parse(_spec(search={"lr": {"choice": [3e-2, 1e-5]}}, num_samples=2, max_concurrent_trials=2,
                                 scheduler={"type": "pbt", "perturbation_interval": 1, "quantile_fraction": 0.5,
@@ -363,7 +363,7 @@ def test_pbt_exploits_a_checkpoint_and_the_trial_continues_from_its_counters(ray
 
 @pytest.mark.ray
 def test_a_trial_whose_rollout_actor_is_killed_recovers_and_finishes(ray_cluster, tmp_path):
-    from shoal.tune_run import run_tune
+    from shoal.app.tune_run import run_tune
 
     config = {**TINY, "env": "tune_helpers:KilledOnceCartPole", "env_config": {"marker": str(tmp_path / "killed")},
               "resources": {"num_workers": 1, "num_envs_per_worker": 2, "num_cpus_per_worker": 0.5}}

@@ -170,7 +170,7 @@ def _row_iteration(path: Path, line: str) -> float:
     try:
         return json.loads(line).get("iteration", 0)
     except (json.JSONDecodeError, AttributeError):
-        logging.getLogger("shoal.trainer").warning("%s: dropped a torn row (%d characters) left by a killed run",
+        logging.getLogger("shoal.app.trainer").warning("%s: dropped a torn row (%d characters) left by a killed run",
                                                    path, len(line))
         return math.inf
 

@@ -121,7 +121,7 @@ class RunPlacement:
         have = pg.bundle_specs
         if len(have) < len(want):
             raise ResourceError(f"{self.what} runs inside a placement group of {len(have)} bundles but needs {len(want)} "
-                                f"({self.describe()}): ask for shoal.tune's resources (ShoalTrainable does).")
+                                f"({self.describe()}): ask for shoal.app.tune's resources (ShoalTrainable does).")
         self.pg, self.owned = pg, False
         self._assign(1)  # bundle 0 is the trial's head: the driver
 

@@ -1,6 +1,6 @@
 """Ray Tune, reached through the runtime package (the one place shoal imports Ray).
 
-``shoal.tune`` and ``shoal.tune_run`` sit above the algorithms and ask for Tune's modules here,
+``shoal.app.tune`` and ``shoal.app.tune_run`` sit above the algorithms and ask for Tune's modules here,
 so a missing ``ray[tune]`` is one clear error naming the extra.
 """
 

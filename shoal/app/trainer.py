@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from shoal import checkpoint as ckpt
+from shoal.app.run_lock import run_lock
 from shoal.config import AlgorithmConfig, deep_merge
 from shoal.errors import (
     CheckpointError,
@@ -40,11 +41,10 @@ from shoal.errors import (
 from shoal.files import safe_yaml
 from shoal.logging.progress import ProgressDisplay
 from shoal.logging.writers import TensorBoardWriter, build_writers, truncate_results
-from shoal.run_lock import run_lock
 from shoal.runtime import deadline, signals
 from shoal.runtime.signals import raylet_lost
 
-log = logging.getLogger("shoal.trainer")
+log = logging.getLogger("shoal.app.trainer")
 
 
 class Stop(BaseModel):
@@ -398,7 +398,7 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
 def _draw_curves(run_dir: Path, best_metric: str) -> None:
     """``curves.png``: the run's mean return (or its ``best_metric``, a league's) against env steps.
     A picture is never worth a failed run: any error is logged and the run goes on as it was."""
-    from shoal.plotting import plot_runs
+    from shoal.app.plotting import plot_runs
 
     try:
         plot_runs([run_dir], run_dir / "curves.png", key=best_metric, title=run_dir.name)

@@ -122,7 +122,7 @@ _TRAINABLE = None
 
 
 def trainable():
-    """The :class:`ShoalTrainable` class (made on first use, so importing shoal.tune needs no Ray)."""
+    """The :class:`ShoalTrainable` class (made on first use, so importing shoal.app.tune needs no Ray)."""
     global _TRAINABLE
     if _TRAINABLE is None:
         _TRAINABLE = _make_trainable()

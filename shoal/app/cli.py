@@ -42,7 +42,7 @@ def _check_output_file(path: Path, flag: str, suffixes: tuple[str, ...] = ()) ->
                           f"end the name with one of {', '.join(suffixes)}.")
     if path.is_dir():
         raise ConfigError(f"{flag} '{path}' is a directory; give a file name (e.g. {path / ('out' + (suffixes or ('.pt',))[0])}).")
-    from shoal.trainer import unwritable_ancestor
+    from shoal.app.trainer import unwritable_ancestor
 
     ancestor = unwritable_ancestor(path.parent)
     if ancestor is not None:
@@ -221,8 +221,8 @@ def train(
 ) -> None:
     """Train an algorithm; writes runs/<algo>_<env>_<timestamp>/ with results, TensorBoard events and checkpoints."""
     try:
-        from shoal.trainer import _as_stop
-        from shoal.trainer import train as run_train
+        from shoal.app.trainer import _as_stop
+        from shoal.app.trainer import train as run_train
 
         cfg, yaml_stop, preset_note = _build_config(algo, config, set_, {
             "env": env, "seed": seed,
@@ -282,7 +282,7 @@ def evaluate(
     trust: bool = typer.Option(False, "--trust", help=TRUST_HELP),
 ) -> None:
     """Load a checkpoint and report its returns over N episodes: greedy or sampled, recorded to a video, or games against an opponent."""
-    from shoal.evaluation import load_for_evaluation, select_checkpoint
+    from shoal.app.evaluation import load_for_evaluation, select_checkpoint
 
     try:
         if video_episodes is not None and video is None:
@@ -315,9 +315,9 @@ def evaluate(
 def _evaluation_report(p: Path, algo, n: int, deterministic: bool, opponent: Optional[str], video: Optional[Path],
                        video_episodes: Optional[int], render: bool, seed: Optional[int], trust: bool,
                        video_length: int = 1000, progress: bool = False) -> dict[str, Any]:
-    """Play what `shoal evaluate` asked for and return :func:`shoal.evaluation.report`'s figures
+    """Play what `shoal evaluate` asked for and return :func:`shoal.app.evaluation.report`'s figures
     (plus ``video_frames`` with a video)."""
-    from shoal import evaluation as ev
+    from shoal.app import evaluation as ev
 
     if not ev.is_game(algo):
         if opponent is not None:
@@ -386,7 +386,7 @@ def export_cmd(
     trust: bool = typer.Option(False, "--trust", help=TRUST_HELP),
 ) -> None:
     """Export a checkpoint's policy for deployment: raw observations in, greedy action (and logits/Q-values, value) out."""
-    from shoal.export import export_policy, sidecar_path
+    from shoal.app.export import export_policy, sidecar_path
 
     try:
         if out_file is not None:
@@ -411,9 +411,9 @@ def resume(
 ) -> None:
     """Continue a run from its latest checkpoint, keeping its counters and appending to its files."""
     try:
+        from shoal.app.trainer import Stop
+        from shoal.app.trainer import resume as run_resume
         from shoal.config import parse_set_overrides
-        from shoal.trainer import Stop
-        from shoal.trainer import resume as run_resume
 
         given = {k: v for k, v in zip(STOP_KEYS, (stop_reward, stop_steps, stop_time, stop_iters)) if v is not None}
         overrides = {"resources": {"num_workers": workers}} if workers is not None else None
@@ -445,7 +445,7 @@ def tune(
 ) -> None:
     """Search over an algorithm's config with Ray Tune (grid/random search, ASHA, PBT); prints every trial and writes best_config.yaml."""
     try:
-        from shoal.tune_run import load_spec, run_tune
+        from shoal.app.tune_run import load_spec, run_tune
 
         spec = load_spec(config, set_)
         summary = run_tune(spec, out=out_dir, address=address, verbose=0 if quiet else 1)
@@ -484,7 +484,7 @@ def plot(
     title: Optional[str] = typer.Option(None, "--title", help="A title above the curves."),
 ) -> None:
     """Learning curves of one or many runs; runs of one config with different seeds are drawn as their mean with a min-max band."""
-    from shoal.plotting import plot_runs
+    from shoal.app.plotting import plot_runs
 
     try:
         path = plot_runs(runs, out_file, x=x, key=key, group=not no_group, title=title)

@@ -161,7 +161,7 @@ def export_policy(path: str | Path, format: str = "torchscript", out: str | Path
     the code the checkpoint's config names even if it is not signed with your key (:mod:`shoal.trust`).
     """
     from shoal import checkpoint as ckpt
-    from shoal.evaluation import load_for_evaluation
+    from shoal.app.evaluation import load_for_evaluation
 
     if format not in FORMATS:
         raise ConfigError(f"Unknown export format {format!r}; choose one of {', '.join(FORMATS)}.")

@@ -272,8 +272,8 @@ def run_tune(spec: TuneSpec, out: Path = Path("runs"), address: str | None = Non
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's compact status table (CLIReporter), not a box per result
     from shoal import runtime
+    from shoal.app.tune import trainable
     from shoal.runtime.tune_api import tune_module
-    from shoal.tune import trainable
 
     tune = tune_module()
 

@@ -72,7 +72,7 @@ def load_for_evaluation(path: str | Path, seed: int | None = None, trust: bool =
     actors; an algorithm that needs workers, DD-PPO, keeps them but starts none), ``seed`` replacing its seed.
     ``trust``: import the code its config names even if the checkpoint is not signed with your key."""
     from shoal.algorithms import get_config_class
-    from shoal.trainer import load
+    from shoal.app.trainer import load
 
     cfg_cls = get_config_class(ckpt.read_run_meta(path)["algo"])
     overrides: dict[str, Any] = {"resources": {"num_workers": 0}} if cfg_cls.min_workers == 0 else {}
