@@ -41,9 +41,10 @@ from shoal.algorithms.config_groups import (
     check_kl_against_target,
     check_whole_sequences,
 )
+from shoal.algorithms.league_evaluator import LeagueEvaluator
 from shoal.algorithms.pipeline import WAIT_S
 from shoal.config import AlgorithmConfig, EnvSpec, EvaluationConfig, ResourcesConfig
-from shoal.envs.multi_agent import make_multi_agent_env, make_scripted_player
+from shoal.envs.multi_agent import make_multi_agent_env
 from shoal.errors import ConfigError, EnvError
 from shoal.league import LeagueChanges, make_league_builder
 from shoal.league.builder import MatchResult
@@ -52,7 +53,7 @@ from shoal.logging.metrics import Phase
 from shoal.models import build_actor_critic
 from shoal.replay import BatchReplay
 from shoal.rollout.league import LeagueRolloutActor, SyncMessage, store_batches
-from shoal.rollout.multi_agent import MultiAgentEnvRunner, PolicyReturnWindows
+from shoal.rollout.multi_agent import PolicyReturnWindows
 from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
 from shoal.runtime.placement import DRIVER, BundleGroup
 from shoal.seeding import derive_seed
@@ -154,8 +155,10 @@ class LeagueSync:
 
 
 class AlphaStar(Algorithm):
+    evaluator_cls = LeagueEvaluator  # scored against fixed yardsticks: scripted players, exploitability
     config_cls = AlphaStarConfig
     config: AlphaStarConfig
+    evaluator: LeagueEvaluator
 
     def describe_env(self):
         env = make_multi_agent_env(self.config.env, self.config.env_config)  # fails early on a bad env
@@ -204,7 +207,7 @@ class AlphaStar(Algorithm):
             max_in_flight=cfg.max_requests_in_flight_per_worker,
             name="rollout actor", first_index=first, about=f"env {cfg.env_name()}"), n, first_index=first, max_in_flight=cfg.max_requests_in_flight_per_worker)
         self.env_runners.on_restart = lambda: [("sync", (self._message(full=True),))]
-        self.best_metric = self._best_metric()
+        self.best_metric, self.best_metric_mode = self.evaluator.best_metric()
 
     @classmethod
     def resource_plan(cls, config: AlgorithmConfig) -> list[BundleGroup]:
@@ -223,71 +226,18 @@ class AlphaStar(Algorithm):
         return plan
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _best_metric(self) -> str:
-        """What picks ``checkpoints/best``: a fixed yardstick, since the return is ~0 in a zero-sum
-        league however good main is, and the league's own win rates move with its opponents
-        (main's rate against the frozen players rises whenever the frozen set is weak).
-
-        With evaluation on: main's win rate against the lookahead heuristic in the games it knows
-        (connect four, tic-tac-toe), else against a uniformly random player. Without evaluation
-        there is no fixed yardstick: ``iteration``, so ``best`` is the latest checkpoint.
-        """
-        if self.config.evaluation.evaluation_interval:
-            if self._openspiel_game() is not None:
-                self.best_metric_mode = "min"
-                return "evaluation/exploitability"
-            return f"evaluation/win_rate_vs_{'heuristic' if self._knows_heuristic() else 'random'}"
-        return "iteration"
-
-    def _openspiel_game(self):
-        """The league's OpenSpiel env (``env: openspiel:<game>``), whose exploitability can be
-        computed exactly; None for other envs."""
-        env = self.config.env
-        if not (isinstance(env, str) and env.startswith("openspiel:")):
-            return None
-        if getattr(self, "_openspiel_env", None) is None:
-            from shoal.envs.openspiel import OpenSpielEnv
-
-            self._openspiel_env = OpenSpielEnv(env[len("openspiel:"):], **self.config.env_config)
-        return self._openspiel_env
-
     def exploitability(self, policy_id: str = "main") -> float:
-        """The exploitability (NashConv / 2) of ``policy_id``'s sampling policy, with it playing
-        every seat, on an OpenSpiel game (:mod:`shoal.league.exploitability`)."""
-        env = self._openspiel_game()
-        if env is None:
-            raise ConfigError(f"exploitability is computed on OpenSpiel games (env: openspiel:<game>); this league "
-                              f"plays {self.config.env_name()!r}")
-        from shoal.league.exploitability import module_exploitability
-
-        return module_exploitability(env, self._module(policy_id))
+        """NashConv / 2 of ``policy_id``'s sampling policy on an OpenSpiel game (:class:`LeagueEvaluator`)."""
+        return self.evaluator.exploitability(policy_id)
 
     def league_mixture(self, policy_ids: Optional[list[str]] = None):
-        """The Nash mixture of the meta-game over ``policy_ids`` (default: the frozen players), the
-        behaviour policy that plays it and its exploitability, exactly, on an OpenSpiel game
-        (:class:`~shoal.league.mixture.LeagueMixture`; ``.policy`` is an OpenSpiel TabularPolicy)."""
-        env = self._openspiel_game()
-        if env is None:
-            raise ConfigError(f"the league mixture is computed on OpenSpiel games (env: openspiel:<game>); this league "
-                              f"plays {self.config.env_name()!r}")
-        from shoal.league.mixture import mixture_of_modules
+        """The frozen players' Nash mixture and its exploitability (:class:`LeagueEvaluator`)."""
+        return self.evaluator.league_mixture(policy_ids)
 
-        ids = policy_ids or [p for p, spec in self.league.players.items() if not spec.trainable] or ["main"]
-        return mixture_of_modules(env, {p: self._module(p) for p in ids})
-
-    def _module(self, policy_id: str) -> torch.nn.Module:
-        """``policy_id``'s network with its latest weights, in this process, for evaluation."""
-        module = build_actor_critic(self.obs_space, self.action_space, self.config.model)
-        module.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in self.weights[policy_id].items()})
-        return module.eval()
-
-    def _knows_heuristic(self) -> bool:
-        """Whether the lookahead heuristic plays this game (connect four, tic-tac-toe)."""
-        try:
-            make_scripted_player("heuristic", self.obs_space, self.action_space)
-        except EnvError:
-            return False
-        return True
+    def evaluate_vs(self, opponent: str = "random", num_games: int = 100, policy_id: str = "main",
+                    num_envs: int = 16) -> dict[str, float]:
+        """Greedy win rate of ``policy_id`` against "random", "heuristic", "heuristic2" or another policy."""
+        return self.evaluator.evaluate_vs(opponent, num_games, policy_id, num_envs)
 
     def _fresh_weights(self, pid: str) -> dict:
         seed = derive_seed(self.config.seed, index=len(self.weights), stride=1, offset=1)  # the n-th policy: seed + 1 + n
@@ -433,42 +383,6 @@ class AlphaStar(Algorithm):
             self.weights[pid] = self.sync.changed[pid] = self._fresh_weights(pid)
             if pid in self.learners.policy_ids:
                 self.learners.set_weights(pid, self.weights[pid])
-
-    # ---- evaluation ------------------------------------------------------------------------------
-    def evaluate_vs(self, opponent: str = "random", num_games: int = 100, policy_id: str = "main",
-                    num_envs: int = 16) -> dict[str, float]:
-        """Greedy win rate of ``policy_id`` against "random", "heuristic" or another policy, half as first player."""
-        ids = [policy_id] + ([opponent] if opponent in self.weights else [])
-        runner = MultiAgentEnvRunner(self.config, 999, {p: {"weights": self.weights[p], "trainable": False} for p in ids},
-                                     matchmaking=[{"policies": [policy_id]}], num_envs=1)
-        try:
-            return runner.evaluate_vs(policy_id, opponent, num_games, num_envs=num_envs)
-        finally:
-            runner.stop()
-
-    def evaluate(self, num_episodes: Optional[int] = None, render: bool = False) -> dict[str, float]:
-        """Main against the uniform random player (two-player games); its return is +1 win, 0 draw, -1 loss.
-        In a game the lookahead heuristics play, as many games against each (``win_rate_vs_heuristic``,
-        one-step; ``win_rate_vs_heuristic2``, two-step);
-        on an OpenSpiel game, main's ``exploitability`` too (which then picks ``best``: lower is better),
-        and the frozen players' Nash mixture's (``mixture_exploitability``, :meth:`league_mixture`)."""
-        n = num_episodes or self.config.evaluation.evaluation_num_episodes
-        out = self.evaluate_vs("random", n)
-        mean = out["win_rate"] - out["loss_rate"]
-        std = float(np.sqrt(max(0.0, out["win_rate"] + out["loss_rate"] - mean ** 2)))
-        result = {"episode_return_mean": mean, "episode_return_std": std, "episode_len_mean": out["mean_length"],
-                  "num_episodes": out["games"], "win_rate_vs_random": out["win_rate"],
-                  "draw_rate_vs_random": out["draw_rate"]}
-        if self._knows_heuristic():
-            for name in ("heuristic", "heuristic2"):
-                h = self.evaluate_vs(name, n)
-                result.update({f"win_rate_vs_{name}": h["win_rate"], f"draw_rate_vs_{name}": h["draw_rate"]})
-        if self._openspiel_game() is not None:
-            result["exploitability"] = self.exploitability("main")
-            mixture = self.league_mixture()
-            result.update(mixture_exploitability=mixture.exploitability, mixture_size=len(mixture.policy_ids),
-                          mixture_support=int((mixture.weights > 1e-6).sum()))
-        return result
 
     # ---- state -------------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:

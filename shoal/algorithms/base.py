@@ -82,6 +82,7 @@ class Algorithm:
     best_metric_mode: str = "max"
     """``"max"``: higher values of ``best_metric`` are better; ``"min"``: lower ones (e.g. a
     time to reach a goal)."""
+    evaluator_cls: ClassVar[type[Evaluator]] = Evaluator  # what evaluate() asks
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -113,7 +114,7 @@ class Algorithm:
         self.custom_metrics: list[dict[str, float]] = []  # on_episode_end's, since the last result
         self.timers = Timers()
         self.env_runners: Any = None  # the rollout actor group (LazyActorGroup), made by setup()
-        self.evaluator = Evaluator(self)
+        self.evaluator = self.evaluator_cls(self)
         self._predictor = DriverPredictor(self)
         self._weights_ref = None  # the last broadcast, replayed on recreated rollout actors
         self.placement = RunPlacement(self.resource_plan(config), what=f"This {config.algo} run",

@@ -1,0 +1,138 @@
+"""LeagueEvaluator: how an AlphaStar league is scored, beside its training actors.
+
+The league's return is ~0 in a zero-sum game however good main is, so it is measured against
+fixed yardsticks instead: greedy games against the uniform random player and, in the games the
+scripted players know (connect four, tic-tac-toe), against the one- and two-step lookahead
+heuristics; on an OpenSpiel game (``env: openspiel:<game>``), main's exact exploitability and
+that of the frozen players' Nash mixture. Every game is played by a runner of its own in the
+driver, with the league's latest weights; nothing here touches the training actors.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
+import torch
+
+from shoal.algorithms.evaluator import Evaluator
+from shoal.envs.multi_agent import make_scripted_player
+from shoal.errors import ConfigError, EnvError
+from shoal.models import build_actor_critic
+from shoal.rollout.multi_agent import MultiAgentEnvRunner
+
+if TYPE_CHECKING:
+    from shoal.algorithms.alpha_star import AlphaStar
+
+EVAL_RUNNER_INDEX = 999  # the driver-side evaluation runner's index (its seed stream)
+
+
+class LeagueEvaluator(Evaluator):
+    """``evaluate`` of an AlphaStar run; Evaluator's evaluation actors are never started."""
+
+    algo: AlphaStar
+
+    def __init__(self, algo: AlphaStar) -> None:
+        super().__init__(algo)
+        self._openspiel_env: Any = None
+
+    def best_metric(self) -> tuple[str, str]:
+        """What picks ``checkpoints/best`` and whether higher ("max") or lower ("min") is better.
+
+        With evaluation on: main's exploitability on an OpenSpiel game, else its win rate against
+        the lookahead heuristic in the games it knows, else against a uniformly random player.
+        Without evaluation there is no fixed yardstick: ``iteration``, so ``best`` is the latest
+        checkpoint (the league's own win rates move with its opponents: main's rate against the
+        frozen players rises whenever the frozen set is weak)."""
+        if not self.algo.config.evaluation.evaluation_interval:
+            return "iteration", "max"
+        if self.openspiel_game() is not None:
+            return "evaluation/exploitability", "min"
+        return f"evaluation/win_rate_vs_{'heuristic' if self.knows_heuristic() else 'random'}", "max"
+
+    def openspiel_game(self):
+        """The league's OpenSpiel env, whose exploitability can be computed exactly; None for other envs."""
+        env = self.algo.config.env
+        if not (isinstance(env, str) and env.startswith("openspiel:")):
+            return None
+        if self._openspiel_env is None:
+            from shoal.envs.openspiel import OpenSpielEnv
+
+            self._openspiel_env = OpenSpielEnv(env[len("openspiel:"):], **self.algo.config.env_config)
+        return self._openspiel_env
+
+    def knows_heuristic(self) -> bool:
+        """Whether the lookahead heuristics play this game (connect four, tic-tac-toe)."""
+        try:
+            make_scripted_player("heuristic", self.algo.obs_space, self.algo.action_space)
+        except EnvError:
+            return False
+        return True
+
+    def module(self, policy_id: str) -> torch.nn.Module:
+        """``policy_id``'s network with its latest weights, in this process."""
+        algo = self.algo
+        module = build_actor_critic(algo.obs_space, algo.action_space, algo.config.model)
+        module.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in algo.weights[policy_id].items()})
+        return module.eval()
+
+    def _game_or_error(self, what: str):
+        env = self.openspiel_game()
+        if env is None:
+            raise ConfigError(f"{what} is computed on OpenSpiel games (env: openspiel:<game>); this league plays "
+                              f"{self.algo.config.env_name()!r}")
+        return env
+
+    def exploitability(self, policy_id: str = "main") -> float:
+        """NashConv / 2 of ``policy_id``'s sampling policy playing every seat (:mod:`shoal.league.exploitability`)."""
+        env = self._game_or_error("exploitability")
+        from shoal.league.exploitability import module_exploitability
+
+        return module_exploitability(env, self.module(policy_id))
+
+    def league_mixture(self, policy_ids: Optional[list[str]] = None):
+        """The meta-game's Nash mixture over ``policy_ids`` (default: the frozen players) and its
+        exploitability (:class:`~shoal.league.mixture.LeagueMixture`)."""
+        env = self._game_or_error("the league mixture")
+        from shoal.league.mixture import mixture_of_modules
+
+        ids = policy_ids or [p for p, spec in self.algo.league.players.items() if not spec.trainable] or ["main"]
+        return mixture_of_modules(env, {p: self.module(p) for p in ids})
+
+    def evaluate_vs(self, opponent: str = "random", num_games: int = 100, policy_id: str = "main",
+                    num_envs: int = 16) -> dict[str, float]:
+        """Greedy win rate of ``policy_id`` against a scripted player or another policy, half as first player."""
+        algo = self.algo
+        ids = [policy_id] + ([opponent] if opponent in algo.weights else [])
+        runner = MultiAgentEnvRunner(algo.config, EVAL_RUNNER_INDEX,
+                                     {p: {"weights": algo.weights[p], "trainable": False} for p in ids},
+                                     matchmaking=[{"policies": [policy_id]}], num_envs=1)
+        try:
+            return runner.evaluate_vs(policy_id, opponent, num_games, num_envs=num_envs)
+        finally:
+            runner.stop()
+
+    def evaluate(self, n: int, render: bool = False) -> dict[str, float]:
+        """Main against the uniform random player (+1 win, 0 draw, -1 loss); against each lookahead
+        heuristic in the games they play (``win_rate_vs_heuristic``, one-step; ``..._heuristic2``,
+        two-step); on an OpenSpiel game, main's ``exploitability`` and the frozen players' Nash
+        mixture's (``mixture_exploitability``)."""
+        if render:
+            raise ConfigError("a league is evaluated in games against fixed opponents; render one with "
+                              "shoal evaluate --render on a checkpoint")
+        out = self.evaluate_vs("random", n)
+        mean = out["win_rate"] - out["loss_rate"]
+        std = float(np.sqrt(max(0.0, out["win_rate"] + out["loss_rate"] - mean ** 2)))
+        result = {"episode_return_mean": mean, "episode_return_std": std, "episode_len_mean": out["mean_length"],
+                  "num_episodes": out["games"], "win_rate_vs_random": out["win_rate"],
+                  "draw_rate_vs_random": out["draw_rate"]}
+        if self.knows_heuristic():
+            for name in ("heuristic", "heuristic2"):
+                h = self.evaluate_vs(name, n)
+                result.update({f"win_rate_vs_{name}": h["win_rate"], f"draw_rate_vs_{name}": h["draw_rate"]})
+        if self.openspiel_game() is not None:
+            result["exploitability"] = self.exploitability("main")
+            mixture = self.league_mixture()
+            result.update(mixture_exploitability=mixture.exploitability, mixture_size=len(mixture.policy_ids),
+                          mixture_support=int((mixture.weights > 1e-6).sum()))
+        return result
