@@ -20,11 +20,10 @@ from shoal.envs.multi_agent import make_scripted_player
 from shoal.errors import ConfigError, EnvError
 from shoal.models import build_actor_critic
 from shoal.rollout.multi_agent import MultiAgentEnvRunner
+from shoal.seeding import EVAL_RUNNER_INDEX
 
 if TYPE_CHECKING:
     from shoal.algorithms.alpha_star import AlphaStar
-
-EVAL_RUNNER_INDEX = 999  # the driver-side evaluation runner's index (its seed stream)
 
 
 class LeagueEvaluator(Evaluator):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import importlib
 import types
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import gymnasium as gym
 import numpy as np
@@ -321,9 +321,9 @@ def cell_of(game: BoardGame, occupied: np.ndarray, action: int) -> tuple[int, in
     return None if occupied[r, c] else (r, c)
 
 
-def _winning_moves(game: BoardGame, board: np.ndarray, occupied: np.ndarray, moves: np.ndarray) -> list[int]:
-    """The moves among ``moves`` that complete k in a row for the side whose pieces are ``board``."""
-    wins = []
+def _winning_moves(game: BoardGame, board: np.ndarray, occupied: np.ndarray, moves: np.ndarray) -> Iterator[int]:
+    """The moves among ``moves`` that complete k in a row for the side whose pieces are ``board``,
+    in order, found one at a time (callers stop at the first)."""
     for a in moves:
         cell = cell_of(game, occupied, int(a))
         if cell is None:
@@ -331,8 +331,7 @@ def _winning_moves(game: BoardGame, board: np.ndarray, occupied: np.ndarray, mov
         trial = board.copy()
         trial[cell] = True
         if wins_at(trial, cell[0], cell[1], game.k):
-            wins.append(int(a))
-    return wins
+            yield int(a)
 
 
 def _hands_a_win(game: BoardGame, opp: np.ndarray, occupied: np.ndarray, action: int) -> bool:
@@ -344,7 +343,7 @@ def _hands_a_win(game: BoardGame, opp: np.ndarray, occupied: np.ndarray, action:
     after = occupied.copy()
     after[cell] = True
     every_move = np.arange(game.cols if game.gravity else game.rows * game.cols)  # full ones: cell_of is None
-    return bool(_winning_moves(game, opp, after, every_move))
+    return any(True for _ in _winning_moves(game, opp, after, every_move))
 
 
 def lookahead_action(game: BoardGame, planes: np.ndarray, legal: np.ndarray, rng: np.random.Generator,
@@ -356,9 +355,9 @@ def lookahead_action(game: BoardGame, planes: np.ndarray, legal: np.ndarray, rng
     occupied = own | opp
     moves = np.flatnonzero(legal)
     for board in (own, opp):  # first a winning move, then a blocking one
-        hits = _winning_moves(game, board, occupied, moves)
-        if hits:
-            return hits[0]
+        hit = next(_winning_moves(game, board, occupied, moves), None)
+        if hit is not None:
+            return hit
     if depth >= 2:
         safe = [int(a) for a in moves if not _hands_a_win(game, opp, occupied, int(a))]
         moves = np.asarray(safe) if safe else moves
