@@ -22,8 +22,9 @@ setup: $(STAMP)
 train: $(STAMP)
 	$(VENV)/bin/shoal train ppo -c examples/ppo_cartpole.yaml
 
-# Lint first (seconds): import order, pyflakes, bugbear; types of the training core; then the suite.
+# Lint first (seconds): formatting, import order, pyflakes, bugbear; types of the training core; then the suite.
 test: $(STAMP)
+	$(PY) -m ruff format --check shoal tests benchmarks examples
 	$(PY) -m ruff check shoal tests benchmarks examples
 	$(PY) -m mypy
 	$(PY) -m pytest -q

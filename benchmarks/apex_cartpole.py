@@ -62,14 +62,22 @@ def child(seed: int, config: str | None, spawn_time: float, budget_s: float) -> 
     algo = cfg.build()
     setup_s = time.time() - spawn_time
     log(f"built in {setup_s:.1f} s from process start")
-    out = {"seed": seed, "solved": False, "seconds_to_solve": None, "env_steps_to_solve": None,
-           "setup_seconds": round(setup_s, 2)}
+    out = {
+        "seed": seed,
+        "solved": False,
+        "seconds_to_solve": None,
+        "env_steps_to_solve": None,
+        "setup_seconds": round(setup_s, 2),
+    }
     result: dict = {}
     learning = {"time_s": 0.0, "sampled": 0, "trained": 0, "updates": 0, "busy": []}
     try:
         while time.time() - spawn_time < budget_s:
-            before = (result.get("env_steps_sampled", 0), result.get("env_steps_trained", 0),
-                      result.get("num_learner_updates", 0))
+            before = (
+                result.get("env_steps_sampled", 0),
+                result.get("env_steps_trained", 0),
+                result.get("num_learner_updates", 0),
+            )
             result = algo.train()
             if before[0] >= cfg.learning_starts:  # this whole iteration ran with learning on
                 learning["time_s"] += result["time_this_iter_s"]
@@ -78,12 +86,17 @@ def child(seed: int, config: str | None, spawn_time: float, budget_s: float) -> 
                 learning["updates"] += result["num_learner_updates"] - before[2]
                 learning["busy"].append(result["learner_busy_fraction"])
             ret = result["episode_return_mean"]
-            log(f"it {result['iteration']}: return {ret:.1f}, {result['env_steps_sampled']} sampled, "
+            log(
+                f"it {result['iteration']}: return {ret:.1f}, {result['env_steps_sampled']} sampled, "
                 f"{result['env_steps_trained']} trained, busy {result['learner_busy_fraction']:.2f}, "
-                f"dropped {result['num_replay_batches_dropped']}, {time.time() - spawn_time:.1f} s")
+                f"dropped {result['num_replay_batches_dropped']}, {time.time() - spawn_time:.1f} s"
+            )
             if ret >= TARGET:  # NaN (no episode finished yet) compares False
-                out.update(solved=True, seconds_to_solve=round(time.time() - spawn_time, 2),
-                           env_steps_to_solve=result["env_steps_sampled"])
+                out.update(
+                    solved=True,
+                    seconds_to_solve=round(time.time() - spawn_time, 2),
+                    env_steps_to_solve=result["env_steps_sampled"],
+                )
                 break
     finally:
         algo.stop()
@@ -94,7 +107,8 @@ def child(seed: int, config: str | None, spawn_time: float, budget_s: float) -> 
         trained_env_steps_per_s=round(learning["trained"] / t, 1) if t else None,
         learner_busy_fraction=round(statistics.fmean(learning["busy"]), 3) if learning["busy"] else None,
         learner_updates_per_s=round(learning["updates"] / t, 2) if t else None,
-        iterations=result.get("iteration", 0), learning_iterations=len(learning["busy"]),
+        iterations=result.get("iteration", 0),
+        learning_iterations=len(learning["busy"]),
         wall_seconds=round(time.time() - spawn_time, 2),
         replay_ratio=round(result["replay_ratio"], 3) if "replay_ratio" in result else None,
         num_replay_batches_dropped=result.get("num_replay_batches_dropped"),
@@ -124,13 +138,31 @@ def main() -> None:
         return
 
     log(f"seed {args.seed}: starting a fresh process ({args.config or 'small-machine preset'})")
-    run = run_child(__file__, ["--child", "--seed", str(args.seed), "--budget-s", str(args.budget_s)]
-                    + (["--config", config] if config else []), args.budget_s + 120)
-    keys = ("solved", "seconds_to_solve", "env_steps_to_solve", "sampled_env_steps_per_s", "trained_env_steps_per_s",
-            "learner_busy_fraction")
-    print(json.dumps({"benchmark": "apex_cartpole", **{k: run.get(k) for k in keys},
-                      **{k: v for k, v in run.items() if k not in keys},
-                      "budget_s": args.budget_s, "config": args.config or "small_machine_preset"}))
+    run = run_child(
+        __file__,
+        ["--child", "--seed", str(args.seed), "--budget-s", str(args.budget_s)]
+        + (["--config", config] if config else []),
+        args.budget_s + 120,
+    )
+    keys = (
+        "solved",
+        "seconds_to_solve",
+        "env_steps_to_solve",
+        "sampled_env_steps_per_s",
+        "trained_env_steps_per_s",
+        "learner_busy_fraction",
+    )
+    print(
+        json.dumps(
+            {
+                "benchmark": "apex_cartpole",
+                **{k: run.get(k) for k in keys},
+                **{k: v for k, v in run.items() if k not in keys},
+                "budget_s": args.budget_s,
+                "config": args.config or "small_machine_preset",
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -59,10 +59,23 @@ def child(algo_name: str, config_path: str, budget_s: float, spawn_time: float, 
     skip = config.env_preprocessing.frame_skip
     algo = config.build()
     sticky = config.env_preprocessing.repeat_action_probability
-    out = {"algo": algo_name, "env": config.env, "repeat_action_probability": sticky, "budget_s": budget_s,
-           "reached": False, "seconds_to_18": None, "agent_steps_to_18": None, "best_mean_20": None, "frames": 0,
-           "agent_steps": 0, "frames_per_s": None, "learner_busy_fraction": None, "final_mean_20": None,
-           "target": target, "curve": []}
+    out = {
+        "algo": algo_name,
+        "env": config.env,
+        "repeat_action_probability": sticky,
+        "budget_s": budget_s,
+        "reached": False,
+        "seconds_to_18": None,
+        "agent_steps_to_18": None,
+        "best_mean_20": None,
+        "frames": 0,
+        "agent_steps": 0,
+        "frames_per_s": None,
+        "learner_busy_fraction": None,
+        "final_mean_20": None,
+        "target": target,
+        "curve": [],
+    }
     busy: list[float] = []  # Ape-X: the learner thread's busy share of each iteration once it trains
     try:
         while time.time() - spawn_time < budget_s:
@@ -81,10 +94,13 @@ def child(algo_name: str, config_path: str, budget_s: float, spawn_time: float, 
                 out["final_mean_20"] = mean20
                 out["best_mean_20"] = mean20 if out["best_mean_20"] is None else max(out["best_mean_20"], mean20)
             lr, entropy = result.get("learner/lr"), result.get("learner/entropy")
-            log(f"{seconds:.0f} s, {out['frames']} frames ({out['frames_per_s']:.0f}/s), "
+            log(
+                f"{seconds:.0f} s, {out['frames']} frames ({out['frames_per_s']:.0f}/s), "
                 f"{result['episodes_total']} games, mean of last {WINDOW}: {mean20}"
-                + (f", learner busy {busy[-1]:.2f}" if busy else "") + (f", lr {lr:.3g}" if lr is not None else "")
-                + (f", entropy {entropy:.3f}" if entropy is not None else ""))
+                + (f", learner busy {busy[-1]:.2f}" if busy else "")
+                + (f", lr {lr:.3g}" if lr is not None else "")
+                + (f", entropy {entropy:.3f}" if entropy is not None else "")
+            )
             if mean20 is not None and target is not None and mean20 >= target:
                 out.update(reached=True, seconds_to_18=seconds, agent_steps_to_18=out["agent_steps"])
                 break
@@ -105,8 +121,10 @@ def draw_curve(out: dict, path: Path) -> None:
     target = out.get("target")
     pong = all(-21 <= m <= 21 for _, _, m in points)
     fig = Figure(figsize=(10, 3.6), dpi=110)
-    for ax, x, label in ((fig.add_subplot(1, 2, 1), [f / 1e6 for _, f, _ in points], "emulator frames (millions)"),
-                         (fig.add_subplot(1, 2, 2), [s / 60 for s, _, _ in points], "minutes from process start")):
+    for ax, x, label in (
+        (fig.add_subplot(1, 2, 1), [f / 1e6 for _, f, _ in points], "emulator frames (millions)"),
+        (fig.add_subplot(1, 2, 2), [s / 60 for s, _, _ in points], "minutes from process start"),
+    ):
         ax.plot(x, [m for _, _, m in points], color="tab:blue")
         if target is not None:
             ax.axhline(target, color="grey", linestyle="--", linewidth=1)
@@ -122,8 +140,10 @@ def draw_curve(out: dict, path: Path) -> None:
         outcome = f": {target:+g} at {out['agent_steps_to_18']:,} agent steps, {out['seconds_to_18'] / 60:.1f} min"
     else:
         outcome = f": {target:+g} not reached"
-    fig.suptitle(f"{out.get('algo')} on {out.get('env')} (sticky actions {sticky if sticky is not None else 'as the id'})"
-                 + outcome)
+    fig.suptitle(
+        f"{out.get('algo')} on {out.get('env')} (sticky actions {sticky if sticky is not None else 'as the id'})"
+        + outcome
+    )
     fig.tight_layout()
     fig.savefig(path)
 
@@ -133,8 +153,11 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=3600.0)
     p.add_argument("--algo", default="appo")
     p.add_argument("--config", default=None, help="default: examples/<algo>_pong.yaml")
-    p.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"),
-                   help="where atari_pong_<algo>.json and .png (the learning curve) are written")
+    p.add_argument(
+        "--out-dir",
+        default=str(REPO / "benchmarks" / "results"),
+        help="where atari_pong_<algo>.json and .png (the learning curve) are written",
+    )
     p.add_argument("--target", type=float, default=TARGET, help="stop when the mean of the last 20 games reaches it")
     p.add_argument("--no-target", action="store_true", help="train the whole budget (e.g. Breakout)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -146,13 +169,25 @@ def main() -> None:
         raise SystemExit(f"config file {config} does not exist")
     target = None if args.no_target else args.target
     if args.child:
-        print(json.dumps(child(args.algo, str(config), args.budget_s, args.spawn_time or time.time(), target)),
-              flush=True)
+        print(
+            json.dumps(child(args.algo, str(config), args.budget_s, args.spawn_time or time.time(), target)), flush=True
+        )
         return
     log(f"{args.algo} from {config}, budget {args.budget_s:.0f} s, target {target}, fresh process")
-    r = run_child(__file__, ["--child", "--algo", args.algo, "--config", str(config), "--budget-s", str(args.budget_s),
-                             *(["--no-target"] if target is None else ["--target", str(target)])],
-                  args.budget_s + 600)
+    r = run_child(
+        __file__,
+        [
+            "--child",
+            "--algo",
+            args.algo,
+            "--config",
+            str(config),
+            "--budget-s",
+            str(args.budget_s),
+            *(["--no-target"] if target is None else ["--target", str(target)]),
+        ],
+        args.budget_s + 600,
+    )
     out = {"benchmark": "atari_pong", **r}
     out.setdefault("algo", args.algo)
     out.setdefault("budget_s", args.budget_s)

@@ -107,8 +107,10 @@ def child_shoal(algo_name: str, env_id: str, seconds: float) -> dict:
         result = first
         while time.time() - start < seconds:
             result = algo.train()
-            log(f"{algo_name}: it {result['iteration']}, {result['env_steps_trained']} trained, "
-                f"return {result['episode_return_mean']:.1f}")
+            log(
+                f"{algo_name}: it {result['iteration']}, {result['env_steps_trained']} trained, "
+                f"return {result['episode_return_mean']:.1f}"
+            )
         elapsed = result["time_total_s"] - t0
         out["frames_per_s"] = (result["env_steps_trained"] - trained0) * skip / elapsed if elapsed > 0 else None
         out["sampled_frames_per_s"] = result["env_steps_sampled"] * skip / result["time_total_s"]
@@ -148,8 +150,20 @@ def child_sb3(env_id: str, seconds: float) -> dict:
 
     gym.register_envs(ale_py)
     env = VecFrameStack(make_atari_env(env_id, n_envs=8, seed=0, env_kwargs={"frameskip": 1}), n_stack=4)
-    model = PPO("CnnPolicy", env, n_steps=128, n_epochs=4, batch_size=256, learning_rate=2.5e-4, clip_range=0.1,
-                vf_coef=0.5, ent_coef=0.01, verbose=0, seed=0, device="cpu")
+    model = PPO(
+        "CnnPolicy",
+        env,
+        n_steps=128,
+        n_epochs=4,
+        batch_size=256,
+        learning_rate=2.5e-4,
+        clip_range=0.1,
+        vf_coef=0.5,
+        ent_coef=0.01,
+        verbose=0,
+        seed=0,
+        device="cpu",
+    )
     clock = Clock()
     model.learn(total_timesteps=10**9, callback=clock)
     elapsed = time.perf_counter() - clock.t0

@@ -47,10 +47,24 @@ RUNS = {
     "appo": (["appo", "-c", "examples/appo_cartpole.yaml", "-w", "2"], "episode_return_mean", 300.0),
     "apex": (["apex", "-c", "examples/apex_cartpole.yaml"], "episode_return_mean", 200.0),
     "ddppo": (["ddppo", "-c", "examples/ddppo_cartpole.yaml"], "episode_return_mean", 300.0),
-    "alpha_star": (["alpha_star", "-c", "examples/alpha_star_tictactoe.yaml", "-w", "2", "--no-stop-reward",
-                    "--set", "evaluation.evaluation_interval=2", "--set", "evaluation.evaluation_num_episodes=50",
-                    "--set", "resources.num_cpus_per_worker=0.5"],  # its policy learner needs a CPU too
-                   "evaluation/win_rate_vs_random", 0.9),
+    "alpha_star": (
+        [
+            "alpha_star",
+            "-c",
+            "examples/alpha_star_tictactoe.yaml",
+            "-w",
+            "2",
+            "--no-stop-reward",
+            "--set",
+            "evaluation.evaluation_interval=2",
+            "--set",
+            "evaluation.evaluation_num_episodes=50",
+            "--set",
+            "resources.num_cpus_per_worker=0.5",
+        ],  # its policy learner needs a CPU too
+        "evaluation/win_rate_vs_random",
+        0.9,
+    ),
 }
 NOT_ACTORS = {"IDLE", "DashboardAgent", "RuntimeEnvAgent"}  # Ray's own helpers, not the run's actors
 LINGER_WAIT_S = 30.0
@@ -169,7 +183,10 @@ class Chaos:
     def __init__(self, algo: str, out: Path, wall_s: float, args, rng: random.Random) -> None:
         self.algo, self.out, self.wall_s, self.args, self.rng = algo, out, wall_s, args, rng
         self.report = RunReport(algo)
-        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+        }
         self.run_dir: Path | None = None
         self.pending: list[tuple[int, float]] = []  # actor kills not yet seen survived: (iteration, restarts) then
         self.faults = 0
@@ -178,14 +195,31 @@ class Chaos:
         self.killed_results: int | None = None  # the inode of results.jsonl when the driver was killed
 
     def _spawn(self, *cli: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "shoal", *cli], cwd=REPO, env=self.env,
-                                stdout=subprocess.DEVNULL, stderr=open(self.out / "driver.log", "a"))
+        return subprocess.Popen(
+            [sys.executable, "-m", "shoal", *cli],
+            cwd=REPO,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.out / "driver.log", "a"),
+        )
 
     def start(self) -> subprocess.Popen:
         cli, metric, threshold = RUNS[self.algo]
         stop = ["--stop-reward", str(threshold)] if metric == "episode_return_mean" else []
-        return self._spawn("train", *cli, *stop, "--stop-time", str(self.wall_s * 0.4), "--seed", str(self.args.seed),
-                           "--checkpoint-every", "2", "-q", "--out", str(self.out / "runs"))
+        return self._spawn(
+            "train",
+            *cli,
+            *stop,
+            "--stop-time",
+            str(self.wall_s * 0.4),
+            "--seed",
+            str(self.args.seed),
+            "--checkpoint-every",
+            "2",
+            "-q",
+            "--out",
+            str(self.out / "runs"),
+        )
 
     def run(self) -> RunReport:
         proc, t0 = self.start(), time.monotonic()
@@ -270,8 +304,12 @@ class Chaos:
 
     def _resolve_pending(self) -> None:
         rows = _results(self.run_dir)
-        if (self.resuming_from is not None and rows and rows[-1]["iteration"] > self.resuming_from
-                and _inode(self.run_dir / "results.jsonl") != self.killed_results):  # resume rewrote it, then added
+        if (
+            self.resuming_from is not None
+            and rows
+            and rows[-1]["iteration"] > self.resuming_from
+            and _inode(self.run_dir / "results.jsonl") != self.killed_results
+        ):  # resume rewrote it, then added
             self.report.resumes_ok += 1  # the resumed driver trained an iteration past its checkpoint
             self.resuming_from = None
         for it, restarts in list(self.pending):
@@ -296,9 +334,11 @@ class Chaos:
         if code != 0:
             tail = (self.out / "driver.log").read_text(errors="replace").strip().splitlines()[-3:]
             log(f"  {self.algo}: the driver failed: " + " | ".join(tail))
-        log(f"  {self.algo}: exit {code}, {r.iterations} iterations, best {metric} {r.best}, "
+        log(
+            f"  {self.algo}: exit {code}, {r.iterations} iterations, best {metric} {r.best}, "
             f"{len(r.actor_kills)} actor kills ({r.actor_kills_continued} continued), {r.driver_kills} driver kills "
-            f"({r.resumes_ok} resumed), threshold {'reached' if r.reached_threshold else 'NOT reached'}")
+            f"({r.resumes_ok} resumed), threshold {'reached' if r.reached_threshold else 'NOT reached'}"
+        )
         return r
 
 
@@ -310,7 +350,9 @@ def main() -> None:
     p.add_argument("--driver-kills", type=int, default=2, help="driver SIGKILLs (and resumes) per run, at most")
     p.add_argument("--actor-kills", type=int, default=3, help="actor SIGKILLs per run, at most")
     p.add_argument("--fault-every-s", type=float, default=5.0, help="seconds between faults")
-    p.add_argument("--first-fault-s", type=float, default=2.0, help="seconds from a run's first iteration to its first fault")
+    p.add_argument(
+        "--first-fault-s", type=float, default=2.0, help="seconds from a run's first iteration to its first fault"
+    )
     args = p.parse_args()
     algos = [a.strip() for a in args.algos.split(",") if a.strip()]
     unknown = [a for a in algos if a not in RUNS]
@@ -331,13 +373,23 @@ def main() -> None:
 
 def _summary(reports: list[RunReport], args) -> dict:
     injected = sum(len(r.actor_kills) + r.driver_kills for r in reports)
-    survived = sum(r.actor_kills_continued + r.resumes_ok for r in reports if r.exit_code == 0 and not r.stopped_by_budget)
-    return {"benchmark": "chaos", "faults_injected": injected, "faults_survived": survived, "runs": len(reports),
-            "runs_reached_threshold": sum(r.reached_threshold for r in reports),
-            "driver_kills": sum(r.driver_kills for r in reports), "resumes_ok": sum(r.resumes_ok for r in reports),
-            "corrupt_checkpoints": sum(len(r.corrupt_checkpoints) for r in reports),
-            "lingering_processes": sum(r.lingering_processes for r in reports),
-            "budget_s": args.budget_s, "seed": args.seed, "per_run": [asdict(r) for r in reports]}
+    survived = sum(
+        r.actor_kills_continued + r.resumes_ok for r in reports if r.exit_code == 0 and not r.stopped_by_budget
+    )
+    return {
+        "benchmark": "chaos",
+        "faults_injected": injected,
+        "faults_survived": survived,
+        "runs": len(reports),
+        "runs_reached_threshold": sum(r.reached_threshold for r in reports),
+        "driver_kills": sum(r.driver_kills for r in reports),
+        "resumes_ok": sum(r.resumes_ok for r in reports),
+        "corrupt_checkpoints": sum(len(r.corrupt_checkpoints) for r in reports),
+        "lingering_processes": sum(r.lingering_processes for r in reports),
+        "budget_s": args.budget_s,
+        "seed": args.seed,
+        "per_run": [asdict(r) for r in reports],
+    }
 
 
 if __name__ == "__main__":

@@ -65,11 +65,15 @@ def throughput(num_workers: int, warmup: int, iters: int, seed: int) -> dict:
             r = algo.train()
             allreduce.append(r["allreduce_ms_per_minibatch"])
         dt = time.perf_counter() - t0
-        return {"workers": num_workers, "env_steps_per_s": (r["env_steps_sampled"] - s0) / dt,
-                "env_steps_trained_per_s": (r["env_steps_trained"] - tr0) / dt,
-                "allreduce_ms_per_minibatch": statistics.median(allreduce), "seconds": dt,
-                "learn_ms_per_round": 1000 * r.get("learner/learn_time_s", float("nan")),
-                "sample_ms_per_round": 1000 * r.get("learner/sample_time_s", float("nan"))}
+        return {
+            "workers": num_workers,
+            "env_steps_per_s": (r["env_steps_sampled"] - s0) / dt,
+            "env_steps_trained_per_s": (r["env_steps_trained"] - tr0) / dt,
+            "allreduce_ms_per_minibatch": statistics.median(allreduce),
+            "seconds": dt,
+            "learn_ms_per_round": 1000 * r.get("learner/learn_time_s", float("nan")),
+            "sample_ms_per_round": 1000 * r.get("learner/sample_time_s", float("nan")),
+        }
     finally:
         algo.stop()
 
@@ -102,11 +106,17 @@ def child_solve(spawn_time: float, max_seconds: float, seed: int) -> dict:
         t_build = time.time()
         while time.time() - spawn_time < max_seconds:
             r = algo.train()
-            log(f"solve: it {r['iteration']}: return {r['episode_return_mean']:.1f}, {r['env_steps_sampled']} steps, "
-                f"{time.time() - spawn_time:.1f} s")
+            log(
+                f"solve: it {r['iteration']}: return {r['episode_return_mean']:.1f}, {r['env_steps_sampled']} steps, "
+                f"{time.time() - spawn_time:.1f} s"
+            )
             if r["episode_return_mean"] >= TARGET:
-                out.update(solved=True, seconds_to_solve=time.time() - spawn_time,
-                           train_seconds_to_solve=time.time() - t_build, env_steps_to_solve=r["env_steps_sampled"])
+                out.update(
+                    solved=True,
+                    seconds_to_solve=time.time() - spawn_time,
+                    train_seconds_to_solve=time.time() - t_build,
+                    env_steps_to_solve=r["env_steps_sampled"],
+                )
                 break
     finally:
         algo.stop()
@@ -116,8 +126,17 @@ def child_solve(spawn_time: float, max_seconds: float, seed: int) -> dict:
 
 def run_solve(max_seconds: float, seed: int) -> dict:
     spawn = time.time()
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child-solve", "--spawn-time", repr(spawn),
-           "--max-seconds", str(max_seconds), "--seed", str(seed)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child-solve",
+        "--spawn-time",
+        repr(spawn),
+        "--max-seconds",
+        str(max_seconds),
+        "--seed",
+        str(seed),
+    ]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO, timeout=max_seconds + 120)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -152,9 +171,11 @@ def main() -> None:
         for rep in range(args.repeats):
             for w in (1, 2):
                 r = throughput(w, args.warmup, args.iters, args.seed + rep)
-                log(f"repeat {rep}, {w} worker(s): {r['env_steps_per_s']:.0f} sampled steps/s, "
+                log(
+                    f"repeat {rep}, {w} worker(s): {r['env_steps_per_s']:.0f} sampled steps/s, "
                     f"{r['env_steps_trained_per_s']:.0f} trained steps/s, all-reduce {r['allreduce_ms_per_minibatch']:.2f} ms/minibatch, "
-                    f"round: sample {r['sample_ms_per_round']:.0f} ms + learn {r['learn_ms_per_round']:.0f} ms")
+                    f"round: sample {r['sample_ms_per_round']:.0f} ms + learn {r['learn_ms_per_round']:.0f} ms"
+                )
                 runs[w].append(r)
                 b = independent(w, args.warmup, args.iters, args.seed + rep)
                 log(f"repeat {rep}, {w} independent worker(s), no all-reduce: {b['env_steps_per_s']:.0f} steps/s")
@@ -169,24 +190,32 @@ def main() -> None:
     solve = run_solve(args.max_seconds, args.seed)
     log(f"solve: {solve}")
     one, two = med(1, "env_steps_per_s"), med(2, "env_steps_per_s")
-    print(json.dumps({
-        "benchmark": "ddppo_scaling",
-        "env_steps_per_s_1_worker": one,
-        "env_steps_per_s_2_workers": two,
-        "ratio": two / one,
-        "allreduce_ms_per_minibatch": med(2, "allreduce_ms_per_minibatch"),
-        "seconds_to_solve_2_workers": solve.get("seconds_to_solve"),
-        "trained_env_steps_per_s_1_worker": med(1, "env_steps_trained_per_s"),
-        "trained_env_steps_per_s_2_workers": med(2, "env_steps_trained_per_s"),
-        "trained_ratio": med(2, "env_steps_trained_per_s") / med(1, "env_steps_trained_per_s"),
-        "independent_env_steps_per_s_1_worker": med(1, "env_steps_per_s", base),
-        "independent_env_steps_per_s_2_workers": med(2, "env_steps_per_s", base),
-        "independent_ratio": med(2, "env_steps_per_s", base) / med(1, "env_steps_per_s", base),
-        "train_seconds_to_solve_2_workers": solve.get("train_seconds_to_solve"),
-        "env_steps_to_solve_2_workers": solve.get("env_steps_to_solve"),
-        "backend": "gloo", "device": "cpu", "repeats": args.repeats, "iters": args.iters,
-        "runs": runs, "config": str(PRESET.relative_to(REPO)),
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "ddppo_scaling",
+                "env_steps_per_s_1_worker": one,
+                "env_steps_per_s_2_workers": two,
+                "ratio": two / one,
+                "allreduce_ms_per_minibatch": med(2, "allreduce_ms_per_minibatch"),
+                "seconds_to_solve_2_workers": solve.get("seconds_to_solve"),
+                "trained_env_steps_per_s_1_worker": med(1, "env_steps_trained_per_s"),
+                "trained_env_steps_per_s_2_workers": med(2, "env_steps_trained_per_s"),
+                "trained_ratio": med(2, "env_steps_trained_per_s") / med(1, "env_steps_trained_per_s"),
+                "independent_env_steps_per_s_1_worker": med(1, "env_steps_per_s", base),
+                "independent_env_steps_per_s_2_workers": med(2, "env_steps_per_s", base),
+                "independent_ratio": med(2, "env_steps_per_s", base) / med(1, "env_steps_per_s", base),
+                "train_seconds_to_solve_2_workers": solve.get("train_seconds_to_solve"),
+                "env_steps_to_solve_2_workers": solve.get("env_steps_to_solve"),
+                "backend": "gloo",
+                "device": "cpu",
+                "repeats": args.repeats,
+                "iters": args.iters,
+                "runs": runs,
+                "config": str(PRESET.relative_to(REPO)),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -112,16 +112,27 @@ def check_learner(c: Check, algo: str) -> None:
             c.expect_on_device(pl.learner.module, f"{algo} learner of {pid}")
             if pl.target is not None:
                 c.expect_on_device(pl.target.net, f"{algo} target network of {pid}")
-        loss = next((k for k in ("learner/total_loss", "learner/loss", "learner/td_loss", "learner/policy_loss")
-                     if k in result), None)
+        loss = next(
+            (
+                k
+                for k in ("learner/total_loss", "learner/loss", "learner/td_loss", "learner/policy_loss")
+                if k in result
+            ),
+            None,
+        )
         if loss is not None:
             _finite(result, loss)
 
 
 def check_multi_device_towers(c: Check) -> None:
     n = max(1, torch.cuda.device_count()) if c.cuda else 2
-    cfg = _small("appo", num_learner_devices=n, fake_devices=not c.cuda, train_batch_size=16 * 2 * n,
-                 resources={"num_gpus": c.gpus(n)})
+    cfg = _small(
+        "appo",
+        num_learner_devices=n,
+        fake_devices=not c.cuda,
+        train_batch_size=16 * 2 * n,
+        resources={"num_gpus": c.gpus(n)},
+    )
     with cfg.build() as trained:
         deadline, result = time.time() + 90, {}
         while result.get("env_steps_trained", 0) < 4 * cfg.train_batch_size and time.time() < deadline:
@@ -154,14 +165,21 @@ def check_uint8_on_device(c: Check) -> None:
 
 
 def check_checkpoint_to_cpu(c: Check) -> None:
-    with _small("ppo", train_batch_size=256, minibatch_size=64, num_sgd_iter=1,
-                resources={"num_gpus": c.gpus()}).build() as trained:
+    with _small(
+        "ppo", train_batch_size=256, minibatch_size=64, num_sgd_iter=1, resources={"num_gpus": c.gpus()}
+    ).build() as trained:
         trained.train()
         c.expect_on_device(trained.policies.only.learner.module, "the PPO learner")
         path = trained.save(c.tmp / "ppo_checkpoint")
-    code = ("import numpy as np, torch, shoal; assert not torch.cuda.is_available(); "
-            f"p = shoal.load_policy({str(path)!r}); a, _ = p.predict(np.zeros(4, np.float32)); print('acted', int(a))")
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    code = (
+        "import numpy as np, torch, shoal; assert not torch.cuda.is_available(); "
+        f"p = shoal.load_policy({str(path)!r}); a, _ = p.predict(np.zeros(4, np.float32)); print('acted', int(a))"
+    )
+    env = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0 or "acted" not in proc.stdout:
         raise AssertionError(f"load_policy in a CPU-only process failed: {(proc.stderr or proc.stdout).strip()[-400:]}")
@@ -175,9 +193,15 @@ def check_ddppo_gpu(c: Check) -> None:
     nccl = c.cuda and torch.cuda.device_count() >= 2
     c.facts["ddppo_backend"] = "nccl" if nccl else "gloo"
     cfg = get_config_class("ddppo")(
-        env="CartPole-v1", seed=0, rollout_fragment_length=32, minibatch_size=64, num_sgd_iter=1,
-        torch_distributed_backend=c.facts["ddppo_backend"], min_time_s_per_iteration=0.0,
-        resources={"num_workers": 2, "num_envs_per_worker": 4, "num_gpus_per_worker": c.gpus(1 if nccl else 0.5)})
+        env="CartPole-v1",
+        seed=0,
+        rollout_fragment_length=32,
+        minibatch_size=64,
+        num_sgd_iter=1,
+        torch_distributed_backend=c.facts["ddppo_backend"],
+        min_time_s_per_iteration=0.0,
+        resources={"num_workers": 2, "num_envs_per_worker": 4, "num_gpus_per_worker": c.gpus(1 if nccl else 0.5)},
+    )
     with cfg.build() as trained:
         for _ in range(2):
             result = trained.train()
@@ -193,9 +217,16 @@ def check_league_fractional_gpus(c: Check) -> None:
         data.pop(key, None)
     data.update(max_num_policies_to_train=2, min_time_s_per_iteration=0.5)
     data["league"] = {**data["league"], "num_main_exploiters": 1}
-    data["resources"] = {**data["resources"], "num_envs_per_worker": 8, "num_gpus": c.gpus(1),
-                         "remote_learners": True, "num_learner_shards": 1, "num_cpus_per_learner": 0.25,
-                         "num_workers": 1, "num_cpus_per_worker": 0.25}
+    data["resources"] = {
+        **data["resources"],
+        "num_envs_per_worker": 8,
+        "num_gpus": c.gpus(1),
+        "remote_learners": True,
+        "num_learner_shards": 1,
+        "num_cpus_per_learner": 0.25,
+        "num_workers": 1,
+        "num_cpus_per_worker": 0.25,
+    }
     with get_config_class("alpha_star")(**data).build() as trained:
         deadline, result = time.time() + 120, {}
         while time.time() < deadline:
@@ -233,10 +264,17 @@ class SkipCheck(Exception):
 
 
 def checks() -> dict[str, Callable[[Check], None]]:
-    out: dict[str, Callable[[Check], None]] = {f"learner_{a}": (lambda c, a=a: check_learner(c, a)) for a in LEARNER_ALGOS}
-    out.update(multi_device_towers=check_multi_device_towers, uint8_on_device=check_uint8_on_device,
-               checkpoint_to_cpu=check_checkpoint_to_cpu, ddppo_gpu=check_ddppo_gpu,
-               league_fractional_gpus=check_league_fractional_gpus, appo_pong=check_appo_pong)
+    out: dict[str, Callable[[Check], None]] = {
+        f"learner_{a}": (lambda c, a=a: check_learner(c, a)) for a in LEARNER_ALGOS
+    }
+    out.update(
+        multi_device_towers=check_multi_device_towers,
+        uint8_on_device=check_uint8_on_device,
+        checkpoint_to_cpu=check_checkpoint_to_cpu,
+        ddppo_gpu=check_ddppo_gpu,
+        league_fractional_gpus=check_league_fractional_gpus,
+        appo_pong=check_appo_pong,
+    )
     return out
 
 
@@ -269,10 +307,19 @@ def run(device: str, names: list[str], pong_s: float) -> dict[str, Any]:
                 seconds[name] = round(time.perf_counter() - t0, 1)
                 _shutdown_ray()
             facts.update(c.facts)
-            log(f"{name}: {'passed' if name in passed else 'skipped' if name in skipped else 'FAILED'} "
-                f"in {seconds[name]} s {errors.get(name, '')}")
-    return {"passed": passed, "failed": failed, "skipped": skipped, "errors": errors, "seconds": seconds,
-            "appo_pong_frames_per_s": facts.pop("appo_pong_frames_per_s", None), **facts}
+            log(
+                f"{name}: {'passed' if name in passed else 'skipped' if name in skipped else 'FAILED'} "
+                f"in {seconds[name]} s {errors.get(name, '')}"
+            )
+    return {
+        "passed": passed,
+        "failed": failed,
+        "skipped": skipped,
+        "errors": errors,
+        "seconds": seconds,
+        "appo_pong_frames_per_s": facts.pop("appo_pong_frames_per_s", None),
+        **facts,
+    }
 
 
 def _shutdown_ray() -> None:
@@ -285,8 +332,12 @@ def _shutdown_ray() -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description="Run every CUDA path of shoal once; one JSON line.")
-    p.add_argument("--device", choices=["cuda", "cpu"], default=None,
-                   help="default: cuda when torch sees one, else nothing runs; cpu: the CPU stands in")
+    p.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        default=None,
+        help="default: cuda when torch sees one, else nothing runs; cpu: the CPU stands in",
+    )
     p.add_argument("--only", default="", help=f"comma-separated checks (of {', '.join(checks())})")
     p.add_argument("--pong-s", type=float, default=None, help="seconds of APPO Pong (default 120 on cuda, 0 on cpu)")
     args = p.parse_args()
@@ -297,17 +348,34 @@ def main() -> None:
     header: dict[str, Any] = {"benchmark": "gpu_check", "torch": torch.__version__, "cuda": torch.version.cuda}
     device = args.device or ("cuda" if torch.cuda.is_available() else None)
     if device is None:
-        log("torch sees no CUDA device here: nothing to check (run this on a GPU machine, or --device cpu to "
-            "exercise the checks with the CPU standing in)")
-        print(json.dumps({**header, "gpu": False, "device": None, "passed": [], "failed": [], "skipped": names,
-                          "errors": {}, "seconds": {}, "appo_pong_frames_per_s": None}))
+        log(
+            "torch sees no CUDA device here: nothing to check (run this on a GPU machine, or --device cpu to "
+            "exercise the checks with the CPU standing in)"
+        )
+        print(
+            json.dumps(
+                {
+                    **header,
+                    "gpu": False,
+                    "device": None,
+                    "passed": [],
+                    "failed": [],
+                    "skipped": names,
+                    "errors": {},
+                    "seconds": {},
+                    "appo_pong_frames_per_s": None,
+                }
+            )
+        )
         return
     if device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda, but torch sees no CUDA device")
     pong_s = args.pong_s if args.pong_s is not None else (120.0 if device == "cuda" else 0.0)
     gpu_name = torch.cuda.get_device_name(0) if device == "cuda" else None
-    log(f"device {device}{f' ({gpu_name}, {torch.cuda.device_count()} visible)' if gpu_name else ''}: "
-        f"{len(names)} checks")
+    log(
+        f"device {device}{f' ({gpu_name}, {torch.cuda.device_count()} visible)' if gpu_name else ''}: "
+        f"{len(names)} checks"
+    )
     out = run(device, names, pong_s)
     print(json.dumps({**header, "gpu": device == "cuda", "device": gpu_name or "cpu (standing in for a GPU)", **out}))
     sys.exit(1 if out["failed"] else 0)

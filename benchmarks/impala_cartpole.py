@@ -57,22 +57,31 @@ def child(algo_name: str, seed: int, config: str, spawn_time: float, max_seconds
             result = algo.train()
             idle.append(result["learner_idle_fraction"])
             ret = result["episode_return_mean"]
-            log(algo_name, f"seed {seed} it {result['iteration']}: return {ret:.1f}, {result['env_steps_sampled']} sampled, "
+            log(
+                algo_name,
+                f"seed {seed} it {result['iteration']}: return {ret:.1f}, {result['env_steps_sampled']} sampled, "
                 f"{result['env_steps_trained']} trained, idle {result['learner_idle_fraction']:.2f}, "
-                f"{time.time() - spawn_time:.1f} s")
+                f"{time.time() - spawn_time:.1f} s",
+            )
             if ret >= TARGET:  # NaN (no episode finished yet) compares False
-                out.update(solved=True, seconds_to_solve=time.time() - spawn_time,
-                           env_steps_to_solve=result["env_steps_sampled"])
+                out.update(
+                    solved=True,
+                    seconds_to_solve=time.time() - spawn_time,
+                    env_steps_to_solve=result["env_steps_sampled"],
+                )
                 break
     finally:
         algo.stop()
         runtime.shutdown()
     train_s = result.get("time_total_s") or float("nan")
-    out.update(iterations=result.get("iteration", 0), wall_seconds=time.time() - spawn_time,
-               sampled_env_steps_per_s=result.get("env_steps_sampled", 0) / train_s if result else None,
-               trained_env_steps_per_s=result.get("env_steps_trained", 0) / train_s if result else None,
-               learner_idle_fraction=statistics.fmean(idle) if idle else None,
-               dropped_batches=result.get("num_dropped_batches"))
+    out.update(
+        iterations=result.get("iteration", 0),
+        wall_seconds=time.time() - spawn_time,
+        sampled_env_steps_per_s=result.get("env_steps_sampled", 0) / train_s if result else None,
+        trained_env_steps_per_s=result.get("env_steps_trained", 0) / train_s if result else None,
+        learner_idle_fraction=statistics.fmean(idle) if idle else None,
+        dropped_batches=result.get("num_dropped_batches"),
+    )
     return out
 
 
@@ -102,7 +111,10 @@ def main(algo_name: str = "impala") -> None:
         raise SystemExit(f"config file {args.config} does not exist")
 
     if args.child is not None:
-        print(json.dumps(child(args.algo, args.child, config, args.spawn_time or time.time(), args.max_seconds)), flush=True)
+        print(
+            json.dumps(child(args.algo, args.child, config, args.spawn_time or time.time(), args.max_seconds)),
+            flush=True,
+        )
         return
 
     per_seed = []
@@ -112,19 +124,23 @@ def main(algo_name: str = "impala") -> None:
         log(args.algo, f"seed {seed}: {r}")
         per_seed.append(r)
     solved = [r for r in per_seed if r.get("solved")]
-    print(json.dumps({
-        "benchmark": f"{args.algo}_cartpole",
-        "solved": len(solved) == len(per_seed),
-        "seconds_to_solve": median(solved, "seconds_to_solve"),
-        "env_steps_to_solve": median(solved, "env_steps_to_solve"),
-        "sampled_env_steps_per_s": median(per_seed, "sampled_env_steps_per_s"),
-        "trained_env_steps_per_s": median(per_seed, "trained_env_steps_per_s"),
-        "learner_idle_fraction": median(per_seed, "learner_idle_fraction"),
-        "seeds": args.seeds,
-        "seeds_solved": len(solved),
-        "per_seed": per_seed,
-        "config": args.config,
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": f"{args.algo}_cartpole",
+                "solved": len(solved) == len(per_seed),
+                "seconds_to_solve": median(solved, "seconds_to_solve"),
+                "env_steps_to_solve": median(solved, "env_steps_to_solve"),
+                "sampled_env_steps_per_s": median(per_seed, "sampled_env_steps_per_s"),
+                "trained_env_steps_per_s": median(per_seed, "trained_env_steps_per_s"),
+                "learner_idle_fraction": median(per_seed, "learner_idle_fraction"),
+                "seeds": args.seeds,
+                "seeds_solved": len(solved),
+                "per_seed": per_seed,
+                "config": args.config,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -42,8 +42,11 @@ def main() -> None:
     if args.workers is not None:
         data.setdefault("resources", {})["num_workers"] = args.workers
     cfg = AlphaStarConfig(**data)
-    print(f"league_connect4: budget {args.budget_s:.0f} s, config {args.config.name}, "
-          f"{cfg.resources.num_workers} rollout actors x {cfg.resources.num_envs_per_worker} envs", flush=True)
+    print(
+        f"league_connect4: budget {args.budget_s:.0f} s, config {args.config.name}, "
+        f"{cfg.resources.num_workers} rollout actors x {cfg.resources.num_envs_per_worker} envs",
+        flush=True,
+    )
     t0 = time.perf_counter()
     algo = cfg.build()
     try:
@@ -51,9 +54,12 @@ def main() -> None:
         while time.perf_counter() - t0 < args.budget_s:
             r = algo.train()
             train_s, steps = r["time_total_s"], r["env_steps_sampled"]
-            print(f"  {time.perf_counter() - t0:6.0f} s  iter {r['iteration']:3d}  env steps {steps:9d}  "
-                  f"{r['env_steps_per_s']:7.0f}/s  trained {r['env_steps_trained']:9d}  players {r['num_policies']:2d}  "
-                  f"main return {r.get('policy_return_mean/main', float('nan')):+.2f}", flush=True)
+            print(
+                f"  {time.perf_counter() - t0:6.0f} s  iter {r['iteration']:3d}  env steps {steps:9d}  "
+                f"{r['env_steps_per_s']:7.0f}/s  trained {r['env_steps_trained']:9d}  players {r['num_policies']:2d}  "
+                f"main return {r.get('policy_return_mean/main', float('nan')):+.2f}",
+                flush=True,
+            )
         wall = time.perf_counter() - t0
         vs_random = algo.evaluate_vs("random", args.games)
         vs_heuristic = algo.evaluate_vs("heuristic", args.games)
@@ -62,20 +68,35 @@ def main() -> None:
         league = algo.league.metrics()
     finally:
         algo.stop()
-    print(f"main vs random:    {vs_random['win_rate']:.3f} (draws {vs_random['draw_rate']:.3f}, "
-          f"first {vs_random['win_rate_first']:.3f}, second {vs_random['win_rate_second']:.3f})")
+    print(
+        f"main vs random:    {vs_random['win_rate']:.3f} (draws {vs_random['draw_rate']:.3f}, "
+        f"first {vs_random['win_rate_first']:.3f}, second {vs_random['win_rate_second']:.3f})"
+    )
     for name, out in (("heuristic", vs_heuristic), ("heuristic2", vs_heuristic2)):
-        print(f"main vs {name + ':':11s} {out['win_rate']:.3f} (draws {out['draw_rate']:.3f}, "
-              f"first {out['win_rate_first']:.3f}, second {out['win_rate_second']:.3f})")
-    print(json.dumps({
-        "benchmark": "league_connect4", "budget_s": args.budget_s,
-        "env_steps_per_s": round(steps / train_s, 1) if train_s else 0.0, "players": players,
-        "win_rate_vs_random": vs_random["win_rate"], "win_rate_vs_heuristic": vs_heuristic["win_rate"],
-        "win_rate_vs_heuristic2": vs_heuristic2["win_rate"],
-        "games_per_opponent": vs_random["games"], "env_steps": steps, "env_steps_trained": r.get("env_steps_trained", 0),
-        "wall_s": round(wall, 1), "learning_policies": int(league["league/learning"]),
-        "league_games": int(league["league/games_total"]), "num_workers": cfg.resources.num_workers,
-    }))
+        print(
+            f"main vs {name + ':':11s} {out['win_rate']:.3f} (draws {out['draw_rate']:.3f}, "
+            f"first {out['win_rate_first']:.3f}, second {out['win_rate_second']:.3f})"
+        )
+    print(
+        json.dumps(
+            {
+                "benchmark": "league_connect4",
+                "budget_s": args.budget_s,
+                "env_steps_per_s": round(steps / train_s, 1) if train_s else 0.0,
+                "players": players,
+                "win_rate_vs_random": vs_random["win_rate"],
+                "win_rate_vs_heuristic": vs_heuristic["win_rate"],
+                "win_rate_vs_heuristic2": vs_heuristic2["win_rate"],
+                "games_per_opponent": vs_random["games"],
+                "env_steps": steps,
+                "env_steps_trained": r.get("env_steps_trained", 0),
+                "wall_s": round(wall, 1),
+                "learning_policies": int(league["league/learning"]),
+                "league_games": int(league["league/games_total"]),
+                "num_workers": cfg.resources.num_workers,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

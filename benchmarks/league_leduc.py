@@ -57,8 +57,12 @@ def main() -> None:
     p.add_argument("--config", type=Path, default=ROOT / "examples" / "alpha_star_leduc.yaml")
     p.add_argument("--every-s", type=float, default=60.0, help="seconds between exploitability measurements")
     p.add_argument("--png", type=Path, default=None, help="also draw the curve into this PNG")
-    p.add_argument("--save", type=Path, default=None,
-                   help="also save the league at the end as a checkpoint in this directory (shoal league, load_policy)")
+    p.add_argument(
+        "--save",
+        type=Path,
+        default=None,
+        help="also save the league at the end as a checkpoint in this directory (shoal league, load_policy)",
+    )
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -77,32 +81,54 @@ def main() -> None:
                 e0 = time.perf_counter()
                 main_x, mix = algo.exploitability("main"), algo.league_mixture()
                 eval_s += time.perf_counter() - e0
-                curve.append([round(time.perf_counter() - t0 - eval_s, 1), int(r["env_steps_sampled"]),
-                              round(main_x, 4), round(mix.exploitability, 4)])
-                log(f"{curve[-1][0]:6.0f} s  iter {r['iteration']:4d}  env steps {r['env_steps_sampled']:9d}  "
+                curve.append(
+                    [
+                        round(time.perf_counter() - t0 - eval_s, 1),
+                        int(r["env_steps_sampled"]),
+                        round(main_x, 4),
+                        round(mix.exploitability, 4),
+                    ]
+                )
+                log(
+                    f"{curve[-1][0]:6.0f} s  iter {r['iteration']:4d}  env steps {r['env_steps_sampled']:9d}  "
                     f"players {r['num_policies']:2d}  main {main_x:.3f}  mixture {mix.exploitability:.3f} "
                     f"(support {int((mix.weights > 1e-6).sum())} of {len(mix.policy_ids)})  "
-                    f"entropy {r.get('learner/main/entropy', float('nan')):.3f}  weights {support(mix)}")
+                    f"entropy {r.get('learner/main/entropy', float('nan')):.3f}  weights {support(mix)}"
+                )
                 next_at += args.every_s
         train_s = time.perf_counter() - t0 - eval_s
         main_x, mix = algo.exploitability("main"), algo.league_mixture()
-        curve.append([round(train_s, 1), int(r.get("env_steps_sampled", 0)), round(main_x, 4),
-                      round(mix.exploitability, 4)])
+        curve.append(
+            [round(train_s, 1), int(r.get("env_steps_sampled", 0)), round(main_x, 4), round(mix.exploitability, 4)]
+        )
         players = len(algo.weights)
         if args.save is not None:
             log(f"checkpoint: {algo.save(args.save)}")
-    log(f"main {main_x:.3f}, mixture {mix.exploitability:.3f} over {len(mix.policy_ids)} frozen players: "
-        f"{support(mix)}")
+    log(
+        f"main {main_x:.3f}, mixture {mix.exploitability:.3f} over {len(mix.policy_ids)} frozen players: {support(mix)}"
+    )
     if args.png is not None:
         draw(curve, args.png)
     steps = int(r.get("env_steps_sampled", 0))
-    print(json.dumps({
-        "benchmark": "league_leduc", "budget_s": args.budget_s, "config": args.config.name,
-        "main_exploitability": round(main_x, 4), "mixture_exploitability": round(mix.exploitability, 4),
-        "best_main_exploitability": min(c[2] for c in curve), "best_mixture_exploitability": min(c[3] for c in curve),
-        "players": players, "env_steps": steps, "env_steps_per_s": round(steps / max(train_s, 1e-9), 1),
-        "uniform_random_exploitability": 2.3736, "mixture_support": support(mix), "curve": curve,
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "league_leduc",
+                "budget_s": args.budget_s,
+                "config": args.config.name,
+                "main_exploitability": round(main_x, 4),
+                "mixture_exploitability": round(mix.exploitability, 4),
+                "best_main_exploitability": min(c[2] for c in curve),
+                "best_mixture_exploitability": min(c[3] for c in curve),
+                "players": players,
+                "env_steps": steps,
+                "env_steps_per_s": round(steps / max(train_s, 1e-9), 1),
+                "uniform_random_exploitability": 2.3736,
+                "mixture_support": support(mix),
+                "curve": curve,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -40,8 +40,11 @@ def _config(mode: str, seed: int):
     if mode == "single":
         data["resources"] = {"num_workers": 0, "num_envs_per_worker": NUM_ENVS}
     else:
-        data.update(env="shoal.envs.multi_cartpole:parallel_env", env_config={"num_agents": NUM_POLES},
-                    multi_agent={"policies": {"shared": None}})
+        data.update(
+            env="shoal.envs.multi_cartpole:parallel_env",
+            env_config={"num_agents": NUM_POLES},
+            multi_agent={"policies": {"shared": None}},
+        )
         data["resources"] = {"num_workers": 0, "num_envs_per_worker": NUM_ENVS // NUM_POLES}
     return APPOConfig.from_dict(data)
 
@@ -57,12 +60,20 @@ def child(mode: str, budget_s: float, seed: int) -> dict:
         while time.perf_counter() - start < budget_s:
             r = algo.train()
         elapsed = time.perf_counter() - start
-        ret = r.get("policy_return_mean/shared", r["episode_return_mean"]) if mode == "multi" else r["episode_return_mean"]
-        return {"mode": mode, "seconds": round(elapsed, 1),
-                "agent_steps_sampled_per_s": (r[agent_key] - s0) / elapsed,
-                "agent_steps_trained_per_s": (r["env_steps_trained"] - t0) / elapsed,
-                "learner_updates_per_s": (r["num_updates"] - u0) / elapsed,
-                "return_mean": ret, "agent_steps_sampled": int(r[agent_key])}
+        ret = (
+            r.get("policy_return_mean/shared", r["episode_return_mean"])
+            if mode == "multi"
+            else r["episode_return_mean"]
+        )
+        return {
+            "mode": mode,
+            "seconds": round(elapsed, 1),
+            "agent_steps_sampled_per_s": (r[agent_key] - s0) / elapsed,
+            "agent_steps_trained_per_s": (r["env_steps_trained"] - t0) / elapsed,
+            "learner_updates_per_s": (r["num_updates"] - u0) / elapsed,
+            "return_mean": ret,
+            "agent_steps_sampled": int(r[agent_key]),
+        }
     finally:
         algo.stop()
 
@@ -79,15 +90,23 @@ def main() -> None:
         return
     out = {}
     for mode in ("single", "multi"):
-        out[mode] = run_child(__file__, ["--child", mode, "--budget-s", str(args.budget_s), "--seed", str(args.seed)],
-                              timeout_s=args.budget_s + 300)
+        out[mode] = run_child(
+            __file__,
+            ["--child", mode, "--budget-s", str(args.budget_s), "--seed", str(args.seed)],
+            timeout_s=args.budget_s + 300,
+        )
         print(f"[multi_agent_appo] {mode}: {out[mode]}", file=sys.stderr)
     ratios = {}
     if all("error" not in out[m] for m in out):
-        ratios = {f"{k}_ratio": out["multi"][k] / out["single"][k]
-                  for k in ("agent_steps_sampled_per_s", "agent_steps_trained_per_s", "learner_updates_per_s")}
-    print(json.dumps({"benchmark": "multi_agent_appo", "budget_s": args.budget_s, "num_cartpoles": NUM_ENVS,
-                      **out, **ratios}))
+        ratios = {
+            f"{k}_ratio": out["multi"][k] / out["single"][k]
+            for k in ("agent_steps_sampled_per_s", "agent_steps_trained_per_s", "learner_updates_per_s")
+        }
+    print(
+        json.dumps(
+            {"benchmark": "multi_agent_appo", "budget_s": args.budget_s, "num_cartpoles": NUM_ENVS, **out, **ratios}
+        )
+    )
 
 
 if __name__ == "__main__":

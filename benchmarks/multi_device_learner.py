@@ -48,8 +48,9 @@ def log(msg: str) -> None:
 class Net(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.body = torch.nn.Sequential(torch.nn.Linear(OBS_DIM, HIDDEN), torch.nn.Tanh(),
-                                        torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.Tanh())
+        self.body = torch.nn.Sequential(
+            torch.nn.Linear(OBS_DIM, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.Tanh()
+        )
         self.pi = torch.nn.Linear(HIDDEN, NUM_ACTIONS)
         self.v = torch.nn.Linear(HIDDEN, 1)
 
@@ -71,21 +72,32 @@ def pg_value_loss(module, batch, learner):
 
 def make_batches(n: int, rows: int, seed: int = 0) -> list[Batch]:
     rng = np.random.default_rng(seed)
-    return [Batch({
-        Col.OBS: rng.normal(size=(rows, OBS_DIM)).astype(np.float32),
-        Col.ACTIONS: rng.integers(0, NUM_ACTIONS, size=rows),
-        Col.ADVANTAGES: rng.normal(size=rows).astype(np.float32),
-        Col.VALUE_TARGETS: rng.normal(size=rows).astype(np.float32),
-    }) for _ in range(n)]
+    return [
+        Batch(
+            {
+                Col.OBS: rng.normal(size=(rows, OBS_DIM)).astype(np.float32),
+                Col.ACTIONS: rng.integers(0, NUM_ACTIONS, size=rows),
+                Col.ADVANTAGES: rng.normal(size=rows).astype(np.float32),
+                Col.VALUE_TARGETS: rng.normal(size=rows).astype(np.float32),
+            }
+        )
+        for _ in range(n)
+    ]
 
 
 def measure(devices: list[str], multi: bool, args, batches: list[Batch]) -> dict:
     torch.manual_seed(0)
     learner = Learner(Net(), pg_value_loss, lr=5e-4, grad_clip=40.0, device=devices[0])
     if multi:
-        t = MultiDeviceLearnerThread(learner, devices, num_sgd_iter=args.num_sgd_iter,
-                                     num_multi_gpu_tower_stacks=args.stacks, num_data_load_threads=args.loaders,
-                                     learner_queue_size=16, learner_queue_timeout=60.0)
+        t = MultiDeviceLearnerThread(
+            learner,
+            devices,
+            num_sgd_iter=args.num_sgd_iter,
+            num_multi_gpu_tower_stacks=args.stacks,
+            num_data_load_threads=args.loaders,
+            learner_queue_size=16,
+            learner_queue_timeout=60.0,
+        )
     else:
         t = LearnerThread(learner, num_sgd_iter=args.num_sgd_iter, learner_queue_size=16, learner_queue_timeout=60.0)
     done = threading.Event()
@@ -119,14 +131,19 @@ def measure(devices: list[str], multi: bool, args, batches: list[Batch]) -> dict
         t.stop()
         feeder.join(2.0)
     out = {
-        "devices": ",".join(devices), "thread": "multi_device" if multi else "single",
-        "updates_per_s": (u1 - u0) / elapsed, "rows_per_s": rows0 / elapsed,
+        "devices": ",".join(devices),
+        "thread": "multi_device" if multi else "single",
+        "updates_per_s": (u1 - u0) / elapsed,
+        "rows_per_s": rows0 / elapsed,
         "learner_idle_fraction": stats["learner_idle_fraction"],
-        "grad_ms": stats["timers/learner_grad_ms"], "load_ms": stats["timers/learner_load_ms"],
+        "grad_ms": stats["timers/learner_grad_ms"],
+        "load_ms": stats["timers/learner_load_ms"],
         "load_wait_ms": stats["timers/learner_load_wait_ms"],
     }
-    log(f"{out['thread']:>12} on {out['devices']:<16} {out['updates_per_s']:8.1f} updates/s "
-        f"({out['rows_per_s']:9.0f} rows/s), grad {out['grad_ms']:.2f} ms, idle {out['learner_idle_fraction']:.2f}")
+    log(
+        f"{out['thread']:>12} on {out['devices']:<16} {out['updates_per_s']:8.1f} updates/s "
+        f"({out['rows_per_s']:9.0f} rows/s), grad {out['grad_ms']:.2f} ms, idle {out['learner_idle_fraction']:.2f}"
+    )
     return out
 
 
@@ -149,32 +166,43 @@ def main() -> None:
         settings += [(["cuda:0"], False), (["cuda:0"], True), (["cuda:0", "cuda:0"], True)]
         if torch.cuda.device_count() >= 2:
             settings.append((["cuda:0", "cuda:1"], True))
-    log(f"batch {args.batch_size} rows, num_sgd_iter {args.num_sgd_iter}, {args.stacks} stacks, "
-        f"{args.loaders} loader(s), torch threads {torch.get_num_threads()}, cuda {torch.cuda.is_available()}")
+    log(
+        f"batch {args.batch_size} rows, num_sgd_iter {args.num_sgd_iter}, {args.stacks} stacks, "
+        f"{args.loaders} loader(s), torch threads {torch.get_num_threads()}, cuda {torch.cuda.is_available()}"
+    )
     rounds = [[measure(devs, multi, args, batches) for devs, multi in settings] for _ in range(args.rounds)]
     runs = []
     for i, first in enumerate(rounds[0]):
-        run = {k: float(np.median([rd[i][k] for rd in rounds])) if isinstance(v, float) else v
-               for k, v in first.items()}
+        run = {
+            k: float(np.median([rd[i][k] for rd in rounds])) if isinstance(v, float) else v for k, v in first.items()
+        }
         run["updates_per_s_rounds"] = [rd[i]["updates_per_s"] for rd in rounds]
         runs.append(run)
 
     def ups(devices: str) -> float:
         return next(r["updates_per_s"] for r in runs if r["devices"] == devices and r["thread"] == "multi_device")
 
-    print(json.dumps({
-        "benchmark": "multi_device_learner",
-        "updates_per_s_1_device": ups("cpu"),
-        "updates_per_s_2_fake_devices": ups("cpu,cpu"),
-        "single_thread_updates_per_s": runs[0]["updates_per_s"],
-        "batch_size": args.batch_size, "rounds": args.rounds, "seconds_per_round": args.seconds,
-        "num_sgd_iter": args.num_sgd_iter, "stacks": args.stacks, "loaders": args.loaders,
-        "torch_threads": torch.get_num_threads(),
-        "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs" + (f", {torch.cuda.get_device_name(0)}"
-                                                                    if torch.cuda.is_available() else ""),
-        "runs": runs,
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "multi_device_learner",
+                "updates_per_s_1_device": ups("cpu"),
+                "updates_per_s_2_fake_devices": ups("cpu,cpu"),
+                "single_thread_updates_per_s": runs[0]["updates_per_s"],
+                "batch_size": args.batch_size,
+                "rounds": args.rounds,
+                "seconds_per_round": args.seconds,
+                "num_sgd_iter": args.num_sgd_iter,
+                "stacks": args.stacks,
+                "loaders": args.loaders,
+                "torch_threads": torch.get_num_threads(),
+                "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"
+                + (f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""),
+                "runs": runs,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

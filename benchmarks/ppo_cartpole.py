@@ -54,33 +54,48 @@ def child(seed: int, config: str | None, spawn_time: float, max_seconds: float) 
             raise SystemExit(f"{config} is a config for '{algo_name}', not ppo")
     data["seed"] = seed
     algo = PPO(PPOConfig(**data))
-    out = {"seed": seed, "solved": False, "seconds_to_solve": None, "env_steps_to_solve": None,
-           "torch_threads": torch.get_num_threads()}
+    out = {
+        "seed": seed,
+        "solved": False,
+        "seconds_to_solve": None,
+        "env_steps_to_solve": None,
+        "torch_threads": torch.get_num_threads(),
+    }
     result: dict = {}
     try:
         while time.time() - spawn_time < max_seconds:
             result = algo.train()
             ret = result["episode_return_mean"]
-            log(f"seed {seed} it {result['iteration']}: return {ret:.1f}, {result['env_steps_sampled']} steps, "
-                f"{time.time() - spawn_time:.1f} s")
+            log(
+                f"seed {seed} it {result['iteration']}: return {ret:.1f}, {result['env_steps_sampled']} steps, "
+                f"{time.time() - spawn_time:.1f} s"
+            )
             if ret >= TARGET:  # NaN (no episode finished yet) compares False
-                out.update(solved=True, seconds_to_solve=time.time() - spawn_time,
-                           env_steps_to_solve=result["env_steps_sampled"])
+                out.update(
+                    solved=True,
+                    seconds_to_solve=time.time() - spawn_time,
+                    env_steps_to_solve=result["env_steps_sampled"],
+                )
                 break
     finally:
         algo.stop()
         runtime.shutdown()
     final = result.get("episode_return_mean")
-    out.update(iterations=result.get("iteration", 0), env_steps=result.get("env_steps_sampled", 0),
-               final_return_mean=None if final is None or math.isnan(final) else final,  # keep the JSON strict
-               wall_seconds=time.time() - spawn_time,
-               peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)  # KB on Linux
+    out.update(
+        iterations=result.get("iteration", 0),
+        env_steps=result.get("env_steps_sampled", 0),
+        final_return_mean=None if final is None or math.isnan(final) else final,  # keep the JSON strict
+        wall_seconds=time.time() - spawn_time,
+        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+    )  # KB on Linux
     return out
 
 
 # ---- parent: one fresh process per seed -----------------------------------------------------
 def run_seed(seed: int, config: str | None, max_seconds: float) -> dict:
-    args = ["--child", str(seed), "--max-seconds", str(max_seconds)] + (["--config", config] if config is not None else [])
+    args = ["--child", str(seed), "--max-seconds", str(max_seconds)] + (
+        ["--config", config] if config is not None else []
+    )
     return {"seed": seed, **run_child(__file__, args, max_seconds + 120)}
 
 
@@ -119,16 +134,22 @@ def main() -> None:
 
     solved = [r for r in per_seed if r.get("solved")]
     rss = [r["peak_rss_mb"] for r in per_seed if r.get("peak_rss_mb") is not None]
-    print(json.dumps({
-        "benchmark": "ppo_cartpole",
-        "seeds": args.seeds,
-        "solved": len(solved),
-        "median_seconds_to_solve": statistics.median(r["seconds_to_solve"] for r in solved) if solved else None,
-        "median_env_steps_to_solve": statistics.median(r["env_steps_to_solve"] for r in solved) if solved else None,
-        "peak_rss_mb": max(rss) if rss else None,
-        "per_seed": per_seed,
-        "config": config_label,
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "ppo_cartpole",
+                "seeds": args.seeds,
+                "solved": len(solved),
+                "median_seconds_to_solve": statistics.median(r["seconds_to_solve"] for r in solved) if solved else None,
+                "median_env_steps_to_solve": statistics.median(r["env_steps_to_solve"] for r in solved)
+                if solved
+                else None,
+                "peak_rss_mb": max(rss) if rss else None,
+                "per_seed": per_seed,
+                "config": config_label,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -33,11 +33,23 @@ REPO = Path(__file__).resolve().parent.parent
 ENV = "shoal/StatelessCartPole-v1"
 TARGET = 450.0
 RUNS = ("ppo_lstm", "appo_lstm", "mlp", "sb3")
-PRESETS = {"ppo_lstm": ("ppo", "ppo_lstm_stateless_cartpole.yaml"),
-           "appo_lstm": ("appo", "appo_lstm_stateless_cartpole.yaml"),
-           "mlp": ("ppo", "ppo_lstm_stateless_cartpole.yaml")}
-SB3_ZOO = dict(n_envs=8, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0,
-               learning_rate=1e-3, clip_range=0.2, n_timesteps=100_000)
+PRESETS = {
+    "ppo_lstm": ("ppo", "ppo_lstm_stateless_cartpole.yaml"),
+    "appo_lstm": ("appo", "appo_lstm_stateless_cartpole.yaml"),
+    "mlp": ("ppo", "ppo_lstm_stateless_cartpole.yaml"),
+}
+SB3_ZOO = dict(
+    n_envs=8,
+    n_steps=32,
+    batch_size=256,
+    gae_lambda=0.8,
+    gamma=0.98,
+    n_epochs=20,
+    ent_coef=0.0,
+    learning_rate=1e-3,
+    clip_range=0.2,
+    n_timesteps=100_000,
+)
 
 
 def log(msg: str) -> None:
@@ -57,8 +69,9 @@ def shoal_child(run: str, budget_s: float, seed: int, spawn_time: float) -> dict
     data.pop("stop", None)
     data.pop("algo", None)
     if run == "mlp":  # the same config, feed-forward
-        data["model"] = {k: v for k, v in data.get("model", {}).items()
-                         if k not in ("use_lstm", "lstm_cell_size", "max_seq_len")}
+        data["model"] = {
+            k: v for k, v in data.get("model", {}).items() if k not in ("use_lstm", "lstm_cell_size", "max_seq_len")
+        }
     algo = get_config_class(algo_name)(**data, seed=seed).build()
     out = {"run": run, "reached": False, "seconds_to_450": None, "env_steps": 0, "best_return": None}
     try:
@@ -116,32 +129,57 @@ def sb3_child(budget_s: float, seed: int, spawn_time: float, timesteps: int) -> 
             return seconds < budget_s
 
     env = VecNormalize(make_vec_env(ENV, n_envs=z["n_envs"], seed=seed), norm_obs=True, norm_reward=False)
-    model = RecurrentPPO("MlpLstmPolicy", env, n_steps=z["n_steps"], batch_size=z["batch_size"],
-                         gae_lambda=z["gae_lambda"], gamma=z["gamma"], n_epochs=z["n_epochs"], ent_coef=z["ent_coef"],
-                         learning_rate=linear(z["learning_rate"]), clip_range=linear(z["clip_range"]),
-                         policy_kwargs=dict(ortho_init=False, activation_fn=torch.nn.ReLU, lstm_hidden_size=64,
-                                            enable_critic_lstm=True, net_arch=dict(pi=[64], vf=[64])),
-                         seed=seed, device="cpu", verbose=0)
+    model = RecurrentPPO(
+        "MlpLstmPolicy",
+        env,
+        n_steps=z["n_steps"],
+        batch_size=z["batch_size"],
+        gae_lambda=z["gae_lambda"],
+        gamma=z["gamma"],
+        n_epochs=z["n_epochs"],
+        ent_coef=z["ent_coef"],
+        learning_rate=linear(z["learning_rate"]),
+        clip_range=linear(z["clip_range"]),
+        policy_kwargs=dict(
+            ortho_init=False,
+            activation_fn=torch.nn.ReLU,
+            lstm_hidden_size=64,
+            enable_critic_lstm=True,
+            net_arch=dict(pi=[64], vf=[64]),
+        ),
+        seed=seed,
+        device="cpu",
+        verbose=0,
+    )
     model.learn(total_timesteps=z["n_timesteps"], callback=Watch())
     out["seconds"] = time.time() - spawn_time
     return out
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description="Seconds to a last-100 mean of 450 on StatelessCartPole, LSTM vs MLP vs SB3.")
+    p = argparse.ArgumentParser(
+        description="Seconds to a last-100 mean of 450 on StatelessCartPole, LSTM vs MLP vs SB3."
+    )
     p.add_argument("--budget-s", type=float, default=300.0, help="per run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", default=",".join(RUNS), help=f"comma-separated subset of {', '.join(RUNS)}")
-    p.add_argument("--sb3-timesteps", type=int, default=SB3_ZOO["n_timesteps"],
-                   help="RecurrentPPO's total timesteps (its learning rate and clip range anneal over them); default: "
-                        "the RL Zoo's 100,000")
+    p.add_argument(
+        "--sb3-timesteps",
+        type=int,
+        default=SB3_ZOO["n_timesteps"],
+        help="RecurrentPPO's total timesteps (its learning rate and clip range anneal over them); default: "
+        "the RL Zoo's 100,000",
+    )
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--spawn-time", type=float, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         spawn = args.spawn_time or time.time()
-        r = sb3_child(args.budget_s, args.seed, spawn, args.sb3_timesteps) if args.child == "sb3" else \
-            shoal_child(args.child, args.budget_s, args.seed, spawn)
+        r = (
+            sb3_child(args.budget_s, args.seed, spawn, args.sb3_timesteps)
+            if args.child == "sb3"
+            else shoal_child(args.child, args.budget_s, args.seed, spawn)
+        )
         print(json.dumps(r), flush=True)
         return
     runs = [r.strip() for r in args.only.split(",") if r.strip()]
@@ -151,17 +189,37 @@ def main() -> None:
     results = {}
     for run in runs:
         log(f"{run}: fresh process, budget {args.budget_s:.0f} s")
-        results[run] = run_child(__file__, ["--child", run, "--budget-s", str(args.budget_s), "--seed", str(args.seed),
-                                            "--sb3-timesteps", str(args.sb3_timesteps)], args.budget_s + 300)
+        results[run] = run_child(
+            __file__,
+            [
+                "--child",
+                run,
+                "--budget-s",
+                str(args.budget_s),
+                "--seed",
+                str(args.seed),
+                "--sb3-timesteps",
+                str(args.sb3_timesteps),
+            ],
+            args.budget_s + 300,
+        )
         log(f"{run}: {results[run]}")
 
     def seconds(run: str):
         return results.get(run, {}).get("seconds_to_450")
 
-    out = {"benchmark": "recurrent", "env": ENV, "budget_s": args.budget_s, "seed": args.seed,
-           "ppo_lstm_seconds_to_450": seconds("ppo_lstm"), "appo_lstm_seconds_to_450": seconds("appo_lstm"),
-           "mlp_best_return": results.get("mlp", {}).get("best_return"),
-           "sb3_recurrent_ppo_seconds_to_450": seconds("sb3"), "sb3_timesteps": args.sb3_timesteps, "runs": results}
+    out = {
+        "benchmark": "recurrent",
+        "env": ENV,
+        "budget_s": args.budget_s,
+        "seed": args.seed,
+        "ppo_lstm_seconds_to_450": seconds("ppo_lstm"),
+        "appo_lstm_seconds_to_450": seconds("appo_lstm"),
+        "mlp_best_return": results.get("mlp", {}).get("best_return"),
+        "sb3_recurrent_ppo_seconds_to_450": seconds("sb3"),
+        "sb3_timesteps": args.sb3_timesteps,
+        "runs": results,
+    }
     print(json.dumps(out))
 
 

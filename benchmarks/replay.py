@@ -167,15 +167,28 @@ def pong_transitions(n: int, seed: int = 0) -> dict[str, np.ndarray]:
     finally:
         envs.close()
     flat = stacks.reshape(steps + 1, 8, -1)
-    return {Col.OBS: flat[:-1].reshape(steps * 8, -1), Col.ACTIONS: actions.ravel(), Col.REWARDS: rewards.ravel(),
-            Col.NEXT_OBS: flat[1:].reshape(steps * 8, -1), Col.TERMINATEDS: terminated.ravel(),
-            Col.DISCOUNTS: np.full(steps * 8, 0.99, dtype=np.float32)}
+    return {
+        Col.OBS: flat[:-1].reshape(steps * 8, -1),
+        Col.ACTIONS: actions.ravel(),
+        Col.REWARDS: rewards.ravel(),
+        Col.NEXT_OBS: flat[1:].reshape(steps * 8, -1),
+        Col.TERMINATEDS: terminated.ravel(),
+        Col.DISCOUNTS: np.full(steps * 8, 0.99, dtype=np.float32),
+    }
 
 
 def pong_case(args: argparse.Namespace, rng: np.random.Generator) -> dict:
-    keys = ("pong_bytes_per_transition", "pong_buffer_bytes_per_transition", "pong_estimate_bytes_per_transition",
-            "pong_naive_bytes_per_transition", "pong_sample_update_batches_per_s", "pong_mean_block_bytes",
-            "pong_fill_s", "pong_capacity", "pong_distinct_transitions")
+    keys = (
+        "pong_bytes_per_transition",
+        "pong_buffer_bytes_per_transition",
+        "pong_estimate_bytes_per_transition",
+        "pong_naive_bytes_per_transition",
+        "pong_sample_update_batches_per_s",
+        "pong_mean_block_bytes",
+        "pong_fill_s",
+        "pong_capacity",
+        "pong_distinct_transitions",
+    )
     out = dict.fromkeys(keys)
     if args.pong_capacity <= 0:
         return out
@@ -198,7 +211,9 @@ def pong_case(args: argparse.Namespace, rng: np.random.Generator) -> dict:
         n = min(chunk, capacity - start)
         idx = (start + np.arange(n)) % distinct
         lo = int(idx[0])
-        part = {k: v[lo:lo + n] for k, v in rows.items()} if lo + n <= distinct else {k: v[idx] for k, v in rows.items()}
+        part = (
+            {k: v[lo : lo + n] for k, v in rows.items()} if lo + n <= distinct else {k: v[idx] for k, v in rows.items()}
+        )
         buf.add(Batch(part), rng.random(n) * 2.0)
         if estimate is None:
             cols = buf.compressed_columns
@@ -219,12 +234,17 @@ def pong_case(args: argparse.Namespace, rng: np.random.Generator) -> dict:
     rates = [rate(sample_update, args.seconds) for _ in range(args.rounds)]
     log(f"Pong sample+update: median {statistics.median(rates):,.0f} batches/s over {args.rounds} windows")
     naive = sum(v[:1].nbytes for v in rows.values())
-    out.update(pong_bytes_per_transition=round(grown / capacity, 1),
-               pong_buffer_bytes_per_transition=round(buf.nbytes / capacity, 1),
-               pong_estimate_bytes_per_transition=round(estimate / capacity, 1),
-               pong_naive_bytes_per_transition=naive, pong_sample_update_batches_per_s=round(statistics.median(rates), 1),
-               pong_mean_block_bytes=round(float(blocks.mean()), 1), pong_fill_s=round(fill_s, 1),
-               pong_capacity=capacity, pong_distinct_transitions=distinct)
+    out.update(
+        pong_bytes_per_transition=round(grown / capacity, 1),
+        pong_buffer_bytes_per_transition=round(buf.nbytes / capacity, 1),
+        pong_estimate_bytes_per_transition=round(estimate / capacity, 1),
+        pong_naive_bytes_per_transition=naive,
+        pong_sample_update_batches_per_s=round(statistics.median(rates), 1),
+        pong_mean_block_bytes=round(float(blocks.mean()), 1),
+        pong_fill_s=round(fill_s, 1),
+        pong_capacity=capacity,
+        pong_distinct_transitions=distinct,
+    )
     return out
 
 
@@ -268,11 +288,13 @@ def main() -> None:
     results: dict[str, dict[str, list[float]]] = {op: {lib.name: [] for lib in libs} for op in ops}
     for r in range(args.rounds):
         for op_name, op in ops.items():
-            for lib in (libs if r % 2 == 0 else libs[::-1]):
+            for lib in libs if r % 2 == 0 else libs[::-1]:
                 results[op_name][lib.name].append(rate(op(lib), args.seconds))
         if (r + 1) % max(1, args.rounds // 5) == 0:
-            log(f"round {r + 1}/{args.rounds}: " + ", ".join(
-                f"{op} {lib}={v[-1]:,.0f}/s" for op, per in results.items() for lib, v in per.items()))
+            log(
+                f"round {r + 1}/{args.rounds}: "
+                + ", ".join(f"{op} {lib}={v[-1]:,.0f}/s" for op, per in results.items() for lib, v in per.items())
+            )
 
     med = {op: {lib: statistics.median(v) for lib, v in per.items()} for op, per in results.items()}
     out = {
@@ -283,8 +305,9 @@ def main() -> None:
         "shoal_add_per_s": round(med["add"]["shoal"], 1),
         "cpprb_add_per_s": round(med["add"]["cpprb"], 1),
         "add_ratio": round(med["add"]["shoal"] / med["add"]["cpprb"], 3),
-        "ratio_per_round": [round(a / b, 2) for a, b in zip(results["sample_update"]["shoal"],
-                                                             results["sample_update"]["cpprb"])],
+        "ratio_per_round": [
+            round(a / b, 2) for a, b in zip(results["sample_update"]["shoal"], results["sample_update"]["cpprb"])
+        ],
         "capacity": args.capacity,
         "batch": args.batch,
         "rounds": args.rounds,

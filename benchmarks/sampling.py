@@ -49,6 +49,7 @@ def measure_ray(config: PPOConfig, n: int, postprocess, fragment: int, seconds: 
 
     group = runtime.make_actor_group(EnvRunner, n, ctor, remote=True, num_cpus=1, name="rollout actor")
     try:
+
         def sample_once() -> int:
             results = group.foreach("sample")
             if len(results) != n:  # a failed actor is restarted and left out: do not hide it
@@ -67,8 +68,9 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=5.0, help="length of each measurement")
     args = p.parse_args()
 
-    config = PPOConfig(env="CartPole-v1", seed=0, rollout_fragment_length=args.fragment,
-                       resources={"num_envs_per_worker": args.envs})
+    config = PPOConfig(
+        env="CartPole-v1", seed=0, rollout_fragment_length=args.fragment, resources={"num_envs_per_worker": args.envs}
+    )
     postprocess = functools.partial(gae_postprocess, gamma=0.99, gae_lambda=0.95)
     out = {"benchmark": "sampling"}
     try:

@@ -23,7 +23,8 @@ class ResidualMLP(nn.Module):
         self.inp = nn.Linear(in_dim, width)
         self.blocks = nn.ModuleList(
             nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width), nn.Tanh(), nn.Linear(width, width))
-            for _ in range(blocks))
+            for _ in range(blocks)
+        )
         self.pi = nn.Linear(width, num_outputs)
         self.vf = nn.Linear(width, 1)
         nn.init.orthogonal_(self.pi.weight, 0.01)

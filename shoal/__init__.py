@@ -36,8 +36,10 @@ _LAZY = {
     "IMPALA": ("shoal.algorithms.impala", "IMPALA"),
     "APPOConfig": ("shoal.algorithms.appo", "APPOConfig"),
     "APPO": ("shoal.algorithms.appo", "APPO"),
-    "DDPPOConfig": ("shoal.algorithms.ddppo", "DDPPOConfig"), "DDPPO": ("shoal.algorithms.ddppo", "DDPPO"),
-    "AlphaStarConfig": ("shoal.algorithms.alpha_star", "AlphaStarConfig"), "AlphaStar": ("shoal.algorithms.alpha_star", "AlphaStar"),
+    "DDPPOConfig": ("shoal.algorithms.ddppo", "DDPPOConfig"),
+    "DDPPO": ("shoal.algorithms.ddppo", "DDPPO"),
+    "AlphaStarConfig": ("shoal.algorithms.alpha_star", "AlphaStarConfig"),
+    "AlphaStar": ("shoal.algorithms.alpha_star", "AlphaStar"),
     "Algorithm": ("shoal.algorithms.base", "Algorithm"),
     "Callbacks": ("shoal.callbacks", "Callbacks"),
     "train": ("shoal.app.trainer", "train"),
@@ -57,6 +59,17 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'shoal' has no attribute {name!r}")
 
 
-__all__ = ["AlgorithmConfig", "ShoalError", "ConfigError", "EnvError", "CheckpointError", "ResourceError", "WorkerError",
-           "DivergenceError", "EnvFailureError", "NonFiniteEnvError", "UntrustedCodeError",
-           *_LAZY]
+__all__ = [
+    "AlgorithmConfig",
+    "ShoalError",
+    "ConfigError",
+    "EnvError",
+    "CheckpointError",
+    "ResourceError",
+    "WorkerError",
+    "DivergenceError",
+    "EnvFailureError",
+    "NonFiniteEnvError",
+    "UntrustedCodeError",
+    *_LAZY,
+]

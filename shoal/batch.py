@@ -35,7 +35,9 @@ class Col:
     VALID = "valid"  # False on next-step autoreset rows kept in time-major sequences (IMPALA / APPO)
     ACTION_MASK = "action_mask"  # bool per action: legal actions when it was sampled (the learner masks the same)
     STATE_IN = "state_in"  # recurrent state at each sequence's start, packed over its rows (shoal.models.recurrent)
-    BOOTSTRAP_OBS = "bootstrap_obs"  # the observation after each sequence's last row, packed over its rows (IMPALA / APPO)
+    BOOTSTRAP_OBS = (
+        "bootstrap_obs"  # the observation after each sequence's last row, packed over its rows (IMPALA / APPO)
+    )
 
 
 def pack_per_sequence(values: np.ndarray, seq_len: int) -> np.ndarray:
@@ -123,7 +125,9 @@ class Batch:
     def take(self, idx: np.ndarray) -> "Batch":
         return Batch({k: v[idx] for k, v in self.data.items()})
 
-    def minibatches(self, size: int, rng: np.random.Generator | None = None, drop_last: bool = False) -> Iterator["Batch"]:
+    def minibatches(
+        self, size: int, rng: np.random.Generator | None = None, drop_last: bool = False
+    ) -> Iterator["Batch"]:
         """Yield minibatches of ``size`` rows, shuffled when ``rng`` is given.
 
         The last, smaller minibatch is kept unless ``drop_last``.

@@ -115,15 +115,18 @@ def resolve_callbacks(spec: Any) -> type[Callbacks]:
         try:
             cls = import_path(spec)
         except (ImportError, AttributeError) as e:
-            raise ValueError(f"cannot import '{spec}' ({type(e).__name__}: {e}); give 'package.module:ClassName' "
-                             "of a module on the Python path (the working directory is)") from None
+            raise ValueError(
+                f"cannot import '{spec}' ({type(e).__name__}: {e}); give 'package.module:ClassName' "
+                "of a module on the Python path (the working directory is)"
+            ) from None
     if not (inspect.isclass(cls) and issubclass(cls, Callbacks)):
         raise ValueError(f"{spec!r} is not a subclass of shoal.Callbacks")
     try:
         cls()
     except Exception as e:  # noqa: BLE001 - any failure to construct is the user's to fix
-        raise ValueError(f"{cls.__name__}() failed ({type(e).__name__}: {e}); a Callbacks class must build "
-                         "with no arguments") from None
+        raise ValueError(
+            f"{cls.__name__}() failed ({type(e).__name__}: {e}); a Callbacks class must build with no arguments"
+        ) from None
     return cls
 
 
@@ -158,8 +161,9 @@ def call_episode_end(callbacks: Callbacks, episode: Episode) -> dict[str, float]
     if out is None:
         return {}
     if not isinstance(out, dict):
-        raise TypeError(f"{type(callbacks).__name__}.on_episode_end must return a dict of numbers or None, "
-                        f"got {type(out).__name__}")
+        raise TypeError(
+            f"{type(callbacks).__name__}.on_episode_end must return a dict of numbers or None, got {type(out).__name__}"
+        )
     try:
         return {str(k): float(v) for k, v in out.items()}
     except (TypeError, ValueError) as e:
@@ -183,5 +187,12 @@ def aggregate_custom(per_episode: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-__all__ = ["Callbacks", "Episode", "aggregate_custom", "build_callbacks", "callbacks_to_str", "overrides",
-           "resolve_callbacks"]
+__all__ = [
+    "Callbacks",
+    "Episode",
+    "aggregate_custom",
+    "build_callbacks",
+    "callbacks_to_str",
+    "overrides",
+    "resolve_callbacks",
+]

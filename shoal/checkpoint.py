@@ -90,15 +90,20 @@ def save_checkpoint(path: str | Path, state: dict[str, Any], meta: dict[str, Any
     remove_leftovers(path.parent)
     bad = nonfinite_tensor(state)
     if bad is not None:
-        raise DivergenceError(f"refusing to write checkpoint '{path}': '{bad}' holds NaN or inf. The checkpoints "
-                              "already written are kept; lower lr or check the env's observations and rewards.")
+        raise DivergenceError(
+            f"refusing to write checkpoint '{path}': '{bad}' holds NaN or inf. The checkpoints "
+            "already written are kept; lower lr or check the env's observations and rewards."
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
         # JSON's own form (what read_meta returns), signed with this user's key (shoal.trust)
-        meta = json.loads(json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, "created": time.time(),
-                                      **meta}, default=str))
+        meta = json.loads(
+            json.dumps(
+                {"format": FORMAT, "format_version": FORMAT_VERSION, "created": time.time(), **meta}, default=str
+            )
+        )
         meta = sign_meta(meta)
         with open(tmp / STATE_FILE, "wb") as f:
             torch.save(state, f)
@@ -148,11 +153,15 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     try:
         meta = json.loads(meta_file.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"'{meta_file}' is unreadable or not JSON ({e}); this is not a shoal checkpoint.") from None
+        raise CheckpointError(
+            f"'{meta_file}' is unreadable or not JSON ({e}); this is not a shoal checkpoint."
+        ) from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"'{path}' is not a shoal checkpoint ({META_FILE} lacks format '{FORMAT}').")
     if meta.get("format_version", 0) > FORMAT_VERSION:
-        raise CheckpointError(f"'{path}' was written by a newer shoal (format {meta['format_version']}); upgrade shoal.")
+        raise CheckpointError(
+            f"'{path}' was written by a newer shoal (format {meta['format_version']}); upgrade shoal."
+        )
     return meta
 
 
@@ -160,13 +169,18 @@ def read_run_meta(path: str | Path) -> dict[str, Any]:
     """:func:`read_meta` of an algorithm's checkpoint, checked to hold what rebuilds the run: the
     algorithm's name, its config and the iteration (a CheckpointError naming what is wrong)."""
     meta = read_meta(path)
-    for key, kind, what in (("algo", str, "a string naming the algorithm"), ("config", dict, "a mapping of the run's "
-                            "config"), ("iteration", int, "a whole number")):
+    for key, kind, what in (
+        ("algo", str, "a string naming the algorithm"),
+        ("config", dict, "a mapping of the run's config"),
+        ("iteration", int, "a whole number"),
+    ):
         value = meta.get(key)
         if not isinstance(value, kind) or isinstance(value, bool):
             found = "is missing" if key not in meta else f"is {type(value).__name__} {value!r}"[:120]
-            raise CheckpointError(f"'{Path(path) / META_FILE}' is damaged: its '{key}' {found}; shoal writes {what} "
-                                  "there. Use another checkpoint of the run.")
+            raise CheckpointError(
+                f"'{Path(path) / META_FILE}' is damaged: its '{key}' {found}; shoal writes {what} "
+                "there. Use another checkpoint of the run."
+            )
     return meta
 
 
@@ -183,19 +197,24 @@ def load_state(file: Path, map_location: str = "cpu", mmap: bool = False) -> dic
         raise CheckpointError(f"Cannot load '{file}': the file does not exist.")
     size = file.stat().st_size
     if size == 0:
-        raise CheckpointError(f"Cannot load '{file}': it is empty (0 bytes), probably because the process writing "
-                              "it was killed. Use an earlier checkpoint of the run.")
+        raise CheckpointError(
+            f"Cannot load '{file}': it is empty (0 bytes), probably because the process writing "
+            "it was killed. Use an earlier checkpoint of the run."
+        )
     try:
         state = torch.load(file, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError:
-        raise CheckpointError(f"Cannot load '{file}': it holds objects other than tensors, numbers, strings, lists "
-                              "and dicts, so shoal did not write it; shoal loads no pickled code from a checkpoint."
-                              ) from None
+        raise CheckpointError(
+            f"Cannot load '{file}': it holds objects other than tensors, numbers, strings, lists "
+            "and dicts, so shoal did not write it; shoal loads no pickled code from a checkpoint."
+        ) from None
     except Exception as e:  # noqa: BLE001 - a torn zip archive fails in many ways
         detail = str(e).strip().splitlines()[0].split(". ")[0][:160] if str(e).strip() else ""
         detail = f"{type(e).__name__}: {detail}" if detail and "weights_only" not in detail else type(e).__name__
-        raise CheckpointError(f"Cannot load '{file}' ({size:,} bytes): it is truncated or corrupt, not a complete "
-                              f"torch archive ({detail}). Use an earlier checkpoint of the run.") from None
+        raise CheckpointError(
+            f"Cannot load '{file}' ({size:,} bytes): it is truncated or corrupt, not a complete "
+            f"torch archive ({detail}). Use an earlier checkpoint of the run."
+        ) from None
     if not isinstance(state, dict):
         raise CheckpointError(f"Cannot load '{file}': it holds a {type(state).__name__}, not a shoal state dict.")
     return state
@@ -235,7 +254,9 @@ def list_checkpoints(ckpt_dir: str | Path) -> list[Path]:
     d = Path(ckpt_dir)
     if not d.is_dir():
         return []
-    return sorted(p for p in d.iterdir() if p.is_dir() and p.name.startswith("checkpoint_") and (p / META_FILE).is_file())
+    return sorted(
+        p for p in d.iterdir() if p.is_dir() and p.name.startswith("checkpoint_") and (p / META_FILE).is_file()
+    )
 
 
 def resolve_checkpoint(path: str | Path, prefer: str = "latest") -> Path:
@@ -252,7 +273,9 @@ def resolve_checkpoint(path: str | Path, prefer: str = "latest") -> Path:
         return p
     if (p / TUNE_CHECKPOINT_NAME / META_FILE).is_file():
         return p / TUNE_CHECKPOINT_NAME
-    trial = sorted(c / TUNE_CHECKPOINT_NAME for c in p.glob("checkpoint_*") if (c / TUNE_CHECKPOINT_NAME / META_FILE).is_file())
+    trial = sorted(
+        c / TUNE_CHECKPOINT_NAME for c in p.glob("checkpoint_*") if (c / TUNE_CHECKPOINT_NAME / META_FILE).is_file()
+    )
     if trial:
         return trial[-1]
     for d in (p / "checkpoints", p):

@@ -43,7 +43,9 @@ class Section(BaseModel):
     """A config section: strict keys, validated on assignment too; ``unused_keys`` refused."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)  # no inf or NaN value
-    unused_keys: ClassVar[dict[str, str]] = {}  # refused key (inherited, or a sibling's) -> why this class does not use it
+    unused_keys: ClassVar[
+        dict[str, str]
+    ] = {}  # refused key (inherited, or a sibling's) -> why this class does not use it
 
     def __init__(self, **data: Any) -> None:
         given = unused_keys_given(type(self), data)
@@ -68,34 +70,62 @@ class Section(BaseModel):
 class ResourcesConfig(Section):
     """Where things run. Kept apart from hyperparameters."""
 
-    num_workers: int = Field(0, ge=0, description="Remote rollout actors; 0 samples in the driver without starting Ray.")
+    num_workers: int = Field(
+        0, ge=0, description="Remote rollout actors; 0 samples in the driver without starting Ray."
+    )
     num_envs_per_worker: int = Field(8, ge=1, description="Vectorized envs per rollout actor (or in the driver).")
-    num_cpus_per_worker: float = Field(1.0, gt=0, description="CPUs each rollout actor reserves; fractions let more actors than cores run.")
+    num_cpus_per_worker: float = Field(
+        1.0, gt=0, description="CPUs each rollout actor reserves; fractions let more actors than cores run."
+    )
     num_gpus: float = Field(0.0, ge=0, description="GPUs for the learner in the driver.")
     torch_threads: int = Field(1, ge=1, description="torch.set_num_threads in every worker and learner process.")
-    retain_freed_memory: bool = Field(True, description="Every shoal process keeps freed memory below 32 MB for reuse (glibc "
-                                      "mallopt) instead of returning it to the kernel: no page faults per minibatch.")
-    address: Optional[str] = Field(None, description="Ray address: None starts a local instance; 'auto', 'host:port' (the GCS) or 'ray://host:port' connects.")
-    max_worker_restarts: int = Field(100, ge=0, description="Restarts of failed actors (of one kind) allowed in any "
-                                     "worker_restart_window_s seconds; one more stops the run with a WorkerError.")
-    worker_restart_window_s: float = Field(600.0, gt=0, description="The rolling window of max_worker_restarts: only "
-                                           "restarts within the last this many seconds count.")
+    retain_freed_memory: bool = Field(
+        True,
+        description="Every shoal process keeps freed memory below 32 MB for reuse (glibc "
+        "mallopt) instead of returning it to the kernel: no page faults per minibatch.",
+    )
+    address: Optional[str] = Field(
+        None,
+        description="Ray address: None starts a local instance; 'auto', 'host:port' (the GCS) or 'ray://host:port' connects.",
+    )
+    max_worker_restarts: int = Field(
+        100,
+        ge=0,
+        description="Restarts of failed actors (of one kind) allowed in any "
+        "worker_restart_window_s seconds; one more stops the run with a WorkerError.",
+    )
+    worker_restart_window_s: float = Field(
+        600.0,
+        gt=0,
+        description="The rolling window of max_worker_restarts: only restarts within the last this many seconds count.",
+    )
     request_timeout_s: Optional[float] = Field(
-        600.0, gt=0, description="Seconds any request to a Ray actor (a rollout fragment, a DD-PPO round, a replay "
+        600.0,
+        gt=0,
+        description="Seconds any request to a Ray actor (a rollout fragment, a DD-PPO round, a replay "
         "sample, a learner update, an evaluation) may stay unanswered before its actor counts as hung (an env stuck in "
         "step): it is killed and recreated like a dead one (num_worker_timeouts, num_worker_restarts). Healthy "
         "requests take seconds; raise it for envs slower than that. DD-PPO waits at least twice "
-        "torch_distributed_timeout_s. null: wait forever.")
+        "torch_distributed_timeout_s. null: wait forever.",
+    )
     actor_start_timeout_s: Optional[float] = Field(
-        300.0, gt=0, description="Seconds a new or recreated Ray actor may take to start (process start, imports, "
+        300.0,
+        gt=0,
+        description="Seconds a new or recreated Ray actor may take to start (process start, imports, "
         "building its envs) while a request waits on it; longer counts as hung (an env constructor stuck) and it is "
-        "killed and recreated like a dead one. null: wait forever.")
-    resource_wait_s: float = Field(30.0, gt=0, description="Seconds to wait for the cluster to grant the placement group, "
-                                   "and, when an actor of a lost node is recreated, for its share to be re-placed.")
+        "killed and recreated like a dead one. null: wait forever.",
+    )
+    resource_wait_s: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds to wait for the cluster to grant the placement group, "
+        "and, when an actor of a lost node is recreated, for its share to be re-placed.",
+    )
     worker_placement: Literal["PACK", "SPREAD"] = Field(
-        "PACK", description="How rollout actors spread over a cluster's nodes: 'PACK' fills as few nodes as fit them, "
-        "'SPREAD' puts each on a different node where it can (so one lost node takes fewer of them).")
-
+        "PACK",
+        description="How rollout actors spread over a cluster's nodes: 'PACK' fills as few nodes as fit them, "
+        "'SPREAD' puts each on a different node where it can (so one lost node takes fewer of them).",
+    )
 
     @field_validator("address")
     @classmethod
@@ -104,8 +134,10 @@ class ResourcesConfig(Section):
             return v
         host, sep, port = v.removeprefix("ray://").rpartition(":")
         if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
-            raise ValueError("the Ray address must be 'auto', 'host:port' or 'ray://host:port' with a port "
-                             "from 1 to 65535 (None starts a local Ray instance)")
+            raise ValueError(
+                "the Ray address must be 'auto', 'host:port' or 'ray://host:port' with a port "
+                "from 1 to 65535 (None starts a local Ray instance)"
+            )
         return v
 
 
@@ -117,38 +149,58 @@ class ModelConfig(Section):
     vf_share_layers: bool = Field(False, description="Share the hidden layers between policy and value heads.")
     init_log_std: float = Field(0.0, description="Initial log std of the diagonal Gaussian (Box actions).")
     conv_filters: list[list[int]] = Field(
-        default_factory=list, description="Conv layers [out_channels, kernel, stride] (no padding) of the 'conv' torso, "
-        "for image-like (H, W, C) or (C, H, W) Box observations; empty: no such torso.")
+        default_factory=list,
+        description="Conv layers [out_channels, kernel, stride] (no padding) of the 'conv' torso, "
+        "for image-like (H, W, C) or (C, H, W) Box observations; empty: no such torso.",
+    )
     torso: Literal["auto", "mlp", "nature_cnn", "impala_cnn", "conv"] = Field(
-        "auto", description="What sees the observation before the MLPs (hiddens): 'mlp' nothing (flat rows); 'nature_cnn' "
+        "auto",
+        description="What sees the observation before the MLPs (hiddens): 'mlp' nothing (flat rows); 'nature_cnn' "
         "the DQN Nature network (3 convs, dense 512); 'impala_cnn' IMPALA's residual network (15 convs, dense 256); "
         "'conv' the conv_filters layers. 'auto': conv when conv_filters is set, nature_cnn for a 3-d uint8 Box "
-        "observation of frames at least 36x36, mlp otherwise. CNN torsos scale uint8 observations to [0, 1].")
+        "observation of frames at least 36x36, mlp otherwise. CNN torsos scale uint8 observations to [0, 1].",
+    )
     frame_layout: Literal["auto", "channels_first", "channels_last"] = Field(
-        "auto", description="Axis order of image observations for CNN torsos: (C, H, W) or (H, W, C). 'auto' takes "
-        "the first or last axis as the channels when it is at most 16 long and shorter than the other two.")
+        "auto",
+        description="Axis order of image observations for CNN torsos: (C, H, W) or (H, W, C). 'auto' takes "
+        "the first or last axis as the channels when it is at most 16 long and shorter than the other two.",
+    )
 
-    custom: Optional[str] = Field(None, description="Your own network, 'package.module:ClassName', built as "
-                                  "ClassName(obs_space, action_space, num_outputs, **custom_kwargs) in every process "
-                                  "(the protocol: shoal.models.custom). Replaces the network the keys above describe.")
-    custom_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the model.custom class.")
-    use_lstm: bool = Field(False, description="Recurrent policy and value: an LSTM after the MLP (hiddens), its state "
-                           "carried across steps and reset at episode starts. PPO, DD-PPO, IMPALA, APPO and "
-                           "alpha_star; not DQN or Ape-X.")
-    lstm_cell_size: int = Field(256, ge=1, description="Units of the LSTM (use_lstm); the state is twice that per "
-                                "network (h and c).")
-    max_seq_len: int = Field(32, ge=1, description="PPO and DD-PPO with use_lstm: steps per training sequence (the "
-                             "runner records the state every max_seq_len steps; gradients flow within a sequence). "
-                             "rollout_fragment_length must be a multiple of it. IMPALA, APPO and alpha_star unroll "
-                             "whole fragments instead.")
+    custom: Optional[str] = Field(
+        None,
+        description="Your own network, 'package.module:ClassName', built as "
+        "ClassName(obs_space, action_space, num_outputs, **custom_kwargs) in every process "
+        "(the protocol: shoal.models.custom). Replaces the network the keys above describe.",
+    )
+    custom_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for the model.custom class."
+    )
+    use_lstm: bool = Field(
+        False,
+        description="Recurrent policy and value: an LSTM after the MLP (hiddens), its state "
+        "carried across steps and reset at episode starts. PPO, DD-PPO, IMPALA, APPO and "
+        "alpha_star; not DQN or Ape-X.",
+    )
+    lstm_cell_size: int = Field(
+        256, ge=1, description="Units of the LSTM (use_lstm); the state is twice that per network (h and c)."
+    )
+    max_seq_len: int = Field(
+        32,
+        ge=1,
+        description="PPO and DD-PPO with use_lstm: steps per training sequence (the "
+        "runner records the state every max_seq_len steps; gradients flow within a sequence). "
+        "rollout_fragment_length must be a multiple of it. IMPALA, APPO and alpha_star unroll "
+        "whole fragments instead.",
+    )
 
     @field_validator("hiddens")
     @classmethod
     def _positive_sizes(cls, v: list[int]) -> list[int]:
         bad = [h for h in v if h < 1]
         if bad:
-            raise ValueError(f"every hidden layer size must be a positive integer (e.g. [64, 64]; [] for none), "
-                             f"but {bad[0]} is not")
+            raise ValueError(
+                f"every hidden layer size must be a positive integer (e.g. [64, 64]; [] for none), but {bad[0]} is not"
+            )
         return v
 
     @field_validator("activation")
@@ -164,8 +216,9 @@ class ModelConfig(Section):
     def _conv_triples(cls, v: list[list[int]]) -> list[list[int]]:
         for i, f in enumerate(v):
             if len(f) != 3 or any(x < 1 for x in f):
-                raise ValueError(f"conv_filters[{i}] is {f}; each layer is [out_channels, kernel, stride], "
-                                 "three positive integers")
+                raise ValueError(
+                    f"conv_filters[{i}] is {f}; each layer is [out_channels, kernel, stride], three positive integers"
+                )
         return v
 
     @model_validator(mode="after")
@@ -174,34 +227,55 @@ class ModelConfig(Section):
             return self
         stray = self.changed({"lstm_cell_size", "max_seq_len"})
         if stray and not self.use_lstm:
-            raise ValueError(f"model.{stray[0]} is set but model.use_lstm is false: it sizes the LSTM's state and "
-                             "sequences. Set model.use_lstm: true, or leave it out")
+            raise ValueError(
+                f"model.{stray[0]} is set but model.use_lstm is false: it sizes the LSTM's state and "
+                "sequences. Set model.use_lstm: true, or leave it out"
+            )
         return self
 
     @model_validator(mode="after")
     def _custom_model(self) -> "ModelConfig":
         if self.custom is None:
             if self.custom_kwargs:
-                raise ValueError("model.custom_kwargs is set but model.custom is not: they are the arguments of a "
-                                 "custom model class. Set model.custom: 'package.module:ClassName', or leave them out")
+                raise ValueError(
+                    "model.custom_kwargs is set but model.custom is not: they are the arguments of a "
+                    "custom model class. Set model.custom: 'package.module:ClassName', or leave them out"
+                )
             return self
         from shoal.models.custom import load_custom_class
 
         cls = load_custom_class(self.custom)  # a clear error now, before anything starts
-        builtin = self.changed({"hiddens", "activation", "vf_share_layers", "init_log_std", "conv_filters", "torso",
-                                "frame_layout", "use_lstm", "lstm_cell_size"})
+        builtin = self.changed(
+            {
+                "hiddens",
+                "activation",
+                "vf_share_layers",
+                "init_log_std",
+                "conv_filters",
+                "torso",
+                "frame_layout",
+                "use_lstm",
+                "lstm_cell_size",
+            }
+        )
         if builtin:
-            raise ValueError(f"model.{builtin[0]} describes shoal's own network, which model.custom "
-                             f"('{self.custom}') replaces: pass your class's settings in model.custom_kwargs "
-                             "instead")
+            raise ValueError(
+                f"model.{builtin[0]} describes shoal's own network, which model.custom "
+                f"('{self.custom}') replaces: pass your class's settings in model.custom_kwargs "
+                "instead"
+            )
         if self.changed({"max_seq_len"}) and not getattr(cls, "recurrent", False):
-            raise ValueError(f"model.max_seq_len is set, but model.custom '{self.custom}' is not recurrent (its class "
-                             "has no recurrent = True): leave it out")
+            raise ValueError(
+                f"model.max_seq_len is set, but model.custom '{self.custom}' is not recurrent (its class "
+                "has no recurrent = True): leave it out"
+            )
         return self
 
     def changed(self, keys: set[str]) -> list[str]:
         """Those of ``keys`` whose value is not the default (a saved config lists defaults too)."""
-        return sorted(k for k in keys if getattr(self, k) != type(self).model_fields[k].get_default(call_default_factory=True))
+        return sorted(
+            k for k in keys if getattr(self, k) != type(self).model_fields[k].get_default(call_default_factory=True)
+        )
 
     def is_recurrent(self) -> bool:
         """Whether the model carries state: ``use_lstm``, or a custom class with ``recurrent = True``."""
@@ -214,9 +288,11 @@ class ModelConfig(Section):
     @model_validator(mode="after")
     def _filters_need_conv_torso(self) -> "ModelConfig":
         if self.conv_filters and self.torso not in ("auto", "conv"):
-            raise ValueError(f"model.conv_filters is set, but model.torso is '{self.torso}': conv_filters are the "
-                             "layers of the 'conv' torso. Set model.torso to conv (or auto), or leave "
-                             "model.conv_filters empty")
+            raise ValueError(
+                f"model.conv_filters is set, but model.torso is '{self.torso}': conv_filters are the "
+                "layers of the 'conv' torso. Set model.torso to conv (or auto), or leave "
+                "model.conv_filters empty"
+            )
         return self
 
 
@@ -230,34 +306,54 @@ class EnvPreprocessingConfig(Section):
     """
 
     backend: Literal["auto", "ale_vector", "gymnasium"] = Field(
-        "auto", description="auto (ale_vector), ale_vector (ale-py's threaded vector env, preprocessing in C++) or "
-        "gymnasium (Gymnasium's AtariPreprocessing and FrameStackObservation wrappers in a sync vector env).")
+        "auto",
+        description="auto (ale_vector), ale_vector (ale-py's threaded vector env, preprocessing in C++) or "
+        "gymnasium (Gymnasium's AtariPreprocessing and FrameStackObservation wrappers in a sync vector env).",
+    )
     noop_max: int = Field(30, ge=0, description="Up to this many no-op actions after each reset (random count).")
     frame_skip: int = Field(4, ge=1, description="Emulator frames per agent step (the action repeats).")
-    max_pool: bool = Field(True, description="Each observation is the pixel-wise max of the last two frames of a "
-                           "skip (Atari sprites flicker).")
+    max_pool: bool = Field(
+        True,
+        description="Each observation is the pixel-wise max of the last two frames of a skip (Atari sprites flicker).",
+    )
     screen_size: int = Field(84, ge=8, description="Frames are resized to screen_size x screen_size grayscale.")
     frame_stack: int = Field(4, ge=1, description="The last frame_stack frames form one observation.")
-    episodic_life: bool = Field(False, description="A lost life ends the episode for learning (no bootstrap across it); "
-                                "the game, and its reported return, go on.")
+    episodic_life: bool = Field(
+        False,
+        description="A lost life ends the episode for learning (no bootstrap across it); "
+        "the game, and its reported return, go on.",
+    )
     fire_reset: Union[Literal["auto"], bool] = Field(
-        "auto", description="Press FIRE where a game waits for it: FIRE then action 2 at the start of each game, FIRE "
-        "after each lost life. auto: for games whose action 1 is FIRE (Breakout, Pong, ...); true for another is an error.")
-    clip_rewards: bool = Field(True, description="Learn from the sign of each reward (-1, 0, +1); reported returns "
-                               "stay raw game scores.")
+        "auto",
+        description="Press FIRE where a game waits for it: FIRE then action 2 at the start of each game, FIRE "
+        "after each lost life. auto: for games whose action 1 is FIRE (Breakout, Pong, ...); true for another is an error.",
+    )
+    clip_rewards: bool = Field(
+        True, description="Learn from the sign of each reward (-1, 0, +1); reported returns stay raw game scores."
+    )
     repeat_action_probability: Optional[float] = Field(
-        None, ge=0, le=1, description="Sticky actions; None keeps the id's own (0.25 for v5 ids, 0 for NoFrameskip-v4).")
+        None, ge=0, le=1, description="Sticky actions; None keeps the id's own (0.25 for v5 ids, 0 for NoFrameskip-v4)."
+    )
     max_episode_frames: Optional[int] = Field(
-        None, ge=1, description="Emulator frames before an episode is truncated; None keeps the id's own (108,000 for v5).")
-    num_threads: int = Field(1, ge=1, description="Threads of the ale_vector back end per vector env (one per CPU "
-                             "the rollout actor reserves is a good choice).")
+        None,
+        ge=1,
+        description="Emulator frames before an episode is truncated; None keeps the id's own (108,000 for v5).",
+    )
+    num_threads: int = Field(
+        1,
+        ge=1,
+        description="Threads of the ale_vector back end per vector env (one per CPU "
+        "the rollout actor reserves is a good choice).",
+    )
 
     @model_validator(mode="after")
     def _backend_supports(self):
         if self.backend == "gymnasium":
             if not self.max_pool:
-                raise ValueError("the gymnasium back end always max-pools the last two frames; use backend "
-                                 "ale_vector for max_pool: false")
+                raise ValueError(
+                    "the gymnasium back end always max-pools the last two frames; use backend "
+                    "ale_vector for max_pool: false"
+                )
             if self.num_threads != 1:
                 raise ValueError("num_threads applies to the ale_vector back end only")
         return self
@@ -275,15 +371,27 @@ class NormalizeConfig(Section):
     Reported episode returns are always the env's raw rewards.
     """
 
-    obs: bool = Field(False, description="Feed the policy (obs - running mean) / running std of each observation "
-                      "feature, clipped to clip_obs. Box observations of floats only (not uint8 frames).")
-    reward: bool = Field(False, description="Learn from rewards divided by the running std of the discounted "
-                         "return (gamma), clipped to clip_reward; reported returns stay raw.")
+    obs: bool = Field(
+        False,
+        description="Feed the policy (obs - running mean) / running std of each observation "
+        "feature, clipped to clip_obs. Box observations of floats only (not uint8 frames).",
+    )
+    reward: bool = Field(
+        False,
+        description="Learn from rewards divided by the running std of the discounted "
+        "return (gamma), clipped to clip_reward; reported returns stay raw.",
+    )
     clip_obs: float = Field(10.0, gt=0, description="Normalized observations are clipped to [-clip_obs, clip_obs].")
     clip_reward: float = Field(10.0, gt=0, description="Scaled rewards are clipped to [-clip_reward, clip_reward].")
-    gamma: Optional[float] = Field(None, ge=0.0, le=1.0, description="Discount of the return whose std scales "
-                                   "rewards; None: the algorithm's gamma.")
-    epsilon: float = Field(1e-8, gt=0, description="Added to the variance before the square root (no division by zero).")
+    gamma: Optional[float] = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Discount of the return whose std scales rewards; None: the algorithm's gamma.",
+    )
+    epsilon: float = Field(
+        1e-8, gt=0, description="Added to the variance before the square root (no division by zero)."
+    )
 
     @model_validator(mode="after")
     def _keys_need_a_switch(self) -> "NormalizeConfig":
@@ -291,8 +399,10 @@ class NormalizeConfig(Section):
         needs = {"clip_obs": "obs", "clip_reward": "reward", "gamma": "reward"}
         for key, switch in needs.items():
             if getattr(self, key) != defaults[key] and not getattr(self, switch):
-                raise ValueError(f"normalize.{key} is set but normalize.{switch} is false: it applies to "
-                                 f"{switch} normalization only. Set normalize.{switch}: true, or leave it out")
+                raise ValueError(
+                    f"normalize.{key} is set but normalize.{switch} is false: it applies to "
+                    f"{switch} normalization only. Set normalize.{switch}: true, or leave it out"
+                )
         if self.epsilon != defaults["epsilon"] and not (self.obs or self.reward):
             raise ValueError("normalize.epsilon is set but neither normalize.obs nor normalize.reward is true")
         return self
@@ -316,16 +426,19 @@ class WandbConfig(Section):
     entity: Optional[str] = Field(None, description="W&B entity (user or team); None: your default entity.")
     group: Optional[str] = Field(None, description="W&B group that gathers related runs.")
     mode: Literal["offline", "online", "disabled"] = Field(
-        "offline", description="offline writes under the run directory (upload later with `wandb sync`); online "
-        "streams to the W&B server; disabled logs nothing.")
+        "offline",
+        description="offline writes under the run directory (upload later with `wandb sync`); online "
+        "streams to the W&B server; disabled logs nothing.",
+    )
     tags: list[str] = Field(default_factory=list, description="W&B tags of the run.")
 
 
 class MlflowConfig(Section):
     """MLflow settings (used when ``logging.writers`` lists mlflow)."""
 
-    tracking_uri: Optional[str] = Field(None, description="MLflow tracking URI; None: a file store in the run "
-                                        "directory's mlruns/ folder.")
+    tracking_uri: Optional[str] = Field(
+        None, description="MLflow tracking URI; None: a file store in the run directory's mlruns/ folder."
+    )
     experiment_name: str = Field("shoal", description="MLflow experiment the run is filed under (created if missing).")
 
 
@@ -336,8 +449,10 @@ class LoggingConfig(Section):
     """Where each iteration's result goes besides results.jsonl and progress.csv (always written)."""
 
     writers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
-        default_factory=lambda: ["tensorboard"], description="Loggers of the run directory: any of tensorboard, "
-        "wandb (pip install 'shoal[wandb]'), mlflow (pip install 'shoal[mlflow]').")
+        default_factory=lambda: ["tensorboard"],
+        description="Loggers of the run directory: any of tensorboard, "
+        "wandb (pip install 'shoal[wandb]'), mlflow (pip install 'shoal[mlflow]').",
+    )
     wandb: WandbConfig = Field(default_factory=WandbConfig, description="Weights & Biases settings.")
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig, description="MLflow settings.")
 
@@ -345,8 +460,10 @@ class LoggingConfig(Section):
     def _settings_need_writer(self) -> "LoggingConfig":
         for name in ("wandb", "mlflow"):
             if name not in self.writers and getattr(self, name) != type(getattr(self, name))():
-                raise ValueError(f"logging.{name} settings are given but logging.writers does not list {name}: "
-                                 f"add {name} to logging.writers, or leave logging.{name} out")
+                raise ValueError(
+                    f"logging.{name} settings are given but logging.writers does not list {name}: "
+                    f"add {name} to logging.writers, or leave logging.{name} out"
+                )
         return self
 
     def check_installed(self) -> None:
@@ -356,8 +473,10 @@ class LoggingConfig(Section):
         for name in self.writers:
             module, extra = LOGGER_EXTRAS.get(name, (None, None))
             if module and importlib.util.find_spec(module) is None:
-                raise ConfigError(f"logging.writers lists {name}, but the {module} package is not installed: "
-                                  f"pip install 'shoal[{extra}]', or remove {name} from logging.writers.")
+                raise ConfigError(
+                    f"logging.writers lists {name}, but the {module} package is not installed: "
+                    f"pip install 'shoal[{extra}]', or remove {name} from logging.writers."
+                )
 
 
 class AlgorithmConfig(Section):
@@ -385,10 +504,17 @@ class AlgorithmConfig(Section):
     an algorithm's module (as the registry does to find its config class) registers it."""
     model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
 
-    env: EnvSpec = Field(..., description="Gymnasium id, 'module:callable' import path, or a callable returning an env.")
+    env: EnvSpec = Field(
+        ..., description="Gymnasium id, 'module:callable' import path, or a callable returning an env."
+    )
     env_config: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the env constructor.")
-    seed: Optional[int] = Field(None, ge=0, le=MAX_SEED, description="Seed for torch, numpy and the envs; runs with "
-                                "num_workers=0 are then reproducible. A whole number from 0 to 2,130,706,431.")
+    seed: Optional[int] = Field(
+        None,
+        ge=0,
+        le=MAX_SEED,
+        description="Seed for torch, numpy and the envs; runs with "
+        "num_workers=0 are then reproducible. A whole number from 0 to 2,130,706,431.",
+    )
     gamma: float = Field(0.99, ge=0.0, le=1.0, description="Discount factor of future rewards.")
     lr: float = Field(3e-4, gt=0, allow_inf_nan=False, description="Adam learning rate (lr_schedule overrides it).")
     lr_schedule: Optional[list[tuple[int, float]]] = Field(
@@ -396,26 +522,50 @@ class AlgorithmConfig(Section):
     )
     grad_clip: Optional[float] = Field(0.5, gt=0, description="Global gradient-norm clip; None disables.")
     max_consecutive_env_failures: int = Field(
-        5, ge=1, description="An env that raises in step/reset is recreated, its fragment dropped (num_env_failures); "
-        "this many failures in a row, with no fragment sampled between them, stop the run with an EnvFailureError.")
+        5,
+        ge=1,
+        description="An env that raises in step/reset is recreated, its fragment dropped (num_env_failures); "
+        "this many failures in a row, with no fragment sampled between them, stop the run with an EnvFailureError.",
+    )
     max_nonfinite_updates: int = Field(
-        20, ge=1, description="Learner updates with a NaN/inf loss or gradient are skipped; this many in a row stop "
-        "the run with a DivergenceError (counted in num_nonfinite_updates_skipped).")
+        20,
+        ge=1,
+        description="Learner updates with a NaN/inf loss or gradient are skipped; this many in a row stop "
+        "the run with a DivergenceError (counted in num_nonfinite_updates_skipped).",
+    )
     rollout_fragment_length: Union[int, str] = Field("auto", description="Steps per env per sample call, or 'auto'.")
-    min_time_s_per_iteration: float = Field(0.0, ge=0, description="An iteration repeats training steps until it has lasted this long.")
-    min_env_steps_per_iteration: int = Field(0, ge=0, description="An iteration repeats training steps until it has sampled this many env steps.")
-    resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="Where things run: rollout actors, envs per actor, CPUs, GPUs, Ray address.")
-    model: ModelConfig = Field(default_factory=ModelConfig, description="The network: torso, hidden layers, LSTM, or a custom class.")
-    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig, description="Greedy evaluation episodes during training.")
+    min_time_s_per_iteration: float = Field(
+        0.0, ge=0, description="An iteration repeats training steps until it has lasted this long."
+    )
+    min_env_steps_per_iteration: int = Field(
+        0, ge=0, description="An iteration repeats training steps until it has sampled this many env steps."
+    )
+    resources: ResourcesConfig = Field(
+        default_factory=ResourcesConfig,
+        description="Where things run: rollout actors, envs per actor, CPUs, GPUs, Ray address.",
+    )
+    model: ModelConfig = Field(
+        default_factory=ModelConfig, description="The network: torso, hidden layers, LSTM, or a custom class."
+    )
+    evaluation: EvaluationConfig = Field(
+        default_factory=EvaluationConfig, description="Greedy evaluation episodes during training."
+    )
     env_preprocessing: EnvPreprocessingConfig = Field(
-        default_factory=EnvPreprocessingConfig, description="Frame preprocessing for Atari (ALE) envs.")
-    normalize: NormalizeConfig = Field(default_factory=NormalizeConfig, description="Observation and reward "
-                                       "normalization by running mean and std, saved in checkpoints.")
+        default_factory=EnvPreprocessingConfig, description="Frame preprocessing for Atari (ALE) envs."
+    )
+    normalize: NormalizeConfig = Field(
+        default_factory=NormalizeConfig,
+        description="Observation and reward normalization by running mean and std, saved in checkpoints.",
+    )
     callbacks: Optional[Union[str, type]] = Field(
-        None, description="Your hooks, a shoal.Callbacks subclass: 'package.module:ClassName' (or the class, in "
-        "Python); built with no arguments in the driver and in every rollout actor. See docs/guide/callbacks.md.")
-    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Loggers besides results.jsonl and "
-                                   "progress.csv: TensorBoard, Weights & Biases, MLflow.")
+        None,
+        description="Your hooks, a shoal.Callbacks subclass: 'package.module:ClassName' (or the class, in "
+        "Python); built with no arguments in the driver and in every rollout actor. See docs/guide/callbacks.md.",
+    )
+    logging: LoggingConfig = Field(
+        default_factory=LoggingConfig,
+        description="Loggers besides results.jsonl and progress.csv: TensorBoard, Weights & Biases, MLflow.",
+    )
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -444,8 +594,9 @@ class AlgorithmConfig(Section):
     def _schedule_pairs(cls, v):
         for i, point in enumerate(v if isinstance(v, (list, tuple)) else []):
             if not isinstance(point, (list, tuple)) or len(point) != 2:
-                raise ValueError(f"lr_schedule[{i}] is {point!r}; each point is [env_steps, lr], e.g. "
-                                 "[[0, 0.001], [100000, 0.0001]]")
+                raise ValueError(
+                    f"lr_schedule[{i}] is {point!r}; each point is [env_steps, lr], e.g. [[0, 0.001], [100000, 0.0001]]"
+                )
         return v
 
     @field_validator("lr_schedule")
@@ -471,13 +622,17 @@ class AlgorithmConfig(Section):
             what = "model.use_lstm" if model.custom is None else f"a recurrent model.custom ('{model.custom}')"
             raise ValueError(f"{what} is not supported by {name}: {self.lstm_refusal}")
         if self.lstm_sequences == "fragments" and model.changed({"max_seq_len"}):
-            raise ValueError(f"model.max_seq_len is not used by {name}: it unrolls the LSTM over whole fragments; "
-                             "set rollout_fragment_length for the sequence length instead")
+            raise ValueError(
+                f"model.max_seq_len is not used by {name}: it unrolls the LSTM over whole fragments; "
+                "set rollout_fragment_length for the sequence length instead"
+            )
         if self.lstm_sequences == "max_seq_len" and isinstance(self.rollout_fragment_length, int):
             if self.rollout_fragment_length % model.max_seq_len:
-                raise ValueError(f"rollout_fragment_length ({self.rollout_fragment_length}) must be a multiple of "
-                                 f"model.max_seq_len ({model.max_seq_len}) with a recurrent model: each fragment is "
-                                 "cut into whole training sequences")
+                raise ValueError(
+                    f"rollout_fragment_length ({self.rollout_fragment_length}) must be a multiple of "
+                    f"model.max_seq_len ({model.max_seq_len}) with a recurrent model: each fragment is "
+                    "cut into whole training sequences"
+                )
         return self
 
     def state_sequence_length(self) -> int:
@@ -493,8 +648,10 @@ class AlgorithmConfig(Section):
         algorithm_cls, name = type(self).algorithm_cls, type(self).__name__
         # A config subclass with an algo name of its own but no algorithm inherits its parent's: refuse that one.
         if algorithm_cls is None or algorithm_cls.config_cls.algo != self.algo:
-            raise ConfigError(f"No algorithm builds {name} (algo '{self.algo}'): an Algorithm subclass becomes "
-                              f"its builder by setting config_cls = {name}.")
+            raise ConfigError(
+                f"No algorithm builds {name} (algo '{self.algo}'): an Algorithm subclass becomes "
+                f"its builder by setting config_cls = {name}."
+            )
         return algorithm_cls(self)
 
     def env_name(self) -> str:
@@ -622,13 +779,16 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         what = "is a directory" if p.is_dir() else "does not exist"
-        raise ConfigError(f"Config file '{path}' {what}; give a YAML file of config keys (`shoal config ALGO --yaml` "
-                          "prints one).")
+        raise ConfigError(
+            f"Config file '{path}' {what}; give a YAML file of config keys (`shoal config ALGO --yaml` prints one)."
+        )
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError(f"Config file '{path}' is not a text file: byte {e.start} is not UTF-8. A config file is "
-                          "UTF-8 YAML text of keys and values (`shoal config ALGO --yaml` prints one).") from None
+        raise ConfigError(
+            f"Config file '{path}' is not a text file: byte {e.start} is not UTF-8. A config file is "
+            "UTF-8 YAML text of keys and values (`shoal config ALGO --yaml` prints one)."
+        ) from None
     try:
         data = safe_yaml(text)
     except yaml.YAMLError as e:
@@ -755,11 +915,12 @@ def format_validation_error(model: type[BaseModel], err: ValidationError) -> str
         where = f"section '{prefix}'" if prefix else name
         valid = ", ".join(used_keys(sub)) if sub else ""
         if len(keys) == 1:
-            (key, hint), = keys
+            ((key, hint),) = keys
             text = f"Unknown config key '{key}' in {where}." + (f" {hint}" if hint else "")
         else:
-            text = (f"Unknown config keys {', '.join(repr(k) for k, _ in keys)} in {where}."
-                    + "".join(f" '{k}': {hint}" for k, hint in keys if hint))
+            text = f"Unknown config keys {', '.join(repr(k) for k, _ in keys)} in {where}." + "".join(
+                f" '{k}': {hint}" for k, hint in keys if hint
+            )
         lines.insert(0, f"{text} Valid keys: {valid}.")
     return f"Invalid {name}: " + " ".join(lines)
 

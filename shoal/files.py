@@ -35,8 +35,9 @@ def safe_yaml(text: str, max_nodes: int = YAML_MAX_NODES) -> Any:
             if id(node) in sizes:
                 return sizes[id(node)]
             if id(node) in open_nodes:
-                raise YamlRefused(None, None, "an alias refers to a node that contains it (recursive alias)",
-                                       node.start_mark)
+                raise YamlRefused(
+                    None, None, "an alias refers to a node that contains it (recursive alias)", node.start_mark
+                )
             open_nodes.add(id(node))
             total = 1
             if isinstance(node, MappingNode):
@@ -44,8 +45,9 @@ def safe_yaml(text: str, max_nodes: int = YAML_MAX_NODES) -> Any:
                 for k, v in node.value:
                     key = k.value if isinstance(k.value, str) else None
                     if key is not None and key in seen and k.tag != "tag:yaml.org,2002:merge":
-                        raise YamlRefused("while reading a mapping", node.start_mark,
-                                               f"key '{key}' is given twice", k.start_mark)
+                        raise YamlRefused(
+                            "while reading a mapping", node.start_mark, f"key '{key}' is given twice", k.start_mark
+                        )
                     seen.add(key)
                     total += size(k) + size(v)
             elif isinstance(node, SequenceNode):
@@ -53,8 +55,13 @@ def safe_yaml(text: str, max_nodes: int = YAML_MAX_NODES) -> Any:
             open_nodes.discard(id(node))
             sizes[id(node)] = total
             if total > max_nodes:
-                raise YamlRefused(None, None, f"its aliases expand to over {max_nodes:,} values (a config holds a "
-                                       "few hundred): refused as an alias bomb", node.start_mark)
+                raise YamlRefused(
+                    None,
+                    None,
+                    f"its aliases expand to over {max_nodes:,} values (a config holds a "
+                    "few hundred): refused as an alias bomb",
+                    node.start_mark,
+                )
             return total
 
         size(root)

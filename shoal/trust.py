@@ -39,19 +39,30 @@ from shoal.errors import UntrustedCodeError
 SIGNATURE_KEY = "signature"
 """meta.json key of the HMAC-SHA256 (hex) of the rest of meta.json, canonical JSON."""
 
-SHOAL_ENVS = frozenset({
-    "shoal.envs.memory:RememberCue",
-    "shoal.envs.multi_cartpole:parallel_env",
-    "shoal.envs.pixel_catch:PixelCatch",
-    "shoal.envs.signal_match:parallel_env",
-    "shoal.envs.stateless_cartpole:StatelessCartPole",
-})
+SHOAL_ENVS = frozenset(
+    {
+        "shoal.envs.memory:RememberCue",
+        "shoal.envs.multi_cartpole:parallel_env",
+        "shoal.envs.pixel_catch:PixelCatch",
+        "shoal.envs.signal_match:parallel_env",
+        "shoal.envs.stateless_cartpole:StatelessCartPole",
+    }
+)
 """shoal's own envs by import path: constructors with no side effects beyond building the env."""
 
 SHOAL_LEAGUE_BUILDERS = frozenset({"alpha_star", "no_league"})
 
-__all__ = ["UntrustedCodeError", "check_checkpoint_code", "check_import", "code_references", "import_gate",
-           "key_file", "sign_meta", "signed_by_me", "trusted_without_asking"]
+__all__ = [
+    "UntrustedCodeError",
+    "check_checkpoint_code",
+    "check_import",
+    "code_references",
+    "import_gate",
+    "key_file",
+    "sign_meta",
+    "signed_by_me",
+    "trusted_without_asking",
+]
 
 
 # ---- the signing key ---------------------------------------------------------------------
@@ -196,8 +207,9 @@ def _given(given: dict[str, Any], dotted: str) -> bool:
     return True
 
 
-def check_checkpoint_code(source: str, meta: dict[str, Any], config: dict[str, Any], given: dict[str, Any],
-                          trust: bool) -> Optional[frozenset[str]]:
+def check_checkpoint_code(
+    source: str, meta: dict[str, Any], config: dict[str, Any], given: dict[str, Any], trust: bool
+) -> Optional[frozenset[str]]:
     """The import paths that rebuilding ``config`` (a checkpoint's config with the caller's
     ``given`` keys merged in) may import, for :func:`import_gate`; raises UntrustedCodeError naming
     the others. None (no gate) when the checkpoint's ``meta`` is signed by this user, or with ``trust``.
@@ -215,7 +227,8 @@ def check_checkpoint_code(source: str, meta: dict[str, Any], config: dict[str, A
             "vouch for it: this checkpoint was not signed with your key (it was written by someone else, on another "
             "machine, or by an older shoal), and a crafted one could run any command this way. If you know where "
             "this run directory comes from, pass --trust (Python: trust=True); or give the code yourself (Python: "
-            "e.g. env=make_env or overrides={'callbacks': ...}).")
+            "e.g. env=make_env or overrides={'callbacks': ...})."
+        )
     return frozenset(p for _, p in refs)
 
 
@@ -243,5 +256,7 @@ def check_import(path: str) -> None:
     mod = _module_of(path) if (":" in path or "." in path) else path
     if mod == "shoal" or mod.startswith("shoal.") or _is_pettingzoo_env_module(path):
         return
-    raise UntrustedCodeError(f"Refused to import '{path}' while rebuilding a checkpoint: nothing vouched for it "
-                             "(pass --trust, or trust=True, for a run directory you know).")
+    raise UntrustedCodeError(
+        f"Refused to import '{path}' while rebuilding a checkpoint: nothing vouched for it "
+        "(pass --trust, or trust=True, for a run directory you know)."
+    )

@@ -46,19 +46,29 @@ class PolicyLearner:
     asks the shard's replay actor for this policy's next batch (None when there is none).
     """
 
-    def __init__(self, policy_id, replay, make_module, loss_fn, lr: float = 1e-3, grad_clip: float | None = None,
-                 torch_threads: int = 1, seed: int | None = None, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        policy_id,
+        replay,
+        make_module,
+        loss_fn,
+        lr: float = 1e-3,
+        grad_clip: float | None = None,
+        torch_threads: int = 1,
+        seed: int | None = None,
+        device: str = "cpu",
+    ) -> None:
         torch.set_num_threads(torch_threads)
         if seed is not None:
             torch.manual_seed(seed)
         self.policy_id, self.replay = policy_id, replay
-        self.learner = Learner(make_module(), loss_fn, lr=lr, grad_clip=grad_clip,
-                               device=resolve_learner_device(device))
+        self.learner = Learner(
+            make_module(), loss_fn, lr=lr, grad_clip=grad_clip, device=resolve_learner_device(device)
+        )
 
     def learn_on_batch(self, batch: Batch) -> dict[str, float]:
         stats = self.learner.update_minibatch(batch.to_torch(self.learner.device))
-        return {k: float(v) for k, v in stats.items()} | {"num_updates": self.learner.num_updates,
-                                                          "rows": len(batch)}
+        return {k: float(v) for k, v in stats.items()} | {"num_updates": self.learner.num_updates, "rows": len(batch)}
 
     def learn(self):
         try:
@@ -93,8 +103,12 @@ class DeviceProbe:
 
         from shoal import runtime
 
-        return {"spec": self.device, "resolved": runtime.assigned_cuda_device(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-                "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        return {
+            "spec": self.device,
+            "resolved": runtime.assigned_cuda_device(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
 
     def get_weights(self) -> dict:
         return {}
@@ -123,9 +137,17 @@ def main() -> dict:
         cluster.wait_for_nodes()
         out["num_nodes"] = len([n for n in ray.nodes() if n["Alive"]])
         plan = shard_plan(0, 6, num_shards=3)  # 3 shards x 2 slots; 0.2 + 2 x 0.3 CPUs per shard fits a 1-CPU node
-        dl = DistributedLearners(PolicyLearner, BatchReplay, plan, remote=True, replay_kwargs={"capacity": 4},
-                                 replay_num_cpus=0.2, policy_num_cpus=0.3, resource_wait_s=60.0,
-                                 address=cluster.address)
+        dl = DistributedLearners(
+            PolicyLearner,
+            BatchReplay,
+            plan,
+            remote=True,
+            replay_kwargs={"capacity": 4},
+            replay_num_cpus=0.2,
+            policy_num_cpus=0.3,
+            resource_wait_s=60.0,
+            address=cluster.address,
+        )
         try:
             for k in range(6):
                 dl.add_policy(f"p{k}", (make_module, mse_loss), {"lr": 0.05, "seed": k})
@@ -138,8 +160,15 @@ def main() -> dict:
         finally:
             dl.stop()
         # Remote learners with GPUs train on the GPU Ray assigned to their actor: one shard, 2 GPUs, 1 per policy.
-        dl = DistributedLearners(DeviceProbe, BatchReplay, shard_plan(2, 2, num_shards=1), remote=True,
-                                 policy_num_cpus=0.1, resource_wait_s=60.0, address=cluster.address)
+        dl = DistributedLearners(
+            DeviceProbe,
+            BatchReplay,
+            shard_plan(2, 2, num_shards=1),
+            remote=True,
+            policy_num_cpus=0.1,
+            resource_wait_s=60.0,
+            address=cluster.address,
+        )
         try:
             for pid in ("g0", "g1"):
                 dl.add_policy(pid)

@@ -18,9 +18,17 @@ INSTANCES: Counter = Counter()  # instances built per tag, in this process
 
 
 class FlakyCartPole(gym.Wrapper):
-    def __init__(self, fail_at: int | None = None, healthy: int = 0, faulty: int | None = None, tag: str = "",
-                 fail_in: str = "step",
-                 nan_at: int | None = None, nan_field: str = "reward", **kwargs) -> None:
+    def __init__(
+        self,
+        fail_at: int | None = None,
+        healthy: int = 0,
+        faulty: int | None = None,
+        tag: str = "",
+        fail_in: str = "step",
+        nan_at: int | None = None,
+        nan_field: str = "reward",
+        **kwargs,
+    ) -> None:
         super().__init__(gym.make("CartPole-v1", **kwargs))
         INSTANCES[tag] += 1
         self.faulty = healthy < INSTANCES[tag] <= (healthy + faulty if faulty is not None else INSTANCES[tag])

@@ -27,8 +27,12 @@ class Recorder(shoal.Callbacks):
         episode.user_data["reward"] = episode.user_data.get("reward", 0.0) + reward
 
     def on_episode_end(self, episode):
-        return {"length": episode.length, "steps": episode.user_data["steps"],
-                "return": episode.user_data["reward"], "worker": episode.worker_index}
+        return {
+            "length": episode.length,
+            "steps": episode.user_data["steps"],
+            "return": episode.user_data["reward"],
+            "worker": episode.worker_index,
+        }
 
 
 class EndOnly(shoal.Callbacks):
@@ -62,7 +66,10 @@ class AgentReturns(shoal.Callbacks):
     """Multi-agent: the sum of the agents' returns equals the episode's total return."""
 
     def on_episode_end(self, episode):
-        return {"agents": len(episode.agent_returns), "sum_gap": sum(episode.agent_returns.values()) - episode.total_return}
+        return {
+            "agents": len(episode.agent_returns),
+            "sum_gap": sum(episode.agent_returns.values()) - episode.total_return,
+        }
 
     def on_train_result(self, algorithm, result):  # after the league's own keys (added after super().train())
         result["saw_num_policies"] = float("num_policies" in result)
@@ -74,4 +81,5 @@ class TerminatedAtThree(shoal.Callbacks):
     def on_train_result(self, algorithm, result):
         if result["iteration"] == 3:
             from shoal.runtime import signals
+
             raise signals.Terminated

@@ -71,6 +71,7 @@ def install(stage: str, n: int, flag: Path) -> None:
     json.dump, os.replace, shutil.rmtree = dump, replace, rmtree
     checkpoint._fsync_dir = fsync_dir
 
+
 if __name__ == "__main__":
     stage, n, flag, *args = sys.argv[1:]
     install(stage, int(n), Path(flag))

@@ -42,8 +42,13 @@ def main() -> dict:
         spread = RunPlacement([BundleGroup(DRIVER, 1, 1.0), cpu_shards]).reserve()
         out["cpu_spread"] = bundle_nodes(ray, spread)
         spread.release()
-        pinned = RunPlacement([BundleGroup(DRIVER, 1, 1.0), BundleGroup("replay shard", 2, 0.5, node=DRIVER),
-                               BundleGroup("rollout actor", 3, 1.0)]).reserve()
+        pinned = RunPlacement(
+            [
+                BundleGroup(DRIVER, 1, 1.0),
+                BundleGroup("replay shard", 2, 0.5, node=DRIVER),
+                BundleGroup("rollout actor", 3, 1.0),
+            ]
+        ).reserve()
         out["pinned"] = bundle_nodes(ray, pinned)
         pinned.release()
         try:

@@ -29,10 +29,20 @@ from pathlib import Path
 
 import psutil
 
-RAY = str(Path(sys.executable).with_name("ray")) if Path(sys.executable).with_name("ray").exists() else (shutil.which("ray") or "ray")
+RAY = (
+    str(Path(sys.executable).with_name("ray"))
+    if Path(sys.executable).with_name("ray").exists()
+    else (shutil.which("ray") or "ray")
+)
 MARKER = "SHOAL_TEST_CLUSTER"
-PER_NODE_PORTS = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
-                  "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port")
+PER_NODE_PORTS = (
+    "--node-manager-port",
+    "--object-manager-port",
+    "--dashboard-agent-listen-port",
+    "--dashboard-agent-grpc-port",
+    "--runtime-env-agent-port",
+    "--metrics-export-port",
+)
 
 
 def free_ports(n: int) -> list[int]:
@@ -66,8 +76,21 @@ class RayNode:
         lo, hi = free_port_range(200)
         ports = [f"{flag}={port}" for flag, port in zip(PER_NODE_PORTS, free_ports(len(PER_NODE_PORTS)))]
         with open(log_path, "w") as log:
-            self.proc = subprocess.Popen([RAY, "start", *args, *ports, f"--min-worker-port={lo}", f"--max-worker-port={hi}",
-                                          "--disable-usage-stats", "--block"], env=env, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                [
+                    RAY,
+                    "start",
+                    *args,
+                    *ports,
+                    f"--min-worker-port={lo}",
+                    f"--max-worker-port={hi}",
+                    "--disable-usage-stats",
+                    "--block",
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         self.seen: dict[int, psutil.Process] = {}
 
     def processes(self) -> list[psutil.Process]:
@@ -119,14 +142,22 @@ class RealCluster:
     """A head node plus added nodes, all on this machine; ``close()`` kills every process it started."""
 
     def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="shoal-ray-", dir="/tmp"))  # short: Ray's socket paths must fit 107 chars
+        self.dir = Path(
+            tempfile.mkdtemp(prefix="shoal-ray-", dir="/tmp")
+        )  # short: Ray's socket paths must fit 107 chars
         self.marker = secrets.token_hex(8)
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # only the addresses given here
-        self.env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
-                    "RAY_USAGE_STATS_ENABLED": "0", MARKER: self.marker,
-                    # notice a lost node in 5-15 s instead of Ray's default 15-30 s, with room for a loaded machine
-                    "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "5",
-                    "RAY_health_check_timeout_ms": "2000"}
+        self.env = {
+            **env,
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": secrets.token_hex(32),
+            "RAY_USAGE_STATS_ENABLED": "0",
+            MARKER: self.marker,
+            # notice a lost node in 5-15 s instead of Ray's default 15-30 s, with room for a loaded machine
+            "RAY_health_check_period_ms": "1000",
+            "RAY_health_check_failure_threshold": "5",
+            "RAY_health_check_timeout_ms": "2000",
+        }
         self.nodes: list[RayNode] = []
         self.address: str | None = None
         self.other: list[subprocess.Popen] = []
@@ -134,16 +165,31 @@ class RealCluster:
     def start_head(self, num_cpus: int, resources: str) -> RayNode:
         port, client_port = free_ports(2)
         self.address = f"127.0.0.1:{port}"
-        node = RayNode("head", ["--head", f"--port={port}", f"--ray-client-server-port={client_port}", f"--num-cpus={num_cpus}",
-                                f"--resources={resources}", f"--temp-dir={self.dir / 'ray'}", "--include-dashboard=false"],
-                       self.env, self.dir / "head.log")
+        node = RayNode(
+            "head",
+            [
+                "--head",
+                f"--port={port}",
+                f"--ray-client-server-port={client_port}",
+                f"--num-cpus={num_cpus}",
+                f"--resources={resources}",
+                f"--temp-dir={self.dir / 'ray'}",
+                "--include-dashboard=false",
+            ],
+            self.env,
+            self.dir / "head.log",
+        )
         self.nodes.append(node)
         node.wait_started(90)
         return node
 
     def add_node(self, name: str, num_cpus: int, resources: str) -> RayNode:
-        node = RayNode(name, [f"--address={self.address}", f"--num-cpus={num_cpus}", f"--resources={resources}"],
-                       self.env, self.dir / f"{name}.log")
+        node = RayNode(
+            name,
+            [f"--address={self.address}", f"--num-cpus={num_cpus}", f"--resources={resources}"],
+            self.env,
+            self.dir / f"{name}.log",
+        )
         self.nodes.append(node)
         node.wait_started(90)
         return node

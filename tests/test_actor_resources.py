@@ -19,8 +19,9 @@ HERE = Path(__file__).parent
 
 
 def test_of_workers_takes_the_run_resources_and_applies_changes():
-    res = ResourcesConfig(num_workers=3, num_cpus_per_worker=0.5, max_worker_restarts=7, resource_wait_s=12.0,
-                          address="auto")
+    res = ResourcesConfig(
+        num_workers=3, num_cpus_per_worker=0.5, max_worker_restarts=7, resource_wait_s=12.0, address="auto"
+    )
     r = ActorResources.of_workers(res)
     assert (r.num_cpus, r.num_gpus, r.max_restarts, r.resource_wait_s, r.address) == (0.5, 0.0, 7, 12.0, "auto")
     shard = ActorResources.of_workers(res, num_cpus=0.0, node="driver")
@@ -95,8 +96,14 @@ def test_worker_restart_window_reaches_the_actor_resources():
 def last_json_line(script: Path) -> dict:
     """Run ``script`` with this interpreter (tests/ importable) and parse the JSON it prints last."""
     path = os.pathsep.join(filter(None, (str(HERE.parent), os.environ.get("PYTHONPATH"))))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, cwd=HERE.parent,
-                          env=dict(os.environ, PYTHONPATH=path))
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=HERE.parent,
+        env=dict(os.environ, PYTHONPATH=path),
+    )
     printed = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     assert done.returncode == 0 and printed, done.stderr[-3000:]
     return json.loads(printed[-1])
@@ -115,14 +122,20 @@ def test_a_lost_node_is_said_in_one_line():
 
     from shoal.runtime.ray_group import failure_summary
 
-    node_gone = ("ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n\tclass_name: "
-                 "EnvRunner\nThe actor died because its node has died. Node Id: 2384\n\tthe actor's node was terminated "
-                 "unexpectedly: health check failed due to missing too many heartbeats")
+    node_gone = (
+        "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n\tclass_name: "
+        "EnvRunner\nThe actor died because its node has died. Node Id: 2384\n\tthe actor's node was terminated "
+        "unexpectedly: health check failed due to missing too many heartbeats"
+    )
     assert failure_summary(ActorDiedError(), node_gone) == "was lost with its node (the Ray node it ran on died)"
     plain = "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n\tclass_name: X"
-    assert failure_summary(ActorDiedError(), plain) == \
-        "failed (ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.)"
-    unreachable = ActorUnavailableError("The actor is temporarily unavailable: RpcError: Connection reset by peer", None)
+    assert (
+        failure_summary(ActorDiedError(), plain)
+        == "failed (ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.)"
+    )
+    unreachable = ActorUnavailableError(
+        "The actor is temporarily unavailable: RpcError: Connection reset by peer", None
+    )
     assert failure_summary(unreachable, str(unreachable)).startswith("is unreachable")
 
 

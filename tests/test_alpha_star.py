@@ -23,13 +23,26 @@ from shoal.rollout.multi_agent import MultiAgentEnvRunner
 TTT = "pettingzoo.classic:tictactoe_v3"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 # A league that changes fast: snapshots after a few games at a low win rate.
-FAST_LEAGUE = {"type": "alpha_star", "seed": 0, "win_rate_threshold": 0.3, "min_games_for_snapshot": 5,
-               "win_rate_window": 20}
+FAST_LEAGUE = {
+    "type": "alpha_star",
+    "seed": 0,
+    "win_rate_threshold": 0.3,
+    "min_games_for_snapshot": 5,
+    "win_rate_window": 20,
+}
 
 
 def small(**kw) -> AlphaStarConfig:
-    base = dict(env=TTT, seed=0, rollout_fragment_length=8, train_batch_size=128, min_time_s_per_iteration=0.0,
-                min_env_steps_per_iteration=300, league=FAST_LEAGUE, model={"hiddens": [32]})
+    base = dict(
+        env=TTT,
+        seed=0,
+        rollout_fragment_length=8,
+        train_batch_size=128,
+        min_time_s_per_iteration=0.0,
+        min_env_steps_per_iteration=300,
+        league=FAST_LEAGUE,
+        model={"hiddens": [32]},
+    )
     cfg = AlphaStarConfig(**{**base, **kw})
     cfg.resources.num_envs_per_worker = 8
     return cfg
@@ -81,8 +94,9 @@ def test_masked_appo_loss_is_on_policy_under_the_stored_masks():
 def test_policy_learner_adapts_the_kl_coefficient_when_its_target_refreshes():
     """The KL is against the target network: only a result in which the target refreshed saw a
     KL over the target's whole period, and only such a result moves the coefficient (one step)."""
-    cfg = small(train_batch_size=64, use_kl_loss=True, kl_coeff=1.0, kl_target=1e-9, num_sgd_iter=2,
-                target_update_frequency=4)
+    cfg = small(
+        train_batch_size=64, use_kl_loss=True, kl_coeff=1.0, kl_target=1e-9, num_sgd_iter=2, target_update_frequency=4
+    )
     runner = MultiAgentEnvRunner(cfg, 0, {"main": None}, ticks_per_sample=24)
     env = runner.envs[0]
     replay = BatchReplay(capacity=4)
@@ -143,8 +157,16 @@ def test_in_process_league_grows_and_a_checkpoint_continues_the_same_league(tmp_
         assert algo.env_runners.actor_ids == [0]  # num_workers=0: everything in the driver
         results = [algo.train() for _ in range(6)]
         r = results[-1]
-        for key in ("env_steps_sampled", "env_steps_trained", "num_policies", "league/players", "league/games_total",
-                    "policy_return_mean/main", "num_matches_this_iter", "episode_return_mean"):
+        for key in (
+            "env_steps_sampled",
+            "env_steps_trained",
+            "num_policies",
+            "league/players",
+            "league/games_total",
+            "policy_return_mean/main",
+            "num_matches_this_iter",
+            "episode_return_mean",
+        ):
             assert key in r, key
         assert r["env_steps_trained"] > 0 and r["league/games_total"] > 0
         assert r["num_policies"] > 4, "a snapshot should have joined the league"  # main, 2 exploiters, random_0
@@ -191,6 +213,7 @@ def test_exploiter_snapshots_that_keep_learning_take_the_slot_a_freeze_frees():
     league = {**FAST_LEAGUE, "keep_training_prob": 1.0, "max_learning_policies": 4}
     algo = small(league=league, max_num_policies_to_train=4).build()
     try:
+
         def exploiter_snapshots():
             return [p for p, s in algo.league.players.items() if s.parent and s.type != "main"]
 
@@ -207,9 +230,13 @@ def test_exploiter_snapshots_that_keep_learning_take_the_slot_a_freeze_frees():
         algo.stop()
 
 
-@pytest.mark.parametrize("evaluation, metric", [
-    ({}, "iteration"),  # no fixed yardstick: the latest
-    ({"evaluation_interval": 1, "evaluation_num_episodes": 20}, "evaluation/win_rate_vs_heuristic")])
+@pytest.mark.parametrize(
+    "evaluation, metric",
+    [
+        ({}, "iteration"),  # no fixed yardstick: the latest
+        ({"evaluation_interval": 1, "evaluation_num_episodes": 20}, "evaluation/win_rate_vs_heuristic"),
+    ],
+)
 def test_the_best_checkpoint_follows_a_fixed_yardstick_not_the_leagues_own_win_rates(tmp_path, evaluation, metric):
     import json
 
@@ -308,9 +335,16 @@ def _check_match_types(league) -> None:
 
 @pytest.mark.ray
 def test_two_ray_rollout_actors_train_the_league_survive_dead_actors_and_checkpoint(ray_cluster, tmp_path):
-    cfg = small(resources={"num_workers": 2, "num_cpus_per_worker": 0.25, "num_envs_per_worker": 8,
-                           "num_cpus_per_learner": 0.25}, min_env_steps_per_iteration=400,
-                league=FAST_LEAGUE)  # the whole league: main, a main exploiter, a league exploiter
+    cfg = small(
+        resources={
+            "num_workers": 2,
+            "num_cpus_per_worker": 0.25,
+            "num_envs_per_worker": 8,
+            "num_cpus_per_learner": 0.25,
+        },
+        min_env_steps_per_iteration=400,
+        league=FAST_LEAGUE,
+    )  # the whole league: main, a main exploiter, a league exploiter
     t0 = time.perf_counter()
     algo = cfg.build()
     print(f"built in {time.perf_counter() - t0:.1f} s")
@@ -320,7 +354,9 @@ def test_two_ray_rollout_actors_train_the_league_survive_dead_actors_and_checkpo
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < 60 and (len(results) < 2 or results[-1]["env_steps_trained"] == 0):
             results.append(algo.train())
-            print(f"iteration {len(results)} at {time.perf_counter() - t0:.1f} s: {results[-1]['env_steps_trained']} trained")
+            print(
+                f"iteration {len(results)} at {time.perf_counter() - t0:.1f} s: {results[-1]['env_steps_trained']} trained"
+            )
         assert len(results) >= 2 and results[-1]["env_steps_trained"] > 0
         assert results[-1]["league/games_total"] > 0 and results[-1]["num_policies"] >= 4
         assert set(algo.learners.policy_ids) >= {"main", "main_exploiter_0", "league_exploiter_0"}
@@ -359,9 +395,15 @@ def test_two_ray_rollout_actors_train_the_league_survive_dead_actors_and_checkpo
 def test_a_dead_shard_replay_actor_is_recreated_and_its_learner_and_actors_move_to_it(ray_cluster):
     import ray
 
-    cfg = small(resources={"num_workers": 1, "num_cpus_per_worker": 0.25, "num_envs_per_worker": 8,
-                           "num_cpus_per_learner": 0.25}, league={**FAST_LEAGUE, "num_main_exploiters": 0,
-                                                                  "num_league_exploiters": 0})
+    cfg = small(
+        resources={
+            "num_workers": 1,
+            "num_cpus_per_worker": 0.25,
+            "num_envs_per_worker": 8,
+            "num_cpus_per_learner": 0.25,
+        },
+        league={**FAST_LEAGUE, "num_main_exploiters": 0, "num_league_exploiters": 0},
+    )
     algo = cfg.build()
     try:
         r, t0 = {}, time.perf_counter()
@@ -389,8 +431,10 @@ def test_a_dead_shard_replay_actor_is_recreated_and_its_learner_and_actors_move_
 def test_a_ray_rollout_actor_feeds_learners_in_the_driver(ray_cluster):
     """remote_learners: false — the actor samples in its own process, its batches come back to the
     driver's replays and learners, and the new weights reach the actor."""
-    cfg = small(resources={"num_workers": 1, "num_cpus_per_worker": 0.25, "num_envs_per_worker": 8,
-                           "remote_learners": False}, league={**FAST_LEAGUE, "num_main_exploiters": 0})
+    cfg = small(
+        resources={"num_workers": 1, "num_cpus_per_worker": 0.25, "num_envs_per_worker": 8, "remote_learners": False},
+        league={**FAST_LEAGUE, "num_main_exploiters": 0},
+    )
     algo = cfg.build()
     try:
         assert algo.env_runners.actor_ids == [1] and not algo.learners.remote
@@ -408,10 +452,29 @@ def test_a_ray_rollout_actor_feeds_learners_in_the_driver(ray_cluster):
 
 def test_shoal_league_prints_the_report_and_writes_the_heatmap(tmp_path):
     out = tmp_path / "runs"
-    r = invoke("train", "alpha_star", "--env", TTT, "--stop-iters", "2", "--out", str(out), "-q",
-               "--seed", "0", "--envs-per-worker", "8", "--set", "rollout_fragment_length=8",
-               "--set", "train_batch_size=128", "--set", "min_time_s_per_iteration=0",
-               "--set", "min_env_steps_per_iteration=300")
+    r = invoke(
+        "train",
+        "alpha_star",
+        "--env",
+        TTT,
+        "--stop-iters",
+        "2",
+        "--out",
+        str(out),
+        "-q",
+        "--seed",
+        "0",
+        "--envs-per-worker",
+        "8",
+        "--set",
+        "rollout_fragment_length=8",
+        "--set",
+        "train_batch_size=128",
+        "--set",
+        "min_time_s_per_iteration=0",
+        "--set",
+        "min_env_steps_per_iteration=300",
+    )
     assert r.exit_code == 0, r.output
     run_dir = next(out.iterdir())
     r = invoke("league", str(run_dir))
@@ -434,10 +497,20 @@ def test_shoal_league_prints_the_report_and_writes_the_heatmap(tmp_path):
 
 @pytest.mark.learning
 def test_multi_agent_appo_four_independent_cartpoles_each_reach_150():
-    cfg = AlphaStarConfig(env="multi_cartpole:MultiCartPole", seed=0, league="multi_cartpole:IndependentPolicies",
-                          max_num_policies_to_train=4, gamma=0.98, lr=1e-3, rollout_fragment_length=32,
-                          train_batch_size=512, num_sgd_iter=4, entropy_coeff=0.01, min_time_s_per_iteration=1.0,
-                          resources={"num_envs_per_worker": 16})
+    cfg = AlphaStarConfig(
+        env="multi_cartpole:MultiCartPole",
+        seed=0,
+        league="multi_cartpole:IndependentPolicies",
+        max_num_policies_to_train=4,
+        gamma=0.98,
+        lr=1e-3,
+        rollout_fragment_length=32,
+        train_batch_size=512,
+        num_sgd_iter=4,
+        entropy_coeff=0.01,
+        min_time_s_per_iteration=1.0,
+        resources={"num_envs_per_worker": 16},
+    )
     algo = cfg.build()
     try:
         assert sorted(algo.learners.policy_ids) == ["p0", "p1", "p2", "p3"]

@@ -24,9 +24,18 @@ HERE = Path(__file__).resolve().parent
 
 
 def in_process_config(**kw) -> ApeXConfig:
-    base = dict(env="CartPole-v1", seed=0, min_time_s_per_iteration=0.0, learning_starts=256, train_batch_size=32,
-                training_intensity=2.0, rollout_fragment_length=16, target_network_update_freq=512,
-                model={"hiddens": [32]}, resources={"num_workers": 0, "num_envs_per_worker": 4, "num_replay_shards": 2})
+    base = dict(
+        env="CartPole-v1",
+        seed=0,
+        min_time_s_per_iteration=0.0,
+        learning_starts=256,
+        train_batch_size=32,
+        training_intensity=2.0,
+        rollout_fragment_length=16,
+        target_network_update_freq=512,
+        model={"hiddens": [32]},
+        resources={"num_workers": 0, "num_envs_per_worker": 4, "num_replay_shards": 2},
+    )
     return ApeXConfig(**{**base, **kw})
 
 
@@ -73,24 +82,27 @@ def test_actor_epsilons_by_hand():
     from shoal.algorithms.apex import actor_epsilons
 
     driver = actor_epsilons(0, 3, 0.4, 7.0)  # env j of 3: 0.4 ** (1 + 7 j / 2)
-    np.testing.assert_allclose(driver[0], [0.4, 0.4 ** 4.5, 0.4 ** 8])
+    np.testing.assert_allclose(driver[0], [0.4, 0.4**4.5, 0.4**8])
     actors = actor_epsilons(3, 2, 0.4, 7.0)  # actor i of 3 (ids 1..3): one epsilon on both its envs
     assert sorted(actors) == [1, 2, 3]
-    for i, eps in zip((1, 2, 3), (0.4, 0.4 ** 4.5, 0.4 ** 8)):
+    for i, eps in zip((1, 2, 3), (0.4, 0.4**4.5, 0.4**8)):
         np.testing.assert_allclose(actors[i], [eps, eps])
 
 
-@pytest.mark.parametrize("workers, envs, counted", [
-    (0, 8, {0: [5, 6, 7]}),  # 8 envs in the driver: ceil(8 / 3) = 3 lowest epsilons
-    (0, 3, {0: [2]}),
-    (0, 2, {0: [1]}),
-    (0, 1, {0: [0]}),  # at least one env
-    (8, 1, {6: [0], 7: [0], 8: [0]}),  # 8 actors of one env: the same 3 envs, by actor
-    (3, 1, {3: [0]}),
-    (3, 4, {3: [0, 1, 2, 3]}),  # ceil(12 / 3) = 4 envs: all of actor 3 (its envs share its epsilon)
-    (4, 2, {3: [0, 1], 4: [0, 1]}),  # ceil(8 / 3) = 3 envs; actor 3's second env ties with its first
-    (2, 16, {2: list(range(16))}),  # the small-machine preset: the lower-epsilon actor
-])
+@pytest.mark.parametrize(
+    "workers, envs, counted",
+    [
+        (0, 8, {0: [5, 6, 7]}),  # 8 envs in the driver: ceil(8 / 3) = 3 lowest epsilons
+        (0, 3, {0: [2]}),
+        (0, 2, {0: [1]}),
+        (0, 1, {0: [0]}),  # at least one env
+        (8, 1, {6: [0], 7: [0], 8: [0]}),  # 8 actors of one env: the same 3 envs, by actor
+        (3, 1, {3: [0]}),
+        (3, 4, {3: [0, 1, 2, 3]}),  # ceil(12 / 3) = 4 envs: all of actor 3 (its envs share its epsilon)
+        (4, 2, {3: [0, 1], 4: [0, 1]}),  # ceil(8 / 3) = 3 envs; actor 3's second env ties with its first
+        (2, 16, {2: list(range(16))}),  # the small-machine preset: the lower-epsilon actor
+    ],
+)
 def test_reporting_envs_are_the_lowest_epsilon_third(workers, envs, counted):
     from shoal.algorithms.apex import actor_epsilons, reporting_envs
 
@@ -112,11 +124,21 @@ def test_episodes_of_high_epsilon_envs_stay_out_of_the_headline():
     algo = in_process_config(resources={"num_workers": 0, "num_envs_per_worker": 8, "num_replay_shards": 1}).build()
     try:
         # env 0 explores with epsilon 0.4, envs 5 and 7 with 0.4 ** 6 and 0.4 ** 8
-        m = RolloutMetrics(env_steps=30, episode_returns=[9.0, 200.0, 100.0, 11.0], episode_lengths=[9, 200, 100, 11],
-                           episode_envs=[0, 7, 5, 0], custom_metrics=[{"x": 1.0}, {"x": 2.0}, {"x": 3.0}, {"x": 4.0}])
+        m = RolloutMetrics(
+            env_steps=30,
+            episode_returns=[9.0, 200.0, 100.0, 11.0],
+            episode_lengths=[9, 200, 100, 11],
+            episode_envs=[0, 7, 5, 0],
+            custom_metrics=[{"x": 1.0}, {"x": 2.0}, {"x": 3.0}, {"x": 4.0}],
+        )
         assert algo.record_actor_rollouts([(0, m)]) == 30
-        assert algo.episodes.metrics() == {"episode_return_mean": 150.0, "episode_return_min": 100.0,
-                                           "episode_return_max": 200.0, "episode_len_mean": 150.0, "episodes_total": 2}
+        assert algo.episodes.metrics() == {
+            "episode_return_mean": 150.0,
+            "episode_return_min": 100.0,
+            "episode_return_max": 200.0,
+            "episode_len_mean": 150.0,
+            "episodes_total": 2,
+        }
         assert algo.custom_metrics == [{"x": 2.0}, {"x": 3.0}]
         everyone = algo.all_env_episodes.metrics()
         assert everyone["episode_return_mean"] == 80.0 and everyone["episodes_total"] == 4
@@ -219,8 +241,11 @@ def test_replay_ratio_is_zero_before_learning_starts():
 def test_priorities_of_a_recreated_shard_are_dropped():
     """Batches learned after their shard was recreated (empty, a new generation) send no priorities
     to the new shard, whose slots hold other rows or none; the owed requests go to it again."""
-    algo = in_process_config(resources={"num_workers": 0, "num_envs_per_worker": 4, "num_replay_shards": 1},
-                             learner_queue_size=4, max_weight_sync_delay=10**9).build()
+    algo = in_process_config(
+        resources={"num_workers": 0, "num_envs_per_worker": 4, "num_replay_shards": 1},
+        learner_queue_size=4,
+        max_weight_sync_delay=10**9,
+    ).build()
     try:
         train_until(algo, lambda r: r["num_learner_updates"] >= 2, 400, 60)
         with algo.learner_thread.lock:  # the learner stops between two steps; batches wait in its queue
@@ -257,7 +282,10 @@ def test_uniform_replay_and_no_worker_side_priorities():
         np.testing.assert_array_equal(batch[Col.WEIGHTS], np.ones(16, np.float32))
     finally:
         algo.stop()
-    for worker_side in (True, False):  # prioritized, learning not started: the stored priorities are the workers' or the max
+    for worker_side in (
+        True,
+        False,
+    ):  # prioritized, learning not started: the stored priorities are the workers' or the max
         algo = in_process_config(worker_side_prioritization=worker_side, learning_starts=10_000).build()
         try:
             algo.train()
@@ -273,8 +301,9 @@ def test_beta_is_annealed_and_sent_with_every_sample_request(monkeypatch):
     from shoal.replay import ReplayShard
 
     betas: list[tuple[float, float]] = []
-    algo = in_process_config(prioritized_replay_beta=0.4, final_prioritized_replay_beta=1.0,
-                             beta_annealing_steps=2000).build()
+    algo = in_process_config(
+        prioritized_replay_beta=0.4, final_prioritized_replay_beta=1.0, beta_annealing_steps=2000
+    ).build()
     sample = ReplayShard.sample
 
     def recording(shard, n, beta=None):
@@ -303,7 +332,9 @@ def test_lr_schedule_moves_with_sampled_env_steps():
         assert r["learner/lr"] == pytest.approx(expected)
         assert algo.learner.optimizer.param_groups[0]["lr"] == pytest.approx(expected)
         r = run_until_sampled(algo, 2500)
-        assert r["learner/lr"] == pytest.approx(1e-4) and algo.learner.optimizer.param_groups[0]["lr"] == pytest.approx(1e-4)
+        assert r["learner/lr"] == pytest.approx(1e-4) and algo.learner.optimizer.param_groups[0]["lr"] == pytest.approx(
+            1e-4
+        )
     finally:
         algo.stop()
 
@@ -313,8 +344,9 @@ def test_lr_schedule_moves_with_sampled_env_steps():
 def apex_on_ray(ray_cluster):
     """One Ape-X run (the small-machine preset) shared by the Ray tests below, in file order:
     learn first, then kill a replay shard, then a rollout actor."""
-    cfg = ApeXConfig(**{**ApeXConfig.small_machine_preset(), "env": "CartPole-v1", "seed": 0,
-                        "min_time_s_per_iteration": 1.0})
+    cfg = ApeXConfig(
+        **{**ApeXConfig.small_machine_preset(), "env": "CartPole-v1", "seed": 0, "min_time_s_per_iteration": 1.0}
+    )
     algo = cfg.build()
     yield algo
     algo.stop()
@@ -364,7 +396,9 @@ def test_a_killed_replay_shard_is_recreated_empty_and_training_continues(apex_on
     # Keep training: the rollout actors got the new shard's handle and refill it.
     trained = r["env_steps_trained"]
     # A recreated shard starts a fresh process (seconds on a loaded machine) before the adds reach it.
-    r = train_until(algo, lambda r: algo.shards.call(0, "stats")["size"] > 0 and r["env_steps_trained"] > trained, 60, 60)
+    r = train_until(
+        algo, lambda r: algo.shards.call(0, "stats")["size"] > 0 and r["env_steps_trained"] > trained, 60, 60
+    )
     after = {s: algo.shards.call(s, "stats")["size"] for s in (0, 1)}
     assert r["env_steps_trained"] > trained
     assert 0 < after[0] < min(before[0], after[1]), (before, after)  # refilled from empty, not restored
@@ -402,9 +436,18 @@ def test_a_killed_rollout_actor_is_recreated_and_training_continues(apex_on_ray)
 @pytest.mark.ray
 def test_replay_shard_placement_in_a_two_node_cluster():
     """In its own process: a ``ray.cluster_utils.Cluster`` needs its own Ray instance."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run([sys.executable, str(HERE / "apex_multinode.py")], capture_output=True, text=True,
-                          timeout=240, env=env, cwd=HERE.parent)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p),
+    }
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "apex_multinode.py")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=HERE.parent,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     out = json.loads(lines[-1])

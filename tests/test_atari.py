@@ -45,15 +45,16 @@ def test_frames_are_max_pooled_resized_grayscale_stacks(backend):
         obs, *_ = env.step(np.array([a]))
         np.testing.assert_array_equal(obs[0, -1], expected[t])  # the newest frame, exactly
         if t >= 3:  # the stack is the last four frames, oldest first
-            np.testing.assert_array_equal(obs[0], np.stack(expected[t - 3:t + 1]))
+            np.testing.assert_array_equal(obs[0], np.stack(expected[t - 3 : t + 1]))
     env.close()
 
 
 def test_max_pooling_changes_frames_and_can_be_switched_off():
     pooled, last_only = _by_hand("ALE/Breakout-v5", ACTIONS), _by_hand("ALE/Breakout-v5", ACTIONS, pool=False)
     assert any((a != b).any() for a, b in zip(pooled, last_only))  # flicker: pooling matters here
-    p = EnvPreprocessingConfig(backend="ale_vector", noop_max=0, repeat_action_probability=0.0, max_pool=False,
-                               fire_reset=False)
+    p = EnvPreprocessingConfig(
+        backend="ale_vector", noop_max=0, repeat_action_probability=0.0, max_pool=False, fire_reset=False
+    )
     env = make_vec_env("ALE/Breakout-v5", 1, seed=0, preprocessing=p)
     env.reset(seed=0)
     for t, a in enumerate(ACTIONS):
@@ -93,7 +94,9 @@ def test_spaces_ids_and_errors():
         env_info("ALE/Pongg-v5")
     from shoal.algorithms.appo import APPOConfig
 
-    with pytest.raises(ConfigError, match="env_preprocessing.backend': Input should be 'auto', 'ale_vector' or 'gymnasium'"):
+    with pytest.raises(
+        ConfigError, match="env_preprocessing.backend': Input should be 'auto', 'ale_vector' or 'gymnasium'"
+    ):
         APPOConfig(env="ALE/Pong-v5", env_preprocessing={"backend": "envpool"})
     with pytest.raises(ConfigError, match="always max-pools"):
         APPOConfig(env="ALE/Pong-v5", env_preprocessing={"backend": "gymnasium", "max_pool": False})
@@ -191,8 +194,15 @@ def test_vector_fire_reset_replaces_the_first_actions_of_each_game_by_hand():
             lives, term = next(self.script)
             return np.zeros(2), np.zeros(2), np.array(term), np.zeros(2, bool), {"lives": np.array(lives)}
 
-    script = [([3, 3], [False, False]), ([3, 2], [False, False]), ([3, 2], [False, False]),
-              ([0, 2], [True, False]), ([3, 2], [False, False]), ([3, 2], [False, False]), ([3, 2], [False, False])]
+    script = [
+        ([3, 3], [False, False]),
+        ([3, 2], [False, False]),
+        ([3, 2], [False, False]),
+        ([0, 2], [True, False]),
+        ([3, 2], [False, False]),
+        ([3, 2], [False, False]),
+        ([3, 2], [False, False]),
+    ]
     inner = Scripted(script)
     env = VectorFireReset(inner)
     env.reset()
@@ -248,8 +258,7 @@ def test_runner_learns_from_clipped_life_ends_and_reports_whole_game_scores(monk
     from shoal.rollout.policies import ActorCriticPolicy
 
     monkeypatch.setattr(LearningSignal, "for_config", classmethod(lambda cls, config: cls(True, True)))
-    cfg = PPOConfig(env=_Lives, seed=0, model={"hiddens": [8]},
-                    resources={"num_envs_per_worker": 2})
+    cfg = PPOConfig(env=_Lives, seed=0, model={"hiddens": [8]}, resources={"num_envs_per_worker": 2})
     runner = EnvRunner(cfg, 0, ActorCriticPolicy, fragment_to_batch, rollout_fragment_length=26)
     batch, metrics = runner.sample()
     assert metrics.episode_returns == [36.0, 36.0, 36.0, 36.0]  # raw points, whole games

@@ -10,11 +10,13 @@ from shoal.batch import Batch, Col
 
 
 def make(n=10, offset=0):
-    return Batch({
-        Col.OBS: np.arange(offset, offset + n, dtype=np.float32)[:, None] * np.ones((1, 3), np.float32),
-        Col.ACTIONS: np.arange(offset, offset + n, dtype=np.int64),
-        Col.TERMINATEDS: (np.arange(offset, offset + n) % 3 == 0),
-    })
+    return Batch(
+        {
+            Col.OBS: np.arange(offset, offset + n, dtype=np.float32)[:, None] * np.ones((1, 3), np.float32),
+            Col.ACTIONS: np.arange(offset, offset + n, dtype=np.int64),
+            Col.TERMINATEDS: (np.arange(offset, offset + n) % 3 == 0),
+        }
+    )
 
 
 def test_construction_and_mapping():

@@ -18,8 +18,14 @@ from shoal.callbacks import aggregate_custom
 from shoal.errors import ConfigError
 from shoal.rollout.env_runner import EnvRunner, env_info_at
 
-SMALL = dict(env="CartPole-v1", seed=0, train_batch_size=256, minibatch_size=128, num_sgd_iter=1,
-             resources={"num_envs_per_worker": 4})
+SMALL = dict(
+    env="CartPole-v1",
+    seed=0,
+    train_batch_size=256,
+    minibatch_size=128,
+    num_sgd_iter=1,
+    resources={"num_envs_per_worker": 4},
+)
 
 
 def rows(run_dir):
@@ -28,8 +34,14 @@ def rows(run_dir):
 
 def test_aggregate_custom_by_hand():
     out = aggregate_custom([{"a": 1.0}, {"a": 3.0, "b": 2.0}, {"a": math.nan}, {}])
-    assert out == {"custom/a_mean": 2.0, "custom/a_min": 1.0, "custom/a_max": 3.0,
-                   "custom/b_mean": 2.0, "custom/b_min": 2.0, "custom/b_max": 2.0}
+    assert out == {
+        "custom/a_mean": 2.0,
+        "custom/a_min": 1.0,
+        "custom/a_max": 3.0,
+        "custom/b_mean": 2.0,
+        "custom/b_min": 2.0,
+        "custom/b_max": 2.0,
+    }
     assert aggregate_custom([]) == {}
 
 
@@ -41,8 +53,9 @@ def test_env_info_at_applies_the_vector_masks():
 
 def test_driver_hooks_run_in_order_with_their_arguments(tmp_path):
     hook_helpers.EVENTS.clear()
-    config = shoal.PPOConfig(**SMALL, callbacks=hook_helpers.Recorder, evaluation={"evaluation_interval": 2,
-                                                                                    "evaluation_num_episodes": 2})
+    config = shoal.PPOConfig(
+        **SMALL, callbacks=hook_helpers.Recorder, evaluation={"evaluation_interval": 2, "evaluation_num_episodes": 2}
+    )
     summary = shoal.train(config, {"iterations": 2}, out=tmp_path, checkpoint_every=1, progress=False)
     ev = hook_helpers.EVENTS
     # iteration 1: result, its numbered checkpoint, then best (the first finite return is the best)
@@ -65,7 +78,9 @@ def test_custom_metrics_are_each_episodes_figures_aggregated_per_iteration():
         assert r1["custom/length_mean"] == pytest.approx(r1["episode_len_mean"])
         assert r1["custom/steps_mean"] == pytest.approx(r1["episode_len_mean"])  # on_episode_step ran every step
         assert r1["custom/return_mean"] == pytest.approx(r1["episode_return_mean"])  # CartPole: return = length
-        assert r1["custom/length_min"] == r1["episode_return_min"] and r1["custom/length_max"] == r1["episode_return_max"]
+        assert (
+            r1["custom/length_min"] == r1["episode_return_min"] and r1["custom/length_max"] == r1["episode_return_max"]
+        )
         assert r1["custom/worker_max"] == 0.0  # the driver's own runner
         r2 = algo.train()
         window = list(algo.episodes.lengths)[n1:]  # this iteration's episodes only, not the 100-episode window
@@ -98,9 +113,10 @@ def test_without_episode_hooks_the_runner_does_no_episode_bookkeeping():
 
 @pytest.mark.ray
 def test_custom_metrics_come_back_from_ray_rollout_actors(ray_cluster):
-    config = shoal.PPOConfig(**{**SMALL, "resources": {"num_workers": 2, "num_envs_per_worker": 2,
-                                                        "num_cpus_per_worker": 0.5}},
-                             callbacks="hook_helpers:Recorder")
+    config = shoal.PPOConfig(
+        **{**SMALL, "resources": {"num_workers": 2, "num_envs_per_worker": 2, "num_cpus_per_worker": 0.5}},
+        callbacks="hook_helpers:Recorder",
+    )
     with config.build() as algo:
         r = algo.train()
     assert 0 < r["episodes_total"] < 100
@@ -110,9 +126,15 @@ def test_custom_metrics_come_back_from_ray_rollout_actors(ray_cluster):
 
 
 def test_multi_agent_runner_reports_agent_returns():
-    config = shoal.PPOConfig(env="shoal.envs.signal_match:parallel_env", seed=0, rollout_fragment_length=10,
-                             minibatch_size=120, resources={"num_envs_per_worker": 16},
-                             multi_agent={"policies": {"shared": None}}, callbacks="hook_helpers:AgentReturns")
+    config = shoal.PPOConfig(
+        env="shoal.envs.signal_match:parallel_env",
+        seed=0,
+        rollout_fragment_length=10,
+        minibatch_size=120,
+        resources={"num_envs_per_worker": 16},
+        multi_agent={"policies": {"shared": None}},
+        callbacks="hook_helpers:AgentReturns",
+    )
     with config.build() as algo:
         for _ in range(3):
             r = algo.train()
@@ -122,14 +144,17 @@ def test_multi_agent_runner_reports_agent_returns():
     assert abs(r["custom/sum_gap_max"]) < 1e-6 and abs(r["custom/sum_gap_min"]) < 1e-6
 
 
-@pytest.mark.parametrize("spec, words", [
-    ("hook_helpers:Missing", "cannot import 'hook_helpers:Missing'"),
-    ("no_such_module_xyz:Hooks", "cannot import 'no_such_module_xyz:Hooks'"),
-    ("hook_helpers:NotCallbacks", "is not a subclass of shoal.Callbacks"),
-    ("hook_helpers:NeedsArgs", "must build with no arguments"),
-    ("Recorder", "is not an import path"),
-    (hook_helpers.NotCallbacks, "is not a subclass of shoal.Callbacks"),
-])
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("hook_helpers:Missing", "cannot import 'hook_helpers:Missing'"),
+        ("no_such_module_xyz:Hooks", "cannot import 'no_such_module_xyz:Hooks'"),
+        ("hook_helpers:NotCallbacks", "is not a subclass of shoal.Callbacks"),
+        ("hook_helpers:NeedsArgs", "must build with no arguments"),
+        ("Recorder", "is not an import path"),
+        (hook_helpers.NotCallbacks, "is not a subclass of shoal.Callbacks"),
+    ],
+)
 def test_bad_callbacks_are_config_errors(spec, words):
     with pytest.raises(ConfigError, match="callbacks") as e:
         shoal.PPOConfig(env="CartPole-v1", callbacks=spec)
@@ -158,8 +183,10 @@ def test_a_local_class_works_in_process_but_is_not_stored(tmp_path):
 
 def test_cli_takes_the_import_path_from_a_yaml_file(tmp_path):
     cfg = tmp_path / "ppo.yaml"
-    cfg.write_text("algo: ppo\nenv: CartPole-v1\ntrain_batch_size: 256\nminibatch_size: 128\nnum_sgd_iter: 1\n"
-                   "resources: {num_envs_per_worker: 4}\ncallbacks: hook_helpers:Recorder\n")
+    cfg.write_text(
+        "algo: ppo\nenv: CartPole-v1\ntrain_batch_size: 256\nminibatch_size: 128\nnum_sgd_iter: 1\n"
+        "resources: {num_envs_per_worker: 4}\ncallbacks: hook_helpers:Recorder\n"
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         r = invoke("train", "ppo", "-c", str(cfg), "--stop-iters", "1", "--out", str(tmp_path / "runs"), "-q")
@@ -179,18 +206,35 @@ def test_cli_bad_import_path_is_exit_2_with_one_paragraph(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("algo, kw", [
-    ("dqn", dict(learning_starts=100, train_batch_size=32, model={"hiddens": [16]})),
-    ("apex", dict(learning_starts=100, train_batch_size=32, replay_capacity=1000, min_time_s_per_iteration=0,
-                  model={"hiddens": [16]})),
-    ("impala", dict(train_batch_size=100, min_time_s_per_iteration=0, model={"hiddens": [16]})),
-    ("appo", dict(train_batch_size=100, min_time_s_per_iteration=0, model={"hiddens": [16]})),
-])
+@pytest.mark.parametrize(
+    "algo, kw",
+    [
+        ("dqn", dict(learning_starts=100, train_batch_size=32, model={"hiddens": [16]})),
+        (
+            "apex",
+            dict(
+                learning_starts=100,
+                train_batch_size=32,
+                replay_capacity=1000,
+                min_time_s_per_iteration=0,
+                model={"hiddens": [16]},
+            ),
+        ),
+        ("impala", dict(train_batch_size=100, min_time_s_per_iteration=0, model={"hiddens": [16]})),
+        ("appo", dict(train_batch_size=100, min_time_s_per_iteration=0, model={"hiddens": [16]})),
+    ],
+)
 def test_every_single_agent_algorithm_reports_custom_metrics(algo, kw):
     from shoal.algorithms import get_config_class
 
-    config = get_config_class(algo)(env="CartPole-v1", seed=0, callbacks="hook_helpers:EndOnly",
-                                    resources={"num_envs_per_worker": 4}, min_env_steps_per_iteration=200, **kw)
+    config = get_config_class(algo)(
+        env="CartPole-v1",
+        seed=0,
+        callbacks="hook_helpers:EndOnly",
+        resources={"num_envs_per_worker": 4},
+        min_env_steps_per_iteration=200,
+        **kw,
+    )
     with config.build() as a:
         for _ in range(6):  # until episodes end (Ape-X's low-epsilon actor keeps CartPole up longer)
             r = a.train()
@@ -205,8 +249,15 @@ def test_every_single_agent_algorithm_reports_custom_metrics(algo, kw):
 def test_ddppo_workers_gather_custom_metrics():
     from shoal.algorithms.ddppo import DDPPOConfig, DDPPOWorker
 
-    cfg = DDPPOConfig(env="CartPole-v1", rollout_fragment_length=32, minibatch_size=64, num_sgd_iter=1, seed=0,
-                      resources={"num_workers": 1, "num_envs_per_worker": 4}, callbacks="hook_helpers:EndOnly")
+    cfg = DDPPOConfig(
+        env="CartPole-v1",
+        rollout_fragment_length=32,
+        minibatch_size=64,
+        num_sgd_iter=1,
+        seed=0,
+        resources={"num_workers": 1, "num_envs_per_worker": 4},
+        callbacks="hook_helpers:EndOnly",
+    )
     worker = DDPPOWorker(cfg, 1)
     try:
         r = worker.sample_and_train()
@@ -220,10 +271,18 @@ def test_the_league_reports_custom_metrics_and_its_keys_reach_on_train_result():
     from shoal.algorithms.alpha_star import AlphaStarConfig
 
     league = {"type": "alpha_star", "seed": 0, "min_games_for_snapshot": 5, "win_rate_window": 20}
-    config = AlphaStarConfig(env="pettingzoo.classic:tictactoe_v3", seed=0, rollout_fragment_length=8,
-                             train_batch_size=128, min_time_s_per_iteration=0.0, min_env_steps_per_iteration=300,
-                             league=league, model={"hiddens": [32]}, resources={"num_envs_per_worker": 8},
-                             callbacks="hook_helpers:AgentReturns")
+    config = AlphaStarConfig(
+        env="pettingzoo.classic:tictactoe_v3",
+        seed=0,
+        rollout_fragment_length=8,
+        train_batch_size=128,
+        min_time_s_per_iteration=0.0,
+        min_env_steps_per_iteration=300,
+        league=league,
+        model={"hiddens": [32]},
+        resources={"num_envs_per_worker": 8},
+        callbacks="hook_helpers:AgentReturns",
+    )
     with config.build() as algo:
         r = algo.train()
     assert r["custom/agents_mean"] == 2.0 and abs(r["custom/sum_gap_max"]) < 1e-6

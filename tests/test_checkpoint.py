@@ -154,7 +154,11 @@ def test_resolve_checkpoint_in_run_dir(tmp_path):
         ckpt.save_checkpoint(cdir / f"checkpoint_{i:06d}", state(float(i)), {"iteration": i})
     ckpt.save_checkpoint(cdir / "best", state(0.5), {"iteration": 2})
     (cdir / "checkpoint_000011").mkdir()  # no meta.json: ignored
-    assert [p.name for p in ckpt.list_checkpoints(cdir)] == ["checkpoint_000001", "checkpoint_000002", "checkpoint_000010"]
+    assert [p.name for p in ckpt.list_checkpoints(cdir)] == [
+        "checkpoint_000001",
+        "checkpoint_000002",
+        "checkpoint_000010",
+    ]
     assert ckpt.resolve_checkpoint(run) == cdir / "checkpoint_000010"
     assert ckpt.resolve_checkpoint(run, prefer="best") == cdir / "best"
     assert ckpt.resolve_checkpoint(cdir) == cdir / "checkpoint_000010"
@@ -175,8 +179,15 @@ def test_resolve_checkpoint_in_run_dir(tmp_path):
 
 # ---- algorithm level ----------------------------------------------------------------------
 def small_config(**kw) -> PPOConfig:
-    return PPOConfig(env="CartPole-v1", seed=0, train_batch_size=512, minibatch_size=256, num_sgd_iter=2,
-                     resources={"num_envs_per_worker": 4}, **kw)
+    return PPOConfig(
+        env="CartPole-v1",
+        seed=0,
+        train_batch_size=512,
+        minibatch_size=256,
+        num_sgd_iter=2,
+        resources={"num_envs_per_worker": 4},
+        **kw,
+    )
 
 
 VOLATILE = ("time", "timers/", "per_s")
@@ -249,8 +260,14 @@ def test_from_checkpoint_restores_and_continues(trained):
 
 
 def test_restore_with_explicit_fragment_length(tmp_path):
-    cfg = PPOConfig(env="CartPole-v1", seed=0, rollout_fragment_length=32, minibatch_size=64, num_sgd_iter=1,
-                    resources={"num_envs_per_worker": 2})
+    cfg = PPOConfig(
+        env="CartPole-v1",
+        seed=0,
+        rollout_fragment_length=32,
+        minibatch_size=64,
+        num_sgd_iter=1,
+        resources={"num_envs_per_worker": 2},
+    )
     with cfg.build() as algo:
         algo.train()
         path = algo.save(tmp_path / "ck")
@@ -267,7 +284,9 @@ def test_restore_wrong_algorithm(trained, tmp_path):
     _, _, path = trained
     p = tmp_path / "ck"
     st, meta = ckpt.load_checkpoint(path)
-    ckpt.save_checkpoint(p, st, {**{k: v for k, v in meta.items() if k not in ("format", "format_version")}, "algo": "nope"})
+    ckpt.save_checkpoint(
+        p, st, {**{k: v for k, v in meta.items() if k not in ("format", "format_version")}, "algo": "nope"}
+    )
     with pytest.raises(Exception, match="nope"):
         Algorithm.from_checkpoint(p)
 

@@ -14,10 +14,19 @@ from helpers import flat, invoke
 from shoal import checkpoint as ckpt
 from shoal.errors import CheckpointError
 
-SMALL = ["--set", "train_batch_size=128", "--set", "minibatch_size=64", "--set", "num_sgd_iter=1",
-         "--envs-per-worker", "2", "--seed", "0", "-q"]
-
-
+SMALL = [
+    "--set",
+    "train_batch_size=128",
+    "--set",
+    "minibatch_size=64",
+    "--set",
+    "num_sgd_iter=1",
+    "--envs-per-worker",
+    "2",
+    "--seed",
+    "0",
+    "-q",
+]
 
 
 @pytest.fixture(scope="module")
@@ -129,9 +138,16 @@ def test_apex_learner_updates_continue_after_a_restore(tmp_path):
     from shoal.algorithms.apex import ApeXConfig
     from shoal.algorithms.base import Algorithm
 
-    cfg = ApeXConfig(env="CartPole-v1", seed=0, learning_starts=128, train_batch_size=32, training_intensity=2.0,
-                     rollout_fragment_length=16, model={"hiddens": [16]},
-                     resources={"num_workers": 0, "num_envs_per_worker": 4, "num_replay_shards": 1})
+    cfg = ApeXConfig(
+        env="CartPole-v1",
+        seed=0,
+        learning_starts=128,
+        train_batch_size=32,
+        training_intensity=2.0,
+        rollout_fragment_length=16,
+        model={"hiddens": [16]},
+        resources={"num_workers": 0, "num_envs_per_worker": 4, "num_replay_shards": 1},
+    )
     with cfg.build() as algo:
         r = {}
         for _ in range(40):

@@ -9,12 +9,28 @@ import sys
 import pytest
 from helpers import flat, invoke
 
-METRICS = ("iteration", "env_steps_sampled", "env_steps_trained", "episode_return_mean", "episode_len_mean",
-           "episodes_total", "time_total_s", "env_steps_per_s")
-SMALL = ["--set", "train_batch_size=512", "--set", "minibatch_size=256", "--set", "num_sgd_iter=2",
-         "--envs-per-worker", "4", "--seed", "0"]
-
-
+METRICS = (
+    "iteration",
+    "env_steps_sampled",
+    "env_steps_trained",
+    "episode_return_mean",
+    "episode_len_mean",
+    "episodes_total",
+    "time_total_s",
+    "env_steps_per_s",
+)
+SMALL = [
+    "--set",
+    "train_batch_size=512",
+    "--set",
+    "minibatch_size=256",
+    "--set",
+    "num_sgd_iter=2",
+    "--envs-per-worker",
+    "4",
+    "--seed",
+    "0",
+]
 
 
 def test_algos_lists_ppo():
@@ -143,10 +159,15 @@ def test_resume_set_changes_a_mutable_key_and_refuses_the_others(tmp_path):
     r = invoke("train", "ppo", "--env", "CartPole-v1", "--stop-iters", 1, "--out", tmp_path, "-q", *SMALL)
     assert r.exit_code == 0, r.output
     (run,) = tmp_path.iterdir()
-    text = assert_user_error(invoke("resume", run, "--set", "minibatch_size=64", "--stop-iters", 2, "-q"),
-                             "cannot change 'minibatch_size'", "entropy_coeff", "lr")
-    assert "shoal train ppo" in text and [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == \
-        ["checkpoint_000001"]
+    text = assert_user_error(
+        invoke("resume", run, "--set", "minibatch_size=64", "--stop-iters", 2, "-q"),
+        "cannot change 'minibatch_size'",
+        "entropy_coeff",
+        "lr",
+    )
+    assert "shoal train ppo" in text and [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == [
+        "checkpoint_000001"
+    ]
     assert_user_error(invoke("resume", run, "--set", "lr=-1", "--stop-iters", 2, "-q"), "lr")
     r = invoke("resume", run, "--set", "lr=0.0123", "--set", "entropy_coeff=0.02", "--stop-iters", 2, "-q")
     assert r.exit_code == 0, r.output
@@ -216,7 +237,11 @@ def test_bad_stop_value(tmp_path):
 def test_apex_cli_uses_the_small_machine_preset_only_without_resources():
     from shoal.app.cli import _build_config
 
-    flags = {"env": "CartPole-v1", "seed": None, "resources": {"num_workers": None, "num_envs_per_worker": None, "address": None}}
+    flags = {
+        "env": "CartPole-v1",
+        "seed": None,
+        "resources": {"num_workers": None, "num_envs_per_worker": None, "address": None},
+    }
     cfg, _, note = _build_config("apex", None, ["lr=0.002"], flags)
     assert "small_machine_preset" in note
     assert cfg.resources.num_workers == 2 and cfg.resources.num_replay_shards == 2
@@ -252,7 +277,9 @@ def test_no_stop_reward_drops_the_threshold(tmp_path):
     r = invoke("train", "ppo", "-c", p, "--no-stop-reward", "--out", tmp_path / "a", "-q", *SMALL)
     assert r.exit_code == 0, r.output
     assert stop_of(tmp_path / "a") == {"reward": None, "env_steps": None, "time_s": None, "iterations": 1}
-    r = invoke("train", "ppo", "--env", "CartPole-v1", "--stop-reward", 100, "--no-stop-reward", "--out", tmp_path / "b")
+    r = invoke(
+        "train", "ppo", "--env", "CartPole-v1", "--stop-reward", 100, "--no-stop-reward", "--out", tmp_path / "b"
+    )
     assert_user_error(r, "--stop-reward", "--no-stop-reward")
     assert not (tmp_path / "b").exists()
     help_text = flat(invoke("train", "--help").output)
@@ -265,15 +292,29 @@ def test_apex_preset_is_announced_and_recorded_in_config_yaml(tmp_path, monkeypa
     from shoal.algorithms.apex import ApeXConfig
 
     # A test-sized preset (in-process, tiny replay) so that the run takes a second; the mechanism is the same.
-    preset = {"resources": {"num_workers": 0, "num_envs_per_worker": 2, "num_replay_shards": 1},
-              "n_step": 3, "learning_starts": 64, "replay_capacity": 1000, "rollout_fragment_length": 8,
-              "min_time_s_per_iteration": 0.0, "lr": 0.002}
+    preset = {
+        "resources": {"num_workers": 0, "num_envs_per_worker": 2, "num_replay_shards": 1},
+        "n_step": 3,
+        "learning_starts": 64,
+        "replay_capacity": 1000,
+        "rollout_fragment_length": 8,
+        "min_time_s_per_iteration": 0.0,
+        "lr": 0.002,
+    }
     monkeypatch.setattr(ApeXConfig, "small_machine_preset", classmethod(lambda cls: preset))
-    r = invoke("train", "apex", "--env", "CartPole-v1", "--stop-iters", 1, "--set", "lr=0.01", "--out", tmp_path / "a", "-q")
+    r = invoke(
+        "train", "apex", "--env", "CartPole-v1", "--stop-iters", 1, "--set", "lr=0.01", "--out", tmp_path / "a", "-q"
+    )
     assert r.exit_code == 0, r.output
     (note,) = [line for line in r.output.splitlines() if "small_machine_preset" in line]  # one line
-    changed = ("resources.num_envs_per_worker=2", "resources.num_replay_shards=1",
-               "learning_starts=64", "replay_capacity=1000", "rollout_fragment_length=8", "min_time_s_per_iteration=0.0")
+    changed = (
+        "resources.num_envs_per_worker=2",
+        "resources.num_replay_shards=1",
+        "learning_starts=64",
+        "replay_capacity=1000",
+        "rollout_fragment_length=8",
+        "min_time_s_per_iteration=0.0",
+    )
     for kv in changed:
         assert kv in note, kv
     assert "n_step" not in note and "num_workers" not in note  # the preset's value is the default: no change

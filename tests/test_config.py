@@ -154,10 +154,19 @@ def test_unknown_algorithm():
 
 
 def test_parse_set_overrides():
-    out = parse_set_overrides([
-        "lr=0.001", "resources.num_workers=2", "resources.num_envs_per_worker=4", "model.hiddens=[32, 16]",
-        "use_kl_loss=true", "env=CartPole-v1", "vf_clip_param=null", "seed=", "env_config={a: 1}",
-    ])
+    out = parse_set_overrides(
+        [
+            "lr=0.001",
+            "resources.num_workers=2",
+            "resources.num_envs_per_worker=4",
+            "model.hiddens=[32, 16]",
+            "use_kl_loss=true",
+            "env=CartPole-v1",
+            "vf_clip_param=null",
+            "seed=",
+            "env_config={a: 1}",
+        ]
+    )
     assert out == {
         "lr": 0.001,
         "resources": {"num_workers": 2, "num_envs_per_worker": 4},
@@ -171,7 +180,11 @@ def test_parse_set_overrides():
     # a value that is not valid YAML stays a string
     assert parse_set_overrides(["name=[1,"]) == {"name": "[1,"}
     # values applied on top of a config
-    c = PPOConfig(**deep_merge({"env": "CartPole-v1"}, parse_set_overrides(["resources.num_workers=0", "lr=1e-3", "model.hiddens=[8]"])))
+    c = PPOConfig(
+        **deep_merge(
+            {"env": "CartPole-v1"}, parse_set_overrides(["resources.num_workers=0", "lr=1e-3", "model.hiddens=[8]"])
+        )
+    )
     assert c.lr == pytest.approx(1e-3) and c.model.hiddens == [8]
 
 
@@ -211,8 +224,14 @@ def test_load_yaml_errors(tmp_path):
 
 
 def test_to_dict_from_dict_round_trip():
-    c = cfg(lr=1e-3, seed=7, lr_schedule=[[0, 1e-3], [100, 1e-4]], model={"hiddens": [32]},
-            resources={"num_envs_per_worker": 2}, env_config={"render_mode": None})
+    c = cfg(
+        lr=1e-3,
+        seed=7,
+        lr_schedule=[[0, 1e-3], [100, 1e-4]],
+        model={"hiddens": [32]},
+        resources={"num_envs_per_worker": 2},
+        env_config={"render_mode": None},
+    )
     d = c.to_dict()
     assert d["resources"]["num_envs_per_worker"] == 2
     assert d["lr_schedule"] == [[0, 1e-3], [100, 1e-4]]
@@ -264,7 +283,9 @@ def test_round_trip_with_fragment_length_and_derived_train_batch():
     c2 = c.copy_with({"resources": {"num_envs_per_worker": 2}})
     assert c2.fragment_length() == 100 and c2.resources.num_envs_per_worker == 2
     # an explicit, consistent train_batch_size is kept
-    c3 = cfg(rollout_fragment_length=100, train_batch_size=400, minibatch_size=100, resources={"num_envs_per_worker": 4})
+    c3 = cfg(
+        rollout_fragment_length=100, train_batch_size=400, minibatch_size=100, resources={"num_envs_per_worker": 4}
+    )
     assert c3.to_dict()["train_batch_size"] == 400
     assert PPOConfig.from_dict(c3.to_dict()) == c3
 
@@ -298,14 +319,29 @@ def test_every_example_config_validates():
 UNUSED = {
     "ppo": set(),
     "dqn": {"model.vf_share_layers", "model.init_log_std"},
-    "apex": {"exploration_initial_eps", "exploration_final_eps", "exploration_timesteps", "model.vf_share_layers",
-             "model.init_log_std", "normalize"},
+    "apex": {
+        "exploration_initial_eps",
+        "exploration_final_eps",
+        "exploration_timesteps",
+        "model.vf_share_layers",
+        "model.init_log_std",
+        "normalize",
+    },
     "impala": set(),
     "appo": set(),
     "ddppo": {"train_batch_size", "use_kl_loss", "kl_coeff", "kl_target", "resources.num_gpus", "normalize"},
-    "alpha_star": {"num_learner_devices", "fake_devices", "num_multi_gpu_tower_stacks", "num_data_load_threads",
-                   "learner_queue_size", "learner_queue_timeout", "minibatch_buffer_size",
-                   "evaluation.evaluation_num_workers", "env_preprocessing", "normalize"},
+    "alpha_star": {
+        "num_learner_devices",
+        "fake_devices",
+        "num_multi_gpu_tower_stacks",
+        "num_data_load_threads",
+        "learner_queue_size",
+        "learner_queue_timeout",
+        "minibatch_buffer_size",
+        "evaluation.evaluation_num_workers",
+        "env_preprocessing",
+        "normalize",
+    },
 }
 ENVS = {"alpha_star": "pettingzoo.classic:tictactoe_v3"}
 
@@ -389,10 +425,8 @@ def _paths(d: dict, prefix=()):
 
 def test_unused_keys_from_set_and_yaml_are_user_errors(tmp_path):
 
-
     out = tmp_path / "runs"
-    r = invoke("train", "apex", "--env", "CartPole-v1", "-q", "--out", str(out),
-               "--set", "exploration_timesteps=5000")
+    r = invoke("train", "apex", "--env", "CartPole-v1", "-q", "--out", str(out), "--set", "exploration_timesteps=5000")
     assert r.exit_code == 2 and "exploration_timesteps" in r.output and "not used by apex" in r.output, r.output
     path = tmp_path / "ddppo.yaml"
     path.write_text("algo: ddppo\nenv: CartPole-v1\nkl_coeff: 0.3\n")
@@ -408,8 +442,15 @@ def test_a_checkpoint_saved_with_keys_now_unused_still_loads(tmp_path):
     from shoal.algorithms.base import Algorithm
     from shoal.algorithms.dqn import DQNConfig
 
-    c = DQNConfig(env="CartPole-v1", seed=0, learning_starts=0, train_batch_size=8, rollout_fragment_length=4,
-                  model={"hiddens": [8]}, resources={"num_envs_per_worker": 2})
+    c = DQNConfig(
+        env="CartPole-v1",
+        seed=0,
+        learning_starts=0,
+        train_batch_size=8,
+        rollout_fragment_length=4,
+        model={"hiddens": [8]},
+        resources={"num_envs_per_worker": 2},
+    )
     algo = c.build()
     try:
         algo.train()
@@ -434,8 +475,9 @@ def test_every_config_key_has_a_description():
     from shoal.algorithms import REGISTRY, get_config_class
     from shoal.config_reference import key_reference
 
-    missing = [f"{algo}: {key}" for algo in REGISTRY for key, _, _, desc in key_reference(get_config_class(algo))
-               if not desc]
+    missing = [
+        f"{algo}: {key}" for algo in REGISTRY for key, _, _, desc in key_reference(get_config_class(algo)) if not desc
+    ]
     assert not missing, missing
 
 
@@ -475,7 +517,6 @@ def test_shoal_config_table_shows_every_description_whole(algo):
 
 
 def test_shoal_config_names_an_unknown_algorithm():
-
 
     r = invoke("config", "ppo2")
     assert r.exit_code == 2 and "ppo" in r.output

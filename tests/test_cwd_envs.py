@@ -6,13 +6,13 @@ import sys
 
 import pytest
 
-ENV_MODULE = '''
+ENV_MODULE = """
 import gymnasium as gym
 
 
 def make_short_cartpole():
     return gym.make("CartPole-v1", max_episode_steps=20)
-'''
+"""
 
 
 def test_shoal_imports_envs_from_the_working_directory(tmp_path, monkeypatch):
@@ -22,9 +22,28 @@ def test_shoal_imports_envs_from_the_working_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     # the console script's import path: its own directory, never the working directory
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd(), str(tmp_path))])
-    monkeypatch.setattr(sys, "argv", ["shoal", "train", "ppo", "-e", "cwd_envs_for_shoal:make_short_cartpole",
-                                      "--stop-iters", "1", "--out", "runs", "--quiet", "--set", "train_batch_size=256",
-                                      "--set", "minibatch_size=256", "--envs-per-worker", "2"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "shoal",
+            "train",
+            "ppo",
+            "-e",
+            "cwd_envs_for_shoal:make_short_cartpole",
+            "--stop-iters",
+            "1",
+            "--out",
+            "runs",
+            "--quiet",
+            "--set",
+            "train_batch_size=256",
+            "--set",
+            "minibatch_size=256",
+            "--envs-per-worker",
+            "2",
+        ],
+    )
     monkeypatch.delitem(sys.modules, "cwd_envs_for_shoal", raising=False)
     with pytest.raises(SystemExit) as exit_info:
         cli.main()

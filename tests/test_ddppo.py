@@ -18,8 +18,14 @@ from shoal.learn.stats import mean_stats
 
 PRESET = Path(__file__).resolve().parents[1] / "examples" / "ddppo_cartpole.yaml"
 # Small rounds for the integration tests: 2 workers x 4 envs x 32 steps, 2 minibatches, 2 epochs.
-SMALL = dict(env="CartPole-v1", rollout_fragment_length=32, minibatch_size=64, num_sgd_iter=2,
-             torch_distributed_timeout_s=10, resources={"num_workers": 2, "num_envs_per_worker": 4})
+SMALL = dict(
+    env="CartPole-v1",
+    rollout_fragment_length=32,
+    minibatch_size=64,
+    num_sgd_iter=2,
+    torch_distributed_timeout_s=10,
+    resources={"num_workers": 2, "num_envs_per_worker": 4},
+)
 
 
 def _equal(a: dict, b: dict) -> bool:
@@ -32,17 +38,20 @@ def _optimizer_equal(a: dict, b: dict) -> bool:
 
 
 # ---- config rules: each a clear error before any actor starts --------------------------------
-@pytest.mark.parametrize("overrides, key, allowed", [
-    ({"resources": {"num_workers": 0}}, "resources.num_workers", "num_workers >= 1"),
-    ({"torch_distributed_backend": "tcp"}, "torch_distributed_backend", "gloo, nccl, mpi"),
-    ({"resources": {"num_gpus": 1}}, "resources.num_gpus", "num_gpus_per_worker"),
-    ({"batch_mode": "complete_episodes"}, "batch_mode", "truncate_episodes"),
-    ({"use_kl_loss": True}, "use_kl_loss", "central learner"),
-    ({"train_batch_size": 4096}, "train_batch_size", "rollout_fragment_length x resources.num_envs_per_worker"),
-    ({"rollout_fragment_length": "auto"}, "rollout_fragment_length", "integer"),
-    ({"minibatch_size": 4096}, "minibatch_size", "= 512"),
-    ({"collective_wait": "busy"}, "collective_wait", "auto, spin, block"),
-])
+@pytest.mark.parametrize(
+    "overrides, key, allowed",
+    [
+        ({"resources": {"num_workers": 0}}, "resources.num_workers", "num_workers >= 1"),
+        ({"torch_distributed_backend": "tcp"}, "torch_distributed_backend", "gloo, nccl, mpi"),
+        ({"resources": {"num_gpus": 1}}, "resources.num_gpus", "num_gpus_per_worker"),
+        ({"batch_mode": "complete_episodes"}, "batch_mode", "truncate_episodes"),
+        ({"use_kl_loss": True}, "use_kl_loss", "central learner"),
+        ({"train_batch_size": 4096}, "train_batch_size", "rollout_fragment_length x resources.num_envs_per_worker"),
+        ({"rollout_fragment_length": "auto"}, "rollout_fragment_length", "integer"),
+        ({"minibatch_size": 4096}, "minibatch_size", "= 512"),
+        ({"collective_wait": "busy"}, "collective_wait", "auto, spin, block"),
+    ],
+)
 def test_config_rules_fail_naming_the_key(overrides, key, allowed):
     with pytest.raises(ConfigError) as info:
         DDPPOConfig(env="CartPole-v1", **overrides)
@@ -59,14 +68,16 @@ def test_backends_torch_lacks_and_nccl_without_gpus_are_refused():
     with pytest.raises(ConfigError, match="nccl"):
         DDPPOConfig(env="CartPole-v1", torch_distributed_backend="nccl")
 
+
 def test_nccl_with_workers_sharing_a_gpu_is_refused(monkeypatch):
     # two ranks on one GPU: NCCL's "invalid usage" on the first GPU run, refused before any actor starts
     # (this torch may lack nccl: pretend it has it so the rule itself is reached)
     monkeypatch.setattr("shoal.algorithms.ddppo.backend_available", lambda name: True)
     with pytest.raises(ConfigError, match="whole GPU"):
         DDPPOConfig(env="CartPole-v1", torch_distributed_backend="nccl", resources={"num_gpus_per_worker": 0.5})
-    one = DDPPOConfig(env="CartPole-v1", torch_distributed_backend="nccl",
-                      resources={"num_workers": 1, "num_gpus_per_worker": 0.5})
+    one = DDPPOConfig(
+        env="CartPole-v1", torch_distributed_backend="nccl", resources={"num_workers": 1, "num_gpus_per_worker": 0.5}
+    )
     assert one.resources.num_workers == 1  # a single rank cannot collide with itself
 
 
@@ -124,7 +135,9 @@ def test_a_fixed_minibatch_count_splits_any_batch_into_that_many_steps():
     learner.update(Batch({"x": np.ones((3, 1), np.float32)}), 1, 4, rng, num_minibatches=4)
     assert sizes == [2, 2, 1, 1]  # fewer rows than minibatches: rows repeat, no step is skipped
     sizes.clear()
-    learner.update(Batch({"x": np.ones((10, 1), np.float32)}), 1, 4, rng)  # the default: full minibatches, then the rest
+    learner.update(
+        Batch({"x": np.ones((10, 1), np.float32)}), 1, 4, rng
+    )  # the default: full minibatches, then the rest
     assert sizes == [4, 4, 2]
 
 
@@ -265,7 +278,9 @@ def test_replicas_stay_identical_and_a_checkpoint_restores_them(ray_cluster, tmp
         assert restored.env_runners is None  # evaluating started no worker
         restored.train()  # the workers start from the checkpoint's learner state
         state = restored.env_runners.foreach("get_sync_state")[0]
-        assert state["rounds"] == rounds + 1 and state["learner"]["num_updates"] == (rounds + 1) * 2 * 2  # rounds x epochs x minibatches
+        assert (
+            state["rounds"] == rounds + 1 and state["learner"]["num_updates"] == (rounds + 1) * 2 * 2
+        )  # rounds x epochs x minibatches
     finally:
         restored.stop()
 
@@ -318,5 +333,7 @@ def test_two_workers_learn_cartpole_with_the_preset(ray_cluster):
     # The preset reaches 450 in ~10 s of training (~180k steps) on a 2-core machine shared with
     # a few other jobs; 400 within 90 s leaves room for a much busier one.
     summary = train(config, {"reward": 400, "time_s": 90}, out=None, progress=False)
-    assert summary.solved, f"not solved: best mean return {summary.best_return:.1f} after {summary.result['env_steps_sampled']} steps"
+    assert summary.solved, (
+        f"not solved: best mean return {summary.best_return:.1f} after {summary.result['env_steps_sampled']} steps"
+    )
     assert summary.result["episode_return_mean"] >= 400

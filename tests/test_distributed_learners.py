@@ -29,22 +29,26 @@ CTOR = ((make_module, mse_loss), {"lr": 0.05})
 
 
 # ---- the arithmetic --------------------------------------------------------------------------
-@pytest.mark.parametrize("gpus, policies, shards, expect", [
-    (4, 10, None, (4, 1.0, 0.4, 3)),  # 1 GPU per shard over 2.5 policies
-    (8, 3, None, (3, 2.0, 2.0, 1)),  # 8 / 3 = 2.667 floored to 2 per shard
-    (8, 2, None, (2, 4.0, 4.0, 1)),
-    (2, 5, None, (2, 1.0, 0.4, 3)),
-    (0, 5, None, (5, 0.0, 0.0, 1)),  # no GPUs: one shard per policy, on the CPU
-    (4, 10, 8, (8, 0.5, 0.4, 2)),  # more shards than GPUs: each gets a fraction
-    (1, 4, 2, (2, 0.5, 0.25, 2)),
-    (2, 5, 5, (5, 0.4, 0.4, 1)),
-    (8, 3, 2, (2, 4.0, 2.0, 2)),  # 4 / 1.5 = 2.667 GPUs per policy floored to whole GPUs
-    (0.5, 3, None, (1, 0.5, 0.1666, 3)),  # under one GPU: one shard with the fraction
-])
+@pytest.mark.parametrize(
+    "gpus, policies, shards, expect",
+    [
+        (4, 10, None, (4, 1.0, 0.4, 3)),  # 1 GPU per shard over 2.5 policies
+        (8, 3, None, (3, 2.0, 2.0, 1)),  # 8 / 3 = 2.667 floored to 2 per shard
+        (8, 2, None, (2, 4.0, 4.0, 1)),
+        (2, 5, None, (2, 1.0, 0.4, 3)),
+        (0, 5, None, (5, 0.0, 0.0, 1)),  # no GPUs: one shard per policy, on the CPU
+        (4, 10, 8, (8, 0.5, 0.4, 2)),  # more shards than GPUs: each gets a fraction
+        (1, 4, 2, (2, 0.5, 0.25, 2)),
+        (2, 5, 5, (5, 0.4, 0.4, 1)),
+        (8, 3, 2, (2, 4.0, 2.0, 2)),  # 4 / 1.5 = 2.667 GPUs per policy floored to whole GPUs
+        (0.5, 3, None, (1, 0.5, 0.1666, 3)),  # under one GPU: one shard with the fraction
+    ],
+)
 def test_shard_plan_matches_hand_computed_values(gpus, policies, shards, expect):
     plan = shard_plan(gpus, policies, shards)
-    assert (plan.num_shards, plan.gpus_per_shard, plan.gpus_per_policy, plan.policies_per_shard) == \
-        pytest.approx(expect)
+    assert (plan.num_shards, plan.gpus_per_shard, plan.gpus_per_policy, plan.policies_per_shard) == pytest.approx(
+        expect
+    )
     caps = plan.shard_capacities()
     assert len(caps) == plan.num_shards and sum(caps) == policies and max(caps) == plan.policies_per_shard
 
@@ -74,11 +78,19 @@ def test_shard_capacities_spread_the_policies_evenly():
     assert shard_plan(0, 3).shard_capacities() == [1, 1, 1]
 
 
-@pytest.mark.parametrize("args, named", [
-    ((-1, 4), "num_gpus=-1"), ((math.nan, 4), "num_gpus=nan"), (("2", 4), "num_gpus='2'"),
-    ((2, 0), "max_policies=0"), ((2, 2.5), "max_policies=2.5"),
-    ((2, 4, 0), "num_shards=0"), ((2, 4, 5), "num_shards=5"), ((2, 4, 1.5), "num_shards=1.5"),
-])
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        ((-1, 4), "num_gpus=-1"),
+        ((math.nan, 4), "num_gpus=nan"),
+        (("2", 4), "num_gpus='2'"),
+        ((2, 0), "max_policies=0"),
+        ((2, 2.5), "max_policies=2.5"),
+        ((2, 4, 0), "num_shards=0"),
+        ((2, 4, 5), "num_shards=5"),
+        ((2, 4, 1.5), "num_shards=1.5"),
+    ],
+)
 def test_bad_shard_plan_input_is_a_config_error_naming_the_value(args, named):
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
         shard_plan(*args)
@@ -146,13 +158,16 @@ def test_batch_replay_waiting_batches_are_bounded_and_ratio_one_only_replays():
 
 
 # ---- devices ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("gpus, policies, shards, expect", [
-    (0, 3, None, ["cpu", "cpu", "cpu"]),
-    (2, 4, None, ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]),  # 2 shards x 2 slots, half a GPU each
-    (4, 10, None, ["cuda:0"] * 3 + ["cuda:1"] * 3 + ["cuda:2"] * 2 + ["cuda:3"] * 2),
-    (8, 3, 2, ["cuda:0", "cuda:2", "cuda:4"]),  # 4 GPUs per shard, 2 per policy: a slot starts at its own GPUs
-    (1, 4, 2, ["cuda:0"] * 4),  # one GPU shared by both shards
-])
+@pytest.mark.parametrize(
+    "gpus, policies, shards, expect",
+    [
+        (0, 3, None, ["cpu", "cpu", "cpu"]),
+        (2, 4, None, ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]),  # 2 shards x 2 slots, half a GPU each
+        (4, 10, None, ["cuda:0"] * 3 + ["cuda:1"] * 3 + ["cuda:2"] * 2 + ["cuda:3"] * 2),
+        (8, 3, 2, ["cuda:0", "cuda:2", "cuda:4"]),  # 4 GPUs per shard, 2 per policy: a slot starts at its own GPUs
+        (1, 4, 2, ["cuda:0"] * 4),  # one GPU shared by both shards
+    ],
+)
 def test_each_slot_trains_on_the_gpu_its_shard_was_given(gpus, policies, shards, expect):
     plan = shard_plan(gpus, policies, shards)
     got = [plan.slot_device(s, j) for s, cap in enumerate(plan.shard_capacities()) for j in range(cap)]
@@ -179,8 +194,9 @@ def test_in_process_learners_get_their_slots_device_and_a_missing_gpu_is_a_confi
             resolve_learner_device("cuda:1")
 
 
-@pytest.mark.parametrize("gpu_id, visible, index", [
-    (3, "3", 0), ("5", "2,5", 1), (1, None, 1), (2, "", 2), (4, "0,1", 4)])
+@pytest.mark.parametrize(
+    "gpu_id, visible, index", [(3, "3", 0), ("5", "2,5", 1), (1, None, 1), (2, "", 2), (4, "0,1", 4)]
+)
 def test_a_ray_assigned_gpu_id_maps_to_its_torch_index(gpu_id, visible, index):
     from shoal.runtime import cuda_index
 
@@ -212,8 +228,9 @@ def test_slots_first_free_full_error_remove_and_reuse_in_process():
 
 
 def test_in_process_learners_learn_from_their_shards_replay():
-    dl = DistributedLearners(PolicyLearner, BatchReplay, shard_plan(0, 2), remote=False,
-                             replay_kwargs={"capacity": 8, "replay_ratio": 0.5})
+    dl = DistributedLearners(
+        PolicyLearner, BatchReplay, shard_plan(0, 2), remote=False, replay_kwargs={"capacity": 8, "replay_ratio": 0.5}
+    )
     for pid in ("a", "b"):
         dl.add_policy(pid, *CTOR)
     assert dl.get_replay_actor("a") is not dl.get_replay_actor("b")  # one shard each
@@ -223,7 +240,7 @@ def test_in_process_learners_learn_from_their_shards_replay():
     for it in range(60):
         proxies["a"].add_batch("a", regression_batch(seed=it))
         assert dl.submit("a", "learn") and not dl.submit("a", "learn")  # one request in flight at most
-        (pid, stats), = dl.fetch_ready()
+        ((pid, stats),) = dl.fetch_ready()
         assert pid == "a"
         losses.append(stats["loss"])
     assert losses[-1] < 0.2 * losses[0]
@@ -244,9 +261,16 @@ def _same(a: dict, b: dict) -> bool:
 def test_ray_learner_restarts_from_latest_weights_and_slots_stay_on_the_shard_node(ray_cluster):
     import ray
 
-    dl = DistributedLearners(PolicyLearner, BatchReplay, shard_plan(0, 2), remote=True,
-                             replay_kwargs={"capacity": 4, "replay_ratio": 0.5}, replay_num_cpus=0.1,
-                             policy_num_cpus=0.1, max_restarts=3)
+    dl = DistributedLearners(
+        PolicyLearner,
+        BatchReplay,
+        shard_plan(0, 2),
+        remote=True,
+        replay_kwargs={"capacity": 4, "replay_ratio": 0.5},
+        replay_num_cpus=0.1,
+        policy_num_cpus=0.1,
+        max_restarts=3,
+    )
     try:
         for pid in ("a", "b"):
             dl.add_policy(pid, *CTOR)
@@ -297,8 +321,14 @@ def test_ray_learner_restarts_from_latest_weights_and_slots_stay_on_the_shard_no
 def test_policy_learners_sit_on_their_replay_actors_node_in_a_three_node_cluster():
     """In its own process: a ``ray.cluster_utils.Cluster`` needs its own Ray instance."""
     path = os.pathsep.join(p for p in (str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH")) if p)
-    proc = subprocess.run([sys.executable, str(HERE / "dlearners_multinode.py")], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONPATH": path}, cwd=HERE.parent)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "dlearners_multinode.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": path},
+        cwd=HERE.parent,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     out = json.loads(lines[-1])

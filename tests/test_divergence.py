@@ -17,8 +17,14 @@ from shoal.errors import ConfigError, DivergenceError
 from shoal.learn import Learner
 from shoal.learn.threads import BackgroundThread
 
-SMALL = dict(env="CartPole-v1", train_batch_size=128, minibatch_size=64, num_sgd_iter=1, seed=0,
-             resources={"num_envs_per_worker": 2})
+SMALL = dict(
+    env="CartPole-v1",
+    train_batch_size=128,
+    minibatch_size=64,
+    num_sgd_iter=1,
+    seed=0,
+    resources={"num_envs_per_worker": 2},
+)
 
 
 def _learner(poison: list[bool], **kw) -> Learner:
@@ -102,7 +108,10 @@ def test_thread_divergence_reaches_the_driver_as_itself():
 
 
 def test_checkpoint_refuses_nonfinite_weights(tmp_path):
-    state = {"learner": {"module": {"w": torch.tensor([1.0, float("nan")])}}, "replay": {"obs": torch.tensor([math.inf])}}
+    state = {
+        "learner": {"module": {"w": torch.tensor([1.0, float("nan")])}},
+        "replay": {"obs": torch.tensor([math.inf])},
+    }
     assert ckpt.nonfinite_tensor(state) == "learner.module.w"
     with pytest.raises(DivergenceError, match="learner.module.w"):
         ckpt.save_checkpoint(tmp_path / "c", state, {"algo": "ppo"})
@@ -118,7 +127,6 @@ def test_infinite_lr_is_a_config_error():
         PPOConfig(env="CartPole-v1", lr_schedule=[[0, 1e-3], [100, math.inf]])
 
 
-
 def test_cli_lr_inf_exits_2(tmp_path):
     r = invoke("train", "ppo", "--env", "CartPole-v1", "--set", "lr=inf", "--stop-iters", 2, "-q", "--out", tmp_path)
     assert r.exit_code == 2 and "lr" in r.output and "finite" in r.output and "Traceback" not in r.output
@@ -127,9 +135,33 @@ def test_cli_lr_inf_exits_2(tmp_path):
 def test_cli_divergence_mid_run_exits_2_and_keeps_finite_checkpoints(tmp_path):
     # lr jumps to 1e30 after 300 env steps: iterations 1 and 2 (128 steps each) learn, iteration 3 diverges
     schedule = "lr_schedule=[[0, 0.001], [300, 0.001], [301, 1.0e+30]]"
-    r = invoke("train", "ppo", "--env", "CartPole-v1", "--set", "train_batch_size=128", "--set", "minibatch_size=64",
-               "--set", "num_sgd_iter=2", "--set", schedule, "--set", "max_nonfinite_updates=3", "--seed", 0,
-               "--envs-per-worker", 2, "--stop-iters", 6, "--checkpoint-every", 1, "-q", "--out", tmp_path)
+    r = invoke(
+        "train",
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--set",
+        "train_batch_size=128",
+        "--set",
+        "minibatch_size=64",
+        "--set",
+        "num_sgd_iter=2",
+        "--set",
+        schedule,
+        "--set",
+        "max_nonfinite_updates=3",
+        "--seed",
+        0,
+        "--envs-per-worker",
+        2,
+        "--stop-iters",
+        6,
+        "--checkpoint-every",
+        1,
+        "-q",
+        "--out",
+        tmp_path,
+    )
     out = " ".join(r.output.split())
     assert r.exit_code == 2, r.output
     assert "Training diverged in iteration 3" in out and "lr 1e+30" in out and "Traceback" not in out
@@ -147,8 +179,15 @@ def test_dqn_skipped_updates_leave_the_priorities_alone():
     """A skipped update's TD errors are NaN: they must not reach the prioritized replay (it refuses NaN)."""
     from shoal import DQNConfig
 
-    cfg = DQNConfig(env="CartPole-v1", seed=0, lr=1e30, learning_starts=64, train_batch_size=32,
-                    max_nonfinite_updates=3, resources={"num_envs_per_worker": 2})
+    cfg = DQNConfig(
+        env="CartPole-v1",
+        seed=0,
+        lr=1e30,
+        learning_starts=64,
+        train_batch_size=32,
+        max_nonfinite_updates=3,
+        resources={"num_envs_per_worker": 2},
+    )
     with cfg.build() as algo:
         with pytest.raises(DivergenceError, match="3 learner updates in a row"):
             for _ in range(50):
@@ -159,8 +198,15 @@ def test_dqn_skipped_updates_leave_the_priorities_alone():
 def test_impala_learner_thread_divergence_stops_the_run_as_itself():
     from shoal import IMPALAConfig
 
-    cfg = IMPALAConfig(env="CartPole-v1", seed=0, lr=1e30, max_nonfinite_updates=3, rollout_fragment_length=16,
-                       train_batch_size=64, resources={"num_envs_per_worker": 4})
+    cfg = IMPALAConfig(
+        env="CartPole-v1",
+        seed=0,
+        lr=1e30,
+        max_nonfinite_updates=3,
+        rollout_fragment_length=16,
+        train_batch_size=64,
+        resources={"num_envs_per_worker": 4},
+    )
     with cfg.build() as algo:
         with pytest.raises(DivergenceError, match=r"Training diverged in iteration \d+: .*3 learner updates in a row"):
             for _ in range(30):
@@ -170,10 +216,20 @@ def test_impala_learner_thread_divergence_stops_the_run_as_itself():
 def test_league_policy_learner_counts_and_stops_on_divergence():
     from shoal.algorithms.alpha_star import AlphaStarConfig
 
-    cfg = AlphaStarConfig(env="pettingzoo.classic:tictactoe_v3", seed=0, rollout_fragment_length=8,
-                          train_batch_size=64, min_time_s_per_iteration=0.0, league="no_league",
-                          max_num_policies_to_train=1, model={"hiddens": [16]}, lr=1e30, max_nonfinite_updates=6,
-                          num_sgd_iter=1, resources={"num_envs_per_worker": 4})
+    cfg = AlphaStarConfig(
+        env="pettingzoo.classic:tictactoe_v3",
+        seed=0,
+        rollout_fragment_length=8,
+        train_batch_size=64,
+        min_time_s_per_iteration=0.0,
+        league="no_league",
+        max_num_policies_to_train=1,
+        model={"hiddens": [16]},
+        lr=1e30,
+        max_nonfinite_updates=6,
+        num_sgd_iter=1,
+        resources={"num_envs_per_worker": 4},
+    )
     counts = []
     with cfg.build() as algo:
         with pytest.raises(DivergenceError, match="6 learner updates in a row"):

@@ -48,14 +48,9 @@ def _n_step_case():
     col 2: truncated at step 1; step 2 is the reset step; steps 3..5 the new episode.
     col 3: terminates at step 5, the fragment's last step.
     """
-    rewards = np.array([
-        [1, 1, 1, 1],
-        [2, 2, 2, 2],
-        [3, 3, 100, 3],
-        [4, 100, 4, 4],
-        [5, 5, 8, 5],
-        [6, 6, 16, 6],
-    ], dtype=np.float32)
+    rewards = np.array(
+        [[1, 1, 1, 1], [2, 2, 2, 2], [3, 3, 100, 3], [4, 100, 4, 4], [5, 5, 8, 5], [6, 6, 16, 6]], dtype=np.float32
+    )
     terminateds = np.zeros((6, 4), dtype=bool)
     truncateds = np.zeros((6, 4), dtype=bool)
     valid = np.ones((6, 4), dtype=bool)
@@ -71,44 +66,48 @@ def test_n_step_targets_hand_computed():
     rewards, terms, truncs, valid = _n_step_case()
     ret, disc, term, nxt = n_step_targets(rewards, terms, terms | truncs, valid, n=3, gamma=0.5)
     I = None  # noqa: E741  (invalid (reset) row: only its return is specified (zero)
-    exp_ret = np.array([
-        # col 0: 1+.5*2+.25*3 | col 1: 1+.5*2+.25*3 (term at 2) | col 2: 1+.5*2 (trunc at 1) | col 3: like col 0
-        [2.75, 2.75, 2.0, 2.75],
-        # col 0: 2+.5*3+.25*4 | col 1: 2+.5*3 (stops at term) | col 2: 2 (truncated step itself) | col 3: 2+1.5+1
-        [4.5, 3.5, 2.0, 4.5],
-        # col 0: 3+.5*4+.25*5 | col 1: 3 (the terminating step) | col 2: reset row | col 3: 3+2+1.25
-        [6.25, 3.0, 0.0, 6.25],
-        # col 0: 4+.5*5+.25*6 | col 1: reset row | col 2: 4+.5*8+.25*16 | col 3: 4+.5*5+.25*6 (term at 5)
-        [8.0, 0.0, 12.0, 8.0],
-        # fragment end: 5+.5*6 (k=2) | col 1: 5+.5*6 | col 2: 8+.5*16 | col 3: 5+.5*6 (term at 5)
-        [8.0, 8.0, 16.0, 8.0],
-        # fragment end: 6 (k=1) | 6 | 16 | 6 (terminating step)
-        [6.0, 6.0, 16.0, 6.0],
-    ], dtype=np.float32)
-    exp_disc = np.array([  # gamma ** k for the k rewards summed
-        [0.125, 0.125, 0.25, 0.125],
-        [0.125, 0.25, 0.5, 0.125],
-        [0.125, 0.5, I, 0.125],
-        [0.125, I, 0.125, 0.125],
-        [0.25, 0.25, 0.25, 0.25],
-        [0.5, 0.5, 0.5, 0.5],
-    ], dtype=object)
-    exp_term = np.array([
-        [F, T_, F, F],
-        [F, T_, F, F],
-        [F, T_, I, F],
-        [F, I, F, T_],
-        [F, F, F, T_],
-        [F, F, F, T_],
-    ], dtype=object)
-    exp_next = np.array([  # the obs row after the last summed step (truncation: the final obs row)
-        [3, 3, 2, 3],
-        [4, 3, 2, 4],
-        [5, 3, I, 5],
-        [6, I, 6, 6],
-        [6, 6, 6, 6],
-        [6, 6, 6, 6],
-    ], dtype=object)
+    exp_ret = np.array(
+        [
+            # col 0: 1+.5*2+.25*3 | col 1: 1+.5*2+.25*3 (term at 2) | col 2: 1+.5*2 (trunc at 1) | col 3: like col 0
+            [2.75, 2.75, 2.0, 2.75],
+            # col 0: 2+.5*3+.25*4 | col 1: 2+.5*3 (stops at term) | col 2: 2 (truncated step itself) | col 3: 2+1.5+1
+            [4.5, 3.5, 2.0, 4.5],
+            # col 0: 3+.5*4+.25*5 | col 1: 3 (the terminating step) | col 2: reset row | col 3: 3+2+1.25
+            [6.25, 3.0, 0.0, 6.25],
+            # col 0: 4+.5*5+.25*6 | col 1: reset row | col 2: 4+.5*8+.25*16 | col 3: 4+.5*5+.25*6 (term at 5)
+            [8.0, 0.0, 12.0, 8.0],
+            # fragment end: 5+.5*6 (k=2) | col 1: 5+.5*6 | col 2: 8+.5*16 | col 3: 5+.5*6 (term at 5)
+            [8.0, 8.0, 16.0, 8.0],
+            # fragment end: 6 (k=1) | 6 | 16 | 6 (terminating step)
+            [6.0, 6.0, 16.0, 6.0],
+        ],
+        dtype=np.float32,
+    )
+    exp_disc = np.array(
+        [  # gamma ** k for the k rewards summed
+            [0.125, 0.125, 0.25, 0.125],
+            [0.125, 0.25, 0.5, 0.125],
+            [0.125, 0.5, I, 0.125],
+            [0.125, I, 0.125, 0.125],
+            [0.25, 0.25, 0.25, 0.25],
+            [0.5, 0.5, 0.5, 0.5],
+        ],
+        dtype=object,
+    )
+    exp_term = np.array(
+        [[F, T_, F, F], [F, T_, F, F], [F, T_, I, F], [F, I, F, T_], [F, F, F, T_], [F, F, F, T_]], dtype=object
+    )
+    exp_next = np.array(
+        [  # the obs row after the last summed step (truncation: the final obs row)
+            [3, 3, 2, 3],
+            [4, 3, 2, 4],
+            [5, 3, I, 5],
+            [6, I, 6, 6],
+            [6, 6, 6, 6],
+            [6, 6, 6, 6],
+        ],
+        dtype=object,
+    )
     np.testing.assert_allclose(ret, exp_ret, rtol=0, atol=1e-6)
     for t in range(6):
         for i in range(4):
@@ -138,8 +137,9 @@ def test_q_td_errors_hand_case():
     # 0.5 + .25*max(1,3) - 1 = 0.25 | 1 + .5*max(4,2) - 2 = 1.0 | terminated: 2 - 0.5 = 1.5 (q_next ignored)
     np.testing.assert_allclose(td, [0.25, 1.0, 1.5], atol=1e-7)
     # sign: the error is absolute (target below q_sa)
-    assert q_td_errors(np.array([5.0]), np.array([[1.0, 0.0]]), np.array([1.0]), np.array([0.5]),
-                       np.array([False]))[0] == pytest.approx(3.5)  # |1 + .5*1 - 5|
+    assert q_td_errors(np.array([5.0]), np.array([[1.0, 0.0]]), np.array([1.0]), np.array([0.5]), np.array([False]))[
+        0
+    ] == pytest.approx(3.5)  # |1 + .5*1 - 5|
 
 
 # ---- targets and loss -------------------------------------------------------------------
@@ -186,18 +186,21 @@ def _hand_batch(weights: bool = True) -> dict:
 # next: online Q = [[4,1],[0,2]] (argmax 0, 1); target Q = [[2*1, 4], [2*2, 0]] = [[2,4],[4,0]]
 # double targets: .5 + .5*2 = 1.5, .5 + .25*0 = 0.5  -> td = [2-1.5, 3-.5] = [0.5, 2.5]
 # plain targets:  .5 + .5*4 = 2.5, .5 + .25*4 = 1.5  -> td = [2-2.5, 3-1.5] = [-0.5, 1.5]
-@pytest.mark.parametrize("double_q, td_loss, weights, exp_loss, exp_td", [
-    # 0.5*[.25, 6.25] = [.125, 3.125]; * [2, .5] = [.25, 1.5625]; mean 0.90625
-    (True, "mse", True, 0.90625, [0.5, 2.5]),
-    # huber(delta 1): .5*.5**2 = .125; 1*(2.5 - .5) = 2.0; * [2, .5] = [.25, 1.0]; mean 0.625
-    (True, "huber", True, 0.625, [0.5, 2.5]),
-    # unweighted mse: (.125 + 3.125) / 2 = 1.625
-    (True, "mse", False, 1.625, [0.5, 2.5]),
-    # plain max: 0.5*[.25, 2.25] = [.125, 1.125]; * [2, .5] = [.25, .5625]; mean 0.40625
-    (False, "mse", True, 0.40625, [-0.5, 1.5]),
-    # plain huber: [.125, 1*(1.5-.5)=1.0] * [2, .5] = [.25, .5]; mean 0.375
-    (False, "huber", True, 0.375, [-0.5, 1.5]),
-])
+@pytest.mark.parametrize(
+    "double_q, td_loss, weights, exp_loss, exp_td",
+    [
+        # 0.5*[.25, 6.25] = [.125, 3.125]; * [2, .5] = [.25, 1.5625]; mean 0.90625
+        (True, "mse", True, 0.90625, [0.5, 2.5]),
+        # huber(delta 1): .5*.5**2 = .125; 1*(2.5 - .5) = 2.0; * [2, .5] = [.25, 1.0]; mean 0.625
+        (True, "huber", True, 0.625, [0.5, 2.5]),
+        # unweighted mse: (.125 + 3.125) / 2 = 1.625
+        (True, "mse", False, 1.625, [0.5, 2.5]),
+        # plain max: 0.5*[.25, 2.25] = [.125, 1.125]; * [2, .5] = [.25, .5625]; mean 0.40625
+        (False, "mse", True, 0.40625, [-0.5, 1.5]),
+        # plain huber: [.125, 1*(1.5-.5)=1.0] * [2, .5] = [.25, .5]; mean 0.375
+        (False, "huber", True, 0.375, [-0.5, 1.5]),
+    ],
+)
 def test_dqn_loss_hand_network(double_q, td_loss, weights, exp_loss, exp_td):
     cfg = DQNConfig(env="CartPole-v1", double_q=double_q, td_loss=td_loss, huber_delta=1.0)
     module = _hand_module()
@@ -277,16 +280,18 @@ def test_update_target_copies_q_network_exactly():
 
 # ---- learn_on_replay_batch --------------------------------------------------------------
 def _random_replay_batch(rng: np.random.Generator, n: int) -> Batch:
-    return Batch({
-        Col.OBS: rng.normal(size=(n, 4)).astype(np.float32),
-        Col.ACTIONS: rng.integers(0, 2, n),
-        Col.REWARDS: rng.normal(size=n).astype(np.float32),
-        Col.NEXT_OBS: rng.normal(size=(n, 4)).astype(np.float32),
-        Col.TERMINATEDS: rng.random(n) < 0.3,
-        Col.DISCOUNTS: np.full(n, 0.125, np.float32),
-        Col.WEIGHTS: rng.uniform(0.5, 1.0, n).astype(np.float32),
-        Col.INDICES: np.arange(n),
-    })
+    return Batch(
+        {
+            Col.OBS: rng.normal(size=(n, 4)).astype(np.float32),
+            Col.ACTIONS: rng.integers(0, 2, n),
+            Col.REWARDS: rng.normal(size=n).astype(np.float32),
+            Col.NEXT_OBS: rng.normal(size=(n, 4)).astype(np.float32),
+            Col.TERMINATEDS: rng.random(n) < 0.3,
+            Col.DISCOUNTS: np.full(n, 0.125, np.float32),
+            Col.WEIGHTS: rng.uniform(0.5, 1.0, n).astype(np.float32),
+            Col.INDICES: np.arange(n),
+        }
+    )
 
 
 def test_learn_on_replay_batch_target_updates_and_priorities():
@@ -306,8 +311,13 @@ def test_learn_on_replay_batch_target_updates_and_priorities():
         with torch.no_grad():  # the TD error the update will see, from the weights before it
             t = batch.to_torch(exclude=(Col.INDICES,))
             q_sa = module.q(t[Col.OBS]).gather(1, t[Col.ACTIONS].long().unsqueeze(1)).squeeze(1)
-            target = q_targets(t[Col.REWARDS], t[Col.DISCOUNTS], t[Col.TERMINATEDS], module.target(t[Col.NEXT_OBS]),
-                               module.q(t[Col.NEXT_OBS]))
+            target = q_targets(
+                t[Col.REWARDS],
+                t[Col.DISCOUNTS],
+                t[Col.TERMINATEDS],
+                module.target(t[Col.NEXT_OBS]),
+                module.q(t[Col.NEXT_OBS]),
+            )
             expected_prio = (q_sa - target).abs().numpy()
         prio, stats = learn_on_replay_batch(learner, batch)
         np.testing.assert_allclose(prio, expected_prio, rtol=1e-5, atol=1e-6)
@@ -337,9 +347,9 @@ def test_learn_on_replay_batch_soft_update_blends():
 # ---- epsilon ----------------------------------------------------------------------------
 def test_apex_epsilon_values():
     assert apex_epsilon(0, 3) == pytest.approx(0.4)  # 0.4 ** (1 + 7*0/2)
-    assert apex_epsilon(1, 3) == pytest.approx(0.4 ** 4.5)  # 0.4 ** (1 + 7/2) ~= 0.01619
+    assert apex_epsilon(1, 3) == pytest.approx(0.4**4.5)  # 0.4 ** (1 + 7/2) ~= 0.01619
     assert apex_epsilon(1, 3) == pytest.approx(0.016190, abs=1e-6)
-    assert apex_epsilon(2, 3) == pytest.approx(0.4 ** 8)  # 0.4 ** (1 + 14/2) ~= 0.000655
+    assert apex_epsilon(2, 3) == pytest.approx(0.4**8)  # 0.4 ** (1 + 14/2) ~= 0.000655
     assert apex_epsilon(2, 3) == pytest.approx(0.00065536, abs=1e-9)
     assert apex_epsilon(0, 1) == pytest.approx(0.4)  # a single actor explores with the base
     assert apex_epsilon(0, 2, base=0.5, alpha=1.0) == pytest.approx(0.5)
@@ -347,10 +357,11 @@ def test_apex_epsilon_values():
 
 
 def test_apex_runner_epsilons_per_worker():
-    cfg = ApeXConfig(env="CartPole-v1", seed=0, model={"hiddens": [8]},
-                     resources={"num_workers": 3, "num_envs_per_worker": 1})
+    cfg = ApeXConfig(
+        env="CartPole-v1", seed=0, model={"hiddens": [8]}, resources={"num_workers": 3, "num_envs_per_worker": 1}
+    )
     post = functools.partial(n_step_postprocess, n_step=cfg.n_step, gamma=cfg.gamma, priorities=True)
-    expected = {1: 0.4, 2: 0.4 ** 4.5, 3: 0.4 ** 8}
+    expected = {1: 0.4, 2: 0.4**4.5, 3: 0.4**8}
     for i, eps in expected.items():
         runner = ApeXRunner(cfg, i, EpsilonGreedyQPolicy, post, 8)
         try:
@@ -362,13 +373,14 @@ def test_apex_runner_epsilons_per_worker():
 
 
 def test_apex_runner_driver_spreads_epsilon_over_envs():
-    cfg = ApeXConfig(env="CartPole-v1", seed=0, model={"hiddens": [8]},
-                     resources={"num_workers": 0, "num_envs_per_worker": 4})
+    cfg = ApeXConfig(
+        env="CartPole-v1", seed=0, model={"hiddens": [8]}, resources={"num_workers": 0, "num_envs_per_worker": 4}
+    )
     post = functools.partial(n_step_postprocess, n_step=3, gamma=0.5, priorities=True)
     runner = ApeXRunner(cfg, 0, EpsilonGreedyQPolicy, post, 8)
     try:
         # 0.4 ** (1 + 7 j / 3) for j = 0..3
-        np.testing.assert_allclose(runner.policy.epsilon, [0.4, 0.4 ** (10 / 3), 0.4 ** (17 / 3), 0.4 ** 8])
+        np.testing.assert_allclose(runner.policy.epsilon, [0.4, 0.4 ** (10 / 3), 0.4 ** (17 / 3), 0.4**8])
         shard = ReplayShard(100, prioritized=True, seed=0)
         runner.set_shards([shard])
         metrics = runner.sample_into_replay()
@@ -385,9 +397,16 @@ def test_apex_small_machine_preset_validates():
 
 
 def test_dqn_iterations_sample_a_thousand_steps_and_report_epsilon():
-    cfg = DQNConfig(env="CartPole-v1", exploration_initial_eps=1.0, exploration_final_eps=0.1,
-                    exploration_timesteps=4000, learning_starts=500, model={"hiddens": [8]}, seed=0,
-                    resources={"num_workers": 0, "num_envs_per_worker": 2})
+    cfg = DQNConfig(
+        env="CartPole-v1",
+        exploration_initial_eps=1.0,
+        exploration_final_eps=0.1,
+        exploration_timesteps=4000,
+        learning_starts=500,
+        model={"hiddens": [8]},
+        seed=0,
+        resources={"num_workers": 0, "num_envs_per_worker": 2},
+    )
     with cfg.build() as algo:
         first, second = algo.train(), algo.train()
         for r in (first, second):
@@ -398,8 +417,13 @@ def test_dqn_iterations_sample_a_thousand_steps_and_report_epsilon():
 
 
 def test_dqn_epsilon_schedule_anneals_linearly():
-    cfg = DQNConfig(env="CartPole-v1", exploration_initial_eps=1.0, exploration_final_eps=0.1,
-                    exploration_timesteps=1000, model={"hiddens": [8]})
+    cfg = DQNConfig(
+        env="CartPole-v1",
+        exploration_initial_eps=1.0,
+        exploration_final_eps=0.1,
+        exploration_timesteps=1000,
+        model={"hiddens": [8]},
+    )
     assert cfg.epsilon_schedule() == [(0, 1.0), (1000, 0.1)]
     policy = EpsilonGreedyQPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), cfg, seed=0)
     assert policy.epsilon == pytest.approx(1.0)
@@ -437,8 +461,9 @@ def test_epsilon_greedy_action_frequencies():
 
 # ---- worker-side n-step postprocessing on a real fragment -------------------------------
 def test_n_step_postprocess_real_fragment():
-    cfg = DQNConfig(env="CartPole-v1", gamma=0.5, n_step=3, seed=0, model={"hiddens": [16]},
-                    resources={"num_envs_per_worker": 2})
+    cfg = DQNConfig(
+        env="CartPole-v1", gamma=0.5, n_step=3, seed=0, model={"hiddens": [16]}, resources={"num_envs_per_worker": 2}
+    )
     fragments = []
 
     def post(fragment):
@@ -467,15 +492,15 @@ def test_n_step_postprocess_real_fragment():
                 # scalar reference: sum until the episode or the fragment ends, at most 3 rewards
                 ret, k, last = 0.0, 0, t
                 for j in range(t, min(t + 3, T)):
-                    ret += 0.5 ** k * frag.rewards[j, i]
+                    ret += 0.5**k * frag.rewards[j, i]
                     k, last = k + 1, j
                     if dones[j, i]:
                         break
                 assert batch[Col.REWARDS][row] == pytest.approx(ret)
-                assert batch[Col.DISCOUNTS][row] == pytest.approx(0.5 ** k)
+                assert batch[Col.DISCOUNTS][row] == pytest.approx(0.5**k)
                 assert bool(batch[Col.TERMINATEDS][row]) == bool(frag.terminateds[last, i])
                 np.testing.assert_array_equal(batch[Col.NEXT_OBS][row], frag.obs[last + 1, i])
-                if t + 3 <= T and not dones[t:t + 3, i].any():
+                if t + 3 <= T and not dones[t : t + 3, i].any():
                     far_rows += 1  # not near an episode end: the observation 3 steps later, same env
                     np.testing.assert_array_equal(batch[Col.NEXT_OBS][row], frag.obs[t + 3, i])
                     assert batch[Col.REWARDS][row] == pytest.approx(1.75)  # CartPole: 1 + .5 + .25
@@ -496,15 +521,16 @@ def test_n_step_postprocess_real_fragment():
 
 # ---- config -----------------------------------------------------------------------------
 def test_beta_annealing():
-    cfg = DQNConfig(env="CartPole-v1", prioritized_replay_beta=0.4, final_prioritized_replay_beta=1.0,
-                    beta_annealing_steps=1000)
+    cfg = DQNConfig(
+        env="CartPole-v1", prioritized_replay_beta=0.4, final_prioritized_replay_beta=1.0, beta_annealing_steps=1000
+    )
     assert cfg.beta(0) == pytest.approx(0.4)
     assert cfg.beta(500) == pytest.approx(0.7)  # 0.4 + 0.5 * (1 - 0.4)
     assert cfg.beta(1000) == pytest.approx(1.0)
     assert cfg.beta(10_000) == pytest.approx(1.0)
     # Ape-X keeps beta fixed by default
     apex = ApeXConfig(env="CartPole-v1")
-    assert apex.beta(0) == pytest.approx(0.4) and apex.beta(10 ** 9) == pytest.approx(0.4)
+    assert apex.beta(0) == pytest.approx(0.4) and apex.beta(10**9) == pytest.approx(0.4)
 
 
 def test_config_errors():
@@ -527,10 +553,18 @@ def test_dqn_rejects_continuous_actions():
 
 # ---- in-process DQN smoke ---------------------------------------------------------------
 def test_dqn_smoke_and_checkpoint_with_replay(tmp_path):
-    cfg = DQNConfig(env="CartPole-v1", learning_starts=200, min_env_steps_per_iteration=256, seed=0,
-                    train_batch_size=32, training_intensity=2.0, target_network_update_freq=256,
-                    checkpoint_replay=True, model={"hiddens": [32, 32]},
-                    resources={"num_envs_per_worker": 8})
+    cfg = DQNConfig(
+        env="CartPole-v1",
+        learning_starts=200,
+        min_env_steps_per_iteration=256,
+        seed=0,
+        train_batch_size=32,
+        training_intensity=2.0,
+        target_network_update_freq=256,
+        checkpoint_replay=True,
+        model={"hiddens": [32, 32]},
+        resources={"num_envs_per_worker": 8},
+    )
     algo = cfg.build()
     algo2 = None
     try:
@@ -555,8 +589,10 @@ def test_dqn_smoke_and_checkpoint_with_replay(tmp_path):
         assert algo2.replay.stats()["size"] == algo.replay.stats()["size"] == sizes[-1]
         s1, s2 = algo.replay.get_state()["buffer"], algo2.replay.get_state()["buffer"]
         assert s1.keys() == s2.keys()
-        assert algo2.counters == algo.counters and \
-            (algo2.target.since_update, algo2.target.num_updates) == (algo.target.since_update, algo.target.num_updates)
+        assert algo2.counters == algo.counters and (algo2.target.since_update, algo2.target.num_updates) == (
+            algo.target.since_update,
+            algo.target.num_updates,
+        )
         w1, w2 = algo.learner.module.state_dict(), algo2.learner.module.state_dict()  # online and target
         assert w1.keys() == w2.keys()
         for k in w1:

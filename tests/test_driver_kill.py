@@ -25,8 +25,21 @@ from shoal.algorithms.base import Algorithm
 from shoal.app.trainer import newest_intact_checkpoint, resume
 
 REPO = Path(__file__).resolve().parent.parent
-PPO_ARGS = ["ppo", "--env", "CartPole-v1", "-w", "0", "--seed", "0", "--set", "train_batch_size=256",
-            "--set", "minibatch_size=128", "--set", "num_sgd_iter=2"]
+PPO_ARGS = [
+    "ppo",
+    "--env",
+    "CartPole-v1",
+    "-w",
+    "0",
+    "--seed",
+    "0",
+    "--set",
+    "train_batch_size=256",
+    "--set",
+    "minibatch_size=128",
+    "--set",
+    "num_sgd_iter=2",
+]
 UPDATES_PER_ITER = 4  # 256 / 128 minibatches x 2 epochs: Adam's step count is 4 x iteration
 
 
@@ -38,8 +51,14 @@ def _env(**extra: str) -> dict[str, str]:
 def _shoal(*args: str, pause: tuple[str, int, Path] | None = None, **env: str) -> subprocess.Popen:
     """``shoal *args`` as a subprocess; with ``pause=(stage, n, file)`` through tests/pause_driver.py."""
     start = ["-m", "shoal"] if pause is None else [str(REPO / "tests" / "pause_driver.py"), *map(str, pause)]
-    return subprocess.Popen([sys.executable, *start, *args], env=_env(**env), cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, *start, *args],
+        env=_env(**env),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_for(cond, proc: subprocess.Popen, what: str, timeout_s: float = 240.0):
@@ -50,8 +69,10 @@ def _wait_for(cond, proc: subprocess.Popen, what: str, timeout_s: float = 240.0)
         if got:
             return got
         if proc.poll() is not None:
-            pytest.fail(f"the driver exited (code {proc.returncode}) before {what}: "
-                        f"{proc.stderr.read()[-2000:] if proc.stderr else '(output in a file)'}")
+            pytest.fail(
+                f"the driver exited (code {proc.returncode}) before {what}: "
+                f"{proc.stderr.read()[-2000:] if proc.stderr else '(output in a file)'}"
+            )
         time.sleep(0.2)
     proc.kill()
     pytest.fail(f"timed out waiting for {what}")
@@ -60,8 +81,21 @@ def _wait_for(cond, proc: subprocess.Popen, what: str, timeout_s: float = 240.0)
 def _kill_at(tmp_path: Path, stage: str, n: int, args: list[str]) -> Path:
     """Run ``shoal train *args`` until its n-th save reaches ``stage``, SIGKILL it there; the run directory."""
     flag = tmp_path / "paused"
-    proc = _shoal("train", *args, "--no-stop-reward", "--stop-iters", "500", "--checkpoint-every", "1",
-                  "--keep-checkpoints", "2", "-q", "--out", str(tmp_path / "runs"), pause=(stage, n, flag))
+    proc = _shoal(
+        "train",
+        *args,
+        "--no-stop-reward",
+        "--stop-iters",
+        "500",
+        "--checkpoint-every",
+        "1",
+        "--keep-checkpoints",
+        "2",
+        "-q",
+        "--out",
+        str(tmp_path / "runs"),
+        pause=(stage, n, flag),
+    )
     try:
         _wait_for(flag.exists, proc, f"save stage '{stage}' #{n}")
     finally:
@@ -112,11 +146,13 @@ def _adam_step(state: dict) -> float:
 
 
 # stage, N, what the kill leaves in checkpoints/ (a regex of one directory name)
-KILLS = [("state", 4, r"\.(checkpoint_\d{6}|best)\.tmp-\w{8}"),  # state.pt written, meta.json not yet
-         ("complete", 3, r"\.(checkpoint_\d{6}|best)\.tmp-\w{8}"),  # the new one whole, not yet renamed
-         ("aside", 1, r"\.best\.old-\w{8}"),  # the old best moved aside, the new one not in place
-         ("replaced", 1, r"\.best\.old-\w{8}"),  # the new best in place, the old one not yet deleted
-         ("deleting", 1, r"\.checkpoint_000001\.del-\w{8}")]  # the oldest numbered one renamed for deletion
+KILLS = [
+    ("state", 4, r"\.(checkpoint_\d{6}|best)\.tmp-\w{8}"),  # state.pt written, meta.json not yet
+    ("complete", 3, r"\.(checkpoint_\d{6}|best)\.tmp-\w{8}"),  # the new one whole, not yet renamed
+    ("aside", 1, r"\.best\.old-\w{8}"),  # the old best moved aside, the new one not in place
+    ("replaced", 1, r"\.best\.old-\w{8}"),  # the new best in place, the old one not yet deleted
+    ("deleting", 1, r"\.checkpoint_000001\.del-\w{8}"),
+]  # the oldest numbered one renamed for deletion
 
 
 @pytest.mark.parametrize("stage,n,left", KILLS, ids=[k[0] for k in KILLS])
@@ -150,9 +186,27 @@ def test_ppo_driver_killed_while_saving_resumes_from_last_complete_checkpoint(tm
 
 
 def test_dqn_replay_survives_a_kill_inside_a_save(tmp_path):
-    args = ["dqn", "--env", "CartPole-v1", "-w", "0", "--seed", "0", "--set", "checkpoint_replay=true",
-            "--set", "min_env_steps_per_iteration=200", "--set", "learning_starts=100", "--set", "train_batch_size=32",
-            "--set", "replay_capacity=20000", "--set", "resources.num_envs_per_worker=2"]
+    args = [
+        "dqn",
+        "--env",
+        "CartPole-v1",
+        "-w",
+        "0",
+        "--seed",
+        "0",
+        "--set",
+        "checkpoint_replay=true",
+        "--set",
+        "min_env_steps_per_iteration=200",
+        "--set",
+        "learning_starts=100",
+        "--set",
+        "train_batch_size=32",
+        "--set",
+        "replay_capacity=20000",
+        "--set",
+        "resources.num_envs_per_worker=2",
+    ]
     run_dir = _kill_at(tmp_path, "state", 4, args)
     start = newest_intact_checkpoint(run_dir / "checkpoints")
     saved, _ = ckpt.load_checkpoint(start)
@@ -166,8 +220,10 @@ def test_dqn_replay_survives_a_kill_inside_a_save(tmp_path):
     new_rows = after["replay"]["buffer"]
     assert new_rows["added"] > rows["added"] and new_rows["size"] > rows["size"]
     for name, col in rows["columns"].items():  # the checkpoint's rows are still there, first
-        assert torch.equal(new_rows["columns"][name][:rows["size"]], col), name
-    assert float(after["learner"]["optimizer"]["state"][0]["step"]) > float(saved["learner"]["optimizer"]["state"][0]["step"])
+        assert torch.equal(new_rows["columns"][name][: rows["size"]], col), name
+    assert float(after["learner"]["optimizer"]["state"][0]["step"]) > float(
+        saved["learner"]["optimizer"]["state"][0]["step"]
+    )
 
 
 def test_a_checkpoint_being_deleted_is_never_listed_nor_put_back(tmp_path):
@@ -187,8 +243,15 @@ def _games(league: dict) -> int:
 
 
 def test_alpha_star_league_survives_a_kill_inside_a_save(tmp_path):
-    args = ["alpha_star", "-c", "examples/alpha_star_tictactoe.yaml", "--set", "min_time_s_per_iteration=0",
-            "--set", "resources.num_envs_per_worker=4"]
+    args = [
+        "alpha_star",
+        "-c",
+        "examples/alpha_star_tictactoe.yaml",
+        "--set",
+        "min_time_s_per_iteration=0",
+        "--set",
+        "resources.num_envs_per_worker=4",
+    ]
     run_dir = _kill_at(tmp_path, "complete", 3, args)
     start = newest_intact_checkpoint(run_dir / "checkpoints")
     saved, _ = ckpt.load_checkpoint(start)
@@ -234,8 +297,24 @@ def _cmdline(p: psutil.Process) -> str:
 
 
 def test_killed_driver_leaves_no_ray_process(tmp_path):
-    proc = _shoal("train", "ppo", "--env", "CartPole-v1", "-w", "2", "--no-stop-reward", "--stop-iters", "100000",
-                  "--set", "train_batch_size=256", "--set", "minibatch_size=128", "-q", "--out", str(tmp_path))
+    proc = _shoal(
+        "train",
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "-w",
+        "2",
+        "--no-stop-reward",
+        "--stop-iters",
+        "100000",
+        "--set",
+        "train_batch_size=256",
+        "--set",
+        "minibatch_size=128",
+        "-q",
+        "--out",
+        str(tmp_path),
+    )
     driver = psutil.Process(proc.pid)
 
     def two_actors_and_watchdog():

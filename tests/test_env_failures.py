@@ -12,8 +12,9 @@ from shoal.errors import EnvFailureError, NonFiniteEnvError
 from shoal.rollout.faults import EnvFaults
 
 ENV = "flaky_envs:FlakyCartPole"
-SMALL = dict(env=ENV, train_batch_size=64, minibatch_size=64, num_sgd_iter=1, seed=0,
-             resources={"num_envs_per_worker": 1})
+SMALL = dict(
+    env=ENV, train_batch_size=64, minibatch_size=64, num_sgd_iter=1, seed=0, resources={"num_envs_per_worker": 1}
+)
 
 
 def _config(tag: str, **env_config) -> PPOConfig:
@@ -33,7 +34,9 @@ def test_an_env_that_raises_once_is_recreated_and_counted():
 
 def test_a_run_of_failures_stops_with_the_envs_own_message():
     with pytest.raises(EnvFailureError) as info:
-        with PPOConfig(**SMALL, env_config={"tag": "always", "fail_at": 3}, max_consecutive_env_failures=4).build() as algo:
+        with PPOConfig(
+            **SMALL, env_config={"tag": "always", "fail_at": 3}, max_consecutive_env_failures=4
+        ).build() as algo:
             algo.train()
     msg = " ".join(str(info.value).split())
     assert "failed 4 times in a row" in msg and "boom at step 3: the simulator crashed" in msg
@@ -74,30 +77,77 @@ def test_nan_reward_and_inf_observation_are_reported():
 
 
 def test_nan_reward_from_a_multi_agent_env_is_reported():
-    cfg = PPOConfig(env="flaky_envs:nan_multi_cartpole", seed=0, rollout_fragment_length=10, minibatch_size=40,
-                    resources={"num_envs_per_worker": 2},
-                    multi_agent={"policies": {"p": None}, "policy_mapping": {"agent_0": "p", "agent_1": "p"}})
+    cfg = PPOConfig(
+        env="flaky_envs:nan_multi_cartpole",
+        seed=0,
+        rollout_fragment_length=10,
+        minibatch_size=40,
+        resources={"num_envs_per_worker": 2},
+        multi_agent={"policies": {"p": None}, "policy_mapping": {"agent_0": "p", "agent_1": "p"}},
+    )
     with pytest.raises(NonFiniteEnvError, match="returned a reward holding NaN or inf to an agent of policy 'p'"):
         with cfg.build() as algo:
             algo.train()
 
 
-
 def test_cli_env_that_fails_for_good_exits_2_with_a_checkpoint(tmp_path):
     # every env raises at its second step: nothing is ever sampled
-    r = invoke("train", "ppo", "--env", ENV, "--set", "env_config={tag: cli, fail_at: 2, healthy: 0}",
-               "--set", "train_batch_size=64", "--set", "minibatch_size=64", "--set", "num_sgd_iter=1",
-               "--envs-per-worker", 1, "--seed", 0, "--stop-iters", 3, "-q", "--out", tmp_path)
+    r = invoke(
+        "train",
+        "ppo",
+        "--env",
+        ENV,
+        "--set",
+        "env_config={tag: cli, fail_at: 2, healthy: 0}",
+        "--set",
+        "train_batch_size=64",
+        "--set",
+        "minibatch_size=64",
+        "--set",
+        "num_sgd_iter=1",
+        "--envs-per-worker",
+        1,
+        "--seed",
+        0,
+        "--stop-iters",
+        3,
+        "-q",
+        "--out",
+        tmp_path,
+    )
     out = " ".join(r.output.split())
     assert r.exit_code == 2, r.output
     assert "failed 5 times in a row" in out and "boom" in out and "Traceback" not in out
 
 
 def test_cli_env_failing_after_some_iterations_leaves_the_last_good_checkpoint(tmp_path):
-    r = invoke("train", "ppo", "--env", ENV, "--set", "env_config={tag: later, fail_at: 150, healthy: 0}",
-               "--set", "train_batch_size=64", "--set", "minibatch_size=64", "--set", "num_sgd_iter=1",
-               "--set", "max_consecutive_env_failures=1", "--envs-per-worker", 1, "--seed", 0, "--stop-iters", 10,
-               "--checkpoint-every", 100, "-q", "--out", tmp_path)
+    r = invoke(
+        "train",
+        "ppo",
+        "--env",
+        ENV,
+        "--set",
+        "env_config={tag: later, fail_at: 150, healthy: 0}",
+        "--set",
+        "train_batch_size=64",
+        "--set",
+        "minibatch_size=64",
+        "--set",
+        "num_sgd_iter=1",
+        "--set",
+        "max_consecutive_env_failures=1",
+        "--envs-per-worker",
+        1,
+        "--seed",
+        0,
+        "--stop-iters",
+        10,
+        "--checkpoint-every",
+        100,
+        "-q",
+        "--out",
+        tmp_path,
+    )
     out = " ".join(r.output.split())
     assert r.exit_code == 2, r.output
     # steps 1..149 are fine: iterations 1 and 2 (64 steps each) finish, iteration 3 meets the failure
@@ -107,8 +157,19 @@ def test_cli_env_failing_after_some_iterations_leaves_the_last_good_checkpoint(t
 
 
 def test_cli_env_that_fails_in_reset(tmp_path):
-    r = invoke("train", "ppo", "--env", ENV, "--set", "env_config={tag: reset, fail_in: reset, healthy: 1}",
-               "--stop-iters", 1, "-q", "--out", tmp_path)
+    r = invoke(
+        "train",
+        "ppo",
+        "--env",
+        ENV,
+        "--set",
+        "env_config={tag: reset, fail_in: reset, healthy: 1}",
+        "--stop-iters",
+        1,
+        "-q",
+        "--out",
+        tmp_path,
+    )
     assert r.exit_code == 2, r.output
     assert "in reset" in " ".join(r.output.split())
 

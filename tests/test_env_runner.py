@@ -36,8 +36,9 @@ class Capture:
 
 
 def make_runner(config=None, postprocess=fragment_to_batch, T=64, worker_index=0, **kw):
-    return EnvRunner(config or cartpole_config(), worker_index, ActorCriticPolicy, postprocess,
-                     rollout_fragment_length=T, **kw)
+    return EnvRunner(
+        config or cartpole_config(), worker_index, ActorCriticPolicy, postprocess, rollout_fragment_length=T, **kw
+    )
 
 
 def env_segments(fragment):
@@ -288,8 +289,9 @@ class CountingEnv(gym.Env):
 
 
 def counting_config(**env_config):
-    return PPOConfig(env=CountingEnv, env_config=env_config, seed=3, gamma=1.0, gae_lambda=1.0,
-                     resources={"num_envs_per_worker": 3})
+    return PPOConfig(
+        env=CountingEnv, env_config=env_config, seed=3, gamma=1.0, gae_lambda=1.0, resources={"num_envs_per_worker": 3}
+    )
 
 
 @pytest.mark.parametrize("terminate", [False, True])

@@ -19,8 +19,6 @@ SMALL_CNN = {"torso": "conv", "conv_filters": [[8, 3, 2]], "hiddens": [32], "act
 TTT = "pettingzoo.classic:tictactoe_v3"
 
 
-
-
 def evaluate_json(*args) -> dict:
     r = invoke("evaluate", *args, "--json")
     assert r.exit_code == 0, r.output
@@ -47,8 +45,16 @@ def run_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def game_checkpoint(tmp_path_factory):
     """Multi-agent PPO on tic-tac-toe after one iteration; its one policy is 'main'."""
-    cfg = PPOConfig(env=TTT, seed=0, train_batch_size=256, minibatch_size=128, num_sgd_iter=1, rollout_fragment_length=32,
-                    resources={"num_envs_per_worker": 8}, multi_agent={"policies": {"main": None}})
+    cfg = PPOConfig(
+        env=TTT,
+        seed=0,
+        train_batch_size=256,
+        minibatch_size=128,
+        num_sgd_iter=1,
+        rollout_fragment_length=32,
+        resources={"num_envs_per_worker": 8},
+        multi_agent={"policies": {"main": None}},
+    )
     algo = cfg.build()
     try:
         algo.train()
@@ -191,8 +197,25 @@ def test_recording_a_video_prints_nothing_about_a_display(tmp_path):
 
     path = untrained(tmp_path, "cart", env="CartPole-v1")
     env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "SDL_VIDEODRIVER", "DISPLAY")}
-    p = subprocess.run([sys.executable, "-m", "shoal", "evaluate", path, "-n", "1", "--video", str(tmp_path / "c.mp4"),
-                        "--video-length", "5"], capture_output=True, text=True, timeout=300, env=env)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shoal",
+            "evaluate",
+            path,
+            "-n",
+            "1",
+            "--video",
+            str(tmp_path / "c.mp4"),
+            "--video-length",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert p.returncode == 0, p.stderr
     assert "XDG_RUNTIME_DIR" not in p.stderr + p.stdout and "5 frames" in p.stdout, p.stderr
 
@@ -247,8 +270,14 @@ def test_opponent_errors_exit_2(game_checkpoint, run_dir, tmp_path):
 def test_a_league_checkpoint_plays_its_main_policy(game_checkpoint, tmp_path):
     from shoal import AlphaStarConfig
 
-    algo = AlphaStarConfig(env=TTT, seed=0, rollout_fragment_length=8, train_batch_size=64, min_time_s_per_iteration=0.0,
-                           resources={"num_envs_per_worker": 4}).build()
+    algo = AlphaStarConfig(
+        env=TTT,
+        seed=0,
+        rollout_fragment_length=8,
+        train_batch_size=64,
+        min_time_s_per_iteration=0.0,
+        resources={"num_envs_per_worker": 4},
+    ).build()
     try:
         algo.train()
         league = str(algo.save(tmp_path / "league"))
@@ -264,8 +293,13 @@ def test_a_league_checkpoint_plays_its_main_policy(game_checkpoint, tmp_path):
 
 
 def test_a_multi_agent_env_of_three_agents_plays_its_policies_together(tmp_path):
-    path = untrained(tmp_path, "signals", env="shoal.envs.signal_match:parallel_env", env_config={"episode_len": 4},
-                     multi_agent={"policies": {"shared": None}})
+    path = untrained(
+        tmp_path,
+        "signals",
+        env="shoal.envs.signal_match:parallel_env",
+        env_config={"episode_len": 4},
+        multi_agent={"policies": {"shared": None}},
+    )
     rep = evaluate_json(path, "-n", 5)
     # SignalMatch pays each of its 3 agents at most 1 per step: a 4-step episode sums to at most 12
     assert rep["episodes"] == 5 == len(rep["returns"]) and rep["length_mean"] == 4 and "wins" not in rep

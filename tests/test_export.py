@@ -26,7 +26,10 @@ CASES = {  # name -> (config class, config): MLP, Q network, CNN on uint8 frames
     "ppo_lstm": (PPOConfig, {"env": "shoal/StatelessCartPole-v1", "model": LSTM}),
     "ppo_box": (PPOConfig, {"env": "Pendulum-v1", "model": {"init_log_std": -0.5}}),
     "ppo_discrete_obs": (PPOConfig, {"env": "FrozenLake-v1"}),
-    "dqn_custom": (DQNConfig, {"env": "CartPole-v1", "model": {"custom": "custom_models:SmallQ"}}),  # a model.custom class
+    "dqn_custom": (
+        DQNConfig,
+        {"env": "CartPole-v1", "model": {"custom": "custom_models:SmallQ"}},
+    ),  # a model.custom class
 }
 FORMATS = ("torchscript", "onnx")
 
@@ -138,7 +141,9 @@ def test_sidecar_and_cli(checkpoints, tmp_path):
     assert "torch.onnx" not in r.output and r.output.strip().count("\n") <= 2, r.output  # no exporter chatter
     assert not [w for w in caught if "onnx" in str(w.filename) or "_dynamo" in str(w.filename)], caught
     meta = json.loads((tmp_path / "catch.onnx.json").read_text())
-    assert meta["format"] == "onnx" and meta["inputs"] == ["obs"] and meta["outputs"] == ["action", "dist_inputs", "value"]
+    assert (
+        meta["format"] == "onnx" and meta["inputs"] == ["obs"] and meta["outputs"] == ["action", "dist_inputs", "value"]
+    )
     assert meta["observation"] == {**meta["observation"], "shape": [1, 10, 10], "dtype": "uint8"}
     assert meta["action_space"] == {"type": "Discrete", "n": 3, "start": 0}
     r = invoke("export", str(checkpoints["dqn"]))  # default: torchscript next to the checkpoint

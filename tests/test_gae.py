@@ -139,7 +139,9 @@ def test_vectorized_equals_per_env_calls():
     truncs = (rng.random((T, N)) < 0.2) & ~terms
     adv = compute_gae(rewards, values, next_values, terms, terms | truncs, 0.99, 0.95)
     for n in range(N):
-        col = compute_gae(rewards[:, n], values[:, n], next_values[:, n], terms[:, n], terms[:, n] | truncs[:, n], 0.99, 0.95)
+        col = compute_gae(
+            rewards[:, n], values[:, n], next_values[:, n], terms[:, n], terms[:, n] | truncs[:, n], 0.99, 0.95
+        )
         np.testing.assert_allclose(adv[:, n], col, rtol=1e-6)
 
 
@@ -148,9 +150,13 @@ def test_flatten_valid_env_major_drops_invalid_rows():
     # x[t, n] = 10 * n + t: env 0 -> 0, 1, 2; env 1 -> 10, 11, 12
     x = np.array([[10 * n + t for n in range(N)] for t in range(T)])
     obs = np.stack([x, -x], axis=-1).astype(np.float32)  # (T, N, 2)
-    valid = np.array([[True, True],
-                      [False, True],   # env 0's step 1 is a reset step
-                      [True, False]])  # env 1's step 2 is a reset step
+    valid = np.array(
+        [
+            [True, True],
+            [False, True],  # env 0's step 1 is a reset step
+            [True, False],
+        ]
+    )  # env 1's step 2 is a reset step
     out = flatten_valid({"x": x, "obs": obs}, valid)
     # env-major: env 0 (t0, t2), then env 1 (t0, t1)
     np.testing.assert_array_equal(out["x"], [0, 2, 10, 11])

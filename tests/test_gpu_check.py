@@ -16,8 +16,9 @@ SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
 
 def _run(*args: str, timeout: float = 600) -> tuple[int, dict | None, str]:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # this test is about the CPU paths, GPU or not
-    proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     return proc.returncode, json.loads(lines[-1]) if lines else None, proc.stderr
 
@@ -31,8 +32,15 @@ def test_without_a_gpu_it_says_so_runs_nothing_and_exits_0():
 
 
 def test_with_the_cpu_standing_in_the_in_process_checks_pass():
-    names = ["learner_ppo", "learner_dqn", "learner_appo", "multi_device_towers", "uint8_on_device",
-             "checkpoint_to_cpu", "appo_pong"]
+    names = [
+        "learner_ppo",
+        "learner_dqn",
+        "learner_appo",
+        "multi_device_towers",
+        "uint8_on_device",
+        "checkpoint_to_cpu",
+        "appo_pong",
+    ]
     rc, out, err = _run("--device", "cpu", "--only", ",".join(names))
     assert out is not None, err[-3000:]
     assert out["failed"] == [], (out["errors"], err[-3000:])

@@ -25,8 +25,9 @@ def test_hung_env_times_out_and_the_actor_is_recreated(ray_cluster, tmp_path, ca
     from shoal.algorithms import get_config_class
 
     extra = SMALL if algo_name == "ppo" else dict(train_batch_size=256, rollout_fragment_length=32)
-    cfg = get_config_class(algo_name)(env=HANG, env_config={"hang_at": 10, "marker": str(tmp_path / "hung")}, seed=0,
-                                      resources=_res(), **extra)
+    cfg = get_config_class(algo_name)(
+        env=HANG, env_config={"hang_at": 10, "marker": str(tmp_path / "hung")}, seed=0, resources=_res(), **extra
+    )
     algo = cfg.build()
     try:
         with caplog.at_level(logging.WARNING, logger="shoal.runtime"):
@@ -38,7 +39,12 @@ def test_hung_env_times_out_and_the_actor_is_recreated(ray_cluster, tmp_path, ca
         assert last["num_worker_restarts"] == 1
         assert last["env_steps_trained"] > trained  # training went on
         line = next(r.getMessage() for r in caplog.records if "has not returned" in r.getMessage())
-        assert "rollout actor" in line and "sample()" in line and "HangingCartPole" in line and "request_timeout_s=3" in line
+        assert (
+            "rollout actor" in line
+            and "sample()" in line
+            and "HangingCartPole" in line
+            and "request_timeout_s=3" in line
+        )
         # The replacement samples: both actors answer again.
         assert len(algo.env_runners.foreach("get_weights")) == 2
     finally:
@@ -50,8 +56,13 @@ def test_stop_time_fires_while_the_driver_waits_on_a_hung_actor(ray_cluster, tmp
 
     # The request timeout is far off: only the run's deadline can end the wait. The hang comes in
     # the second iteration (32 steps per env and iteration), so the first one is checkpointed.
-    cfg = PPOConfig(env=HANG, env_config={"hang_at": 40, "marker": str(tmp_path / "hung")}, seed=0,
-                    resources=_res(request_timeout_s=3600), **SMALL)
+    cfg = PPOConfig(
+        env=HANG,
+        env_config={"hang_at": 40, "marker": str(tmp_path / "hung")},
+        seed=0,
+        resources=_res(request_timeout_s=3600),
+        **SMALL,
+    )
     algo = cfg.build()
     try:
         algo.start_actors()
@@ -69,10 +80,16 @@ def test_stop_time_fires_while_the_driver_waits_on_a_hung_actor(ray_cluster, tmp
 def test_ddppo_hung_worker_times_out_the_round_and_the_group_reforms(ray_cluster, tmp_path):
     from shoal.algorithms.ddppo import DDPPOConfig
 
-    cfg = DDPPOConfig(env=HANG, env_config={"hang_at": 20, "marker": str(tmp_path / "hung")}, seed=0,
-                      rollout_fragment_length=32, minibatch_size=64, num_sgd_iter=2, torch_distributed_timeout_s=3,
-                      resources={"num_workers": 2, "num_envs_per_worker": 4, "num_cpus_per_worker": 0.5,
-                                 "request_timeout_s": 2})  # DD-PPO makes it 2 x 3 s: the peer's all-reduce fails first
+    cfg = DDPPOConfig(
+        env=HANG,
+        env_config={"hang_at": 20, "marker": str(tmp_path / "hung")},
+        seed=0,
+        rollout_fragment_length=32,
+        minibatch_size=64,
+        num_sgd_iter=2,
+        torch_distributed_timeout_s=3,
+        resources={"num_workers": 2, "num_envs_per_worker": 4, "num_cpus_per_worker": 0.5, "request_timeout_s": 2},
+    )  # DD-PPO makes it 2 x 3 s: the peer's all-reduce fails first
     algo = cfg.build()
     try:
         results = [algo.train() for _ in range(4)]
@@ -95,8 +112,9 @@ def test_group_times_out_one_request_and_keeps_the_other_actors_results(ray_clus
     from shoal.errors import ActorLostError
     from shoal.runtime import make_actor_group
 
-    group = make_actor_group(Worker, 2, lambda i: ((i,), {}), remote=True, num_cpus=0.5, request_timeout_s=1.5,
-                             name="worker")
+    group = make_actor_group(
+        Worker, 2, lambda i: ((i,), {}), remote=True, num_cpus=0.5, request_timeout_s=1.5, name="worker"
+    )
     try:
         group.foreach("get_value")  # both up: the clocks start now
         group.on_restart = lambda: [("set_value", (7,))]
@@ -118,9 +136,14 @@ def test_group_times_out_one_request_and_keeps_the_other_actors_results(ray_clus
 
 def test_hung_evaluation_actor_is_replaced_and_the_evaluation_finishes(ray_cluster, tmp_path):
     # hang_at 5: a greedy untrained policy ends CartPole episodes within ~10 steps
-    cfg = PPOConfig(env=HANG, env_config={"hang_at": 5, "marker": str(tmp_path / "hung")}, seed=0,
-                    evaluation={"evaluation_num_workers": 1, "evaluation_num_episodes": 2},
-                    resources={"request_timeout_s": 3}, **SMALL)
+    cfg = PPOConfig(
+        env=HANG,
+        env_config={"hang_at": 5, "marker": str(tmp_path / "hung")},
+        seed=0,
+        evaluation={"evaluation_num_workers": 1, "evaluation_num_episodes": 2},
+        resources={"request_timeout_s": 3},
+        **SMALL,
+    )
     algo = cfg.build()
     try:
         out = algo.evaluate()  # nothing stepped the driver's envs: the evaluation actor's env hangs
@@ -133,9 +156,14 @@ def test_hung_evaluation_actor_is_replaced_and_the_evaluation_finishes(ray_clust
 
 def test_an_evaluation_actor_replaced_twice_still_finishes_and_is_counted(ray_cluster, tmp_path):
     """The probe's case: the evaluation actor and then its replacement fail; the third one evaluates."""
-    cfg = PPOConfig(env=HANG, env_config={"hang_at": 5, "marker": str(tmp_path / "hung"), "times": 2}, seed=0,
-                    evaluation={"evaluation_num_workers": 1, "evaluation_num_episodes": 2},
-                    resources={"request_timeout_s": 3}, **SMALL)
+    cfg = PPOConfig(
+        env=HANG,
+        env_config={"hang_at": 5, "marker": str(tmp_path / "hung"), "times": 2},
+        seed=0,
+        evaluation={"evaluation_num_workers": 1, "evaluation_num_episodes": 2},
+        resources={"request_timeout_s": 3},
+        **SMALL,
+    )
     algo = cfg.build()
     try:
         out = algo.evaluate()  # the driver's own envs never step here: only evaluation actors' envs hang
@@ -148,9 +176,13 @@ def test_an_evaluation_actor_replaced_twice_still_finishes_and_is_counted(ray_cl
 
 def test_a_rollout_actor_whose_env_constructor_hangs_is_recreated(ray_cluster, tmp_path):
     """The clock of a request to an actor that never finishes starting runs from its creation."""
-    cfg = PPOConfig(env="flaky_envs:HangInInitCartPole", env_config={"marker": str(tmp_path / "hung"),
-                    "driver_pid": os.getpid()}, seed=0, resources={"num_workers": 1, "actor_start_timeout_s": 10},
-                    **SMALL)
+    cfg = PPOConfig(
+        env="flaky_envs:HangInInitCartPole",
+        env_config={"marker": str(tmp_path / "hung"), "driver_pid": os.getpid()},
+        seed=0,
+        resources={"num_workers": 1, "actor_start_timeout_s": 10},
+        **SMALL,
+    )
     algo = cfg.build()
     try:
         result = algo.train()  # the round with the hung actor samples nothing; its replacement then does
@@ -165,8 +197,9 @@ def test_a_rollout_actor_whose_env_constructor_hangs_is_recreated(ray_cluster, t
 
 
 def test_the_drivers_own_env_construction_times_out_with_a_message():
-    cfg = PPOConfig(env="flaky_envs:HangInInitCartPole", env_config={"always": True},
-                    resources={"request_timeout_s": 1.0}, **SMALL)
+    cfg = PPOConfig(
+        env="flaky_envs:HangInInitCartPole", env_config={"always": True}, resources={"request_timeout_s": 1.0}, **SMALL
+    )
     with pytest.raises(EnvError, match="did not finish within resources.request_timeout_s=1 s"):
         cfg.build()
     import signal
@@ -179,8 +212,9 @@ def test_a_request_queued_behind_another_is_timed_from_its_turn(ray_cluster):
 
     from shoal.runtime import make_actor_group
 
-    group = make_actor_group(Worker, 1, lambda i: ((i,), {}), remote=True, num_cpus=0.5, request_timeout_s=2.0,
-                             max_in_flight=2)
+    group = make_actor_group(
+        Worker, 1, lambda i: ((i,), {}), remote=True, num_cpus=0.5, request_timeout_s=2.0, max_in_flight=2
+    )
     try:
         group.foreach("get_value")
         assert group.submit("work", 1.2) == 1 and group.submit("work", 1.2) == 1  # 2.4 s in all, 1.2 s each

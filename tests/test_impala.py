@@ -31,8 +31,14 @@ T, N = 16, 3
 
 
 def small_config(cls=IMPALAConfig, **kw):
-    base = dict(env="CartPole-v1", seed=0, rollout_fragment_length=T, train_batch_size=2 * T * N,
-                min_time_s_per_iteration=0.0, resources={"num_envs_per_worker": N})
+    base = dict(
+        env="CartPole-v1",
+        seed=0,
+        rollout_fragment_length=T,
+        train_batch_size=2 * T * N,
+        min_time_s_per_iteration=0.0,
+        resources={"num_envs_per_worker": N},
+    )
     return cls(**{**base, **kw})
 
 
@@ -63,9 +69,14 @@ def test_sequence_batch_keeps_every_step_in_sequence_order(fragments):
     frag, batch = frags[0], batches[0]
     assert len(batch) == T * N
     assert (~frag.valid).any() and frag.truncateds.any(), "the fixture should contain episode ends"
-    for key, arr in [(Col.OBS, frag.obs[:-1]), (Col.ACTIONS, frag.actions),
-                     (Col.REWARDS, frag.rewards), (Col.VALID, frag.valid), (Col.TERMINATEDS, frag.terminateds),
-                     (Col.ACTION_LOGP, frag.extras[Col.ACTION_LOGP])]:
+    for key, arr in [
+        (Col.OBS, frag.obs[:-1]),
+        (Col.ACTIONS, frag.actions),
+        (Col.REWARDS, frag.rewards),
+        (Col.VALID, frag.valid),
+        (Col.TERMINATEDS, frag.terminateds),
+        (Col.ACTION_LOGP, frag.extras[Col.ACTION_LOGP]),
+    ]:
         # row n * T + t is env n, step t; time_major() turns it back into (T, N)
         np.testing.assert_array_equal(batch[key][T + 5], arr[5, 1])
         np.testing.assert_array_equal(time_major(torch.from_numpy(batch[key]), T).numpy(), arr)
@@ -101,8 +112,9 @@ def test_on_policy_vtrace_on_real_fragments_equals_gae_with_lambda_one(fragments
             vt = vtrace_for(u, u.logp, VTraceParams.from_config(cfg))
         values = frag.extras[Col.VF_PREDS]
         next_values = np.concatenate([values[1:], frag.last_extras[Col.VF_PREDS][None]])
-        adv = compute_gae(frag.rewards, values, next_values, frag.terminateds, frag.terminateds | frag.truncateds,
-                          cfg.gamma, 1.0)
+        adv = compute_gae(
+            frag.rewards, values, next_values, frag.terminateds, frag.terminateds | frag.truncateds, cfg.gamma, 1.0
+        )
         valid = frag.valid
         np.testing.assert_allclose(u.values.numpy(), values, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose((vt.vs - u.values).numpy()[valid], adv[valid], rtol=1e-4, atol=1e-4)
@@ -132,8 +144,16 @@ def test_impala_loss_terms_hand_computed():
 
 def test_impala_policy_gradient_is_advantage_weighted():
     logp = t(-0.5, -1.0).requires_grad_()
-    out = impala_loss_terms(logp, t(0.0, 0.0), t(0.0, 0.0), t(0.0, 0.0), t(2.0, -3.0), torch.tensor([True, True]),
-                            vf_loss_coeff=0.5, entropy_coeff=0.0)
+    out = impala_loss_terms(
+        logp,
+        t(0.0, 0.0),
+        t(0.0, 0.0),
+        t(0.0, 0.0),
+        t(2.0, -3.0),
+        torch.tensor([True, True]),
+        vf_loss_coeff=0.5,
+        entropy_coeff=0.0,
+    )
     out["total_loss"].backward()
     np.testing.assert_allclose(logp.grad.numpy(), [-1.0, 1.5])  # -A / n_valid
 
@@ -146,8 +166,20 @@ def test_appo_loss_terms_hand_computed_with_clipping_and_kl():
     values, vs, ent = t(1.0, 1.0, 1.0), t(3.0, 1.0, 2.0), t(0.5, 0.5, 0.5)
     valid = torch.tensor([True, True, True])
     kl = t(0.1, 0.2, 0.3)
-    out = appo_loss_terms(logp, target_logp, adv, values, vs, ent, valid, kl, clip_param=0.4, vf_loss_coeff=0.5,
-                          entropy_coeff=0.01, kl_coeff=2.0)
+    out = appo_loss_terms(
+        logp,
+        target_logp,
+        adv,
+        values,
+        vs,
+        ent,
+        valid,
+        kl,
+        clip_param=0.4,
+        vf_loss_coeff=0.5,
+        entropy_coeff=0.01,
+        kl_coeff=2.0,
+    )
     # surrogate: min(1.5*2, 1.4*2) = 2.8; min(0.5*-1, 0.6*-1) = -0.6; min(3, 3) = 3 -> policy = -(5.2)/3
     assert math.isclose(float(out["policy_loss"]), -5.2 / 3, rel_tol=1e-5)
     # vf: 0.5 * (4 + 0 + 1) / 3 = 5/6
@@ -161,8 +193,18 @@ def test_appo_loss_terms_hand_computed_with_clipping_and_kl():
 def test_appo_clipped_side_has_no_policy_gradient():
     target_logp = t(0.0, 0.0)
     logp = torch.log(t(1.5, 1.1)).requires_grad_()  # r = 1.5 (clipped at 1.4 with A > 0), 1.1 (inside)
-    out = appo_loss_terms(logp, target_logp, t(1.0, 1.0), t(0.0, 0.0), t(0.0, 0.0), t(0.0, 0.0),
-                          torch.tensor([True, True]), clip_param=0.4, vf_loss_coeff=0.0, entropy_coeff=0.0)
+    out = appo_loss_terms(
+        logp,
+        target_logp,
+        t(1.0, 1.0),
+        t(0.0, 0.0),
+        t(0.0, 0.0),
+        t(0.0, 0.0),
+        torch.tensor([True, True]),
+        clip_param=0.4,
+        vf_loss_coeff=0.0,
+        entropy_coeff=0.0,
+    )
     out["total_loss"].backward()
     np.testing.assert_allclose(logp.grad.numpy(), [0.0, -1.1 / 2], rtol=1e-5)  # d(-r A / 2)/dlogp = -r A / 2
 
@@ -213,19 +255,27 @@ def test_impala_normalize_advantages_weighs_logp_by_the_standardized_advantages(
 
 
 # ---- config -----------------------------------------------------------------------------
-@pytest.mark.parametrize("kw, words", [
-    (dict(train_batch_size=100, rollout_fragment_length=32), ["train_batch_size", "multiple", "32"]),
-    (dict(num_learner_devices=2), ["num_learner_devices", "fake_devices"]),
-    (dict(num_learner_devices=2, fake_devices=True, train_batch_size=96, rollout_fragment_length=32),
-     ["3 sequences", "2 learner devices"]),
-    (dict(max_requests_in_flight_per_worker=0), ["max_requests_in_flight_per_worker"]),
-    (dict(vtrace_clip_rho_threshold=0.0), ["vtrace_clip_rho_threshold"]),
-    (dict(learner_queue_sise=4), ["learner_queue_size"]),
-    # each learner's own settings have no effect on the other one: refused, not ignored
-    (dict(num_learner_devices=2, fake_devices=True, minibatch_buffer_size=2), ["minibatch_buffer_size", "multi-device"]),
-    (dict(num_multi_gpu_tower_stacks=2), ["num_multi_gpu_tower_stacks (2)", "single-device"]),
-    (dict(num_data_load_threads=2), ["num_data_load_threads (2)", "several devices or a GPU"]),
-])
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        (dict(train_batch_size=100, rollout_fragment_length=32), ["train_batch_size", "multiple", "32"]),
+        (dict(num_learner_devices=2), ["num_learner_devices", "fake_devices"]),
+        (
+            dict(num_learner_devices=2, fake_devices=True, train_batch_size=96, rollout_fragment_length=32),
+            ["3 sequences", "2 learner devices"],
+        ),
+        (dict(max_requests_in_flight_per_worker=0), ["max_requests_in_flight_per_worker"]),
+        (dict(vtrace_clip_rho_threshold=0.0), ["vtrace_clip_rho_threshold"]),
+        (dict(learner_queue_sise=4), ["learner_queue_size"]),
+        # each learner's own settings have no effect on the other one: refused, not ignored
+        (
+            dict(num_learner_devices=2, fake_devices=True, minibatch_buffer_size=2),
+            ["minibatch_buffer_size", "multi-device"],
+        ),
+        (dict(num_multi_gpu_tower_stacks=2), ["num_multi_gpu_tower_stacks (2)", "single-device"]),
+        (dict(num_data_load_threads=2), ["num_data_load_threads (2)", "several devices or a GPU"]),
+    ],
+)
 def test_config_errors_name_the_key(kw, words):
     with pytest.raises(ConfigError) as e:
         IMPALAConfig(env="CartPole-v1", **kw)
@@ -249,7 +299,12 @@ def test_appo_config_errors_and_defaults():
     with pytest.raises(ConfigError, match="target_update_frequency"):
         APPOConfig(env="CartPole-v1", target_update_frequency=0)
     cfg = APPOConfig(env="CartPole-v1")
-    assert cfg.clip_param == 0.4 and not cfg.normalize_advantages and cfg.vtrace_clip_rho_threshold == 1.0 and cfg.vtrace_clip_pg_rho_threshold == 1.0
+    assert (
+        cfg.clip_param == 0.4
+        and not cfg.normalize_advantages
+        and cfg.vtrace_clip_rho_threshold == 1.0
+        and cfg.vtrace_clip_pg_rho_threshold == 1.0
+    )
     assert cfg.fragment_length() == 50 and cfg.learner_devices() == ["cpu"]
     assert APPOConfig.from_dict(cfg.to_dict()) == cfg
 
@@ -275,7 +330,9 @@ def test_target_network_refreshes_every_n_updates_and_syncs_replicas():
     copy = target.for_module(replica)
     assert copy is not net and torch.equal(copy.weight, net.weight)
     state = target.get_state()
-    target.set_state({"module": {k: torch.zeros_like(v) for k, v in state["module"].items()}, "since_update": 0, "num_updates": 1})
+    target.set_state(
+        {"module": {k: torch.zeros_like(v) for k, v in state["module"].items()}, "since_update": 0, "num_updates": 1}
+    )
     assert float(target.for_module(replica).weight.abs().sum()) == 0.0  # replicas follow a restore
 
 
@@ -291,8 +348,16 @@ def test_trains_in_process_and_checkpoints_round_trip(cls, tmp_path):
             if trained > 0 and r["num_updates"] >= 2:
                 break
         assert trained > 0 and sampled >= trained
-        for key in ("learner/policy_loss", "learner/vf_loss", "learner/entropy", "learner/mean_rho",
-                    "learner_queue_size_mean", "timers/learner_grad_ms", "learner_idle_fraction", "num_dropped_batches"):
+        for key in (
+            "learner/policy_loss",
+            "learner/vf_loss",
+            "learner/entropy",
+            "learner/mean_rho",
+            "learner_queue_size_mean",
+            "timers/learner_grad_ms",
+            "learner_idle_fraction",
+            "num_dropped_batches",
+        ):
             assert key in r, key
         algo.thread.stop()  # the thread learns on in the background: freeze it so the comparison below is exact
         path = algo.save(tmp_path / "ckpt")
@@ -319,8 +384,9 @@ def test_appo_adapts_the_kl_coefficient_at_most_once_per_learner_result():
     the coefficient alone (before: it moved on every step, from the last stale KL); a learner
     result moves it when the target network refreshed in it."""
     start = 1.0
-    algo = small_config(APPOConfig, use_kl_loss=True, kl_coeff=start, kl_target=1e-9,
-                        train_batch_size=4 * T * N).build()  # any KL above 2e-9 grows the coefficient 1.5x
+    algo = small_config(
+        APPOConfig, use_kl_loss=True, kl_coeff=start, kl_target=1e-9, train_batch_size=4 * T * N
+    ).build()  # any KL above 2e-9 grows the coefficient 1.5x
     try:
         steps = 0
         r = {}
@@ -330,7 +396,7 @@ def test_appo_adapts_the_kl_coefficient_at_most_once_per_learner_result():
         k = r["num_learner_results"]
         assert k >= 4 and steps > k, (k, steps)
         coeff = r["learner/kl_coeff"]
-        assert start * 0.5 ** k <= coeff <= start * 1.5 ** k, (coeff, k)
+        assert start * 0.5**k <= coeff <= start * 1.5**k, (coeff, k)
         assert coeff != start  # it did adapt
     finally:
         algo.stop()
@@ -345,14 +411,15 @@ def test_two_fake_learner_devices_give_the_one_device_gradient_on_masked_sequenc
     _, _, batches, weights = fragments
     batch = Batch.concat(batches[:2])  # 6 sequences of T: 3 per device
     valid = batch[Col.VALID].copy()
-    valid[2:2 * T - 3] = False  # most of the first device's first two sequences are masked
+    valid[2 : 2 * T - 3] = False  # most of the first device's first two sequences are masked
     batch.data[Col.VALID] = valid
     half = len(batch) // 2
     assert valid[:half].sum() < 0.6 * valid[half:].sum()
     extra = {"target_update_frequency": 1} if cls is APPOConfig else {}
     one = small_config(cls, train_batch_size=len(batch), grad_clip=None, **extra).build()
-    two = small_config(cls, train_batch_size=len(batch), grad_clip=None, num_learner_devices=2, fake_devices=True,
-                       **extra).build()
+    two = small_config(
+        cls, train_batch_size=len(batch), grad_clip=None, num_learner_devices=2, fake_devices=True, **extra
+    ).build()
     try:
         assert type(one.thread).__name__ == "LearnerThread" and type(two.thread).__name__ == "MultiDeviceLearnerThread"
         infos = []

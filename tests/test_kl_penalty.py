@@ -23,7 +23,7 @@ def test_coefficient_is_floored_and_capped_and_climbs_back_from_the_floor():
     assert kl.coeff == AdaptiveKL.MIN_COEFF == 1e-6
     for _ in range(34):  # KL above 2 * target: x1.5 each time; 1e-6 * 1.5 ** 34 = 0.9707
         kl.update(1.0)
-    assert kl.coeff == pytest.approx(1e-6 * 1.5 ** 34)
+    assert kl.coeff == pytest.approx(1e-6 * 1.5**34)
     for _ in range(100):
         kl.update(1.0)
     assert kl.coeff == AdaptiveKL.MAX_COEFF
@@ -51,8 +51,15 @@ def test_the_coefficient_moves_once_per_target_refresh_on_the_periods_last_kl():
     """Period 3, six updates: the refreshes follow updates 2 and 5, so the coefficient sees the
     KLs those updates measured against the target before it refreshed (2 and 5, not the
     result's mean 2.5 and not a KL after the refresh); both are above 2 * kl_target (x1.5 each)."""
-    cfg = SimpleNamespace(lr=0.01, grad_clip=None, lr_schedule=None, max_nonfinite_updates=3,
-                          use_kl_loss=True, kl_coeff=1.0, kl_target=0.5)
+    cfg = SimpleNamespace(
+        lr=0.01,
+        grad_clip=None,
+        lr_schedule=None,
+        max_nonfinite_updates=3,
+        use_kl_loss=True,
+        kl_coeff=1.0,
+        kl_target=0.5,
+    )
     loss = ScriptedKLLoss()
     pl = PolicyLearner(torch.nn.Linear(2, 1), cfg, lambda c, target, kl: loss, target_period=3)
     batch = Batch({"x": np.ones((6, 2), np.float32)})
@@ -75,8 +82,15 @@ def test_the_coefficient_moves_once_per_target_refresh_on_the_periods_last_kl():
 
 
 def test_without_a_target_network_the_results_mean_kl_moves_it():
-    cfg = SimpleNamespace(lr=0.01, grad_clip=None, lr_schedule=None, max_nonfinite_updates=3,
-                          use_kl_loss=True, kl_coeff=1.0, kl_target=0.01)
+    cfg = SimpleNamespace(
+        lr=0.01,
+        grad_clip=None,
+        lr_schedule=None,
+        max_nonfinite_updates=3,
+        use_kl_loss=True,
+        kl_coeff=1.0,
+        kl_target=0.01,
+    )
     pl = PolicyLearner(torch.nn.Linear(2, 1), cfg, lambda c, target, kl: ScriptedKLLoss())
     stats = {"kl": 0.001}  # below target / 2: halved
     pl.after_update(stats)
@@ -111,7 +125,7 @@ def test_on_cartpole_the_coefficient_settles_where_the_period_kl_tracks_kl_targe
                 rows.append((r["env_steps_sampled"], r["learner/kl_coeff"], r["learner/period_kl"]))
             if r["env_steps_sampled"] >= 1_500_000:
                 break
-    late = rows[len(rows) // 2:]
+    late = rows[len(rows) // 2 :]
     assert len(late) >= 10, rows
     coeffs = np.array([c for _, c, _ in late])
     kls = np.array([k for _, _, k in late])

@@ -9,8 +9,20 @@ from pathlib import Path
 import shoal
 
 ROOT = Path(shoal.__file__).resolve().parent
-BASE = ("shoal.config", "shoal.envs", "shoal.models", "shoal.batch", "shoal.spaces", "shoal.imports",
-        "shoal.process", "shoal.errors", "shoal.trust", "shoal.gym_ids", "shoal.files", "shoal.seeding")
+BASE = (
+    "shoal.config",
+    "shoal.envs",
+    "shoal.models",
+    "shoal.batch",
+    "shoal.spaces",
+    "shoal.imports",
+    "shoal.process",
+    "shoal.errors",
+    "shoal.trust",
+    "shoal.gym_ids",
+    "shoal.files",
+    "shoal.seeding",
+)
 ABOVE_BASE = ("shoal.algorithms", "shoal.learn", "shoal.rollout", "shoal.replay", "shoal.league", "shoal.app")
 APP = ("shoal.app",)  # the product surface: CLI, trainer, Tune, evaluation, export, inference
 
@@ -27,8 +39,12 @@ def _imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
     """The shoal modules ``name`` imports anywhere outside ``if TYPE_CHECKING:``, with the packages
     importing them runs (``import a.b.c`` runs ``a.b``'s ``__init__`` first)."""
     tree = ast.parse(path.read_text())
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-                   for n in ast.walk(node)}
+    typing_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found = set()
     for node in ast.walk(tree):
@@ -40,7 +56,7 @@ def _imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
             found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names)
     out = set()
     for target in found:
@@ -48,8 +64,11 @@ def _imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
             target = target.rpartition(".")[0]
         if target.startswith("shoal") and target != name:
             parts = target.split(".")
-            out.update(p for p in (".".join(parts[:i]) for i in range(2, len(parts) + 1))
-                       if p in mods and p != name and not name.startswith(p + "."))
+            out.update(
+                p
+                for p in (".".join(parts[:i]) for i in range(2, len(parts) + 1))
+                if p in mods and p != name and not name.startswith(p + ".")
+            )
     return out
 
 
@@ -68,7 +87,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         stack.pop()
@@ -100,8 +119,13 @@ def test_only_the_entry_point_imports_the_product_surface():
     its public functions lazily, by string; ``python -m shoal`` is ``__main__``)."""
     graph = _graph()
     assert {"shoal.app.trainer", "shoal.app.cli"} <= set(graph)
-    wrong = sorted((a, b) for a, targets in graph.items() if not _in(a, APP) and a != "shoal.__main__"
-                   for b in targets if _in(b, APP))
+    wrong = sorted(
+        (a, b)
+        for a, targets in graph.items()
+        if not _in(a, APP) and a != "shoal.__main__"
+        for b in targets
+        if _in(b, APP)
+    )
     assert wrong == []
 
 

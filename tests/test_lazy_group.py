@@ -36,8 +36,12 @@ class Counter:
 
 def lazy_group(n: int = 2) -> LazyActorGroup:
     CREATED.clear()
-    return LazyActorGroup(lambda: make_actor_group(Counter, n, lambda i: ((i,), {}), remote=False, max_in_flight=2),
-                          n, first_index=1, max_in_flight=2)
+    return LazyActorGroup(
+        lambda: make_actor_group(Counter, n, lambda i: ((i,), {}), remote=False, max_in_flight=2),
+        n,
+        first_index=1,
+        max_in_flight=2,
+    )
 
 
 def test_nothing_is_created_until_a_call_needs_the_actors():
@@ -70,8 +74,13 @@ def test_creation_replays_the_latest_setters_then_on_restart():
 
 
 def test_each_call_that_needs_actors_creates_them():
-    for use in (lambda g: g.submit("get"), lambda g: g.call(1, "get"), lambda g: g.proxies(), lambda g: g.actors,
-                lambda g: g.start()):
+    for use in (
+        lambda g: g.submit("get"),
+        lambda g: g.call(1, "get"),
+        lambda g: g.proxies(),
+        lambda g: g.actors,
+        lambda g: g.start(),
+    ):
         g = lazy_group()
         use(g)
         assert CREATED == [1, 2] and g.created
@@ -81,10 +90,13 @@ def test_each_call_that_needs_actors_creates_them():
     g.stop()
 
 
-@pytest.mark.parametrize("algo, config", [
-    ("ppo", 'PPOConfig(env="CartPole-v1", seed=0, resources={"num_workers": 2, "num_envs_per_worker": 2})'),
-    ("apex", 'ApeXConfig(env="CartPole-v1", seed=0, resources={"num_workers": 2, "num_envs_per_worker": 2})'),
-])
+@pytest.mark.parametrize(
+    "algo, config",
+    [
+        ("ppo", 'PPOConfig(env="CartPole-v1", seed=0, resources={"num_workers": 2, "num_envs_per_worker": 2})'),
+        ("apex", 'ApeXConfig(env="CartPole-v1", seed=0, resources={"num_workers": 2, "num_envs_per_worker": 2})'),
+    ],
+)
 def test_a_restored_algorithm_evaluates_and_saves_without_starting_ray_or_actors(tmp_path, algo, config):
     """In a fresh process, so that no other test's Ray instance counts."""
     script = textwrap.dedent(f"""

@@ -41,9 +41,11 @@ from shoal.league.report import HEATMAP_PNG, NO_MATPLOTLIB, add_league_to_tensor
 
 def games(a, b, wins_a=0, wins_b=0, draws=0, match_type="test"):
     """Scripted match results: ``wins_a`` wins of a, then ``wins_b`` of b, then draws."""
-    return ([{"policies": (a, b), "winner": a, "match_type": match_type}] * wins_a
-            + [{"policies": (b, a), "winner": b, "match_type": match_type}] * wins_b
-            + [{"policies": (a, b), "winner": None, "match_type": match_type}] * draws)
+    return (
+        [{"policies": (a, b), "winner": a, "match_type": match_type}] * wins_a
+        + [{"policies": (b, a), "winner": b, "match_type": match_type}] * wins_b
+        + [{"policies": (a, b), "winner": None, "match_type": match_type}] * draws
+    )
 
 
 def alpha_star(**kw) -> AlphaStarLeagueBuilder:
@@ -107,11 +109,20 @@ def test_payoff_decayed_running_average_hand_computed():
 
 # ---- AlphaStar builder logic -----------------------------------------------------------
 def test_initial_league():
-    b = make_league_builder({"type": "alpha_star", "num_main_exploiters": 2, "num_league_exploiters": 3,
-                             "num_random_policies": 2})
+    b = make_league_builder(
+        {"type": "alpha_star", "num_main_exploiters": 2, "num_league_exploiters": 3, "num_random_policies": 2}
+    )
     specs = b.initial_policies()
-    assert list(specs) == ["main", "main_exploiter_0", "main_exploiter_1", "league_exploiter_0", "league_exploiter_1",
-                           "league_exploiter_2", "random_0", "random_1"]
+    assert list(specs) == [
+        "main",
+        "main_exploiter_0",
+        "main_exploiter_1",
+        "league_exploiter_0",
+        "league_exploiter_1",
+        "league_exploiter_2",
+        "random_0",
+        "random_1",
+    ]
     assert specs["main"] == PlayerSpec("main", True, parent=None, created_iteration=0)
     assert specs["main"].to_dict() == {"type": "main", "trainable": True, "parent": None, "created_iteration": 0}
     assert specs["league_exploiter_2"].type == "league_exploiter"
@@ -128,8 +139,9 @@ def test_snapshot_exactly_when_the_threshold_is_reached():
     b.record_results(games("main", "main_exploiter_0", wins_b=1, match_type="main_exploiter"))
     assert b.recent_win_rate("main") == pytest.approx(0.9)
     changes = b.build(None, {"iteration": 2})
-    assert changes.add == [AddPolicy("main_v1", "main", False, PlayerSpec("main", False, parent="main",
-                                                                          created_iteration=2))]
+    assert changes.add == [
+        AddPolicy("main_v1", "main", False, PlayerSpec("main", False, parent="main", created_iteration=2))
+    ]
     assert changes.reset == changes.freeze == changes.remove == []
     assert len(b.learning_policies()) == 3 and b.frozen_policies() == ["random_0", "main_v1"]
     # the window starts afresh after a snapshot; one loss more keeps main below the threshold
@@ -149,8 +161,13 @@ def test_snapshot_exactly_when_the_threshold_is_reached():
 
 
 def test_a_fixed_period_snapshots_main_without_a_win_rate_and_times_out_exploiters():
-    b = alpha_star(main_snapshot_every_games=10, exploiter_timeout_games=12, win_rate_threshold=0.9,
-                   win_rate_window=10, min_games_for_snapshot=10)
+    b = alpha_star(
+        main_snapshot_every_games=10,
+        exploiter_timeout_games=12,
+        win_rate_threshold=0.9,
+        win_rate_window=10,
+        min_games_for_snapshot=10,
+    )
     # main: 5 self-play games (one game each) and 4 lost games: 9 of its games, no snapshot yet
     b.record_results(games("main", "main", wins_a=5) + games("main", "random_0", wins_b=4))
     assert b.build(None, {}).empty and b.games_since_snapshot["main"] == 9
@@ -194,7 +211,8 @@ def test_exploiter_snapshots_keep_training_or_freeze_and_reset():
     b.record_results(games("league_exploiter_0", "random_0", wins_a=20, match_type="league_exploiter"))
     changes = b.build(None, {})
     assert [(a.new_id, a.from_id, a.trainable) for a in changes.add] == [
-        ("league_exploiter_0_v1", "league_exploiter_0", True)]
+        ("league_exploiter_0_v1", "league_exploiter_0", True)
+    ]
     assert changes.reset == ["league_exploiter_0"]
     assert len(b.learning_policies()) == 4 and b.frozen_policies() == ["random_0"]
     homes = b.matchmaking().match_types[0].homes
@@ -204,7 +222,8 @@ def test_exploiter_snapshots_keep_training_or_freeze_and_reset():
     b.record_results(games("main_exploiter_0", "main", wins_a=20, match_type="main_exploiter"))
     changes = b.build(None, {})
     assert [(a.new_id, a.from_id, a.trainable) for a in changes.add] == [
-        ("main_exploiter_0_v1", "main_exploiter_0", False)]
+        ("main_exploiter_0_v1", "main_exploiter_0", False)
+    ]
     assert changes.reset == []  # reset_exploiter_prob defaults to 0
     assert len(b.learning_policies()) == 3 and len(b.frozen_policies()) == 2
 
@@ -282,9 +301,18 @@ def test_match_result_from_its_dict_form():
     draw = MatchResult.coerce({"policies": ("a", "b")})  # no winner: a draw; no match type
     assert draw.winner is None and draw.draw and draw.match_type is None
     # the runner's old dict layout, "draw" included, reads back to the same dict
-    old = {"policies": ("a", "b"), "agents": {"p1": "a", "p2": "b"}, "returns": {"p1": 1.0, "p2": -1.0},
-           "winner": "a", "winner_agent": "p1", "draw": False, "match_type": None, "length": 5, "episode_id": 3,
-           "worker_index": 1}
+    old = {
+        "policies": ("a", "b"),
+        "agents": {"p1": "a", "p2": "b"},
+        "returns": {"p1": 1.0, "p2": -1.0},
+        "winner": "a",
+        "winner_agent": "p1",
+        "draw": False,
+        "match_type": None,
+        "length": 5,
+        "episode_id": 3,
+        "worker_index": 1,
+    }
     assert MatchResult.coerce(old).to_dict() == old
     assert pickle.loads(pickle.dumps(MatchResult.coerce(old))) == MatchResult.coerce(old)  # it travels from actors
     with pytest.raises(ValueError, match=r"missing keys \['policies'\]"):
@@ -307,12 +335,13 @@ def test_league_changes_hold_add_policy_records():
     b = alpha_star(win_rate_window=10, min_games_for_snapshot=10)
     b.record_results(games("main", "random_0", wins_a=10))
     changes = b.build(None, {})
-    a, = changes.add
+    (a,) = changes.add
     assert isinstance(a, AddPolicy) and isinstance(a.spec, PlayerSpec)
     assert (a.new_id, a.from_id, a.trainable) == ("main_v1", "main", False) and a.spec == b.players["main_v1"]
     assert AddPolicy.coerce(a) is a
     assert AddPolicy.coerce(("x", None, True, {"type": "main", "trainable": True})) == AddPolicy(
-        "x", None, True, PlayerSpec("main", True))
+        "x", None, True, PlayerSpec("main", True)
+    )
     with pytest.raises(ValueError, match="AddPolicy"):
         AddPolicy.coerce(("x", None))
 
@@ -321,8 +350,10 @@ class OldStyleBuilder(LeagueBuilder):
     """A user's builder written against the dict and tuple forms of the records."""
 
     def _initial_players(self):
-        return {"a": {"type": "main", "trainable": True, "parent": None, "created_iteration": 0},
-                "b": {"type": "random", "trainable": False}}
+        return {
+            "a": {"type": "main", "trainable": True, "parent": None, "created_iteration": 0},
+            "b": {"type": "random", "trainable": False},
+        }
 
     def _build(self, algorithm, result):
         self.players["a_v1"] = {"type": "main", "trainable": False, "parent": "a", "created_iteration": self.iteration}
@@ -337,7 +368,11 @@ def test_a_builder_of_plain_dicts_and_tuples_still_works():
     assert changes.add == [AddPolicy("a_v1", "a", False, PlayerSpec("main", False, "a", 1))]
     assert b.players["a_v1"] == PlayerSpec("main", False, "a", 1) and b.frozen_policies() == ["b", "a_v1"]
     assert json.loads(json.dumps(b.get_state()))["players"]["a_v1"] == {
-        "type": "main", "trainable": False, "parent": "a", "created_iteration": 1}
+        "type": "main",
+        "trainable": False,
+        "parent": "a",
+        "created_iteration": 1,
+    }
 
 
 # ---- matchmaking -------------------------------------------------------------------------
@@ -429,7 +464,11 @@ def test_no_league_builder():
     assert b.build(None, {}).empty and b.payoff.games("main", "main") == 3
     two = make_league_builder({"type": "no_league", "policies": ["a", "b"]})
     assert sorted(p[1:] for p in two.matchmaking().pairs()) == [
-        ("a", "a", 0.25), ("a", "b", 0.25), ("b", "a", 0.25), ("b", "b", 0.25)]
+        ("a", "a", 0.25),
+        ("a", "b", 0.25),
+        ("b", "a", 0.25),
+        ("b", "b", 0.25),
+    ]
 
 
 # ---- state -------------------------------------------------------------------------------
@@ -441,8 +480,9 @@ def test_state_round_trip_through_a_checkpoint(tmp_path):
     save_checkpoint(tmp_path / "ck", {"league": b.get_state(), "iteration": 1}, {"algo": "alpha_star"})
     state, _ = load_checkpoint(tmp_path / "ck")  # torch.load(weights_only=True)
 
-    c = make_league_builder({"type": "alpha_star", "keep_training_prob": 0.5, "win_rate_window": 10,
-                             "min_games_for_snapshot": 10})
+    c = make_league_builder(
+        {"type": "alpha_star", "keep_training_prob": 0.5, "win_rate_window": 10, "min_games_for_snapshot": 10}
+    )
     c.set_state(state["league"])
     assert c.players == b.players and c.windows == b.windows and c.seed == b.seed
     assert c.matchmaking().to_dict() == b.matchmaking().to_dict()
@@ -462,8 +502,7 @@ def test_state_is_plain_data_and_players_come_back_as_player_specs():
     b = scripted_league()
     state = b.get_state()
     assert json.loads(json.dumps(state)) == state  # plain dicts, lists, strings and numbers
-    assert state["players"]["main_v1"] == {"type": "main", "trainable": False, "parent": "main",
-                                           "created_iteration": 1}
+    assert state["players"]["main_v1"] == {"type": "main", "trainable": False, "parent": "main", "created_iteration": 1}
     c = alpha_star(payoff_decay=1.0, win_rate_window=10, min_games_for_snapshot=10)
     c.set_state(json.loads(json.dumps(state)))  # a checkpoint's players are dicts
     assert c.players == b.players and all(isinstance(s, PlayerSpec) for s in c.players.values())
@@ -487,19 +526,22 @@ def test_builder_by_name_import_path_and_kwargs():
     assert b.config.num_main_exploiters == 2 and len(b.initial_policies()) == 5
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("alpha_starr", "Unknown league builder 'alpha_starr'. Did you mean 'alpha_star'"),
-    ({"type": "alpha_star", "win_rate_treshold": 0.8}, "win_rate_treshold.*Did you mean 'win_rate_threshold'"),
-    ({"type": "alpha_star", "win_rate_threshold": 1.5}, "win_rate_threshold"),
-    ({"type": "alpha_star", "pfsp_weighting": "cubic"}, "pfsp_weighting must be one of squared"),
-    ({"type": "alpha_star", "prob_league_exploiter_match": 0.6, "prob_main_exploiter_match": 0.6}, "at most 1"),
-    ({"type": "no_league", "foo": 1}, "Bad arguments for league builder 'no_league'.*accepts: policies"),
-    ({"type": "no_league", "policies": []}, "non-empty list"),
-    ({"win_rate_threshold": 0.8}, "needs a 'type' key"),
-    ("shoal.no_such_module:Builder", "cannot be imported"),
-    ("shoal.config:ModelConfig", "not a subclass of shoal.league.LeagueBuilder"),
-    (42, "a name, an import path or a mapping"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("alpha_starr", "Unknown league builder 'alpha_starr'. Did you mean 'alpha_star'"),
+        ({"type": "alpha_star", "win_rate_treshold": 0.8}, "win_rate_treshold.*Did you mean 'win_rate_threshold'"),
+        ({"type": "alpha_star", "win_rate_threshold": 1.5}, "win_rate_threshold"),
+        ({"type": "alpha_star", "pfsp_weighting": "cubic"}, "pfsp_weighting must be one of squared"),
+        ({"type": "alpha_star", "prob_league_exploiter_match": 0.6, "prob_main_exploiter_match": 0.6}, "at most 1"),
+        ({"type": "no_league", "foo": 1}, "Bad arguments for league builder 'no_league'.*accepts: policies"),
+        ({"type": "no_league", "policies": []}, "non-empty list"),
+        ({"win_rate_threshold": 0.8}, "needs a 'type' key"),
+        ("shoal.no_such_module:Builder", "cannot be imported"),
+        ("shoal.config:ModelConfig", "not a subclass of shoal.league.LeagueBuilder"),
+        (42, "a name, an import path or a mapping"),
+    ],
+)
 def test_bad_builder_specs_are_clear_config_errors(spec, message):
     with pytest.raises(ConfigError, match=message):
         make_league_builder(spec)
@@ -537,15 +579,25 @@ def test_report_tables():
     r = league_report(b)
     assert [p["id"] for p in r["players"]] == ["main", "main_exploiter_0", "league_exploiter_0", "random_0", "main_v1"]
     main = r["players"][0]
-    assert main == {"id": "main", "type": "main", "learning": True, "parent": None, "created_iteration": 0,
-                    "games_played": 18, "recent_win_rate": None}  # 10 + 3 + 5 self-play; window reset by the snapshot
+    assert main == {
+        "id": "main",
+        "type": "main",
+        "learning": True,
+        "parent": None,
+        "created_iteration": 0,
+        "games_played": 18,
+        "recent_win_rate": None,
+    }  # 10 + 3 + 5 self-play; window reset by the snapshot
     assert r["players"][4]["parent"] == "main" and r["players"][4]["learning"] is False
     assert r["num_learning"] == 3 and r["num_frozen"] == 2 and r["games_total"] == 22
     assert r["match_type_counts"] == {"main_exploiter": 10, "league_exploiter": 4, "main": 8}
     pairs = {tuple(p["policies"]): (p["games"], p["by_match_type"]) for p in r["pair_counts"]}
-    assert pairs == {("main", "main"): (5, {"main": 5}), ("main", "main_exploiter_0"): (10, {"main_exploiter": 10}),
-                     ("main", "random_0"): (3, {"main": 3}),
-                     ("league_exploiter_0", "random_0"): (4, {"league_exploiter": 4})}
+    assert pairs == {
+        ("main", "main"): (5, {"main": 5}),
+        ("main", "main_exploiter_0"): (10, {"main_exploiter": 10}),
+        ("main", "random_0"): (3, {"main": 3}),
+        ("league_exploiter_0", "random_0"): (4, {"league_exploiter": 4}),
+    }
     m = r["win_rate_matrix"]
     i = {pid: k for k, pid in enumerate(m["ids"])}
     assert m["matrix"][i["main"]][i["main_exploiter_0"]] == pytest.approx(0.9)
@@ -553,8 +605,13 @@ def test_report_tables():
     assert m["matrix"][i["random_0"]][i["league_exploiter_0"]] == pytest.approx(0.5)
     assert m["matrix"][i["main"]][i["main"]] is None and m["matrix"][i["main_v1"]][i["main"]] is None
     text = format_league_report(r)
-    for piece in ("5 players (3 learning, 2 frozen), 22 games", "Matches per match type", "main vs main_exploiter_0",
-                  "Win rate of row player against column player", "0.90"):
+    for piece in (
+        "5 players (3 learning, 2 frozen), 22 games",
+        "Matches per match type",
+        "main vs main_exploiter_0",
+        "Win rate of row player against column player",
+        "0.90",
+    ):
         assert piece in text
     assert league_report(b.get_state()) == r  # from the state as well as from the builder
 
@@ -562,8 +619,9 @@ def test_report_tables():
 def test_write_league_report_from_a_run_directory(tmp_path):
     b = scripted_league()
     run = tmp_path / "run"
-    save_checkpoint(run / "checkpoints" / "checkpoint_000001", {"iteration": 1, "league": b.get_state()},
-                    {"algo": "alpha_star"})
+    save_checkpoint(
+        run / "checkpoints" / "checkpoint_000001", {"iteration": 1, "league": b.get_state()}, {"algo": "alpha_star"}
+    )
     r = write_league_report(run)
     png = run / HEATMAP_PNG
     assert r["files"]["heatmap"] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -625,17 +683,30 @@ def test_report_shows_the_exploitability_curve_of_an_openspiel_league(tmp_path):
 
     b = scripted_league()
     run = tmp_path / "run"
-    save_checkpoint(run / "checkpoints" / "checkpoint_000002", {"iteration": 2, "league": b.get_state()},
-                    {"algo": "alpha_star"})
-    rows = [{"iteration": 1, "env_steps_sampled": 100, "evaluation/exploitability": 2.1,
-             "evaluation/mixture_exploitability": 1.9},
-            {"iteration": 2, "env_steps_sampled": 200, "evaluation/exploitability": 1.5,
-             "evaluation/mixture_exploitability": 1.2},
-            {"iteration": 3, "env_steps_sampled": 300}]  # not evaluated: left out
-    (run / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n{\"cut sh")
+    save_checkpoint(
+        run / "checkpoints" / "checkpoint_000002", {"iteration": 2, "league": b.get_state()}, {"algo": "alpha_star"}
+    )
+    rows = [
+        {
+            "iteration": 1,
+            "env_steps_sampled": 100,
+            "evaluation/exploitability": 2.1,
+            "evaluation/mixture_exploitability": 1.9,
+        },
+        {
+            "iteration": 2,
+            "env_steps_sampled": 200,
+            "evaluation/exploitability": 1.5,
+            "evaluation/mixture_exploitability": 1.2,
+        },
+        {"iteration": 3, "env_steps_sampled": 300},
+    ]  # not evaluated: left out
+    (run / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + '\n{"cut sh')
     r = write_league_report(run)
-    assert r["exploitability"] == [{"iteration": 1, "env_steps": 100, "main": 2.1, "mixture": 1.9},
-                                   {"iteration": 2, "env_steps": 200, "main": 1.5, "mixture": 1.2}]
+    assert r["exploitability"] == [
+        {"iteration": 1, "env_steps": 100, "main": 2.1, "mixture": 1.9},
+        {"iteration": 2, "env_steps": 200, "main": 1.5, "mixture": 1.2},
+    ]
     assert r["files"]["exploitability"] == str(run / EXPLOITABILITY_PNG)
     assert (run / EXPLOITABILITY_PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = (run / "league_report.txt").read_text()

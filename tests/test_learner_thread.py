@@ -36,8 +36,9 @@ def make_learner(seed: int = 0, loss_fn=mse_loss) -> Learner:
 def make_batch(i: int, rows: int = 8) -> Batch:
     rng = np.random.default_rng(i)
     obs = rng.normal(size=(rows, 3)).astype(np.float32)
-    return Batch({Col.OBS: obs, Col.VALUE_TARGETS: obs.sum(1).astype(np.float32),
-                  BATCH_ID: np.full(rows, i, dtype=np.int64)})
+    return Batch(
+        {Col.OBS: obs, Col.VALUE_TARGETS: obs.sum(1).astype(np.float32), BATCH_ID: np.full(rows, i, dtype=np.int64)}
+    )
 
 
 class Recorder:
@@ -87,14 +88,17 @@ def test_batches_are_learned_in_queue_order(threads):
     assert rec.seen == [0, 1, 2, 3, 4, 5]
 
 
-@pytest.mark.parametrize("num_sgd_iter,buffer_size,expected", [
-    (1, 1, [0, 1, 2, 3]),
-    (3, 1, [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]),
-    (2, 2, [0, 1, 0, 1, 2, 3, 2, 3]),
-    (3, 2, [0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3]),
-    (1, 2, [0, 1, 2, 3]),
-    (2, 4, [0, 1, 2, 3, 0, 1, 2, 3]),
-])
+@pytest.mark.parametrize(
+    "num_sgd_iter,buffer_size,expected",
+    [
+        (1, 1, [0, 1, 2, 3]),
+        (3, 1, [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]),
+        (2, 2, [0, 1, 0, 1, 2, 3, 2, 3]),
+        (3, 2, [0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3]),
+        (1, 2, [0, 1, 2, 3]),
+        (2, 4, [0, 1, 2, 3, 0, 1, 2, 3]),
+    ],
+)
 def test_each_batch_gets_num_sgd_iter_passes_in_ring_order(threads, num_sgd_iter, buffer_size, expected):
     rec = Recorder()
     learner = make_learner(loss_fn=rec)
@@ -221,8 +225,14 @@ def test_stats_keys_and_values(threads):
     drain(t.outqueue, 3)
     s = t.stats()
     assert set(s) == {
-        "learner_queue_size_mean", "learner_queue_size_max", "timers/learner_queue_wait_ms", "timers/learner_load_ms",
-        "timers/learner_load_wait_ms", "timers/learner_grad_ms", "learner_idle_fraction", "num_updates",
+        "learner_queue_size_mean",
+        "learner_queue_size_max",
+        "timers/learner_queue_wait_ms",
+        "timers/learner_load_ms",
+        "timers/learner_load_wait_ms",
+        "timers/learner_grad_ms",
+        "learner_idle_fraction",
+        "num_updates",
     }
     assert s["num_updates"] == 6.0
     assert s["timers/learner_grad_ms"] > 0 and 0.0 <= s["learner_idle_fraction"] <= 1.0
@@ -285,8 +295,10 @@ def test_unknown_policy_in_a_batch_kills_the_thread_with_a_clear_error(threads):
         t.check()
 
 
-@pytest.mark.parametrize("key,value", [("learner_queue_size", 0), ("minibatch_buffer_size", -1),
-                                       ("num_sgd_iter", 1.5), ("learner_queue_timeout", 0)])
+@pytest.mark.parametrize(
+    "key,value",
+    [("learner_queue_size", 0), ("minibatch_buffer_size", -1), ("num_sgd_iter", 1.5), ("learner_queue_timeout", 0)],
+)
 def test_bad_settings_are_config_errors_naming_the_key(key, value):
     with pytest.raises(ConfigError, match=key):
         LearnerThread(make_learner(), **{key: value})

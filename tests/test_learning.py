@@ -24,7 +24,9 @@ def test_ppo_solves_cartpole_in_process_with_the_preset():
     config = PPOConfig(**data, seed=0)
     # Budget for a loaded 2-core CI machine; the preset solves in ~5-8 s of training alone.
     summary = train(config, {"reward": 475, "time_s": 90}, out=None, progress=False)
-    assert summary.solved, f"not solved: best mean return {summary.best_return:.1f} after {summary.result['env_steps_sampled']} steps"
+    assert summary.solved, (
+        f"not solved: best mean return {summary.best_return:.1f} after {summary.result['env_steps_sampled']} steps"
+    )
     assert summary.result["episode_return_mean"] >= 475
     assert summary.result["env_steps_sampled"] < 600_000
 
@@ -33,8 +35,16 @@ def test_ppo_learns_a_box_action_task_a_little():
     """Pendulum (diagonal Gaussian actions): the mean return rises clearly within a short budget."""
     from shoal import PPOConfig
 
-    algo = PPOConfig(env="Pendulum-v1", seed=0, gamma=0.95, lr=1e-3, train_batch_size=4096, minibatch_size=512,
-                     num_sgd_iter=10, resources={"num_envs_per_worker": 16}).build()
+    algo = PPOConfig(
+        env="Pendulum-v1",
+        seed=0,
+        gamma=0.95,
+        lr=1e-3,
+        train_batch_size=4096,
+        minibatch_size=512,
+        num_sgd_iter=10,
+        resources={"num_envs_per_worker": 16},
+    ).build()
     try:
         first = algo.train()["episode_return_mean"]
         best = first
@@ -53,5 +63,9 @@ def test_dqn_learns_cartpole_in_process():
     config = DQNConfig(env="CartPole-v1", seed=0, min_env_steps_per_iteration=4000)
     # ~80k env steps / ~15-25 s to reach 450 here; 400 within the budget leaves room for a loaded CI machine.
     summary = train(config, {"reward": 400, "time_s": 150}, out=None, progress=False)
-    assert summary.solved, f"best mean return {summary.best_return:.1f} after {summary.result['env_steps_sampled']} steps"
-    assert summary.result["env_steps_trained"] > 4 * summary.result["env_steps_sampled"]  # intensity 8, after learning starts
+    assert summary.solved, (
+        f"best mean return {summary.best_return:.1f} after {summary.result['env_steps_sampled']} steps"
+    )
+    assert (
+        summary.result["env_steps_trained"] > 4 * summary.result["env_steps_sampled"]
+    )  # intensity 8, after learning starts

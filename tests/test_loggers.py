@@ -15,8 +15,14 @@ from shoal.errors import ConfigError
 from shoal.logging.trackers import mlflow_key, read_run_id
 from shoal.logging.writers import flatten_config
 
-SMALL = dict(env="CartPole-v1", seed=0, train_batch_size=256, minibatch_size=128, num_sgd_iter=1,
-             resources={"num_envs_per_worker": 4})
+SMALL = dict(
+    env="CartPole-v1",
+    seed=0,
+    train_batch_size=256,
+    minibatch_size=128,
+    num_sgd_iter=1,
+    resources={"num_envs_per_worker": 4},
+)
 
 
 @pytest.fixture(autouse=True)
@@ -35,8 +41,12 @@ def results(run_dir):
 
 
 def test_flatten_config_and_mlflow_keys():
-    assert flatten_config({"lr": 0.1, "model": {"hiddens": [64, 64], "custom": None}, "env_config": {}}) == \
-        {"lr": 0.1, "model.hiddens": "[64, 64]", "model.custom": "None", "env_config": "{}"}
+    assert flatten_config({"lr": 0.1, "model": {"hiddens": [64, 64], "custom": None}, "env_config": {}}) == {
+        "lr": 0.1,
+        "model.hiddens": "[64, 64]",
+        "model.custom": "None",
+        "env_config": "{}",
+    }
     assert mlflow_key("timers/learn_ms") == "timers/learn_ms"
     assert mlflow_key("policy_return_mean/p<0>") == "policy_return_mean/p_0_"
 
@@ -52,8 +62,10 @@ def test_tensorboard_has_the_config_as_text_and_hparams(tmp_path):
     ea.Reload()
     text = tensor_util.make_ndarray(ea.Tensors("config/text_summary")[0].tensor_proto).item().decode()
     assert "algo: ppo" in text and "train_batch_size: 256" in text
-    data = {tag.rsplit("/", 1)[-1]: plugin_data_pb2.HParamsPluginData.FromString(c)
-            for tag, c in ea.PluginTagToContent("hparams").items()}
+    data = {
+        tag.rsplit("/", 1)[-1]: plugin_data_pb2.HParamsPluginData.FromString(c)
+        for tag, c in ea.PluginTagToContent("hparams").items()
+    }
     hparams = data["session_start_info"].session_start_info.hparams
     assert hparams["lr"].number_value == pytest.approx(3e-4)
     assert hparams["resources.num_envs_per_worker"].number_value == 4

@@ -203,17 +203,20 @@ def test_hiddens_apply_after_a_cnn_torso():
     assert m.pi[0].in_features == 512 and m.pi[0].out_features == 32
 
 
-@pytest.mark.parametrize("space, conv_filters, expected", [
-    (FRAMES_CF, [], "nature_cnn"),
-    (FRAMES_CL, [], "nature_cnn"),
-    (FRAMES_CF, [[16, 8, 4]], "conv"),
-    (BOARD, [[16, 4, 1]], "conv"),
-    (BOARD, [], "mlp"),                                          # int8 planes: not frames
-    (gym.spaces.Box(0.0, 1.0, (4, 84, 84), np.float32), [], "mlp"),  # float images keep their MLP
-    (gym.spaces.Box(0, 255, (128,), np.uint8), [], "mlp"),       # a uint8 vector
-    (gym.spaces.Box(0, 255, (7, 7, 3), np.uint8), [], "mlp"),    # too small for the Nature network
-    (gym.spaces.Discrete(5), [], "mlp"),
-])
+@pytest.mark.parametrize(
+    "space, conv_filters, expected",
+    [
+        (FRAMES_CF, [], "nature_cnn"),
+        (FRAMES_CL, [], "nature_cnn"),
+        (FRAMES_CF, [[16, 8, 4]], "conv"),
+        (BOARD, [[16, 4, 1]], "conv"),
+        (BOARD, [], "mlp"),  # int8 planes: not frames
+        (gym.spaces.Box(0.0, 1.0, (4, 84, 84), np.float32), [], "mlp"),  # float images keep their MLP
+        (gym.spaces.Box(0, 255, (128,), np.uint8), [], "mlp"),  # a uint8 vector
+        (gym.spaces.Box(0, 255, (7, 7, 3), np.uint8), [], "mlp"),  # too small for the Nature network
+        (gym.spaces.Discrete(5), [], "mlp"),
+    ],
+)
 def test_auto_torso_resolution(space, conv_filters, expected):
     assert resolve_torso(space, "auto", conv_filters) == expected
     assert build_actor_critic(space, ACTIONS, ModelConfig(conv_filters=conv_filters)).torso == expected
@@ -230,8 +233,11 @@ def test_frame_layout_detection():
 @pytest.mark.parametrize("shape", [(4, 4, 4), (84, 84, 84), (3, 84, 3)])
 def test_ambiguous_frame_layout_asks_for_model_frame_layout(shape):
     space = gym.spaces.Box(0, 255, shape, np.uint8)
-    with pytest.raises(ConfigError, match=rf"shape \({shape[0]}, {shape[1]}, {shape[2]}\).*model\.frame_layout: "
-                       r"channels_first .* channels_last"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"shape \({shape[0]}, {shape[1]}, {shape[2]}\).*model\.frame_layout: "
+        r"channels_first .* channels_last",
+    ):
         build_actor_critic(space, ACTIONS, ModelConfig(torso="impala_cnn"))
     m = build_actor_critic(space, ACTIONS, ModelConfig(torso="impala_cnn", frame_layout="channels_last", hiddens=[]))
     assert m.pi_conv.in_channels == shape[2]

@@ -74,10 +74,10 @@ def test_env_specs_resolve_from_import_paths_modules_and_callables():
 def test_adapter_checks_illegal_moves_itself():
     env = make_multi_agent_env(TTT)
     to_act = env.reset(seed=0)
-    (agent, (obs, mask)), = to_act.items()
+    ((agent, (obs, mask)),) = to_act.items()
     assert obs.shape == (18,) and mask.all()
     out = env.step({agent: 4})
-    (other, (_, mask2)), = out.to_act.items()
+    ((other, (_, mask2)),) = out.to_act.items()
     assert other != agent and not mask2[4] and mask2.sum() == 8
     with pytest.raises(EnvError, match="Illegal action 4"):
         env.step({other: 4})
@@ -86,7 +86,9 @@ def test_adapter_checks_illegal_moves_itself():
 # ---- masks --------------------------------------------------------------------------------------
 def test_masked_policy_gives_illegal_actions_zero_probability():
     env = make_multi_agent_env(C4)
-    policy = MaskedActorCriticPolicy(env.observation_space("player_0"), env.action_space("player_0"), config(C4), seed=0)
+    policy = MaskedActorCriticPolicy(
+        env.observation_space("player_0"), env.action_space("player_0"), config(C4), seed=0
+    )
     with torch.no_grad():
         policy.module.pi[-1].bias[:] = torch.tensor([50.0, 0, 0, 0, 0, 0, 40.0])  # unmasked, action 0 would win always
     obs = np.zeros((500, 84), np.float32)
@@ -102,8 +104,12 @@ def test_masked_policy_gives_illegal_actions_zero_probability():
 
 
 def test_no_illegal_move_over_many_random_steps_and_masks_are_stored():
-    runner = MultiAgentEnvRunner(config(num_envs=4, rollout_fragment_length=10), 0, {"a": None, "b": None},
-                                 lambda agent, ep: "a" if (ep.id + (agent == "player_1")) % 2 else "b")
+    runner = MultiAgentEnvRunner(
+        config(num_envs=4, rollout_fragment_length=10),
+        0,
+        {"a": None, "b": None},
+        lambda agent, ep: "a" if (ep.id + (agent == "player_1")) % 2 else "b",
+    )
     seen = steps = 0
     for _ in range(12):  # the adapters raise EnvError on any illegal action
         batches, metrics = runner.sample()
@@ -123,9 +129,15 @@ def test_no_illegal_move_over_many_random_steps_and_masks_are_stored():
 
 # ---- reward credit and sequence layout ----------------------------------------------------------
 def play(x_moves, o_moves, games, T):
-    runner = MultiAgentEnvRunner(config(num_envs=1), 0, {"x": SeqPlayer(x_moves), "o": SeqPlayer(o_moves)}, x_then_o,
-                                 policies_to_train=["x", "o"], rollout_fragment_length=T,
-                                 ticks_per_sample=games * (len(x_moves) + len(o_moves)))
+    runner = MultiAgentEnvRunner(
+        config(num_envs=1),
+        0,
+        {"x": SeqPlayer(x_moves), "o": SeqPlayer(o_moves)},
+        x_then_o,
+        policies_to_train=["x", "o"],
+        rollout_fragment_length=T,
+        ticks_per_sample=games * (len(x_moves) + len(o_moves)),
+    )
     return runner.sample()
 
 
@@ -159,25 +171,40 @@ def test_draw_gives_zero_reward_and_terminates_both():
     assert len(x) == 4 and len(o) == 4
     assert not x[Col.REWARDS].any() and not o[Col.REWARDS].any()
     assert not x[Col.TERMINATEDS].any() and o[Col.TERMINATEDS][-1]
-    m, = metrics.matches
+    (m,) = metrics.matches
     assert m.draw and m.winner is None and m.returns == {"player_1": 0.0, "player_2": 0.0}
     assert metrics.episode_returns == [0.0] and metrics.episode_lengths == [9]
 
 
 def test_batches_per_policy_only_for_policies_to_train_unless_asked():
     mapping = lambda agent, ep: "learner" if agent == "player_1" else "frozen"  # noqa: E731
-    runner = MultiAgentEnvRunner(config(num_envs=3, rollout_fragment_length=5), 0,
-                                 {"learner": None, "frozen": None, "rnd": "random"}, mapping, policies_to_train=["learner"],
-                                 ticks_per_sample=20)
+    runner = MultiAgentEnvRunner(
+        config(num_envs=3, rollout_fragment_length=5),
+        0,
+        {"learner": None, "frozen": None, "rnd": "random"},
+        mapping,
+        policies_to_train=["learner"],
+        ticks_per_sample=20,
+    )
     assert runner.policies_to_train == {"learner"}
     batches, metrics = runner.sample()
     assert set(batches) == {"learner"}
     assert len(batches["learner"]) % 5 == 0 and len(batches["learner"]) >= 5
-    assert set(batches["learner"].keys()) == {Col.OBS, Col.NEXT_OBS, Col.ACTIONS, Col.ACTION_LOGP, Col.REWARDS,
-                                              Col.TERMINATEDS, Col.VALID, Col.ACTION_MASK, Col.BOOTSTRAP_OBS}
+    assert set(batches["learner"].keys()) == {
+        Col.OBS,
+        Col.NEXT_OBS,
+        Col.ACTIONS,
+        Col.ACTION_LOGP,
+        Col.REWARDS,
+        Col.TERMINATEDS,
+        Col.VALID,
+        Col.ACTION_MASK,
+        Col.BOOTSTRAP_OBS,
+    }
     b = batches["learner"]  # the bootstrap: each 5-row sequence's last next observation, packed over its rows
-    np.testing.assert_array_equal(unpack_per_sequence(b[Col.BOOTSTRAP_OBS], 5, b[Col.OBS].shape[1:]),
-                                  b[Col.NEXT_OBS][4::5])
+    np.testing.assert_array_equal(
+        unpack_per_sequence(b[Col.BOOTSTRAP_OBS], 5, b[Col.OBS].shape[1:]), b[Col.NEXT_OBS][4::5]
+    )
     # every decision of the learner lands in exactly one row (sequence rows + rows still waiting)
     waiting = sum(len(s) for k, s in runner._streams.items() if k[2] == "learner") + sum(len(o) for o in runner._open)
     assert len(batches["learner"]) + waiting == metrics.policy_agent_steps["learner"]
@@ -195,8 +222,9 @@ def test_mapping_fn_is_called_once_per_agent_per_episode_and_holds_for_the_episo
         calls.append((episode.id, agent))
         return ["a", "b"][(episode.id + (agent == "player_2")) % 2]
 
-    runner = MultiAgentEnvRunner(config(num_envs=2, rollout_fragment_length=4), 0, {"a": None, "b": None}, mapping,
-                                 ticks_per_sample=20)
+    runner = MultiAgentEnvRunner(
+        config(num_envs=2, rollout_fragment_length=4), 0, {"a": None, "b": None}, mapping, ticks_per_sample=20
+    )
     _, metrics = runner.sample()
     _, more = runner.sample()
     matches = metrics.matches + more.matches
@@ -209,10 +237,19 @@ def test_mapping_fn_is_called_once_per_agent_per_episode_and_holds_for_the_episo
 
 
 def test_matchmaking_data_picks_matches_with_its_probabilities_and_shuffles_seats():
-    data = {"matches": [{"policies": ["main", "snap"], "prob": 3, "match_type": "vs_snapshot"},
-                        {"policies": ["main"], "prob": 1, "match_type": "self_play"}]}
-    runner = MultiAgentEnvRunner(config(num_envs=8, rollout_fragment_length=8), 0,
-                                 {"main": None, "snap": None}, matchmaking=data, policies_to_train=["main"])
+    data = {
+        "matches": [
+            {"policies": ["main", "snap"], "prob": 3, "match_type": "vs_snapshot"},
+            {"policies": ["main"], "prob": 1, "match_type": "self_play"},
+        ]
+    }
+    runner = MultiAgentEnvRunner(
+        config(num_envs=8, rollout_fragment_length=8),
+        0,
+        {"main": None, "snap": None},
+        matchmaking=data,
+        policies_to_train=["main"],
+    )
     matches = []
     while len(matches) < 400:
         matches += runner.sample()[1].matches
@@ -236,11 +273,18 @@ def test_matchmaking_data_picks_matches_with_its_probabilities_and_shuffles_seat
 
 
 def test_policies_added_removed_and_weights_synced_at_runtime():
-    runner = MultiAgentEnvRunner(config(num_envs=2, rollout_fragment_length=4), 0, {"main": None}, policies_to_train=["main"],
-                                 ticks_per_sample=20)
+    runner = MultiAgentEnvRunner(
+        config(num_envs=2, rollout_fragment_length=4),
+        0,
+        {"main": None},
+        policies_to_train=["main"],
+        ticks_per_sample=20,
+    )
     w = runner.get_weights()["main"]
-    runner.set_weights({"main_v1": {k: v + 1.0 for k, v in w.items()}},
-                       matchmaking=[{"policies": ["main", "main_v1"], "match_type": "vs_snapshot"}])
+    runner.set_weights(
+        {"main_v1": {k: v + 1.0 for k, v in w.items()}},
+        matchmaking=[{"policies": ["main", "main_v1"], "match_type": "vs_snapshot"}],
+    )
     assert "main_v1" in runner.policies and runner.policies_to_train == {"main"}
     got = runner.get_weights(["main_v1"])["main_v1"]
     assert all(np.allclose(got[k], w[k] + 1.0) for k in w)
@@ -262,18 +306,31 @@ def test_policies_added_removed_and_weights_synced_at_runtime():
 def _chained_rows(batch, T):
     """Rows whose episode runs on into the next row of their sequence although the next row does
     not start where they ended (V-trace would discount across the gap as one trajectory)."""
-    obs, nxt = batch[Col.OBS].reshape(-1, T, batch[Col.OBS].shape[-1]), batch[Col.NEXT_OBS].reshape(-1, T, batch[Col.OBS].shape[-1])
+    obs, nxt = (
+        batch[Col.OBS].reshape(-1, T, batch[Col.OBS].shape[-1]),
+        batch[Col.NEXT_OBS].reshape(-1, T, batch[Col.OBS].shape[-1]),
+    )
     valid, term = batch[Col.VALID].reshape(-1, T), batch[Col.TERMINATEDS].reshape(-1, T)
-    return [(s, t) for s in range(len(obs)) for t in range(T - 1)
-            if valid[s, t] and not term[s, t] and valid[s, t + 1] and not np.array_equal(nxt[s, t], obs[s, t + 1])]
+    return [
+        (s, t)
+        for s in range(len(obs))
+        for t in range(T - 1)
+        if valid[s, t] and not term[s, t] and valid[s, t + 1] and not np.array_equal(nxt[s, t], obs[s, t + 1])
+    ]
 
 
 def test_removing_a_policy_ends_the_opponents_streams_like_a_truncation():
     from shoal.batch import Batch
 
     T = 4
-    runner = MultiAgentEnvRunner(config(num_envs=8, rollout_fragment_length=T), 0, {"main": None, "opp": None},
-                                 matchmaking=[{"policies": ["main", "opp"]}], policies_to_train=["main"], ticks_per_sample=3)
+    runner = MultiAgentEnvRunner(
+        config(num_envs=8, rollout_fragment_length=T),
+        0,
+        {"main": None, "opp": None},
+        matchmaking=[{"policies": ["main", "opp"]}],
+        policies_to_train=["main"],
+        ticks_per_sample=3,
+    )
     batches = [runner.sample()[0].get("main")]  # every game is under way, main has moved once or twice
     had_rows = [len(runner._streams.get((i, a, "main"), ())) for i in range(8) for a in runner.agents]
     assert any(had_rows)  # some games leave main's rows waiting in a stream
@@ -366,8 +423,9 @@ class Pennies(ParallelEnv):
     def __init__(self, max_steps: int = 4):
         self.possible_agents = ["a", "b", "c"]
         self.max_steps = max_steps
-        self._obs_space = gym.spaces.Dict({"observation": gym.spaces.Box(0, 10, (2,), np.float32),
-                                           "action_mask": gym.spaces.Box(0, 1, (3,), np.int8)})
+        self._obs_space = gym.spaces.Dict(
+            {"observation": gym.spaces.Box(0, 10, (2,), np.float32), "action_mask": gym.spaces.Box(0, 1, (3,), np.int8)}
+        )
 
     def observation_space(self, agent):
         return self._obs_space
@@ -397,8 +455,13 @@ class Pennies(ParallelEnv):
 
 
 def test_parallel_env_transitions_truncation_rows_and_rewards():
-    runner = MultiAgentEnvRunner(config(Pennies, num_envs=2, rollout_fragment_length=5), 0, {"p": None, "q": None},
-                                 lambda agent, ep: "q" if agent == "c" else "p", ticks_per_sample=12)
+    runner = MultiAgentEnvRunner(
+        config(Pennies, num_envs=2, rollout_fragment_length=5),
+        0,
+        {"p": None, "q": None},
+        lambda agent, ep: "q" if agent == "c" else "p",
+        ticks_per_sample=12,
+    )
     batches, metrics = runner.sample()
     assert metrics.env_steps == 24 and metrics.agent_steps == 2 * (4 + 4 + 2) * 3
     assert len(metrics.matches) == 6 and all(m.length == 4 for m in metrics.matches)
@@ -429,16 +492,20 @@ def test_runner_as_a_ray_actor_with_matchmaking_data(ray_cluster):
 
     cfg = config(num_envs=2, rollout_fragment_length=4)
     mm = {"matches": [{"policies": ["main", "rnd"], "match_type": "vs_random"}]}
-    group = make_actor_group(MultiAgentEnvRunner, 1, lambda i: ((cfg, i, {"main": None, "rnd": "random"}),
-                                                                {"matchmaking": mm, "ticks_per_sample": 20}),
-                             remote=True, num_cpus=0.5)
+    group = make_actor_group(
+        MultiAgentEnvRunner,
+        1,
+        lambda i: ((cfg, i, {"main": None, "rnd": "random"}), {"matchmaking": mm, "ticks_per_sample": 20}),
+        remote=True,
+        num_cpus=0.5,
+    )
     try:
         local = MultiAgentEnvRunner(cfg, 0, {"main": None}).get_weights()["main"]
         group.foreach("set_weights", {"main": {k: np.zeros_like(v) for k, v in local.items()}})
-        (batches, metrics), = group.foreach("sample")
+        ((batches, metrics),) = group.foreach("sample")
         assert set(batches) <= {"main"} and metrics.matches
         assert all(m.match_type == "vs_random" and set(m.policies) == {"main", "rnd"} for m in metrics.matches)
-        got, = group.foreach("get_weights")
+        (got,) = group.foreach("get_weights")
         assert all(not v.any() for v in got["main"].values())
     finally:
         group.stop()
@@ -449,8 +516,13 @@ def test_league_players_matchmaking_and_results_round_trip():
 
     builder = AlphaStarLeagueBuilder(seed=0)
     players = builder.initial_policies()
-    runner = MultiAgentEnvRunner(config(num_envs=4, rollout_fragment_length=4), 0, players,
-                                 matchmaking=builder.matchmaking().to_dict(), ticks_per_sample=30)
+    runner = MultiAgentEnvRunner(
+        config(num_envs=4, rollout_fragment_length=4),
+        0,
+        players,
+        matchmaking=builder.matchmaking().to_dict(),
+        ticks_per_sample=30,
+    )
     assert runner.policies_to_train == {pid for pid, s in players.items() if s.trainable}  # PlayerSpecs as specs
     batches, metrics = runner.sample()
     assert set(batches) <= runner.policies_to_train and metrics.matches

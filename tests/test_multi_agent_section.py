@@ -11,13 +11,23 @@ from shoal.algorithms import get_config_class
 from shoal.errors import ConfigError
 
 SIGNAL = "shoal.envs.signal_match:parallel_env"  # 3 agents by default; name the neighbour's signal
-SEPARATE = {"policies": {"p0": None, "p1": None, "p2": None},
-            "policy_mapping": {"agent_0": "p0", "agent_1": "p1", "agent_2": "p2"}}
+SEPARATE = {
+    "policies": {"p0": None, "p1": None, "p2": None},
+    "policy_mapping": {"agent_0": "p0", "agent_1": "p1", "agent_2": "p2"},
+}
 
 
 def _config(algo: str, multi_agent: dict, env: str = SIGNAL, **kw):
-    base = dict(env=env, seed=0, lr=3e-3, gamma=0.5, rollout_fragment_length=10, min_time_s_per_iteration=0,
-                resources={"num_envs_per_worker": 16}, multi_agent=multi_agent)
+    base = dict(
+        env=env,
+        seed=0,
+        lr=3e-3,
+        gamma=0.5,
+        rollout_fragment_length=10,
+        min_time_s_per_iteration=0,
+        resources={"num_envs_per_worker": 16},
+        multi_agent=multi_agent,
+    )
     if algo == "ppo":
         base["minibatch_size"] = 120
     else:
@@ -37,12 +47,15 @@ def _train_until(algo, target: float, max_iters: int) -> dict:
 
 # ---- learning -------------------------------------------------------------------------------
 @pytest.mark.learning
-@pytest.mark.parametrize("algo, multi_agent", [
-    ("ppo", {"policies": {"shared": None}}),  # one policy plays all three agents
-    ("ppo", SEPARATE),
-    ("impala", SEPARATE),
-    ("appo", {"policies": {"shared": None}}),
-])
+@pytest.mark.parametrize(
+    "algo, multi_agent",
+    [
+        ("ppo", {"policies": {"shared": None}}),  # one policy plays all three agents
+        ("ppo", SEPARATE),
+        ("impala", SEPARATE),
+        ("appo", {"policies": {"shared": None}}),
+    ],
+)
 def test_three_agents_learn_with_shared_or_separate_policies(algo, multi_agent):
     """Random play scores 10/3 per agent; each policy's agents reach 8.5 of 10."""
     a = _config(algo, multi_agent).build()
@@ -77,10 +90,14 @@ def test_a_frozen_policy_never_changes_and_the_others_learn():
 
 
 def test_mapping_by_import_path_and_per_policy_overrides():
-    a = _config("ppo", {"policies": {"even": {"model": {"hiddens": [8]}, "config": {"lr": 1e-4}},
-                                     "odd": None},
-                        "policy_mapping": "ma_mapping:by_parity"},
-                env_config={"num_agents": 4}).build()
+    a = _config(
+        "ppo",
+        {
+            "policies": {"even": {"model": {"hiddens": [8]}, "config": {"lr": 1e-4}}, "odd": None},
+            "policy_mapping": "ma_mapping:by_parity",
+        },
+        env_config={"num_agents": 4},
+    ).build()
     try:
         r = a.train()
         assert r["learner/even/lr"] == pytest.approx(1e-4) and r["learner/odd/lr"] == pytest.approx(3e-3)
@@ -115,8 +132,11 @@ def test_update_config_reaches_every_learning_policy_and_overrides_still_win(alg
 
 def test_rock_paper_scissors_discrete_observations_are_one_hot():
     """pettingzoo.classic:rps_v2 observes Discrete(4): it used to crash with a shape mismatch."""
-    a = _config("appo", {"policies": {"a": None, "b": None}, "policy_mapping": {"player_0": "a", "player_1": "b"}},
-                env="pettingzoo.classic:rps_v2").build()
+    a = _config(
+        "appo",
+        {"policies": {"a": None, "b": None}, "policy_mapping": {"player_0": "a", "player_1": "b"}},
+        env="pettingzoo.classic:rps_v2",
+    ).build()
     try:
         assert a.env_info.observation_space.shape == (4,)
         for _ in range(3):  # a game lasts 15 rounds: the first games end in the second iteration
@@ -181,15 +201,21 @@ def test_ray_rollout_actors_play_with_the_broadcast_weights():
 
 
 # ---- config errors --------------------------------------------------------------------------
-@pytest.mark.parametrize("multi_agent, message", [
-    ({"policies": {}}, "multi_agent.policies is empty"),
-    ({"policies": {"a": None, "b": None}}, "multi_agent.policy_mapping is needed with several policies"),
-    ({"policies": {"a": None}, "policy_mapping": {"agent_0": "b"}}, r"maps agents to unknown policies \['b'\]"),
-    ({"policies": {"a": None}, "policies_to_train": ["z"]}, r"policies_to_train names unknown policies \['z'\]"),
-    ({"policies": {"a": None}, "policy_mapping": "ma_mapping:nope"}, "cannot be imported"),
-    ({"policies": {"a": {"config": {"seed": 3}}}}, "sets seed, which is one per run"),
-    ({"policies": {"a": {"config": {"entropy_coef": 0.1}}}}, "multi_agent.policies.a: .*Did you mean 'entropy_coeff'"),
-])
+@pytest.mark.parametrize(
+    "multi_agent, message",
+    [
+        ({"policies": {}}, "multi_agent.policies is empty"),
+        ({"policies": {"a": None, "b": None}}, "multi_agent.policy_mapping is needed with several policies"),
+        ({"policies": {"a": None}, "policy_mapping": {"agent_0": "b"}}, r"maps agents to unknown policies \['b'\]"),
+        ({"policies": {"a": None}, "policies_to_train": ["z"]}, r"policies_to_train names unknown policies \['z'\]"),
+        ({"policies": {"a": None}, "policy_mapping": "ma_mapping:nope"}, "cannot be imported"),
+        ({"policies": {"a": {"config": {"seed": 3}}}}, "sets seed, which is one per run"),
+        (
+            {"policies": {"a": {"config": {"entropy_coef": 0.1}}}},
+            "multi_agent.policies.a: .*Did you mean 'entropy_coeff'",
+        ),
+    ],
+)
 def test_multi_agent_config_errors_name_the_key(multi_agent, message):
     with pytest.raises(ConfigError, match=message):
         _config("ppo", multi_agent)

@@ -133,8 +133,14 @@ def test_stacks_go_idle_ready_idle_with_several_loaders(threads):
     s = t.stats()
     assert s["timers/learner_load_ms"] > 0 and s["timers/learner_load_wait_ms"] >= 0 and s["num_updates"] == 12.0
     assert set(s) == {
-        "learner_queue_size_mean", "learner_queue_size_max", "timers/learner_queue_wait_ms", "timers/learner_load_ms",
-        "timers/learner_load_wait_ms", "timers/learner_grad_ms", "learner_idle_fraction", "num_updates",
+        "learner_queue_size_mean",
+        "learner_queue_size_max",
+        "timers/learner_queue_wait_ms",
+        "timers/learner_load_ms",
+        "timers/learner_load_wait_ms",
+        "timers/learner_grad_ms",
+        "learner_idle_fraction",
+        "num_updates",
     }
 
 

@@ -88,8 +88,15 @@ def test_an_actor_hands_over_each_sample_once():
 
 
 def trained(tmp_path, **extra):
-    config = PPOConfig(env="CartPole-v1", seed=0, train_batch_size=512, minibatch_size=256, num_sgd_iter=2,
-                       normalize={"obs": True, "reward": True}, **extra)
+    config = PPOConfig(
+        env="CartPole-v1",
+        seed=0,
+        train_batch_size=512,
+        minibatch_size=256,
+        num_sgd_iter=2,
+        normalize={"obs": True, "reward": True},
+        **extra,
+    )
     algo = config.build()
     algo.train()
     algo.train()
@@ -140,15 +147,25 @@ def test_refusals():
     with pytest.raises(ConfigError, match="not used by apex"):
         ApeXConfig(env="CartPole-v1", normalize={"reward": True})
     with pytest.raises(ConfigError, match="not supported with a multi_agent section"):
-        PPOConfig(env="shoal.envs.signal_match:parallel_env", multi_agent={"policies": {"shared": None}},
-                  normalize={"reward": True}).build()
+        PPOConfig(
+            env="shoal.envs.signal_match:parallel_env",
+            multi_agent={"policies": {"shared": None}},
+            normalize={"reward": True},
+        ).build()
     PPOConfig(env=PixelCatch, normalize={"reward": True}).build().stop()  # rewards of pixel envs may be scaled
 
 
 def test_one_ray_rollout_actor_sends_its_statistics_to_the_driver(tmp_path):
-    config = PPOConfig(env="CartPole-v1", seed=0, train_batch_size=256, minibatch_size=256, num_sgd_iter=1,
-                       rollout_fragment_length=32, normalize={"obs": True, "reward": True},
-                       resources={"num_workers": 1, "num_envs_per_worker": 8})
+    config = PPOConfig(
+        env="CartPole-v1",
+        seed=0,
+        train_batch_size=256,
+        minibatch_size=256,
+        num_sgd_iter=1,
+        rollout_fragment_length=32,
+        normalize={"obs": True, "reward": True},
+        resources={"num_workers": 1, "num_envs_per_worker": 8},
+    )
     algo = config.build()
     try:
         r = {}
@@ -167,8 +184,20 @@ def test_one_ray_rollout_actor_sends_its_statistics_to_the_driver(tmp_path):
 def test_ppo_with_normalization_solves_cartpole():
     from shoal.app.trainer import train
 
-    config = PPOConfig(env="CartPole-v1", seed=0, gamma=0.98, gae_lambda=0.9, lr=0.003, train_batch_size=4096,
-                       minibatch_size=2048, num_sgd_iter=8, entropy_coeff=0.0, resources={"num_envs_per_worker": 64},
-                       normalize={"obs": True, "reward": True})
+    config = PPOConfig(
+        env="CartPole-v1",
+        seed=0,
+        gamma=0.98,
+        gae_lambda=0.9,
+        lr=0.003,
+        train_batch_size=4096,
+        minibatch_size=2048,
+        num_sgd_iter=8,
+        entropy_coeff=0.0,
+        resources={"num_envs_per_worker": 64},
+        normalize={"obs": True, "reward": True},
+    )
     summary = train(config, {"reward": 475, "time_s": 60}, out=None, progress=False)  # ~2-4 s of training here
-    assert summary.solved, f"best mean return {summary.best_return:.1f} after {summary.result['env_steps_sampled']} steps"
+    assert summary.solved, (
+        f"best mean return {summary.best_return:.1f} after {summary.result['env_steps_sampled']} steps"
+    )

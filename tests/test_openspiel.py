@@ -59,7 +59,10 @@ def test_observation_is_the_acting_players_information_state_with_its_legal_mask
     other = env.possible_agents[1 - player]
     assert env.observe(other)["action_mask"].sum() == 0  # not its turn
     assert env.observation_space(agent)["observation"].shape == (30,)
-    assert env.metadata["zero_sum"] and pyspiel.load_game("leduc_poker").num_distinct_actions() == env.action_space(agent).n
+    assert (
+        env.metadata["zero_sum"]
+        and pyspiel.load_game("leduc_poker").num_distinct_actions() == env.action_space(agent).n
+    )
     small = OpenSpielEnv("leduc_poker", observation="observation")
     small.reset(seed=3)
     assert small.observe(small.agent_selection)["observation"].shape == (16,)
@@ -117,8 +120,20 @@ def test_uniform_play_has_the_published_exploitability(game, expected):
 
 # Kuhn poker's equilibrium with alpha = 0 (Kuhn 1950), by information state: the card (0 J, 1 Q,
 # 2 K) then the moves so far (p pass, b bet); each row is (P(pass), P(bet)).
-KUHN_NASH = {"0": (1, 0), "0pb": (1, 0), "1": (1, 0), "1pb": (2 / 3, 1 / 3), "2": (1, 0), "2pb": (0, 1),
-             "0p": (2 / 3, 1 / 3), "0b": (1, 0), "1p": (1, 0), "1b": (2 / 3, 1 / 3), "2p": (0, 1), "2b": (0, 1)}
+KUHN_NASH = {
+    "0": (1, 0),
+    "0pb": (1, 0),
+    "1": (1, 0),
+    "1pb": (2 / 3, 1 / 3),
+    "2": (1, 0),
+    "2pb": (0, 1),
+    "0p": (2 / 3, 1 / 3),
+    "0b": (1, 0),
+    "1p": (1, 0),
+    "1b": (2 / 3, 1 / 3),
+    "2p": (0, 1),
+    "2b": (0, 1),
+}
 
 
 def kuhn_table_by_tensor(game, table):
@@ -129,7 +144,7 @@ def kuhn_table_by_tensor(game, table):
         card, moves = int(key[0]), key[1:]
         other = 1 if card == 0 else 0
         state = game.new_initial_state()
-        for dealt in ((card, other) if len(moves) % 2 == 0 else (other, card)):
+        for dealt in (card, other) if len(moves) % 2 == 0 else (other, card):
             state.apply_action(dealt)
         for move in moves:
             state.apply_action(0 if move == "p" else 1)
@@ -176,12 +191,26 @@ def test_a_league_on_leduc_reports_mains_exploitability_and_picks_best_by_it():
     from shoal.algorithms.alpha_star import AlphaStarConfig
 
     cfg = AlphaStarConfig(
-        env="openspiel:leduc_poker", seed=0, lr=0.003, rollout_fragment_length=4, train_batch_size=64,
-        num_sgd_iter=1, max_num_policies_to_train=1, min_time_s_per_iteration=0.0,
-        league={"type": "alpha_star", "seed": 0, "num_main_exploiters": 0, "num_league_exploiters": 0,
-                "num_random_policies": 1, "main_self_play_prob": 0.0},
-        model={"hiddens": [32], "activation": "tanh"}, resources={"num_envs_per_worker": 8},
-        evaluation={"evaluation_interval": 1, "evaluation_num_episodes": 20})
+        env="openspiel:leduc_poker",
+        seed=0,
+        lr=0.003,
+        rollout_fragment_length=4,
+        train_batch_size=64,
+        num_sgd_iter=1,
+        max_num_policies_to_train=1,
+        min_time_s_per_iteration=0.0,
+        league={
+            "type": "alpha_star",
+            "seed": 0,
+            "num_main_exploiters": 0,
+            "num_league_exploiters": 0,
+            "num_random_policies": 1,
+            "main_self_play_prob": 0.0,
+        },
+        model={"hiddens": [32], "activation": "tanh"},
+        resources={"num_envs_per_worker": 8},
+        evaluation={"evaluation_interval": 1, "evaluation_num_episodes": 20},
+    )
     with cfg.build() as algo:
         assert algo.best_metric == "evaluation/exploitability" and algo.best_metric_mode == "min"
         result = algo.train()
@@ -208,10 +237,16 @@ def test_a_league_refuses_a_game_whose_returns_never_reach_the_learners(monkeypa
     from shoal.algorithms.alpha_star import AlphaStarConfig
 
     monkeypatch.setattr(alpha_star, "UNDECIDED_GAMES_LIMIT", 60)
-    cfg = AlphaStarConfig(env=KuhnWithoutRewards, seed=0, rollout_fragment_length=4, train_batch_size=64,
-                          max_num_policies_to_train=1, min_time_s_per_iteration=0.0,
-                          league={"type": "alpha_star", "num_main_exploiters": 0, "num_league_exploiters": 0},
-                          resources={"num_envs_per_worker": 8})
+    cfg = AlphaStarConfig(
+        env=KuhnWithoutRewards,
+        seed=0,
+        rollout_fragment_length=4,
+        train_batch_size=64,
+        max_num_policies_to_train=1,
+        min_time_s_per_iteration=0.0,
+        league={"type": "alpha_star", "num_main_exploiters": 0, "num_league_exploiters": 0},
+        resources={"num_envs_per_worker": 8},
+    )
     with cfg.build() as algo:
         with pytest.raises(EnvError, match="None of the first .* games .* had a winner"):
             for _ in range(200):
@@ -272,11 +307,17 @@ def test_load_policy_gives_a_league_player_and_the_leagues_nash_mixture(tmp_path
     from shoal.errors import ConfigError
     from shoal.league.policies import LeaguePolicy, MixturePolicy
 
-    cfg = AlphaStarConfig(env="openspiel:kuhn_poker", seed=0, rollout_fragment_length=4, train_batch_size=64,
-                          max_num_policies_to_train=1, min_time_s_per_iteration=0.0,
-                          league={"type": "alpha_star", "num_main_exploiters": 0, "num_league_exploiters": 0,
-                                  "num_random_policies": 2},
-                          model={"hiddens": [16]}, resources={"num_envs_per_worker": 8})
+    cfg = AlphaStarConfig(
+        env="openspiel:kuhn_poker",
+        seed=0,
+        rollout_fragment_length=4,
+        train_batch_size=64,
+        max_num_policies_to_train=1,
+        min_time_s_per_iteration=0.0,
+        league={"type": "alpha_star", "num_main_exploiters": 0, "num_league_exploiters": 0, "num_random_policies": 2},
+        model={"hiddens": [16]},
+        resources={"num_envs_per_worker": 8},
+    )
     with cfg.build() as algo:
         algo.train()
         path = algo.save(tmp_path / "ckpt")

@@ -25,8 +25,12 @@ def dist(tmp_path_factory) -> Path:
         shutil.copy(ROOT / name, src / name)
     shutil.copytree(ROOT / "shoal", src / "shoal", ignore=shutil.ignore_patterns("__pycache__"))
     out = src / "dist"
-    p = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(src)],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return out
 
@@ -46,14 +50,41 @@ def test_build_makes_a_wheel_and_an_sdist_named_by_the_one_version(dist):
 def test_the_installed_wheel_trains_without_the_checkout(dist, tmp_path):
     (wheel,) = dist.glob("*.whl")
     target = tmp_path / "site"
-    p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     env = {**os.environ, "PYTHONPATH": str(target), "OMP_NUM_THREADS": "1"}
-    run = [sys.executable, "-m", "shoal", "train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1", "--no-stop-reward",
-           "-q", "--set", "train_batch_size=256", "--set", "minibatch_size=128", "--out", str(tmp_path / "runs")]
-    where = subprocess.run([sys.executable, "-c", "import shoal; print(shoal.__file__)"], cwd=tmp_path, env=env,
-                           capture_output=True, text=True, timeout=120)
+    run = [
+        sys.executable,
+        "-m",
+        "shoal",
+        "train",
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--stop-iters",
+        "1",
+        "--no-stop-reward",
+        "-q",
+        "--set",
+        "train_batch_size=256",
+        "--set",
+        "minibatch_size=128",
+        "--out",
+        str(tmp_path / "runs"),
+    ]
+    where = subprocess.run(
+        [sys.executable, "-c", "import shoal; print(shoal.__file__)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert where.stdout.strip().startswith(str(target)), where  # the wheel's copy, not the repository's
     p = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]

@@ -37,8 +37,14 @@ def test_frames_stay_uint8_from_a_ray_rollout_actor_to_the_learner(monkeypatch):
     from shoal.algorithms.impala import IMPALAConfig
 
     seen = _record_learner_inputs(monkeypatch)
-    algo = IMPALAConfig(env=CATCH, seed=0, model=SMALL_CNN, rollout_fragment_length=9, train_batch_size=72,
-                        resources={"num_workers": 1, "num_envs_per_worker": 4, "num_cpus_per_worker": 0.5}).build()
+    algo = IMPALAConfig(
+        env=CATCH,
+        seed=0,
+        model=SMALL_CNN,
+        rollout_fragment_length=9,
+        train_batch_size=72,
+        resources={"num_workers": 1, "num_envs_per_worker": 4, "num_cpus_per_worker": 0.5},
+    ).build()
     try:
         for _ in range(50):
             algo.train()
@@ -58,10 +64,21 @@ def test_a_cnn_agent_learns_pixel_catch_in_process():
     from shoal import PPOConfig
     from shoal.app.trainer import train
 
-    config = PPOConfig(env=CATCH, seed=0, model=SMALL_CNN, lr=1e-3, gamma=0.9, train_batch_size=2048,
-                       minibatch_size=256, num_sgd_iter=4, entropy_coeff=0.01,
-                       resources={"num_envs_per_worker": 16})
+    config = PPOConfig(
+        env=CATCH,
+        seed=0,
+        model=SMALL_CNN,
+        lr=1e-3,
+        gamma=0.9,
+        train_batch_size=2048,
+        minibatch_size=256,
+        num_sgd_iter=4,
+        entropy_coeff=0.01,
+        resources={"num_envs_per_worker": 16},
+    )
     # ~40k env steps to +0.8 here; +0.5 (random play: -0.39) leaves room for a loaded CI machine
     summary = train(config, {"reward": 0.5, "time_s": 120}, out=None, progress=False)
-    assert summary.solved, f"best mean return {summary.best_return:.2f} after {summary.result['env_steps_sampled']} steps"
+    assert summary.solved, (
+        f"best mean return {summary.best_return:.2f} after {summary.result['env_steps_sampled']} steps"
+    )
     assert summary.best_return > RANDOM_RETURN + 0.8

@@ -17,19 +17,33 @@ def fake_run(root, name: str, config: dict, rows: list[tuple[int, float]]):
     d = root / name
     d.mkdir(parents=True)
     (d / "config.yaml").write_text(yaml.safe_dump({"algo": "ppo", **config}))
-    (d / "results.jsonl").write_text("".join(
-        json.dumps({"iteration": i + 1, "env_steps_sampled": x, "time_total_s": 2.0 * (i + 1), "episode_return_mean": y})
-        + "\n" for i, (x, y) in enumerate(rows)))
+    (d / "results.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {"iteration": i + 1, "env_steps_sampled": x, "time_total_s": 2.0 * (i + 1), "episode_return_mean": y}
+            )
+            + "\n"
+            for i, (x, y) in enumerate(rows)
+        )
+    )
     return d
 
 
 @pytest.fixture
 def runs(tmp_path):
     root = tmp_path / "runs"
-    fake_run(root, "ppo_CartPole-v1_20261126-010000", {"env": "CartPole-v1", "lr": 1e-3, "seed": 0}, [(0, 0.0), (10, 10.0)])
-    fake_run(root, "ppo_CartPole-v1_20261126-010100", {"env": "CartPole-v1", "lr": 1e-3, "seed": 1}, [(0, 0.0), (20, 40.0)])
-    fake_run(root, "ppo_CartPole-v1_20261126-010200", {"env": "CartPole-v1", "lr": 1e-4, "seed": 0},
-             [(0, 1.0), (5, float("nan")), (10, 3.0)])
+    fake_run(
+        root, "ppo_CartPole-v1_20261126-010000", {"env": "CartPole-v1", "lr": 1e-3, "seed": 0}, [(0, 0.0), (10, 10.0)]
+    )
+    fake_run(
+        root, "ppo_CartPole-v1_20261126-010100", {"env": "CartPole-v1", "lr": 1e-3, "seed": 1}, [(0, 0.0), (20, 40.0)]
+    )
+    fake_run(
+        root,
+        "ppo_CartPole-v1_20261126-010200",
+        {"env": "CartPole-v1", "lr": 1e-4, "seed": 0},
+        [(0, 1.0), (5, float("nan")), (10, 3.0)],
+    )
     return root
 
 

@@ -36,14 +36,17 @@ def test_one_policy_keeps_the_single_agent_layout():
 
 def test_several_policies_key_rows_stats_results_and_weights_by_id():
     frozen = {"x": np.zeros(2)}
-    ps = PolicySet({"a": None, "b": None, "c": None}, {"a": _Learner(1.0), "b": _Learner(2.0)}, {"c": frozen},
-                   multi=True)
+    ps = PolicySet(
+        {"a": None, "b": None, "c": None}, {"a": _Learner(1.0), "b": _Learner(2.0)}, {"c": frozen}, multi=True
+    )
     assert ps.ids == ["a", "b", "c"] and [pid for pid, _ in ps] == ["a", "b"]
     out = ps.batches([{"a": _rows(2), "b": _rows(1)}, {"a": _rows(3, 2)}])
     assert {pid: b["x"].tolist() for pid, b in out.items()} == {"a": [0, 1, 2, 3, 4], "b": [0]}
     # a learner thread's flat stats: only the learning policies' keys are split out
-    assert ps.split_stats({"a/kl": 1.0, "b/kl": 2.0, "c/kl": 3.0, "num_updates": 4}) == {"a": {"kl": 1.0},
-                                                                                        "b": {"kl": 2.0}}
+    assert ps.split_stats({"a/kl": 1.0, "b/kl": 2.0, "c/kl": 3.0, "num_updates": 4}) == {
+        "a": {"kl": 1.0},
+        "b": {"kl": 2.0},
+    }
     assert ps.result_keys({"a": {"kl": 1.0}, "b": {"kl": 2.0}}) == {"learner/a/kl": 1.0, "learner/b/kl": 2.0}
     assert ps.display([("learner/vf_loss", "vf_loss")]) == [("learner/a/vf_loss", "a/vf_loss")]
     w = ps.get_weights()
@@ -67,9 +70,11 @@ def test_async_pipeline_cuts_each_policys_train_batches_from_its_own_rows():
     p.enqueue([{"a": _rows(6), "b": _rows(2)}])  # a: one batch, 2 rows wait; b: 2 rows wait
     p.enqueue([{"a": _rows(6, 6), "b": _rows(2, 2)}])  # a: 8 rows -> two batches; b: 4 -> one
     got = [({pid: b["x"].tolist() for pid, b in item.items()}, steps) for item, steps in thread.items]
-    assert got == [({"a": [0, 1, 2, 3]}, 4),
-                   ({"a": [4, 5, 6, 7], "b": [0, 1, 2, 3]}, 8),  # the batches cut in one step travel together
-                   ({"a": [8, 9, 10, 11]}, 4)]
+    assert got == [
+        ({"a": [0, 1, 2, 3]}, 4),
+        ({"a": [4, 5, 6, 7], "b": [0, 1, 2, 3]}, 8),  # the batches cut in one step travel together
+        ({"a": [8, 9, 10, 11]}, 4),
+    ]
     assert p.pending_rows == {"a": 0, "b": 0}
 
 

@@ -11,10 +11,16 @@ import numpy as np
 def test_load_policy_predicts_like_the_trained_algorithm_and_starts_no_ray(tmp_path):
     from shoal import PPOConfig, train
 
-    config = PPOConfig(env="shoal.envs.memory:RememberCue", env_config={"delay": 2}, seed=0, lr=1e-3,
-                       rollout_fragment_length=32, minibatch_size=128,
-                       model={"use_lstm": True, "lstm_cell_size": 16, "hiddens": [16]},
-                       resources={"num_envs_per_worker": 8})
+    config = PPOConfig(
+        env="shoal.envs.memory:RememberCue",
+        env_config={"delay": 2},
+        seed=0,
+        lr=1e-3,
+        rollout_fragment_length=32,
+        minibatch_size=128,
+        model={"use_lstm": True, "lstm_cell_size": 16, "hiddens": [16]},
+        resources={"num_envs_per_worker": 8},
+    )
     summary = train(config, {"iterations": 3}, out=str(tmp_path), progress=False)
     code = f"""
 import numpy as np, ray, shoal
@@ -25,7 +31,7 @@ actions, state = policy.predict(obs)
 actions2, state2 = policy.predict(np.zeros((2, 3), np.float32), state)
 assert actions.shape == (2,) and state.shape == (2, 64) and state2.shape == (2, 64)
 assert not ray.is_initialized()
-np.save({str(tmp_path / 'out.npy')!r}, np.concatenate([actions, actions2, state.ravel(), state2.ravel()]))
+np.save({str(tmp_path / "out.npy")!r}, np.concatenate([actions, actions2, state.ravel(), state2.ravel()]))
 policy.close()
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -53,8 +59,16 @@ def test_load_policy_of_an_apex_run_builds_the_q_network_only(tmp_path, monkeypa
     from shoal.algorithms import dqn
     from shoal.algorithms.base import Algorithm
 
-    cfg = ApeXConfig(env="CartPole-v1", seed=0, replay_capacity=4096, learning_starts=256, train_batch_size=64,
-                     rollout_fragment_length=16, min_time_s_per_iteration=0.0, resources={"num_envs_per_worker": 4})
+    cfg = ApeXConfig(
+        env="CartPole-v1",
+        seed=0,
+        replay_capacity=4096,
+        learning_starts=256,
+        train_batch_size=64,
+        rollout_fragment_length=16,
+        min_time_s_per_iteration=0.0,
+        resources={"num_envs_per_worker": 4},
+    )
     algo = cfg.build()
     try:
         for _ in range(3):
@@ -85,8 +99,14 @@ def test_load_policy_refuses_a_run_with_several_policies(tmp_path):
     from shoal import PPOConfig
     from shoal.errors import ConfigError
 
-    cfg = PPOConfig(env="shoal.envs.signal_match:parallel_env", seed=0, rollout_fragment_length=10, minibatch_size=60,
-                    resources={"num_envs_per_worker": 4}, multi_agent={"policies": {"shared": None}})
+    cfg = PPOConfig(
+        env="shoal.envs.signal_match:parallel_env",
+        seed=0,
+        rollout_fragment_length=10,
+        minibatch_size=60,
+        resources={"num_envs_per_worker": 4},
+        multi_agent={"policies": {"shared": None}},
+    )
     algo = cfg.build()
     try:
         path = algo.save(tmp_path / "ckpt")

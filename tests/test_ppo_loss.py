@@ -107,16 +107,40 @@ def test_clipped_samples_have_no_policy_gradient():
 
 def test_pessimistic_bound_keeps_unclipped_term_for_bad_actions():
     # r = 1.5 with A = -2: min(-3.0, 1.2 * -2 = -2.4) = -3.0 (the clip does not cap a loss increase)
-    out = ppo_loss_terms(torch.log(t(1.5)), t(0.0), t(-2.0), t(0.0), t(0.0), t(0.0), t(0.0), None,
-                         clip_param=0.2, vf_clip_param=None, vf_loss_coeff=0.0, entropy_coeff=0.0)
+    out = ppo_loss_terms(
+        torch.log(t(1.5)),
+        t(0.0),
+        t(-2.0),
+        t(0.0),
+        t(0.0),
+        t(0.0),
+        t(0.0),
+        None,
+        clip_param=0.2,
+        vf_clip_param=None,
+        vf_loss_coeff=0.0,
+        entropy_coeff=0.0,
+    )
     assert_close(out["policy_loss"], s(3.0))
     assert_close(out["clip_fraction"], torch.tensor(1.0))
 
 
 def test_value_clipping_gradient_zero_when_clipped_branch_wins():
     values = VALUES.clone().requires_grad_(True)
-    out = ppo_loss_terms(OLD_LOGP, OLD_LOGP, ADV, values, OLD_VALUES, TARGETS, ENTROPY, None,
-                         clip_param=0.2, vf_clip_param=0.3, vf_loss_coeff=1.0, entropy_coeff=0.0)
+    out = ppo_loss_terms(
+        OLD_LOGP,
+        OLD_LOGP,
+        ADV,
+        values,
+        OLD_VALUES,
+        TARGETS,
+        ENTROPY,
+        None,
+        clip_param=0.2,
+        vf_clip_param=0.3,
+        vf_loss_coeff=1.0,
+        entropy_coeff=0.0,
+    )
     out["vf_loss"].backward()
     # s0 and s3: the clipped error is the max and V is outside the clip range -> zero gradient.
     # s1: the unclipped error wins: d/dV 0.5 * (V - R)^2 / 4 = (2 - 1.5) / 4 = 0.125
@@ -162,7 +186,9 @@ def test_categorical_masked_actions():
     ref = torch.distributions.Categorical(logits=logits[:, :2])
     assert_close(d.entropy(), ref.entropy())
     assert d.deterministic().item() == 1
-    samples = Categorical(masked_logits(logits.expand(2000, 3), mask.expand(2000, 3))).sample(torch.Generator().manual_seed(0))
+    samples = Categorical(masked_logits(logits.expand(2000, 3), mask.expand(2000, 3))).sample(
+        torch.Generator().manual_seed(0)
+    )
     assert (samples != 2).all()
     # -inf logits: zero probability and a finite entropy
     d_inf = Categorical(torch.tensor([[0.0, 0.0, -math.inf]]))
@@ -223,15 +249,16 @@ def test_ppo_lr_kl_target_moves_lr_once_per_epoch_and_is_checkpointed():
     from shoal import PPOConfig
 
     # a target so large that every epoch's KL is below half of it: x 1.5 per epoch, 3 epochs an iteration
-    cfg = PPOConfig(env="CartPole-v1", seed=0, lr=3e-4, lr_kl_target=1.0, num_sgd_iter=3, train_batch_size=256,
-                    minibatch_size=64)
+    cfg = PPOConfig(
+        env="CartPole-v1", seed=0, lr=3e-4, lr_kl_target=1.0, num_sgd_iter=3, train_batch_size=256, minibatch_size=64
+    )
     algo, again = cfg.build(), cfg.build()
     try:
         algo.train()
-        assert algo.learner.lr == pytest.approx(3e-4 * 1.5 ** 3)
-        assert algo.learner.optimizer.param_groups[0]["lr"] == pytest.approx(3e-4 * 1.5 ** 3)
+        assert algo.learner.lr == pytest.approx(3e-4 * 1.5**3)
+        assert algo.learner.optimizer.param_groups[0]["lr"] == pytest.approx(3e-4 * 1.5**3)
         again.set_state(algo.get_state())
-        assert again.learner.lr == pytest.approx(3e-4 * 1.5 ** 3)
+        assert again.learner.lr == pytest.approx(3e-4 * 1.5**3)
     finally:
         algo.stop()
         again.stop()

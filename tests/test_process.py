@@ -42,8 +42,12 @@ PAGE_FAULTS = textwrap.dedent("""
 
 def _run(threads: int, retain: bool) -> tuple[int, int, int, bool]:
     """Page faults of 100 steps before and after configure_process, the thread count, whether mallopt was applied."""
-    out = subprocess.run([sys.executable, "-c", PAGE_FAULTS, str(threads), "1" if retain else "0"],
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", PAGE_FAULTS, str(threads), "1" if retain else "0"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     return int(out[0]), int(out[1]), int(out[2]), out[3] == "1"
 
 
@@ -53,8 +57,13 @@ def _run(threads: int, retain: bool) -> tuple[int, int, int, bool]:
 
 def test_retained_memory_removes_the_page_faults_of_every_minibatch():
     before, after, threads, retained = _run(2, retain=True)
-    assert before >= 100 * 10, before  # glibc's starting thresholds: freed activations go back to the kernel, then fault back in
-    assert after * 5 < before, (before, after)  # the same 100 steps reuse the retained blocks: a fifth of the faults at most
+    assert before >= 100 * 10, (
+        before
+    )  # glibc's starting thresholds: freed activations go back to the kernel, then fault back in
+    assert after * 5 < before, (
+        before,
+        after,
+    )  # the same 100 steps reuse the retained blocks: a fifth of the faults at most
     assert threads == 2 and retained  # and the thread count was applied
 
 

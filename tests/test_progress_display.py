@@ -13,9 +13,19 @@ PG = [("learner/policy_loss", "policy_loss"), ("learner/vf_loss", "vf_loss"), ("
 
 
 def result(it, steps, t, ret=20.0, **extra):
-    return {"iteration": it, "env_steps_sampled": steps, "time_total_s": t, "time_this_iter_s": 2.0,
-            "env_steps_per_s": 500.0, "episode_return_mean": ret, "episodes_total": 3 * it,
-            "learner/policy_loss": -0.0123, "learner/vf_loss": 12.5, "learner/entropy": 0.61, **extra}
+    return {
+        "iteration": it,
+        "env_steps_sampled": steps,
+        "time_total_s": t,
+        "time_this_iter_s": 2.0,
+        "env_steps_per_s": 500.0,
+        "episode_return_mean": ret,
+        "episodes_total": 3 * it,
+        "learner/policy_loss": -0.0123,
+        "learner/vf_loss": 12.5,
+        "learner/entropy": 0.61,
+        **extra,
+    }
 
 
 def display(stop, terminal, width=200, **kw):
@@ -73,7 +83,9 @@ def test_league_headline_is_main_win_rate():
 
 
 def test_plain_lines_off_terminal_are_never_wrapped():
-    d = display({"env_steps": 123_456_789, "time_s": 3600, "iterations": 100_000, "reward": 475}, terminal=False, width=40)
+    d = display(
+        {"env_steps": 123_456_789, "time_s": 3600, "iterations": 100_000, "reward": 475}, terminal=False, width=40
+    )
     assert not d.live_mode
     with d:
         d.update(result(7, 1_234_567, 321.5, **{"learner/vf_loss": 123456.789}), best=19.5)
@@ -107,8 +119,10 @@ def test_declared_display_metrics_are_what_the_learners_report():
     from shoal.algorithms.dqn import DQNConfig
     from shoal.algorithms.ppo import PPOConfig
 
-    configs = [PPOConfig(env="CartPole-v1", seed=0, train_batch_size=256, minibatch_size=256, num_sgd_iter=1),
-               DQNConfig(env="CartPole-v1", seed=0, learning_starts=64, min_env_steps_per_iteration=128)]
+    configs = [
+        PPOConfig(env="CartPole-v1", seed=0, train_batch_size=256, minibatch_size=256, num_sgd_iter=1),
+        DQNConfig(env="CartPole-v1", seed=0, learning_starts=64, min_env_steps_per_iteration=128),
+    ]
     for config in configs:
         algo = config.build()
         try:

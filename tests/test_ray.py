@@ -86,8 +86,13 @@ class FlakyEnv(gym.Env):
 
 def test_env_that_raises_inside_an_actor_is_recreated_there_and_training_goes_on(ray_cluster, tmp_path):
     marker = str(tmp_path / "crashed-once")
-    algo = PPOConfig(env=FlakyEnv, env_config={"marker": marker}, seed=3,
-                     resources={"num_workers": 2, "num_envs_per_worker": 2}, **SMALL).build()
+    algo = PPOConfig(
+        env=FlakyEnv,
+        env_config={"marker": marker},
+        seed=3,
+        resources={"num_workers": 2, "num_envs_per_worker": 2},
+        **SMALL,
+    ).build()
     try:
         results = [algo.train() for _ in range(3)]
         assert Path(marker).exists()
@@ -100,8 +105,14 @@ def test_env_that_raises_inside_an_actor_is_recreated_there_and_training_goes_on
 
 def test_env_that_always_raises_ends_the_run_with_its_error(ray_cluster):
     # each actor gives up after 2 failed env rebuilds (EnvFailureError), which costs it a restart
-    algo = PPOConfig(env=FlakyEnv, env_config={"always": True}, seed=4, max_consecutive_env_failures=2,
-                     resources={"num_workers": 1, "num_envs_per_worker": 1, "max_worker_restarts": 2}, **SMALL).build()
+    algo = PPOConfig(
+        env=FlakyEnv,
+        env_config={"always": True},
+        seed=4,
+        max_consecutive_env_failures=2,
+        resources={"num_workers": 1, "num_envs_per_worker": 1, "max_worker_restarts": 2},
+        **SMALL,
+    ).build()
     try:
         with pytest.raises(WorkerError, match="simulated env crash") as info:
             for _ in range(10):
@@ -143,8 +154,9 @@ def test_restored_algorithm_starts_its_actors_with_the_restored_weights(ray_clus
 
 
 def test_fractional_cpus_let_more_actors_than_cores_run(ray_cluster):
-    algo = PPOConfig(env="CartPole-v1", resources={"num_workers": 3, "num_cpus_per_worker": 0.5, "num_envs_per_worker": 2},
-                     **SMALL).build()
+    algo = PPOConfig(
+        env="CartPole-v1", resources={"num_workers": 3, "num_cpus_per_worker": 0.5, "num_envs_per_worker": 2}, **SMALL
+    ).build()
     try:
         assert algo.train()["env_steps_sampled"] > 0
         assert len(algo.env_runners.actor_ids) == 3
@@ -238,8 +250,13 @@ def test_restarts_are_budgeted_per_rolling_window(ray_cluster):
     from shoal.runtime import ActorResources, make_actor_group
 
     now = [0.0]
-    group = make_actor_group(Worker, 1, lambda i: ((i,), {}), remote=True,
-                             resources=ActorResources(num_cpus=0.5, max_restarts=1, restart_window_s=60.0))
+    group = make_actor_group(
+        Worker,
+        1,
+        lambda i: ((i,), {}),
+        remote=True,
+        resources=ActorResources(num_cpus=0.5, max_restarts=1, restart_window_s=60.0),
+    )
     group.restart_budget.clock = lambda: now[0]
     try:
         for t in (0.0, 61.0):  # one restart a minute is within the budget, however many minutes
@@ -291,8 +308,9 @@ def test_small_broadcasts_travel_inline_and_large_ones_through_the_object_store(
     assert _nbytes({"w": np.zeros(INLINE_BYTES)}) == INLINE_BYTES  # stops counting at the limit
     assert _nbytes(object()) == INLINE_BYTES  # unknown objects are never inlined
     for hidden, inline in ((16, True), (256, False)):
-        algo = PPOConfig(env="CartPole-v1", seed=3, model={"hiddens": [hidden, hidden]}, resources={"num_workers": 1},
-                         **SMALL).build()
+        algo = PPOConfig(
+            env="CartPole-v1", seed=3, model={"hiddens": [hidden, hidden]}, resources={"num_workers": 1}, **SMALL
+        ).build()
         try:
             algo.train()
             assert isinstance(algo._weights_ref, ray.ObjectRef) is not inline, hidden

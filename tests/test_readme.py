@@ -112,8 +112,12 @@ def test_relative_links_point_to_existing_files(page):
 
 def test_docs_links_stay_inside_the_site():
     """A link out of docs/ works on GitHub but not in the built site (MkDocs --strict refuses it)."""
-    outside = [(page.relative_to(ROOT), t) for page in DOCS for t in relative_links(page)
-               if DOCS_DIR not in (page.parent / t).resolve().parents]
+    outside = [
+        (page.relative_to(ROOT), t)
+        for page in DOCS
+        for t in relative_links(page)
+        if DOCS_DIR not in (page.parent / t).resolve().parents
+    ]
     assert not outside, f"links leaving docs/ (name such files in `code`, or link a page of the site): {outside}"
 
 
@@ -138,8 +142,13 @@ def test_every_docs_page_is_in_the_nav_and_every_nav_entry_exists():
     assert sorted(set(nav) - pages) == [], "nav entries without a page"
     assert sorted(pages - set(nav)) == [], "pages missing from the nav (orphans)"
     assert len(nav) == len(set(nav)), "a page is in the nav twice"
-    assert {"guide/callbacks.md", "guide/logging.md", "guide/evaluation.md", "guide/export.md",
-            "guide/environments.md"} <= set(nav)
+    assert {
+        "guide/callbacks.md",
+        "guide/logging.md",
+        "guide/evaluation.md",
+        "guide/export.md",
+        "guide/environments.md",
+    } <= set(nav)
 
 
 def load_hook():

@@ -60,30 +60,76 @@ def test_a_run_survives_losing_a_node(cluster, tmp_path):
     side = cluster.add_node("side", num_cpus=2, resources='{"side_node": 1}')
     out, log_path = tmp_path / "runs", tmp_path / "train.log"
     with open(log_path, "w") as log:
-        run = cluster.popen([sys.executable, "-m", "shoal", "train", "appo", "--env", "CartPole-v1", "--workers", "2",
-                             "--envs-per-worker", "2", "--address", cluster.address, "--set", "resources.worker_placement=SPREAD",
-                             "--stop-iters", str(STOP_ITERS), "--no-stop-reward", "--checkpoint-every", "10", "--quiet",
-                             "--out", str(out)], stdout=log, stderr=log, cwd=tmp_path,
-                            env={"PYTHONPATH": str(HERE.parent)})
+        run = cluster.popen(
+            [
+                sys.executable,
+                "-m",
+                "shoal",
+                "train",
+                "appo",
+                "--env",
+                "CartPole-v1",
+                "--workers",
+                "2",
+                "--envs-per-worker",
+                "2",
+                "--address",
+                cluster.address,
+                "--set",
+                "resources.worker_placement=SPREAD",
+                "--stop-iters",
+                str(STOP_ITERS),
+                "--no-stop-reward",
+                "--checkpoint-every",
+                "10",
+                "--quiet",
+                "--out",
+                str(out),
+            ],
+            stdout=log,
+            stderr=log,
+            cwd=tmp_path,
+            env={"PYTHONPATH": str(HERE.parent)},
+        )
 
     def logs() -> str:
         return f"--- train.log ---\n{log_path.read_text()[-4000:]}\n--- head ---\n{head.log_path.read_text()[-1500:]}"
 
     # One rollout actor on each node (SPREAD), and the run reporting.
-    wait_for("a rollout actor on each node", lambda: run.poll() is None and len(head.actor_processes("EnvRunner")) == 1
-             and len(side.actor_processes("EnvRunner")) == 1 and len(read_results(out)) >= 2, 120, logs)
+    wait_for(
+        "a rollout actor on each node",
+        lambda: (
+            run.poll() is None
+            and len(head.actor_processes("EnvRunner")) == 1
+            and len(side.actor_processes("EnvRunner")) == 1
+            and len(read_results(out)) >= 2
+        ),
+        120,
+        logs,
+    )
     before = read_results(out)
     assert before[-1]["num_worker_restarts"] == 0
 
     killed = side.kill()
     assert len(killed) >= 3, killed  # ray start, raylet, the actor's worker (and the node's agents)
 
-    wait_for("the restart counted and the actor recreated on the head",
-             lambda: read_results(out) and read_results(out)[-1]["num_worker_restarts"] >= 1
-             and len(head.actor_processes("EnvRunner")) == 2, 90, logs)
+    wait_for(
+        "the restart counted and the actor recreated on the head",
+        lambda: (
+            read_results(out)
+            and read_results(out)[-1]["num_worker_restarts"] >= 1
+            and len(head.actor_processes("EnvRunner")) == 2
+        ),
+        90,
+        logs,
+    )
     n_after = len(read_results(out))
-    wait_for("the run to go on after the restart", lambda: len(read_results(out)) >= n_after + 3 or run.poll() is not None,
-             60, logs)
+    wait_for(
+        "the run to go on after the restart",
+        lambda: len(read_results(out)) >= n_after + 3 or run.poll() is not None,
+        60,
+        logs,
+    )
 
     assert run.wait(timeout=150) == 0, logs()
     results = read_results(out)
@@ -91,8 +137,9 @@ def test_a_run_survives_losing_a_node(cluster, tmp_path):
     assert results[-1]["num_worker_restarts"] >= 1
     assert results[-1]["env_steps_sampled"] > before[-1]["env_steps_sampled"]
     run_dir = next(out.iterdir())
-    assert (run_dir / "checkpoints" / "best").is_dir() and (run_dir / "checkpoints" / f"checkpoint_{STOP_ITERS:06d}").is_dir(), \
-        sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert (run_dir / "checkpoints" / "best").is_dir() and (
+        run_dir / "checkpoints" / f"checkpoint_{STOP_ITERS:06d}"
+    ).is_dir(), sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     text = log_path.read_text()
     assert re.search(r"rollout actor [12] .*; recreating it", text), logs()  # one line from shoal saying what happened
     assert "Traceback" not in text, logs()

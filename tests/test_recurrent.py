@@ -54,8 +54,8 @@ def test_pack_state_spreads_each_state_over_its_sequence_rows_and_back():
 
 
 def test_episode_starts_follow_reset_rows_within_each_sequence():
-    valid = torch.tensor([1, 1, 0, 1, 1, 0,   1, 0, 1, 1, 1, 1], dtype=torch.bool)  # two sequences of 6
-    assert episode_starts(valid, 6).int().tolist() == [0, 0, 0, 1, 0, 0,   0, 0, 1, 0, 0, 0]
+    valid = torch.tensor([1, 1, 0, 1, 1, 0, 1, 0, 1, 1, 1, 1], dtype=torch.bool)  # two sequences of 6
+    assert episode_starts(valid, 6).int().tolist() == [0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0]
     # the last row of a sequence never marks the next sequence's first row: its state was recorded
     assert not episode_starts(torch.tensor([1, 0, 1, 0], dtype=torch.bool), 2).any()
 
@@ -79,8 +79,14 @@ def test_runner_zeroes_the_state_at_episode_starts_and_records_it_per_sequence()
     from shoal.algorithms.ppo import PPOConfig
 
     # RememberCue episodes last delay + 2 = 4 steps: several resets inside every 8-step sequence
-    config = PPOConfig(env=CUE, env_config={"delay": 2}, seed=0, rollout_fragment_length=16,
-                       model={**LSTM, "max_seq_len": 8}, resources={"num_envs_per_worker": 3})
+    config = PPOConfig(
+        env=CUE,
+        env_config={"delay": 2},
+        seed=0,
+        rollout_fragment_length=16,
+        model={**LSTM, "max_seq_len": 8},
+        resources={"num_envs_per_worker": 3},
+    )
     runner = _runner(config)
     frag, _ = runner._run_fragment(explore=True)
     assert frag.state_in.shape == (2, 3, 32)  # 16 // 8 sequences, 3 envs, h and c (8 each) of two networks
@@ -110,14 +116,25 @@ def test_learner_unroll_reproduces_the_runner_step_by_step(algo):
     from shoal.rollout.postprocessing import sequence_postprocess
 
     if algo == "ppo":
-        config = PPOConfig(env=CUE, env_config={"delay": 3}, seed=1, rollout_fragment_length=24,
-                           model={**LSTM, "max_seq_len": 12, "vf_share_layers": True},
-                           resources={"num_envs_per_worker": 4})
+        config = PPOConfig(
+            env=CUE,
+            env_config={"delay": 3},
+            seed=1,
+            rollout_fragment_length=24,
+            model={**LSTM, "max_seq_len": 12, "vf_share_layers": True},
+            resources={"num_envs_per_worker": 4},
+        )
         runner = _runner(config)
         L = 12
     else:
-        config = IMPALAConfig(env=CUE, env_config={"delay": 3}, seed=1, rollout_fragment_length=20, model=LSTM,
-                              resources={"num_envs_per_worker": 4})
+        config = IMPALAConfig(
+            env=CUE,
+            env_config={"delay": 3},
+            seed=1,
+            rollout_fragment_length=20,
+            model=LSTM,
+            resources={"num_envs_per_worker": 4},
+        )
         runner = EnvRunner(config, 0, ActorCriticPolicy, sequence_postprocess, 20)
         L = 20
     runner.sample()  # a second fragment starts from a carried, non-zero state
@@ -138,16 +155,25 @@ def test_learner_unroll_reproduces_the_runner_step_by_step(algo):
         mb = {k: v[idx] for k, v in t.items()}
         with torch.no_grad():
             inputs, _, _ = run_sequences(module, mb, L)
-        torch.testing.assert_close(module.dist_cls(inputs).logp(mb[Col.ACTIONS]), mb[Col.ACTION_LOGP], atol=1e-5,
-                                   rtol=1e-5)
+        torch.testing.assert_close(
+            module.dist_cls(inputs).logp(mb[Col.ACTIONS]), mb[Col.ACTION_LOGP], atol=1e-5, rtol=1e-5
+        )
 
 
 def test_ppo_first_update_sees_ratio_one_on_recurrent_sequences():
     """Before any step, the learner's policy is the runner's: KL 0 and nothing clipped."""
     from shoal.algorithms.ppo import PPOConfig
 
-    algo = PPOConfig(env=CUE, seed=0, rollout_fragment_length=32, minibatch_size=64, num_sgd_iter=1, lr=1e-9,
-                     model={**LSTM, "max_seq_len": 16}, resources={"num_envs_per_worker": 4}).build()
+    algo = PPOConfig(
+        env=CUE,
+        seed=0,
+        rollout_fragment_length=32,
+        minibatch_size=64,
+        num_sgd_iter=1,
+        lr=1e-9,
+        model={**LSTM, "max_seq_len": 16},
+        resources={"num_envs_per_worker": 4},
+    ).build()
     try:
         r = algo.train()
         assert r["learner/kl"] < 1e-6 and r["learner/clip_fraction"] == 0.0
@@ -160,9 +186,16 @@ def test_evaluation_and_predict_carry_the_state():
     from shoal.algorithms.ppo import PPOConfig
     from shoal.envs.memory import RememberCue
 
-    config = PPOConfig(env=CUE, env_config={"delay": 3}, seed=0, lr=1e-3, rollout_fragment_length=64,
-                       minibatch_size=128, model={**LSTM, "lstm_cell_size": 32, "hiddens": [32]},
-                       resources={"num_envs_per_worker": 8})
+    config = PPOConfig(
+        env=CUE,
+        env_config={"delay": 3},
+        seed=0,
+        lr=1e-3,
+        rollout_fragment_length=64,
+        minibatch_size=128,
+        model={**LSTM, "lstm_cell_size": 32, "hiddens": [32]},
+        resources={"num_envs_per_worker": 8},
+    )
     algo = config.build()
     try:
         for _ in range(40):
@@ -189,8 +222,9 @@ def test_evaluation_and_predict_carry_the_state():
         assert play(carry=False) <= 0.5
         # a batch, with episode_start zeroing the rows that begin an episode
         obs = np.stack([RememberCue(delay=3).reset(seed=s)[0] for s in range(4)])
-        actions, state = algo.predict(obs, np.ones((4, algo.learner.module.state_size), np.float32),
-                                      episode_start=np.ones(4, bool))
+        actions, state = algo.predict(
+            obs, np.ones((4, algo.learner.module.state_size), np.float32), episode_start=np.ones(4, bool)
+        )
         ref_actions, ref_state = algo.predict(obs)
         assert np.array_equal(actions, ref_actions) and np.allclose(state, ref_state)
         assert isinstance(algo.predict(obs[0])[0], (np.integer, int))
@@ -237,8 +271,9 @@ def _cue_run(config_cls, lstm: bool, **kw):
     from shoal.app.trainer import train
 
     model = {**LSTM, "lstm_cell_size": 32, "hiddens": [32]} if lstm else {"hiddens": [32]}
-    config = config_cls(env=CUE, env_config={"delay": 4}, seed=0, lr=1e-3, model=model,
-                        resources={"num_envs_per_worker": 8}, **kw)
+    config = config_cls(
+        env=CUE, env_config={"delay": 4}, seed=0, lr=1e-3, model=model, resources={"num_envs_per_worker": 8}, **kw
+    )
     return train(config, {"reward": 0.9, "env_steps": 60_000}, out=None, progress=False)
 
 
@@ -267,10 +302,18 @@ def test_ddppo_with_an_lstm_remembers_the_cue_and_its_replicas_stay_identical():
     every minibatch: they learn the cue and end with the same weights."""
     from shoal.algorithms.ddppo import DDPPOConfig
 
-    config = DDPPOConfig(env=CUE, env_config={"delay": 4}, seed=0, lr=1e-3, rollout_fragment_length=32,
-                         minibatch_size=128, num_sgd_iter=4, torch_distributed_timeout_s=20,
-                         model={**LSTM, "lstm_cell_size": 32, "hiddens": [32], "max_seq_len": 16},
-                         resources={"num_workers": 2, "num_envs_per_worker": 8})
+    config = DDPPOConfig(
+        env=CUE,
+        env_config={"delay": 4},
+        seed=0,
+        lr=1e-3,
+        rollout_fragment_length=32,
+        minibatch_size=128,
+        num_sgd_iter=4,
+        torch_distributed_timeout_s=20,
+        model={**LSTM, "lstm_cell_size": 32, "hiddens": [32], "max_seq_len": 16},
+        resources={"num_workers": 2, "num_envs_per_worker": 8},
+    )
     assert config.num_minibatches() == 2  # 16 sequences of 16 per worker, 8 to a minibatch
     algo = config.build()
     try:
@@ -286,10 +329,13 @@ def test_ddppo_with_an_lstm_remembers_the_cue_and_its_replicas_stay_identical():
 
 
 # ---- multi-agent streams: the league and the multi_agent section -------------------------------
-@pytest.mark.parametrize("env, env_config", [
-    ("pettingzoo.classic:tictactoe_v3", {}),  # turn-based, games end by termination, action masks
-    ("shoal.envs.signal_match:parallel_env", {"episode_len": 3}),  # simultaneous, games end by truncation
-])
+@pytest.mark.parametrize(
+    "env, env_config",
+    [
+        ("pettingzoo.classic:tictactoe_v3", {}),  # turn-based, games end by termination, action masks
+        ("shoal.envs.signal_match:parallel_env", {"episode_len": 3}),  # simultaneous, games end by truncation
+    ],
+)
 def test_multi_agent_streams_replay_the_runner_step_by_step(env, env_config):
     """Each agent's decisions, cut into sequences across game ends, replayed from the recorded start
     states with resets after terminal and reset rows, give the runner's log-probs."""
@@ -298,8 +344,15 @@ def test_multi_agent_streams_replay_the_runner_step_by_step(env, env_config):
     from shoal.rollout.multi_agent import MultiAgentEnvRunner
 
     T = 8
-    config = APPOConfig(env=env, env_config=env_config, seed=0, rollout_fragment_length=T, train_batch_size=64, model=LSTM,
-                        resources={"num_envs_per_worker": 3})
+    config = APPOConfig(
+        env=env,
+        env_config=env_config,
+        seed=0,
+        rollout_fragment_length=T,
+        train_batch_size=64,
+        model=LSTM,
+        resources={"num_envs_per_worker": 3},
+    )
     runner = MultiAgentEnvRunner(config, 0, {"shared": None})
     batches = {}
     for _ in range(4):
@@ -323,9 +376,15 @@ def test_multi_agent_streams_replay_the_runner_step_by_step(env, env_config):
 def test_an_alpha_star_league_trains_recurrent_policies():
     from shoal.algorithms.alpha_star import AlphaStarConfig
 
-    algo = AlphaStarConfig(env="pettingzoo.classic:tictactoe_v3", seed=0, rollout_fragment_length=8,
-                           train_batch_size=128, min_time_s_per_iteration=0.0, model=LSTM,
-                           resources={"num_envs_per_worker": 8}).build()
+    algo = AlphaStarConfig(
+        env="pettingzoo.classic:tictactoe_v3",
+        seed=0,
+        rollout_fragment_length=8,
+        train_batch_size=128,
+        min_time_s_per_iteration=0.0,
+        model=LSTM,
+        resources={"num_envs_per_worker": 8},
+    ).build()
     try:
         r = {}
         for _ in range(6):
@@ -342,12 +401,22 @@ def test_an_alpha_star_league_trains_recurrent_policies():
 def test_multi_agent_section_learns_with_recurrent_policies(algo):
     from shoal.algorithms import get_config_class
 
-    kw = {"minibatch_size": 160, "model": {**LSTM, "max_seq_len": 10}} if algo == "ppo" else \
-        {"train_batch_size": 480, "model": LSTM}
-    a = get_config_class(algo)(env="shoal.envs.signal_match:parallel_env", seed=0, lr=3e-3, gamma=0.5,
-                               rollout_fragment_length=10, min_time_s_per_iteration=0,
-                               resources={"num_envs_per_worker": 16}, multi_agent={"policies": {"shared": None}},
-                               **kw).build()
+    kw = (
+        {"minibatch_size": 160, "model": {**LSTM, "max_seq_len": 10}}
+        if algo == "ppo"
+        else {"train_batch_size": 480, "model": LSTM}
+    )
+    a = get_config_class(algo)(
+        env="shoal.envs.signal_match:parallel_env",
+        seed=0,
+        lr=3e-3,
+        gamma=0.5,
+        rollout_fragment_length=10,
+        min_time_s_per_iteration=0,
+        resources={"num_envs_per_worker": 16},
+        multi_agent={"policies": {"shared": None}},
+        **kw,
+    ).build()
     try:
         r = {}
         for _ in range(150):

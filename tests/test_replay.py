@@ -23,12 +23,14 @@ def compiled_kernels():
 def rows(values, obs_dim: int = 2) -> Batch:
     """Rows whose every column encodes ``values``, to check which row sits in which slot."""
     v = np.asarray(values, dtype=np.float32)
-    return Batch({
-        Col.OBS: v[:, None] * np.ones((1, obs_dim), np.float32),
-        Col.ACTIONS: v.astype(np.int64),
-        Col.REWARDS: v,
-        Col.TERMINATEDS: v.astype(np.int64) % 2 == 0,
-    })
+    return Batch(
+        {
+            Col.OBS: v[:, None] * np.ones((1, obs_dim), np.float32),
+            Col.ACTIONS: v.astype(np.int64),
+            Col.REWARDS: v,
+            Col.TERMINATEDS: v.astype(np.int64) % 2 == 0,
+        }
+    )
 
 
 def chi_square(counts: np.ndarray, probs: np.ndarray) -> float:
@@ -166,7 +168,7 @@ def test_weights_against_hand_computed_values():
     buf.add(rows([0, 1, 2, 3]), priorities=np.array([0.0, 3.0, 8.0, 15.0]))
     np.testing.assert_allclose(buf.priorities(), [1, 2, 3, 4])
     b = buf.sample(400)
-    expected = np.array([1.0, 2 ** -0.5, 3 ** -0.5, 0.5])
+    expected = np.array([1.0, 2**-0.5, 3**-0.5, 0.5])
     assert b[Col.WEIGHTS].dtype == np.float32
     np.testing.assert_allclose(b[Col.WEIGHTS], expected[b[Col.INDICES]], rtol=1e-6)
     np.testing.assert_array_equal(b[Col.REWARDS], b[Col.INDICES].astype(np.float32))
@@ -356,7 +358,12 @@ def test_shard_counts_samples_and_beta():
     assert len(b) == 8 and Col.WEIGHTS in b and Col.INDICES in b
     shard.update_priorities(b[Col.INDICES], np.ones(8))
     stats = shard.stats()
-    assert {k: stats[k] for k in ("size", "added", "sampled", "updated")} == {"size": 4, "added": 4, "sampled": 8, "updated": 8}
+    assert {k: stats[k] for k in ("size", "added", "sampled", "updated")} == {
+        "size": 4,
+        "added": 4,
+        "sampled": 8,
+        "updated": 8,
+    }
     shard.update_priorities(np.array([3]), np.array([3.0]))  # stored: 1, 1, 1, 3 -> p_min / p_3 = 1/3
     shard.set_beta(1.0)
     b = shard.sample(64)

@@ -34,15 +34,22 @@ def frames(ids, shape=STACK) -> np.ndarray:
     for j, i in enumerate(ids.tolist()):
         for f in range(4):
             top = (i + f) % 76
-            out[j, f, top:top + 8, 30:36] = 100 + i % 150
+            out[j, f, top : top + 8, 30:36] = 100 + i % 150
     return out.reshape((len(ids),) + shape) if shape == STACK else out.reshape(len(ids), -1)
 
 
 def transitions(ids, shape=(28_224,)) -> Batch:
     """Transitions whose every column encodes its id (obs: frames(id), next_obs: frames(id + 1))."""
     ids = np.asarray(ids, dtype=np.int64)
-    return Batch({Col.OBS: frames(ids, shape), Col.ACTIONS: ids % 6, Col.REWARDS: ids.astype(np.float32),
-                  Col.NEXT_OBS: frames(ids + 1, shape), Col.TERMINATEDS: ids % 7 == 0})
+    return Batch(
+        {
+            Col.OBS: frames(ids, shape),
+            Col.ACTIONS: ids % 6,
+            Col.REWARDS: ids.astype(np.float32),
+            Col.NEXT_OBS: frames(ids + 1, shape),
+            Col.TERMINATEDS: ids % 7 == 0,
+        }
+    )
 
 
 def assert_rows_match_their_ids(batch: Batch, shape=(28_224,)) -> None:
@@ -144,8 +151,12 @@ def test_state_round_trip_through_a_weights_only_checkpoint(tmp_path):
 
 # ---- which columns are compressed --------------------------------------------------------
 def test_auto_compresses_large_uint8_observations_only():
-    atari = {Col.OBS: ((28_224,), np.uint8), Col.NEXT_OBS: ((28_224,), np.uint8), Col.ACTIONS: ((), np.int64),
-             Col.REWARDS: ((), np.float32)}
+    atari = {
+        Col.OBS: ((28_224,), np.uint8),
+        Col.NEXT_OBS: ((28_224,), np.uint8),
+        Col.ACTIONS: ((), np.int64),
+        Col.REWARDS: ((), np.float32),
+    }
     cartpole = {Col.OBS: ((4,), np.float32), Col.NEXT_OBS: ((4,), np.float32), Col.ACTIONS: ((), np.int64)}
     small = {Col.OBS: ((16,), np.uint8), Col.NEXT_OBS: ((16,), np.uint8)}
     big_not_obs = {Col.ACTION_MASK: ((4096,), np.uint8), Col.OBS: ((4,), np.float32)}
@@ -240,8 +251,11 @@ def test_compression_makes_a_million_stacks_fit(monkeypatch):
     buf.add(transitions(range(64)))  # checked against the compressed size of these rows, times 2
     assert len(buf) == 64 and buf.compressed_columns == [Col.OBS, Col.NEXT_OBS]
     mean = np.mean([len(b) for b in buf._columns[Col.OBS].blocks[:64]])
-    needed = storage.estimate_bytes(1_000_000, {k: v for k, v in buf.columns.items()},
-                                    {k: buf._columns[k].blocks[:64] for k in buf.compressed_columns})
+    needed = storage.estimate_bytes(
+        1_000_000,
+        {k: v for k, v in buf.columns.items()},
+        {k: buf._columns[k].blocks[:64] for k in buf.compressed_columns},
+    )
     assert needed == pytest.approx(1_000_000 * (2 * (2 * mean + storage.ROW_OVERHEAD_BYTES) + 8 + 4 + 1), rel=0.01)
     assert needed < 1e9
     fake_memory(monkeypatch, 0.2)  # compressed and still too large: only a smaller capacity helps
@@ -297,8 +311,10 @@ def test_a_replay_shard_retains_freed_memory_without_importing_torch():
     sample of 512 Pong rows fills two fresh 14 MB arrays) and still start without torch."""
     import subprocess
 
-    code = ("import sys; from shoal.replay import ReplayShard; from shoal import process; "
-            "ReplayShard(10, retain_freed_memory=sys.argv[1] == '1'); print(process._retained, 'torch' in sys.modules)")
+    code = (
+        "import sys; from shoal.replay import ReplayShard; from shoal import process; "
+        "ReplayShard(10, retain_freed_memory=sys.argv[1] == '1'); print(process._retained, 'torch' in sys.modules)"
+    )
     for flag, retained in (("1", "True"), ("0", "False")):
         out = subprocess.run([sys.executable, "-c", code, flag], capture_output=True, text=True, check=True).stdout
         assert out.split() == [retained, "False"]
@@ -308,9 +324,17 @@ def test_a_replay_shard_retains_freed_memory_without_importing_torch():
 
 
 def apex_in_process(**kw):
-    return ApeXConfig(env="CartPole-v1", seed=0, min_time_s_per_iteration=0.0, learning_starts=64, train_batch_size=16,
-                      rollout_fragment_length=8, model={"hiddens": [16]},
-                      resources={"num_workers": 0, "num_envs_per_worker": 2, "num_replay_shards": 2}, **kw).build()
+    return ApeXConfig(
+        env="CartPole-v1",
+        seed=0,
+        min_time_s_per_iteration=0.0,
+        learning_starts=64,
+        train_batch_size=16,
+        rollout_fragment_length=8,
+        model={"hiddens": [16]},
+        resources={"num_workers": 0, "num_envs_per_worker": 2, "num_replay_shards": 2},
+        **kw,
+    ).build()
 
 
 def test_apex_shards_get_the_compression_and_an_equal_share_of_memory():

@@ -25,8 +25,23 @@ from shoal import checkpoint as ckpt
 from shoal.runtime import signals
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = ["ppo", "--env", "CartPole-v1", "--seed", "0", "--set", "train_batch_size=256", "--set", "minibatch_size=128",
-        "--set", "num_sgd_iter=1", "--no-stop-reward", "--stop-iters", "100000", "-q"]
+TINY = [
+    "ppo",
+    "--env",
+    "CartPole-v1",
+    "--seed",
+    "0",
+    "--set",
+    "train_batch_size=256",
+    "--set",
+    "minibatch_size=128",
+    "--set",
+    "num_sgd_iter=1",
+    "--no-stop-reward",
+    "--stop-iters",
+    "100000",
+    "-q",
+]
 
 
 # ---- in-process -----------------------------------------------------------------------------
@@ -61,9 +76,28 @@ def test_a_full_disk_ends_with_one_paragraph_and_exit_2(tmp_path, monkeypatch):
         return real_save(path, state, meta)
 
     monkeypatch.setattr(ckpt, "save_checkpoint", save)
-    r = invoke("train", "ppo", "--env", "CartPole-v1", "--seed", "0", "--set", "train_batch_size=256",
-               "--set", "minibatch_size=128", "--set", "num_sgd_iter=1", "--no-stop-reward",
-               "--stop-iters", "5", "--checkpoint-every", "1", "-q", "--out", str(tmp_path))
+    r = invoke(
+        "train",
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--seed",
+        "0",
+        "--set",
+        "train_batch_size=256",
+        "--set",
+        "minibatch_size=128",
+        "--set",
+        "num_sgd_iter=1",
+        "--no-stop-reward",
+        "--stop-iters",
+        "5",
+        "--checkpoint-every",
+        "1",
+        "-q",
+        "--out",
+        str(tmp_path),
+    )
     assert r.exit_code == 2, r.output
     text = " ".join(r.output.split())
     assert "No space left on device" in text and "The disk is full" in text and "shoal resume" in text
@@ -74,8 +108,16 @@ def test_a_full_disk_ends_with_one_paragraph_and_exit_2(tmp_path, monkeypatch):
 
 def test_a_signal_after_an_iteration_is_counted_saves_the_one_before(tmp_path):
     """The window the process test below can hit by chance: iteration 3 counted, its row not yet written."""
-    r = invoke("train", *TINY, "--set", "callbacks=hook_helpers:TerminatedAtThree", "--checkpoint-every", "1000",
-               "--out", str(tmp_path))
+    r = invoke(
+        "train",
+        *TINY,
+        "--set",
+        "callbacks=hook_helpers:TerminatedAtThree",
+        "--checkpoint-every",
+        "1000",
+        "--out",
+        str(tmp_path),
+    )
     assert r.exit_code == 143, r.output
     (run,) = tmp_path.iterdir()
     rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
@@ -91,9 +133,14 @@ def _start(tmp_path: Path, *extra: str, pause: tuple[str, int, Path] | None = No
     ``pause=(stage, n, file)`` through tests/pause_driver.py, stopped at that moment of a save."""
     log = open(tmp_path / "out.txt", "w")
     start = ["-m", "shoal"] if pause is None else [str(REPO / "tests" / "pause_driver.py"), *map(str, pause)]
-    return subprocess.Popen([sys.executable, *start, "train", *TINY, "--out", str(tmp_path / "runs"), *extra],
-                            cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, *start, "train", *TINY, "--out", str(tmp_path / "runs"), *extra],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _output(tmp_path: Path) -> str:
@@ -125,8 +172,9 @@ def test_sigterm_saves_the_last_iteration_and_exits_143(tmp_path, workers):
 
 def test_third_signal_aborts_the_stop_save_and_leaves_no_partial_checkpoint(tmp_path):
     paused = tmp_path / "paused"
-    proc = _start(tmp_path, "--workers", "0", "--checkpoint-every", "1000",
-                  pause=("state", 1, paused))  # the first save (the stop one) waits after state.pt
+    proc = _start(
+        tmp_path, "--workers", "0", "--checkpoint-every", "1000", pause=("state", 1, paused)
+    )  # the first save (the stop one) waits after state.pt
     _wait_for(lambda: _rows(tmp_path) >= 2, proc, "two iterations")
     proc.send_signal(signal.SIGINT)
     _wait_for(paused.exists, proc, "the stop checkpoint to be half written")
@@ -220,8 +268,9 @@ def test_a_driver_killed_inside_ray_init_leaves_no_ray_process(tmp_path):
     import psutil
 
     inside = tmp_path / "inside"
-    proc = subprocess.Popen([sys.executable, "-c", INIT_THEN_HANG, str(inside)], cwd=tmp_path,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", INIT_THEN_HANG, str(inside)], cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     _wait_for(inside.exists, proc, "Ray to start", timeout_s=180)
     driver = psutil.Process(proc.pid)
     started = {(p.pid, p.create_time()) for p in driver.children(recursive=True)}

@@ -29,7 +29,7 @@ from shoal.trust import (
     trusted_without_asking,
 )
 
-HOOKS_MODULE = '''
+HOOKS_MODULE = """
 from pathlib import Path
 
 import shoal
@@ -39,15 +39,15 @@ Path(__file__).with_name("imported.txt").write_text("the hooks module ran")
 
 class Hooks(shoal.Callbacks):
     pass
-'''
+"""
 
-ENV_MODULE = '''
+ENV_MODULE = """
 import gymnasium as gym
 
 
 def make_short_cartpole(max_steps=20):
     return gym.make("CartPole-v1", max_episode_steps=max_steps)
-'''
+"""
 
 
 @pytest.fixture(autouse=True)
@@ -83,7 +83,6 @@ def as_run_dir(ck: Path) -> Path:
     return run
 
 
-
 # ---- signing ---------------------------------------------------------------------------------
 def test_checkpoints_are_signed_and_a_changed_byte_breaks_the_signature(tmp_path):
     ck = checkpoint(tmp_path)
@@ -104,42 +103,60 @@ def test_another_users_key_does_not_vouch(tmp_path, monkeypatch):
 
 
 # ---- what needs vouching ----------------------------------------------------------------------
-@pytest.mark.parametrize("key, path, trusted", [
-    ("env", "CartPole-v1", True),
-    ("env", "ALE/Pong-v5", True),
-    ("env", "shoal/StatelessCartPole-v1", True),
-    ("env", "pettingzoo.classic:tictactoe_v3", True),
-    ("env", "shoal.envs.pixel_catch:PixelCatch", True),
-    ("env", "subprocess:run", False),
-    ("env", "os", False),                         # a module name: the multi-agent form imports it
-    ("env", "shoal.app.trainer:train", False),        # inside shoal, but not an env: its arguments would come from the file
-    ("env", "shoal.envs.make:make_env", False),
-    ("env", "pettingzoo.utils:wrappers", False),  # a pettingzoo module that is not an env
-    ("env", "my_envs:make_maze", False),
-    ("callbacks", "shoal.callbacks:Callbacks", True),
-    ("callbacks", "my_hooks:Hooks", False),
-    ("model.custom", "my_models:Net", False),
-    ("league", "alpha_star", True),
-    ("league", "my_league:Builder", False),
-    ("league.type", "shoal.league.alpha_star:AlphaStarLeagueBuilder", True),
-    ("multi_agent.policy_mapping", "my_maps:by_seat", False),
-])
+@pytest.mark.parametrize(
+    "key, path, trusted",
+    [
+        ("env", "CartPole-v1", True),
+        ("env", "ALE/Pong-v5", True),
+        ("env", "shoal/StatelessCartPole-v1", True),
+        ("env", "pettingzoo.classic:tictactoe_v3", True),
+        ("env", "shoal.envs.pixel_catch:PixelCatch", True),
+        ("env", "subprocess:run", False),
+        ("env", "os", False),  # a module name: the multi-agent form imports it
+        (
+            "env",
+            "shoal.app.trainer:train",
+            False,
+        ),  # inside shoal, but not an env: its arguments would come from the file
+        ("env", "shoal.envs.make:make_env", False),
+        ("env", "pettingzoo.utils:wrappers", False),  # a pettingzoo module that is not an env
+        ("env", "my_envs:make_maze", False),
+        ("callbacks", "shoal.callbacks:Callbacks", True),
+        ("callbacks", "my_hooks:Hooks", False),
+        ("model.custom", "my_models:Net", False),
+        ("league", "alpha_star", True),
+        ("league", "my_league:Builder", False),
+        ("league.type", "shoal.league.alpha_star:AlphaStarLeagueBuilder", True),
+        ("multi_agent.policy_mapping", "my_maps:by_seat", False),
+    ],
+)
 def test_what_shoal_trusts_without_asking(key, path, trusted):
     assert trusted_without_asking(key, path) is trusted
 
 
 def test_code_references_finds_every_import_path_at_any_depth():
-    config = {"env": "my_envs:make", "callbacks": "my_hooks:Hooks", "model": {"custom": "my_models:Net"},
-              "league": {"type": "my_league:Builder", "size": 3},
-              "multi_agent": {"policy_mapping": "my_maps:fn", "policies": {"a": {"model": {"custom": "m:A"}},
-                                                                          "b": None}},
-              "env_config": {"env": 3}, "lr": 0.1}
-    assert sorted(code_references(config)) == sorted([
-        ("env", "my_envs:make"), ("callbacks", "my_hooks:Hooks"), ("model.custom", "my_models:Net"),
-        ("league.type", "my_league:Builder"), ("multi_agent.policy_mapping", "my_maps:fn"),
-        ("multi_agent.policies.a.model.custom", "m:A")])
+    config = {
+        "env": "my_envs:make",
+        "callbacks": "my_hooks:Hooks",
+        "model": {"custom": "my_models:Net"},
+        "league": {"type": "my_league:Builder", "size": 3},
+        "multi_agent": {"policy_mapping": "my_maps:fn", "policies": {"a": {"model": {"custom": "m:A"}}, "b": None}},
+        "env_config": {"env": 3},
+        "lr": 0.1,
+    }
+    assert sorted(code_references(config)) == sorted(
+        [
+            ("env", "my_envs:make"),
+            ("callbacks", "my_hooks:Hooks"),
+            ("model.custom", "my_models:Net"),
+            ("league.type", "my_league:Builder"),
+            ("multi_agent.policy_mapping", "my_maps:fn"),
+            ("multi_agent.policies.a.model.custom", "m:A"),
+        ]
+    )
     assert code_references({"env": "CartPole-v1", "multi_agent": {"policy_mapping": {"p0": "a"}}}) == [
-        ("env", "CartPole-v1")]
+        ("env", "CartPole-v1")
+    ]
 
 
 def test_the_gate_refuses_what_was_not_approved():
@@ -235,11 +252,11 @@ def test_registered_ids_need_no_signature(tmp_path):
 
 
 # ---- the import path ------------------------------------------------------------------------
-SHADOW = '''
+SHADOW = """
 from pathlib import Path
 Path(__file__).with_name("shadowed.txt").write_text("{name}.py in the working directory was imported")
 raise ImportError("shadowed")
-'''
+"""
 
 
 def test_the_working_directory_shadows_no_installed_package(tmp_path):
@@ -247,13 +264,16 @@ def test_the_working_directory_shadows_no_installed_package(tmp_path):
         (tmp_path / f"{name}.py").write_text(SHADOW.format(name=name))
     (tmp_path / "shoal_test_cwd_mod.py").write_text("VALUE = 42\n")
     shoal_exe = Path(sys.executable).with_name("shoal")
-    p = subprocess.run([str(shoal_exe), "config", "ppo", "--yaml"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        [str(shoal_exe), "config", "ppo", "--yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, p.stderr
     assert not (tmp_path / "shadowed.txt").exists()
-    code = ("import os, sys\nfrom shoal.app import cli\nsys.argv = ['shoal', 'algos']\ntry:\n    cli.main()\n"
-            "except SystemExit:\n    pass\nimport gymnasium, shoal_test_cwd_mod\n"
-            "print(sys.path.index(os.getcwd()), len(sys.path), shoal_test_cwd_mod.VALUE)\n")
+    code = (
+        "import os, sys\nfrom shoal.app import cli\nsys.argv = ['shoal', 'algos']\ntry:\n    cli.main()\n"
+        "except SystemExit:\n    pass\nimport gymnasium, shoal_test_cwd_mod\n"
+        "print(sys.path.index(os.getcwd()), len(sys.path), shoal_test_cwd_mod.VALUE)\n"
+    )
     # -I: no working directory on the path to begin with, as for the `shoal` console script
     p = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
@@ -280,14 +300,17 @@ def test_ray_workers_append_the_working_directory(ray_cluster):
 # ---- YAML ------------------------------------------------------------------------------------
 def test_alias_bomb_is_refused_quickly_and_anchors_still_work(tmp_path):
     layers = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
-        f"{n}: &{n} [{', '.join(['*' + p] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi"))
+        f"{n}: &{n} [{', '.join(['*' + p] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi")
+    )
     assert len(layers) < 600  # ~387M strings once expanded
     (tmp_path / "bomb.yaml").write_text(layers)
     with pytest.raises(ConfigError, match="alias bomb"):
         load_yaml(tmp_path / "bomb.yaml")
     assert safe_yaml("base: &b {hiddens: [64, 64]}\nmodel: *b\nother: {<<: *b, activation: relu}\n") == {
-        "base": {"hiddens": [64, 64]}, "model": {"hiddens": [64, 64]},
-        "other": {"hiddens": [64, 64], "activation": "relu"}}
+        "base": {"hiddens": [64, 64]},
+        "model": {"hiddens": [64, 64]},
+        "other": {"hiddens": [64, 64], "activation": "relu"},
+    }
 
 
 # ---- secrets ---------------------------------------------------------------------------------
@@ -302,7 +325,10 @@ def test_url_passwords_never_reach_the_files(tmp_path):
     finally:
         algo.stop()
     assert b"s3cret" not in (ck / "meta.json").read_bytes()
-    assert strip_redacted_password(ckpt.read_meta(ck)["config"]["logging"]["mlflow"]["tracking_uri"]) == \
-        "https://mlflow.example.com:5000/"
+    assert (
+        strip_redacted_password(ckpt.read_meta(ck)["config"]["logging"]["mlflow"]["tracking_uri"])
+        == "https://mlflow.example.com:5000/"
+    )
     assert redact_secrets({"a": ["postgresql://u:p@db/x", "http://host/p:q@r"]}) == {
-        "a": ["postgresql://u:***@db/x", "http://host/p:q@r"]}
+        "a": ["postgresql://u:***@db/x", "http://host/p:q@r"]
+    }

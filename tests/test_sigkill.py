@@ -52,8 +52,9 @@ def test_sigkilled_rollout_actor_is_recreated(ray_cluster, algo_name):
     from shoal.algorithms import get_config_class
 
     extra = {"ppo": dict(minibatch_size=128, num_sgd_iter=1)}.get(algo_name, {})
-    cfg = get_config_class(algo_name)(env="CartPole-v1", seed=0, rollout_fragment_length=32, train_batch_size=256,
-                                    resources=WORKERS, **extra)
+    cfg = get_config_class(algo_name)(
+        env="CartPole-v1", seed=0, rollout_fragment_length=32, train_batch_size=256, resources=WORKERS, **extra
+    )
     algo = cfg.build()
     try:
         train_until(algo, lambda x: x["env_steps_trained"] > 0)
@@ -69,8 +70,9 @@ def test_sigkilled_rollout_actor_is_recreated(ray_cluster, algo_name):
 def test_apex_sigkilled_rollout_actor_and_replay_shard(ray_cluster):
     from shoal.algorithms.apex import ApeXConfig
 
-    cfg = ApeXConfig(**{**ApeXConfig.small_machine_preset(), "env": "CartPole-v1", "seed": 0,
-                        "min_time_s_per_iteration": 0.5})
+    cfg = ApeXConfig(
+        **{**ApeXConfig.small_machine_preset(), "env": "CartPole-v1", "seed": 0, "min_time_s_per_iteration": 0.5}
+    )
     algo = cfg.build()
     try:
         r = train_until(algo, lambda x: x["env_steps_trained"] > 0)
@@ -90,8 +92,15 @@ def test_apex_sigkilled_rollout_actor_and_replay_shard(ray_cluster):
 def test_ddppo_sigkilled_worker_is_replaced_and_the_group_reforms(ray_cluster):
     from shoal.algorithms.ddppo import DDPPOConfig
 
-    cfg = DDPPOConfig(env="CartPole-v1", seed=0, rollout_fragment_length=32, minibatch_size=64, num_sgd_iter=2,
-                      torch_distributed_timeout_s=10, resources=WORKERS)
+    cfg = DDPPOConfig(
+        env="CartPole-v1",
+        seed=0,
+        rollout_fragment_length=32,
+        minibatch_size=64,
+        num_sgd_iter=2,
+        torch_distributed_timeout_s=10,
+        resources=WORKERS,
+    )
     algo = cfg.build()
     try:
         algo.train()
@@ -106,9 +115,15 @@ def test_ddppo_sigkilled_worker_is_replaced_and_the_group_reforms(ray_cluster):
 def test_league_sigkilled_rollout_actor_policy_learner_and_replay_actor(ray_cluster):
     from test_alpha_star import FAST_LEAGUE, small
 
-    cfg = small(resources={"num_workers": 1, "num_cpus_per_worker": 0.25, "num_envs_per_worker": 8,
-                           "num_cpus_per_learner": 0.25},
-                league={**FAST_LEAGUE, "num_main_exploiters": 0, "num_league_exploiters": 0})
+    cfg = small(
+        resources={
+            "num_workers": 1,
+            "num_cpus_per_worker": 0.25,
+            "num_envs_per_worker": 8,
+            "num_cpus_per_learner": 0.25,
+        },
+        league={**FAST_LEAGUE, "num_main_exploiters": 0, "num_league_exploiters": 0},
+    )
     algo = cfg.build()
     try:
         r = train_until(algo, lambda x: x["env_steps_trained"] > 0)
@@ -118,8 +133,12 @@ def test_league_sigkilled_rollout_actor_policy_learner_and_replay_actor(ray_clus
         replay = algo.learners.replays.actors[shard]
         for handle in (runner, learner, replay):
             sigkill(handle)
-        r = train_until(algo, lambda x: x["num_worker_restarts"] >= 1 and x["num_learner_restarts"] >= 1
-                        and x["num_replay_actor_restarts"] >= 1)
+        r = train_until(
+            algo,
+            lambda x: (
+                x["num_worker_restarts"] >= 1 and x["num_learner_restarts"] >= 1 and x["num_replay_actor_restarts"] >= 1
+            ),
+        )
         assert (r["num_worker_restarts"], r["num_learner_restarts"], r["num_replay_actor_restarts"]) == (1, 1, 1), r
         assert algo.env_runners.actors[1] is not runner and algo.learners.replays.actors[shard] is not replay
         _trains_on(algo, r)

@@ -44,9 +44,13 @@ class LowScoredPPO(ScoredPPO):
 @pytest.fixture
 def scored_ppo(monkeypatch):
     """Registers ``scored_ppo`` so that ``config.build()`` and the CLI find ScoredPPO (or the class given)."""
+
     def register(cls):
-        monkeypatch.setitem(REGISTRY, "scored_ppo", (__name__, cls.__name__, "ScoredPPOConfig", "PPO with a fake score."))
+        monkeypatch.setitem(
+            REGISTRY, "scored_ppo", (__name__, cls.__name__, "ScoredPPOConfig", "PPO with a fake score.")
+        )
         monkeypatch.setattr(ScoredPPOConfig, "algorithm_cls", cls)  # LowScoredPPO inherits config_cls: not registered
+
     register(ScoredPPO)
     return register
 
@@ -65,9 +69,27 @@ def test_best_checkpoint_follows_the_algorithms_best_metric(scored_ppo, tmp_path
 
 
 def test_cli_summary_names_the_best_metric(scored_ppo, tmp_path):
-    r = invoke("train", "scored_ppo", "--env", "CartPole-v1", "--stop-iters", "3", "--out", str(tmp_path),
-               "-q", "--seed", "0", "--envs-per-worker", "2", "--set", "train_batch_size=256",
-               "--set", "minibatch_size=128", "--set", "num_sgd_iter=1")
+    r = invoke(
+        "train",
+        "scored_ppo",
+        "--env",
+        "CartPole-v1",
+        "--stop-iters",
+        "3",
+        "--out",
+        str(tmp_path),
+        "-q",
+        "--seed",
+        "0",
+        "--envs-per-worker",
+        "2",
+        "--set",
+        "train_batch_size=256",
+        "--set",
+        "minibatch_size=128",
+        "--set",
+        "num_sgd_iter=1",
+    )
     assert r.exit_code == 0, r.output
     assert "Best fake/score 5." in " ".join(r.output.split())
 
@@ -104,6 +126,7 @@ def forbid_building(monkeypatch):
 
     def fail(*a, **k):
         raise AssertionError("resume built the algorithm although its stop criterion was already met")
+
     monkeypatch.setattr(Algorithm, "from_checkpoint", fail)
 
 
@@ -132,7 +155,9 @@ def test_resume_reads_older_checkpoints_without_the_figures_in_meta(two_iteratio
 
     meta_file = two_iteration_run / "checkpoints" / "checkpoint_000002" / "meta.json"
     meta = json.loads(meta_file.read_text())
-    meta_file.write_text(json.dumps({k: v for k, v in meta.items() if k not in ("time_total_s", "episode_return_mean")}))
+    meta_file.write_text(
+        json.dumps({k: v for k, v in meta.items() if k not in ("time_total_s", "episode_return_mean")})
+    )
     forbid_building(monkeypatch)
     s = resume(two_iteration_run, stop={"time_s": meta["time_total_s"] / 2}, progress=False)
     assert s.already_met and s.stop_reason == "time" and s.stop_detail.startswith("training time ")
@@ -153,7 +178,14 @@ def test_best_metric_takes_numpy_scalars_and_ignores_what_is_not_a_number():
     from shoal.app.trainer import BestMetric
 
     best = BestMetric(ScoredPPO.__new__(ScoredPPO))  # only the class attributes are read
-    offers = [{"fake/score": math.nan}, {"fake/score": np.float32(2.5)}, {"fake/score": True}, {"fake/score": "9"},
-              {}, {"fake/score": np.int64(2)}, {"fake/score": 3}]
+    offers = [
+        {"fake/score": math.nan},
+        {"fake/score": np.float32(2.5)},
+        {"fake/score": True},
+        {"fake/score": "9"},
+        {},
+        {"fake/score": np.int64(2)},
+        {"fake/score": 3},
+    ]
     assert [best.offer(r) for r in offers] == [False, True, False, False, False, False, True]
     assert best.value == 3.0

@@ -17,22 +17,39 @@ from shoal.errors import ConfigError, ResourceError
 from shoal.runtime.placement import BundleGroup, RunPlacement, tune_bundles
 
 HERE = Path(__file__).parent
-TINY = {"env": "CartPole-v1", "train_batch_size": 128, "minibatch_size": 64, "num_sgd_iter": 1,
-        "resources": {"num_workers": 0, "num_envs_per_worker": 2}}
+TINY = {
+    "env": "CartPole-v1",
+    "train_batch_size": 128,
+    "minibatch_size": 64,
+    "num_sgd_iter": 1,
+    "resources": {"num_workers": 0, "num_envs_per_worker": 2},
+}
 
 
 def _spec(**changes) -> dict:
-    return {"algo": "ppo", "config": dict(TINY), "search": {"lr": {"grid": [1e-3, 1e-4]}}, "stop": {"iterations": 2},
-            **changes}
+    return {
+        "algo": "ppo",
+        "config": dict(TINY),
+        "search": {"lr": {"grid": [1e-3, 1e-4]}},
+        "stop": {"iterations": 2},
+        **changes,
+    }
 
 
 # ---- the plan (no Ray) -----------------------------------------------------------------------
 def test_apex_plan_lists_each_part_and_tune_asks_for_the_driver_first():
-    cfg = ApeXConfig(env="CartPole-v1", resources={"num_workers": 2, "num_cpus_per_worker": 0.5, "num_replay_shards": 3,
-                                                   "replay_shard_cpus": 0.25}, evaluation={"evaluation_num_workers": 1})
+    cfg = ApeXConfig(
+        env="CartPole-v1",
+        resources={"num_workers": 2, "num_cpus_per_worker": 0.5, "num_replay_shards": 3, "replay_shard_cpus": 0.25},
+        evaluation={"evaluation_num_workers": 1},
+    )
     plan = type(cfg).algorithm_cls.resource_plan(cfg)
     assert [(g.name, g.count, g.cpus) for g in plan] == [
-        ("driver", 1, 1.0), ("replay shard", 3, 0.25), ("rollout actor", 2, 0.5), ("evaluation actor", 1, 0.5)]
+        ("driver", 1, 1.0),
+        ("replay shard", 3, 0.25),
+        ("rollout actor", 2, 0.5),
+        ("evaluation actor", 1, 0.5),
+    ]
     assert plan[1].node == "driver"  # resources.replay_shards_on_driver_node
     bundles = trial_bundles({"algo": "apex", **cfg.to_dict()})
     assert bundles == [{"CPU": 1.0}] + [{"CPU": 0.25}] * 3 + [{"CPU": 0.5}] * 3
@@ -58,10 +75,19 @@ def test_ddppo_workers_are_planned_with_their_gpus_and_zero_cpu_parts_take_no_bu
     assert placement.indices == {"rollout actor": [1, 2]}
 
 
-LEAGUE = {"env": "pettingzoo.classic:tictactoe_v3", "seed": 0, "model": {"hiddens": [16]},
-          "league": {"type": "alpha_star", "seed": 0},
-          "resources": {"num_workers": 1, "num_cpus_per_worker": 0.25, "num_envs_per_worker": 2,
-                        "num_learner_shards": 2, "num_cpus_per_learner": 0.25}}
+LEAGUE = {
+    "env": "pettingzoo.classic:tictactoe_v3",
+    "seed": 0,
+    "model": {"hiddens": [16]},
+    "league": {"type": "alpha_star", "seed": 0},
+    "resources": {
+        "num_workers": 1,
+        "num_cpus_per_worker": 0.25,
+        "num_envs_per_worker": 2,
+        "num_learner_shards": 2,
+        "num_cpus_per_learner": 0.25,
+    },
+}
 
 
 def test_league_learner_shards_are_one_bundle_each_spread_over_the_nodes():
@@ -71,8 +97,12 @@ def test_league_learner_shards_are_one_bundle_each_spread_over_the_nodes():
     cfg = AlphaStarConfig(**LEAGUE, max_num_policies_to_train=3)
     plan = type(cfg).algorithm_cls.resource_plan(cfg)
     # 3 learner slots over 2 shards: 2 + 1 learners of 0.25 CPUs, each shard's beside its replay actor
-    assert trial_bundles({"algo": "alpha_star", **cfg.to_dict()}) == [{"CPU": 1.0}, {"CPU": 0.5}, {"CPU": 0.25},
-                                                                       {"CPU": 0.25}]
+    assert trial_bundles({"algo": "alpha_star", **cfg.to_dict()}) == [
+        {"CPU": 1.0},
+        {"CPU": 0.5},
+        {"CPU": 0.25},
+        {"CPU": 0.25},
+    ]
     assert plan_strategy(plan) == "SPREAD" and plan_strategy(plan[:1] + plan[2:]) == "PACK"
     assert "2 learner shards x 0.5 CPU / 0.25 CPU" in RunPlacement(plan).describe()
 
@@ -92,8 +122,10 @@ def _pg_of(group, actor_id: int) -> str:
 
 @pytest.mark.ray
 def test_a_runs_actors_live_in_one_placement_group_and_restarts_keep_their_bundle(ray_cluster):
-    cfg = PPOConfig(**{**TINY, "resources": {"num_workers": 2, "num_envs_per_worker": 2, "num_cpus_per_worker": 0.5}},
-                    evaluation={"evaluation_num_workers": 1, "evaluation_num_episodes": 1})
+    cfg = PPOConfig(
+        **{**TINY, "resources": {"num_workers": 2, "num_envs_per_worker": 2, "num_cpus_per_worker": 0.5}},
+        evaluation={"evaluation_num_workers": 1, "evaluation_num_episodes": 1},
+    )
     before = len(_created_groups())
     with cfg.build() as algo:
         algo.train()
@@ -115,9 +147,19 @@ def test_a_runs_actors_live_in_one_placement_group_and_restarts_keep_their_bundl
 
 @pytest.mark.ray
 def test_a_run_that_cannot_fit_fails_at_once_with_each_parts_needs(ray_cluster):
-    cfg = ApeXConfig(env="CartPole-v1", learning_starts=100, replay_capacity=1000,
-                     resources={"num_workers": 1, "num_envs_per_worker": 2, "num_replay_shards": 2,
-                                "replay_shard_cpus": 1.0, "replay_shards_on_driver_node": False, "resource_wait_s": 600})
+    cfg = ApeXConfig(
+        env="CartPole-v1",
+        learning_starts=100,
+        replay_capacity=1000,
+        resources={
+            "num_workers": 1,
+            "num_envs_per_worker": 2,
+            "num_replay_shards": 2,
+            "replay_shard_cpus": 1.0,
+            "replay_shards_on_driver_node": False,
+            "resource_wait_s": 600,
+        },
+    )
     before = len(_created_groups())
     with cfg.build() as algo:
         with pytest.raises(ResourceError) as e:
@@ -137,8 +179,10 @@ def test_a_leagues_learner_shards_and_rollout_actors_share_the_runs_placement_gr
     with AlphaStarConfig(**LEAGUE, max_num_policies_to_train=3).build() as algo:
         algo.start_actors()
         pg = algo.placement.pg.id.hex()
-        assert len(_created_groups()) == before + 1 and algo.placement.indices == {"learner shard": [0, 1],
-                                                                                  "rollout actor": [2]}
+        assert len(_created_groups()) == before + 1 and algo.placement.indices == {
+            "learner shard": [0, 1],
+            "rollout actor": [2],
+        }
         learners = algo.learners
         assert {_pg_of(learners.replays, s) for s in (0, 1)} == {pg} == {_pg_of(algo.env_runners.group, 1)}
         for pid, group in learners.groups.items():  # each learner sits in its shard's bundle, beside its replay
@@ -160,7 +204,10 @@ def test_bundles_spread_pin_and_go_to_gpu_nodes_in_a_three_node_cluster():
     assert len(set(out["gpu_spread"]["rollout actor"])) == 2  # SPREAD: the actors on two nodes
     assert len(set(out["cpu_spread"]["learner shard"])) == 3  # three CPU shards, three nodes
     assert out["pinned"]["replay shard"] == [out["driver_node"]] * 2  # pinned beside the driver
-    assert "needs 3 GPUs but the Ray cluster has 2" in out["too_big"] and "3 learner shards x 0.5 CPU + 1 GPU" in out["too_big"]
+    assert (
+        "needs 3 GPUs but the Ray cluster has 2" in out["too_big"]
+        and "3 learner shards x 0.5 CPU + 1 GPU" in out["too_big"]
+    )
 
 
 # ---- tune files (no Ray) -------------------------------------------------------------------------
@@ -194,7 +241,9 @@ def test_pbt_refuses_a_key_that_cannot_change_mid_run_and_a_grid():
         TuneSpec.parse(_spec(scheduler=pbt))
     with pytest.raises(ConfigError, match="DD-PPO|none"):
         TuneSpec.parse({**_spec(scheduler=pbt, search={"lr": {"choice": [1e-3]}}), "algo": "ddppo"})
-    ok = TuneSpec.parse(_spec(scheduler=pbt, search={"lr": {"loguniform": [1e-4, 1e-2]}, "clip_param": {"choice": [0.1, 0.3]}}))
+    ok = TuneSpec.parse(
+        _spec(scheduler=pbt, search={"lr": {"loguniform": [1e-4, 1e-2]}, "clip_param": {"choice": [0.1, 0.3]}})
+    )
     assert set(ok.pbt_mutations()) == {"lr", "clip_param"}
 
 
@@ -202,8 +251,11 @@ def test_set_overrides_reach_the_file_and_changed_keys_are_dotted(tmp_path):
     path = tmp_path / "t.yaml"
     path.write_text(yaml.safe_dump(_spec()))
     spec = load_spec(path, ["num_samples=3", "config.resources.num_envs_per_worker=4", "stop.iterations=5"])
-    assert (spec.num_samples, spec.config["resources"]["num_envs_per_worker"], spec.stop.to_tune()) == \
-        (3, 4, {"training_iteration": 5})
+    assert (spec.num_samples, spec.config["resources"]["num_envs_per_worker"], spec.stop.to_tune()) == (
+        3,
+        4,
+        {"training_iteration": 5},
+    )
     assert changed_keys({"lr": 1, "model": {"hiddens": [8]}}, {"lr": 2, "model": {"hiddens": [8]}}) == {"lr": 2}
 
 
@@ -226,8 +278,14 @@ def test_update_config_changes_the_learner_and_refuses_other_keys():
 def test_update_config_rebuilds_appos_loss_and_keeps_its_target_and_kl():
     from shoal import APPOConfig
 
-    cfg = APPOConfig(env="CartPole-v1", seed=0, rollout_fragment_length=8, train_batch_size=64,
-                     min_time_s_per_iteration=0.0, resources={"num_envs_per_worker": 8})
+    cfg = APPOConfig(
+        env="CartPole-v1",
+        seed=0,
+        rollout_fragment_length=8,
+        train_batch_size=64,
+        min_time_s_per_iteration=0.0,
+        resources={"num_envs_per_worker": 8},
+    )
     with cfg.build() as algo:
         before = algo.learner.loss_fn
         algo.update_config({"clip_param": 0.2, "vf_loss_coeff": 0.25, "kl_target": 0.02})
@@ -336,8 +394,9 @@ def test_a_two_trial_grid_finishes_reports_and_writes_a_best_config_train_accept
     assert summary.best_metric == best["metric"] and summary.best_config["lr"] == best["params"]["lr"]
     saved = yaml.safe_load(summary.best_config_path.read_text())
     assert saved["algo"] == "ppo" and saved["train_batch_size"] == 128 and saved["lr"] == best["params"]["lr"]
-    res = invoke("train", "ppo", "-c", str(summary.best_config_path), "--stop-iters", "1", "-q",
-                 "--out", str(tmp_path / "runs"))
+    res = invoke(
+        "train", "ppo", "-c", str(summary.best_config_path), "--stop-iters", "1", "-q", "--out", str(tmp_path / "runs")
+    )
     assert res.exit_code == 0, res.output
     assert len(list((tmp_path / "runs").iterdir())) == 1
 
@@ -346,17 +405,32 @@ def test_a_two_trial_grid_finishes_reports_and_writes_a_best_config_train_accept
 def test_pbt_exploits_a_checkpoint_and_the_trial_continues_from_its_counters(ray_cluster, tmp_path):
     from shoal.app.tune_run import run_tune
 
-    spec = TuneSpec.parse(_spec(search={"lr": {"choice": [3e-2, 1e-5]}}, num_samples=2, max_concurrent_trials=2,
-                                scheduler={"type": "pbt", "perturbation_interval": 1, "quantile_fraction": 0.5,
-                                           "synch": True},  # the asynchronous form copied nothing in one full-suite run
-                                stop={"iterations": 4}, name="pbt"))
+    spec = TuneSpec.parse(
+        _spec(
+            search={"lr": {"choice": [3e-2, 1e-5]}},
+            num_samples=2,
+            max_concurrent_trials=2,
+            scheduler={
+                "type": "pbt",
+                "perturbation_interval": 1,
+                "quantile_fraction": 0.5,
+                "synch": True,
+            },  # the asynchronous form copied nothing in one full-suite run
+            stop={"iterations": 4},
+            name="pbt",
+        )
+    )
     summary = run_tune(spec, out=tmp_path, verbose=0)
     assert all(r["status"] == "TERMINATED" and r["iterations"] == 4 for r in summary.trials)
     # Tune's PBT log: one line per exploit (the trial that copied, the one it copied from, ...)
     exploits = (summary.run_dir / "pbt_global.txt").read_text().splitlines()
     assert len(exploits) >= 1
-    results = [json.loads(line) for d in summary.run_dir.iterdir() if (d / "result.json").exists()
-               for line in (d / "result.json").read_text().splitlines()[-1:]]
+    results = [
+        json.loads(line)
+        for d in summary.run_dir.iterdir()
+        if (d / "result.json").exists()
+        for line in (d / "result.json").read_text().splitlines()[-1:]
+    ]
     # a restored trial went on from the copied counters: 4 iterations' steps, not fewer since a restart at 0
     assert len(results) == 2 and all(r["env_steps_sampled"] >= 4 * 100 for r in results), results
 
@@ -365,8 +439,12 @@ def test_pbt_exploits_a_checkpoint_and_the_trial_continues_from_its_counters(ray
 def test_a_trial_whose_rollout_actor_is_killed_recovers_and_finishes(ray_cluster, tmp_path):
     from shoal.app.tune_run import run_tune
 
-    config = {**TINY, "env": "tune_helpers:KilledOnceCartPole", "env_config": {"marker": str(tmp_path / "killed")},
-              "resources": {"num_workers": 1, "num_envs_per_worker": 2, "num_cpus_per_worker": 0.5}}
+    config = {
+        **TINY,
+        "env": "tune_helpers:KilledOnceCartPole",
+        "env_config": {"marker": str(tmp_path / "killed")},
+        "resources": {"num_workers": 1, "num_envs_per_worker": 2, "num_cpus_per_worker": 0.5},
+    }
     spec = TuneSpec.parse(_spec(config=config, search={}, stop={"iterations": 3}, name="kill"))
     summary = run_tune(spec, out=tmp_path, verbose=0)
     killed = json.loads((tmp_path / "killed").read_text())  # the actor's process was killed once
@@ -379,7 +457,6 @@ def test_a_trial_whose_rollout_actor_is_killed_recovers_and_finishes(ray_cluster
 
 
 def test_shoal_tune_turns_a_bad_file_into_one_paragraph_and_exit_2(tmp_path):
-
 
     path = tmp_path / "t.yaml"
     path.write_text(yaml.safe_dump(_spec(scheduler={"type": "pbt"}, search={"gamma": {"uniform": [0.9, 0.99]}})))

@@ -24,8 +24,15 @@ def col(*xs) -> torch.Tensor:
 
 
 def run(log_rhos, discounts, rewards, values, bootstrap, valid=None, **kw):
-    out = vtrace(col(*log_rhos), col(*discounts), col(*rewards), col(*values), torch.tensor([bootstrap]),
-                 None if valid is None else col(*valid).bool(), **kw)
+    out = vtrace(
+        col(*log_rhos),
+        col(*discounts),
+        col(*rewards),
+        col(*values),
+        torch.tensor([bootstrap]),
+        None if valid is None else col(*valid).bool(),
+        **kw,
+    )
     return out.vs[:, 0].numpy(), out.pg_advantages[:, 0].numpy()
 
 
@@ -53,8 +60,15 @@ def test_off_policy_with_rho_and_pg_rho_clipping():
 
 
 def test_no_clipping_when_thresholds_are_none():
-    vs, adv = run(np.log([2.0, 0.5, 0.25]), [0.5] * 3, [1, 0, 2], [1, 2, 3], 4.0,
-                  clip_rho_threshold=None, clip_pg_rho_threshold=None)
+    vs, adv = run(
+        np.log([2.0, 0.5, 0.25]),
+        [0.5] * 3,
+        [1, 0, 2],
+        [1, 2, 3],
+        4.0,
+        clip_rho_threshold=None,
+        clip_pg_rho_threshold=None,
+    )
     # Only t0 changes (its rho 2 is no longer clipped to 1; c stays min(1, rho)):
     #   delta0 = 2 * 1 = 2 -> vs0 = 1 + 2 + 0.5 * -0.1875 = 2.90625; A0 = 2 * (1 + 0.5*1.8125 - 1) = 1.8125
     np.testing.assert_allclose(vs, [2.90625, 1.8125, 3.25], rtol=1e-6)
@@ -62,8 +76,15 @@ def test_no_clipping_when_thresholds_are_none():
 
 
 def test_separate_pg_rho_threshold():
-    _, adv = run(np.log([2.0, 0.5, 0.25]), [0.5] * 3, [1, 0, 2], [1, 2, 3], 4.0,
-                 clip_rho_threshold=1.0, clip_pg_rho_threshold=1.5)
+    _, adv = run(
+        np.log([2.0, 0.5, 0.25]),
+        [0.5] * 3,
+        [1, 0, 2],
+        [1, 2, 3],
+        4.0,
+        clip_rho_threshold=1.0,
+        clip_pg_rho_threshold=1.5,
+    )
     # vs unchanged; A0 = min(1.5, 2) * 0.90625 = 1.359375
     np.testing.assert_allclose(adv, [1.359375, -0.1875, 0.25], rtol=1e-6)
 

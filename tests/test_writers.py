@@ -20,8 +20,12 @@ def test_csv_gains_columns_for_metrics_first_seen_later(tmp_path):
     w.write({"iteration": 3, "episode_return_mean": 11.0, "league/win_rate/main_1": 0.25})
     w.close()
     lines = path.read_text().splitlines()
-    assert lines[0].split(",") == ["iteration", "episode_return_mean", "evaluation/episode_return_mean",
-                                   "league/win_rate/main_1"]
+    assert lines[0].split(",") == [
+        "iteration",
+        "episode_return_mean",
+        "evaluation/episode_return_mean",
+        "league/win_rate/main_1",
+    ]
     assert all(len(line.split(",")) == 4 for line in lines)  # earlier rows padded, not ragged
     rows = read_csv(path)
     assert [r["iteration"] for r in rows] == ["1", "2", "3"]
@@ -45,4 +49,8 @@ def test_csv_resume_after_truncation_keeps_and_extends_columns(tmp_path):
     rows = read_csv(path)
     assert list(rows[0]) == ["iteration", "loss", "evaluation/x", "new/metric"]
     assert [(r["iteration"], r["loss"], r["evaluation/x"], r["new/metric"]) for r in rows] == [
-        ("1", "0.5", "", ""), ("2", "0.5", "2.0", ""), ("3", "0.25", "", ""), ("4", "0.125", "", "7")]
+        ("1", "0.5", "", ""),
+        ("2", "0.5", "2.0", ""),
+        ("3", "0.25", "", ""),
+        ("4", "0.125", "", "7"),
+    ]

@@ -8,20 +8,48 @@ from shoal.errors import ConfigError
 
 # name: (module, algorithm class, config class, one-line description)
 REGISTRY: dict[str, tuple[str, str, str, str]] = {
-    "ppo": ("shoal.algorithms.ppo", "PPO", "PPOConfig",
-            "Proximal Policy Optimization: GAE, clipped surrogate, synchronous sampling on N rollout actors."),
-    "dqn": ("shoal.algorithms.dqn", "DQN", "DQNConfig",
-            "DQN: double Q, dueling heads, n-step returns, uniform or prioritized replay, target network."),
-    "apex": ("shoal.algorithms.apex", "ApeX", "ApeXConfig",
-             "Ape-X DQN: many epsilon-greedy rollout actors, sharded prioritized replay actors, a background learner thread."),
-    "impala": ("shoal.algorithms.impala", "IMPALA", "IMPALAConfig",
-               "IMPALA: asynchronous sampling, V-trace, a learner thread (multi-device with tower stacks)."),
-    "appo": ("shoal.algorithms.appo", "APPO", "APPOConfig",
-             "Asynchronous PPO: IMPALA's machinery with a clipped surrogate on V-trace advantages and a target network."),
-    "ddppo": ("shoal.algorithms.ddppo", "DDPPO", "DDPPOConfig",
-              "Decentralized distributed PPO: every worker samples and trains; gradients all-reduced with torch.distributed."),
-    "alpha_star": ("shoal.algorithms.alpha_star", "AlphaStar", "AlphaStarConfig",
-                   "AlphaStar league self-play on APPO: PettingZoo games, league builder, learner shards with batch replay."),
+    "ppo": (
+        "shoal.algorithms.ppo",
+        "PPO",
+        "PPOConfig",
+        "Proximal Policy Optimization: GAE, clipped surrogate, synchronous sampling on N rollout actors.",
+    ),
+    "dqn": (
+        "shoal.algorithms.dqn",
+        "DQN",
+        "DQNConfig",
+        "DQN: double Q, dueling heads, n-step returns, uniform or prioritized replay, target network.",
+    ),
+    "apex": (
+        "shoal.algorithms.apex",
+        "ApeX",
+        "ApeXConfig",
+        "Ape-X DQN: many epsilon-greedy rollout actors, sharded prioritized replay actors, a background learner thread.",
+    ),
+    "impala": (
+        "shoal.algorithms.impala",
+        "IMPALA",
+        "IMPALAConfig",
+        "IMPALA: asynchronous sampling, V-trace, a learner thread (multi-device with tower stacks).",
+    ),
+    "appo": (
+        "shoal.algorithms.appo",
+        "APPO",
+        "APPOConfig",
+        "Asynchronous PPO: IMPALA's machinery with a clipped surrogate on V-trace advantages and a target network.",
+    ),
+    "ddppo": (
+        "shoal.algorithms.ddppo",
+        "DDPPO",
+        "DDPPOConfig",
+        "Decentralized distributed PPO: every worker samples and trains; gradients all-reduced with torch.distributed.",
+    ),
+    "alpha_star": (
+        "shoal.algorithms.alpha_star",
+        "AlphaStar",
+        "AlphaStarConfig",
+        "AlphaStar league self-play on APPO: PettingZoo games, league builder, learner shards with batch replay.",
+    ),
 }
 
 

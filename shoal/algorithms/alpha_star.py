@@ -60,14 +60,19 @@ from shoal.seeding import derive_seed
 
 UNDECIDED_GAMES_LIMIT = 500  # games without a single winner before the league refuses the env
 
+
 # ---- config -----------------------------------------------------------------------------
 class AlphaStarResourcesConfig(ResourcesConfig):
-    num_learner_shards: Optional[int] = Field(None, ge=1, description="Learner shards; None: one per GPU, or one per policy without GPUs.")
+    num_learner_shards: Optional[int] = Field(
+        None, ge=1, description="Learner shards; None: one per GPU, or one per policy without GPUs."
+    )
     num_cpus_per_learner: float = Field(1.0, ge=0, description="CPUs each policy learner actor reserves (remote runs).")
     remote_learners: Optional[bool] = Field(
-        None, description="Learner shards as Ray actors. None: when num_workers > 0. False with remote rollout actors: "
+        None,
+        description="Learner shards as Ray actors. None: when num_workers > 0. False with remote rollout actors: "
         "the learners and their replays stay in the driver and the actors send their batches back to it (on a "
-        "small machine, one rollout process beside a learning driver).")
+        "small machine, one rollout process beside a learning driver).",
+    )
 
     def learners_remote(self) -> bool:
         return self.num_workers > 0 if self.remote_learners is None else self.remote_learners
@@ -78,8 +83,10 @@ class AlphaStarEvaluationConfig(EvaluationConfig):
 
 
 _ONE_DEVICE = "each policy learner actor is one Learner on one device; IMPALA's multi-device learner is not used"
-_NO_LEARNER_QUEUE = ("policy learners pull their batches from their shard's replay (replay_buffer_capacity, "
-                     "replay_ratio); IMPALA's learner queue and minibatch ring are not used")
+_NO_LEARNER_QUEUE = (
+    "policy learners pull their batches from their shard's replay (replay_buffer_capacity, "
+    "replay_ratio); IMPALA's learner queue and minibatch ring are not used"
+)
 
 
 class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, AlgorithmConfig):
@@ -90,26 +97,47 @@ class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKe
     mutable_keys = frozenset()  # the learners live in other processes: nothing changes mid-run
     lstm_sequences = "fragments"
     unused_keys = {
-        "num_learner_devices": _ONE_DEVICE, "fake_devices": _ONE_DEVICE, "num_multi_gpu_tower_stacks": _ONE_DEVICE,
-        "num_data_load_threads": _ONE_DEVICE, "learner_queue_size": _NO_LEARNER_QUEUE,
-        "learner_queue_timeout": _NO_LEARNER_QUEUE, "minibatch_buffer_size": _NO_LEARNER_QUEUE,
+        "num_learner_devices": _ONE_DEVICE,
+        "fake_devices": _ONE_DEVICE,
+        "num_multi_gpu_tower_stacks": _ONE_DEVICE,
+        "num_data_load_threads": _ONE_DEVICE,
+        "learner_queue_size": _NO_LEARNER_QUEUE,
+        "learner_queue_timeout": _NO_LEARNER_QUEUE,
+        "minibatch_buffer_size": _NO_LEARNER_QUEUE,
         "env_preprocessing": "a league plays PettingZoo envs; Atari frame preprocessing applies to ALE envs",
         "normalize": "a league's players share no single observation stream to normalize by",
     }
 
-    env: EnvSpec = Field("pettingzoo.classic:tictactoe_v3", description="A PettingZoo env: import path, module or callable.")
-    resources: AlphaStarResourcesConfig = Field(default_factory=AlphaStarResourcesConfig, description="Rollout actors plus the learner shards.")
-    evaluation: AlphaStarEvaluationConfig = Field(default_factory=AlphaStarEvaluationConfig, description="Main against a random player during training.")
+    env: EnvSpec = Field(
+        "pettingzoo.classic:tictactoe_v3", description="A PettingZoo env: import path, module or callable."
+    )
+    resources: AlphaStarResourcesConfig = Field(
+        default_factory=AlphaStarResourcesConfig, description="Rollout actors plus the learner shards."
+    )
+    evaluation: AlphaStarEvaluationConfig = Field(
+        default_factory=AlphaStarEvaluationConfig, description="Main against a random player during training."
+    )
     league: Union[str, dict[str, Any], None] = Field(
-        "alpha_star", description="League builder: a name (alpha_star, no_league), an import path, or {type: ..., **kwargs}.")
+        "alpha_star",
+        description="League builder: a name (alpha_star, no_league), an import path, or {type: ..., **kwargs}.",
+    )
     replay_ratio: float = Field(0.0, ge=0, le=1, description="Fraction of learned batches that are replayed ones.")
-    replay_buffer_capacity: int = Field(10, ge=1, description="Batches each policy's replay keeps (and new ones that may wait).")
-    max_num_policies_to_train: int = Field(4, ge=1, description="Learner slots over all shards: the most learning policies at once.")
-    learner_idle_sleep_s: float = Field(0.01, ge=0, description="A remote learner with nothing to learn waits this long before answering.")
+    replay_buffer_capacity: int = Field(
+        10, ge=1, description="Batches each policy's replay keeps (and new ones that may wait)."
+    )
+    max_num_policies_to_train: int = Field(
+        4, ge=1, description="Learner slots over all shards: the most learning policies at once."
+    )
+    learner_idle_sleep_s: float = Field(
+        0.01, ge=0, description="A remote learner with nothing to learn waits this long before answering."
+    )
     minibatch_size: Optional[int] = Field(
-        None, ge=1, description="Rows per SGD step of a policy learner, whole sequences (a multiple of "
+        None,
+        ge=1,
+        description="Rows per SGD step of a policy learner, whole sequences (a multiple of "
         "rollout_fragment_length); each of the num_sgd_iter passes shuffles the sequences. None: one step on the "
-        "whole train batch per pass.")
+        "whole train batch per pass.",
+    )
 
     kl_coeff: float = Field(1.0, ge=0, description="Initial KL coefficient (adapted towards kl_target).")
 
@@ -124,22 +152,32 @@ class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKe
         learning = sum(1 for s in builder.initial_policies().values() if s.trainable)
         builder.check_learner_slots(self.max_num_policies_to_train)
         if learning > self.max_num_policies_to_train:
-            raise ValueError(f"the league starts with {learning} learning policies but max_num_policies_to_train is "
-                             f"{self.max_num_policies_to_train}; raise it or configure fewer learning players")
+            raise ValueError(
+                f"the league starts with {learning} learning policies but max_num_policies_to_train is "
+                f"{self.max_num_policies_to_train}; raise it or configure fewer learning players"
+            )
         T = self.fragment_length()
         if self.minibatch_size is not None and self.minibatch_size % T:
-            raise ValueError(f"minibatch_size ({self.minibatch_size}) must be a multiple of rollout_fragment_length "
-                             f"({T}): minibatches are whole V-trace sequences, e.g. {max(T, self.minibatch_size // T * T)}")
+            raise ValueError(
+                f"minibatch_size ({self.minibatch_size}) must be a multiple of rollout_fragment_length "
+                f"({T}): minibatches are whole V-trace sequences, e.g. {max(T, self.minibatch_size // T * T)}"
+            )
         if self.minibatch_size is not None and self.minibatch_size > self.train_batch_size:
-            raise ValueError(f"minibatch_size ({self.minibatch_size}) is larger than train_batch_size "
-                             f"({self.train_batch_size}); lower it or leave it unset (one step on the whole batch)")
+            raise ValueError(
+                f"minibatch_size ({self.minibatch_size}) is larger than train_batch_size "
+                f"({self.train_batch_size}); lower it or leave it unset (one step on the whole batch)"
+            )
         n = self.resources.num_learner_shards
         if self.resources.remote_learners and self.resources.num_workers == 0:
-            raise ValueError("resources.remote_learners: true needs Ray, i.e. resources.num_workers >= 1 "
-                             "(num_workers: 0 keeps everything in the driver)")
+            raise ValueError(
+                "resources.remote_learners: true needs Ray, i.e. resources.num_workers >= 1 "
+                "(num_workers: 0 keeps everything in the driver)"
+            )
         if n is not None and n > self.max_num_policies_to_train:
-            raise ValueError(f"resources.num_learner_shards ({n}) must not exceed max_num_policies_to_train "
-                             f"({self.max_num_policies_to_train})")
+            raise ValueError(
+                f"resources.num_learner_shards ({n}) must not exceed max_num_policies_to_train "
+                f"({self.max_num_policies_to_train})"
+            )
         return self
 
 
@@ -165,10 +203,12 @@ class AlphaStar(Algorithm):
         agents = list(env.possible_agents)
         if len(agents) != 2 and getattr(make_league_builder(self.config.league), "name", "") == "alpha_star":
             env.close()
-            raise ConfigError(f"The alpha_star league builder plays two-player games; {self.config.env!r} has "
-                              f"{len(agents)} agents ({', '.join(agents)}). For more agents use ppo, impala or appo "
-                              "with a multi_agent section, or a league builder of your own (league: "
-                              "'package.module:Builder').")
+            raise ConfigError(
+                f"The alpha_star league builder plays two-player games; {self.config.env!r} has "
+                f"{len(agents)} agents ({', '.join(agents)}). For more agents use ppo, impala or appo "
+                "with a multi_agent section, or a league builder of your own (league: "
+                "'package.module:Builder')."
+            )
         agent = agents[0]
         self.obs_space, self.action_space = env.observation_space(agent), env.action_space(agent)
         env.close()
@@ -183,13 +223,21 @@ class AlphaStar(Algorithm):
         self.returns = PolicyReturnWindows(100)
         plan = shard_plan(res.num_gpus, cfg.max_num_policies_to_train, res.num_learner_shards)
         self.learners = DistributedLearners(
-            APPOPolicyLearner, BatchReplay, plan, remote=res.learners_remote(), max_in_flight=cfg.max_requests_in_flight_per_worker,
+            APPOPolicyLearner,
+            BatchReplay,
+            plan,
+            remote=res.learners_remote(),
+            max_in_flight=cfg.max_requests_in_flight_per_worker,
             replay_kwargs={"capacity": cfg.replay_buffer_capacity, "replay_ratio": cfg.replay_ratio, "seed": cfg.seed},
-            policy_num_cpus=res.num_cpus_per_learner, max_restarts=res.max_worker_restarts,
+            policy_num_cpus=res.num_cpus_per_learner,
+            max_restarts=res.max_worker_restarts,
             restart_window_s=res.worker_restart_window_s,
-            resource_wait_s=res.resource_wait_s, address=res.address, request_timeout_s=res.request_timeout_s,
+            resource_wait_s=res.resource_wait_s,
+            address=res.address,
+            request_timeout_s=res.request_timeout_s,
             start_timeout_s=res.actor_start_timeout_s,
-            placement=self.actor_resources("learner shard").placement if res.learners_remote() else None)
+            placement=self.actor_resources("learner shard").placement if res.learners_remote() else None,
+        )
         self.weights: dict[str, dict] = {}  # every policy's latest weights (driver copy)
         self.sync = LeagueSync()
         for pid, spec in self.league.initial_policies().items():
@@ -200,12 +248,22 @@ class AlphaStar(Algorithm):
         self._learner_stats: dict[str, float] = {}  # the last stats of every learner: stable result columns
         n, first = max(res.num_workers, 1), 1 if remote else 0
         # Lazy, like every algorithm's rollout actors: a run restored only to evaluate starts none.
-        self.env_runners = LazyActorGroup(lambda: make_actor_group(
-            LeagueRolloutActor, n, lambda i: ((cfg, i, self._specs(), self._mm(), self._replay()), {}),
-            remote=remote,
-            resources=self.actor_resources("rollout actor") if remote else ActorResources.of_workers(res),
+        self.env_runners = LazyActorGroup(
+            lambda: make_actor_group(
+                LeagueRolloutActor,
+                n,
+                lambda i: ((cfg, i, self._specs(), self._mm(), self._replay()), {}),
+                remote=remote,
+                resources=self.actor_resources("rollout actor") if remote else ActorResources.of_workers(res),
+                max_in_flight=cfg.max_requests_in_flight_per_worker,
+                name="rollout actor",
+                first_index=first,
+                about=f"env {cfg.env_name()}",
+            ),
+            n,
+            first_index=first,
             max_in_flight=cfg.max_requests_in_flight_per_worker,
-            name="rollout actor", first_index=first, about=f"env {cfg.env_name()}"), n, first_index=first, max_in_flight=cfg.max_requests_in_flight_per_worker)
+        )
         self.env_runners.on_restart = lambda: [("sync", (self._message(full=True),))]
         self.best_metric, self.best_metric_mode = self.evaluator.best_metric()
 
@@ -221,8 +279,18 @@ class AlphaStar(Algorithm):
         shards = shard_plan(res.num_gpus, config.max_num_policies_to_train, res.num_learner_shards)
         sizes = shard_sizes(shards, 0.0, res.num_cpus_per_learner)
         plan[0] = BundleGroup(DRIVER, 1, 1.0)
-        plan.insert(1, BundleGroup("learner shard", len(sizes), max(c for c, _ in sizes), max(g for _, g in sizes),
-                                   spread=True, sizes=sizes, cpu_key="resources.num_cpus_per_learner"))
+        plan.insert(
+            1,
+            BundleGroup(
+                "learner shard",
+                len(sizes),
+                max(c for c, _ in sizes),
+                max(g for _, g in sizes),
+                spread=True,
+                sizes=sizes,
+                cpu_key="resources.num_cpus_per_learner",
+            ),
+        )
         return plan
 
     # ---- helpers ---------------------------------------------------------------------------
@@ -234,13 +302,16 @@ class AlphaStar(Algorithm):
         """The frozen players' Nash mixture and its exploitability (:class:`LeagueEvaluator`)."""
         return self.evaluator.league_mixture(policy_ids)
 
-    def evaluate_vs(self, opponent: str = "random", num_games: int = 100, policy_id: str = "main",
-                    num_envs: int = 16) -> dict[str, float]:
+    def evaluate_vs(
+        self, opponent: str = "random", num_games: int = 100, policy_id: str = "main", num_envs: int = 16
+    ) -> dict[str, float]:
         """Greedy win rate of ``policy_id`` against "random", "heuristic", "heuristic2" or another policy."""
         return self.evaluator.evaluate_vs(opponent, num_games, policy_id, num_envs)
 
     def _fresh_weights(self, pid: str) -> dict:
-        seed = derive_seed(self.config.seed, index=len(self.weights), stride=1, offset=1)  # the n-th policy: seed + 1 + n
+        seed = derive_seed(
+            self.config.seed, index=len(self.weights), stride=1, offset=1
+        )  # the n-th policy: seed + 1 + n
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -250,8 +321,9 @@ class AlphaStar(Algorithm):
     def _add(self, pid: str, weights: dict, trainable: bool) -> None:
         self.weights[pid] = self.sync.changed[pid] = weights
         if trainable:
-            self.learners.add_policy(pid, (self.config, self.obs_space, self.action_space, self._idle_sleep()),
-                                     weights=weights)
+            self.learners.add_policy(
+                pid, (self.config, self.obs_space, self.action_space, self._idle_sleep()), weights=weights
+            )
 
     def _idle_sleep(self) -> float:
         return self.config.learner_idle_sleep_s if self.config.resources.learners_remote() else 0.0
@@ -273,8 +345,13 @@ class AlphaStar(Algorithm):
         return {} if self._driver_stores else self.learners.replay_proxies()
 
     def _message(self, full: bool = False) -> SyncMessage:
-        return SyncMessage(weights=dict(self.weights if full else self.sync.changed), matchmaking=self._mm(),
-                           train=list(self.learners.policy_ids), replay=self._replay(), remove=list(self.sync.removed))
+        return SyncMessage(
+            weights=dict(self.weights if full else self.sync.changed),
+            matchmaking=self._mm(),
+            train=list(self.learners.policy_ids),
+            replay=self._replay(),
+            remove=list(self.sync.removed),
+        )
 
     def _record_matches(self, metrics) -> None:
         """The rollout actors' finished games into the return windows and the league. A game that
@@ -293,7 +370,8 @@ class AlphaStar(Algorithm):
                 "return was the same in each. The players' rewards are not reaching the learners: the env must give "
                 "each player its reward by its terminal step (a wrapper that ends the agent loop without a terminal "
                 "step, as shimmy's OpenSpiel wrapper does on Kuhn poker, gives only zeros; use env: "
-                "openspiel:<game>). A game in which every match is a draw has nothing to learn.")
+                "openspiel:<game>). A game in which every match is a draw has nothing to learn."
+            )
 
     def display_metrics(self) -> list[tuple[str, str]]:
         """Main's learner figures; the headline is ``best_metric`` (main's exploitability on an OpenSpiel
@@ -340,8 +418,9 @@ class AlphaStar(Algorithm):
             # every `broadcast_interval` learner results (the league's changes go out after each iteration anyway),
             # and at once when a replay actor was recreated: the rollout actors must write to the new one
             replay_restarts = self.learners.num_replay_restarts
-            if replay_restarts != self.sync.replay_restarts_sent or \
-                    (self.sync.changed and self.sync.learned_since_broadcast >= self.config.broadcast_interval):
+            if replay_restarts != self.sync.replay_restarts_sent or (
+                self.sync.changed and self.sync.learned_since_broadcast >= self.config.broadcast_interval
+            ):
                 self.broadcast()
         return dict(stats)
 
@@ -358,10 +437,15 @@ class AlphaStar(Algorithm):
             self.broadcast()  # the matchmaking's win-rate weights move every iteration
         result.update(self.returns.metrics())
         result.update(self.league.metrics())
-        result.update({"num_policies": len(self.weights), "num_learning_policies": len(self.learners.policy_ids),
-                       "num_matches_this_iter": self._matches_this_iter,
-                       "num_learner_restarts": self.learners.num_restarts,
-                       "num_replay_actor_restarts": self.learners.num_replay_restarts})
+        result.update(
+            {
+                "num_policies": len(self.weights),
+                "num_learning_policies": len(self.learners.policy_ids),
+                "num_matches_this_iter": self._matches_this_iter,
+                "num_learner_restarts": self.learners.num_restarts,
+                "num_replay_actor_restarts": self.learners.num_replay_restarts,
+            }
+        )
         return result
 
     def apply_league_changes(self, changes: LeagueChanges) -> None:
@@ -386,9 +470,14 @@ class AlphaStar(Algorithm):
 
     # ---- state -------------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
-        return {**super().get_state(), "league": self.league.get_state(),
-                "weights": {pid: {k: torch.from_numpy(np.array(v)) for k, v in w.items()} for pid, w in self.weights.items()},
-                "learners": {pid: self.learners.call(pid, "get_state") for pid in self.learners.policy_ids}}
+        return {
+            **super().get_state(),
+            "league": self.league.get_state(),
+            "weights": {
+                pid: {k: torch.from_numpy(np.array(v)) for k, v in w.items()} for pid, w in self.weights.items()
+            },
+            "learners": {pid: self.learners.call(pid, "get_state") for pid in self.learners.policy_ids},
+        }
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Continue the checkpoint's league: its players, their weights, who learns, the learners' optimizers."""

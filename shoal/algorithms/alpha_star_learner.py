@@ -31,14 +31,27 @@ class APPOPolicyLearner(PolicyLearner):
     a :class:`~shoal.learn.policy_learner.LearnerOutput` with the new weights, or None when
     nothing was waiting."""
 
-    def __init__(self, policy_id: str, replay: Any, config, obs_space, action_space, idle_sleep_s: float = 0.0,
-                 device: str = "cpu") -> None:
+    def __init__(
+        self,
+        policy_id: str,
+        replay: Any,
+        config,
+        obs_space,
+        action_space,
+        idle_sleep_s: float = 0.0,
+        device: str = "cpu",
+    ) -> None:
         configure_process(config.resources)
         self.policy_id, self.replay, self.idle_sleep_s = policy_id, replay, idle_sleep_s
         module = build_actor_critic(obs_space, action_space, config.model)
         # APPO's loss with both networks' logits under the batch's recorded action masks
-        super().__init__(module, config, functools.partial(APPOLoss.from_config, masked=True),
-                         device=resolve_learner_device(device), target_period=config.target_update_frequency)
+        super().__init__(
+            module,
+            config,
+            functools.partial(APPOLoss.from_config, masked=True),
+            device=resolve_learner_device(device),
+            target_period=config.target_update_frequency,
+        )
         self.rng = np.random.default_rng(None if config.seed is None else [config.seed, *policy_id.encode()])
 
     def learn(self, env_steps: Optional[int] = None) -> Union[LearnerOutput, ReplayLost, None]:
@@ -55,10 +68,18 @@ class APPOPolicyLearner(PolicyLearner):
             return None
         cfg = self.config
         rows = sum(len(b) for b in batches)
-        stats = self.update(Batch.concat(batches), cfg.num_sgd_iter, cfg.minibatch_size or rows, self.rng,
-                            sequence_length=cfg.fragment_length())  # then the KL coefficient moves, as APPO's
-        stats.update(num_updates=self.learner.num_updates, num_nonfinite_skipped=self.learner.num_nonfinite_skipped,
-                     device=str(self.learner.device))
+        stats = self.update(
+            Batch.concat(batches),
+            cfg.num_sgd_iter,
+            cfg.minibatch_size or rows,
+            self.rng,
+            sequence_length=cfg.fragment_length(),
+        )  # then the KL coefficient moves, as APPO's
+        stats.update(
+            num_updates=self.learner.num_updates,
+            num_nonfinite_skipped=self.learner.num_nonfinite_skipped,
+            device=str(self.learner.device),
+        )
         return LearnerOutput(stats, rows, self.get_weights())
 
     def _pull(self) -> Union[list[Batch], ReplayLost]:

@@ -61,14 +61,24 @@ from shoal.seeding import component_seed
 
 # ---- config -----------------------------------------------------------------------------
 class ApeXResourcesConfig(ResourcesConfig):
-    num_replay_shards: int = Field(4, ge=1, description="Replay shard actors; the replay capacity is split evenly over them.")
-    replay_shard_cpus: float = Field(1.0, ge=0, description="CPUs each replay shard reserves, 1 as in the reference Ape-X "
-                                     "(0: shards share the driver's; the small-machine preset's choice).")
-    replay_shards_on_driver_node: bool = Field(True, description="Place replay shards on the driver's node (beside the learner).")
+    num_replay_shards: int = Field(
+        4, ge=1, description="Replay shard actors; the replay capacity is split evenly over them."
+    )
+    replay_shard_cpus: float = Field(
+        1.0,
+        ge=0,
+        description="CPUs each replay shard reserves, 1 as in the reference Ape-X "
+        "(0: shards share the driver's; the small-machine preset's choice).",
+    )
+    replay_shards_on_driver_node: bool = Field(
+        True, description="Place replay shards on the driver's node (beside the learner)."
+    )
 
 
-_FIXED_EPSILONS = ("Ape-X gives rollout actor i of N the fixed epsilon exploration_base ** (1 + exploration_alpha * i "
-                   "/ (N - 1)) instead of annealing one; set exploration_base and exploration_alpha")
+_FIXED_EPSILONS = (
+    "Ape-X gives rollout actor i of N the fixed epsilon exploration_base ** (1 + exploration_alpha * i "
+    "/ (N - 1)) instead of annealing one; set exploration_base and exploration_alpha"
+)
 
 
 class ApeXConfig(DQNConfig):
@@ -76,29 +86,52 @@ class ApeXConfig(DQNConfig):
     epsilon schedule is refused (``unused_keys``)."""
 
     algo = "apex"
-    unused_keys = {"exploration_initial_eps": _FIXED_EPSILONS, "exploration_final_eps": _FIXED_EPSILONS,
-                   "exploration_timesteps": _FIXED_EPSILONS,
-                   "normalize": "Ape-X's actors write to the replay shards and sync with the driver only for "
-                                "weights, so running statistics could not be merged across them"}
+    unused_keys = {
+        "exploration_initial_eps": _FIXED_EPSILONS,
+        "exploration_final_eps": _FIXED_EPSILONS,
+        "exploration_timesteps": _FIXED_EPSILONS,
+        "normalize": "Ape-X's actors write to the replay shards and sync with the driver only for "
+        "weights, so running statistics could not be merged across them",
+    }
 
-    resources: ApeXResourcesConfig = Field(default_factory=ApeXResourcesConfig, description="Rollout actors plus the replay shards.")
+    resources: ApeXResourcesConfig = Field(
+        default_factory=ApeXResourcesConfig, description="Rollout actors plus the replay shards."
+    )
     n_step: int = Field(3, ge=1, description="Rewards summed per transition before bootstrapping.")
     replay_capacity: int = Field(2_000_000, ge=1, description="Total over all replay shards.")
     learning_starts: int = Field(50_000, ge=0, description="Sampled env steps before the learner starts.")
     train_batch_size: int = Field(512, ge=1, description="Transitions per replayed batch (one SGD step).")
     rollout_fragment_length: Union[int, str] = Field(50, description="Steps per env per sample call.")
-    target_network_update_freq: int = Field(500_000, ge=1, description="Trained env steps between target-network updates.")
+    target_network_update_freq: int = Field(
+        500_000, ge=1, description="Trained env steps between target-network updates."
+    )
     training_intensity: float = Field(1.0, gt=0, description="Replayed env steps per sampled env step.")
     prioritized_replay: bool = Field(True, description="Sample by TD-error priority; false: uniformly.")
-    worker_side_prioritization: bool = Field(True, description="Rollout actors compute initial priorities from their own Q-values.")
-    min_time_s_per_iteration: float = Field(1.0, ge=0, description="Asynchronous: one result (and row) per second, not per step.")
-    min_env_steps_per_iteration: int = Field(0, ge=0, description="An iteration repeats training steps until it has "
-                                             "sampled this many env steps (Ape-X reports by time instead).")
-    max_weight_sync_delay: int = Field(400, ge=1, description="Steps an actor samples before its weights are refreshed.")
+    worker_side_prioritization: bool = Field(
+        True, description="Rollout actors compute initial priorities from their own Q-values."
+    )
+    min_time_s_per_iteration: float = Field(
+        1.0, ge=0, description="Asynchronous: one result (and row) per second, not per step."
+    )
+    min_env_steps_per_iteration: int = Field(
+        0,
+        ge=0,
+        description="An iteration repeats training steps until it has "
+        "sampled this many env steps (Ape-X reports by time instead).",
+    )
+    max_weight_sync_delay: int = Field(
+        400, ge=1, description="Steps an actor samples before its weights are refreshed."
+    )
     max_requests_in_flight_per_worker: int = Field(4, ge=1, description="Sample requests kept open per rollout actor.")
-    max_replay_requests_in_flight_per_shard: int = Field(16, ge=1, description="Replay requests kept open per replay shard.")
-    learner_queue_size: int = Field(64, ge=1, description="Replayed batches waiting for the learner thread; with the "
-                                    "requests in flight it bounds how far replay runs ahead of learning.")
+    max_replay_requests_in_flight_per_shard: int = Field(
+        16, ge=1, description="Replay requests kept open per replay shard."
+    )
+    learner_queue_size: int = Field(
+        64,
+        ge=1,
+        description="Replayed batches waiting for the learner thread; with the "
+        "requests in flight it bounds how far replay runs ahead of learning.",
+    )
     final_prioritized_replay_beta: float = Field(0.4, ge=0, le=1, description="Ape-X keeps beta fixed by default.")
     exploration_base: float = Field(0.4, gt=0, lt=1, description="Epsilon base of the per-actor schedule.")
     exploration_alpha: float = Field(7.0, ge=0, description="Epsilon exponent spread of the per-actor schedule.")
@@ -113,11 +146,22 @@ class ApeXConfig(DQNConfig):
     def small_machine_preset(cls) -> dict[str, Any]:
         """What ``shoal train apex`` uses when no resources are given: sized for a 2-core machine."""
         return {
-            "resources": {"num_workers": 2, "num_envs_per_worker": 16, "num_cpus_per_worker": 0.5,
-                          "num_replay_shards": 2, "replay_shard_cpus": 0.0},
-            "rollout_fragment_length": 64, "replay_capacity": 100_000, "learning_starts": 5_000, "train_batch_size": 256,
-            "target_network_update_freq": 25_600, "training_intensity": 4.0, "lr": 1e-3,
-            "max_requests_in_flight_per_worker": 1, "max_replay_requests_in_flight_per_shard": 32,
+            "resources": {
+                "num_workers": 2,
+                "num_envs_per_worker": 16,
+                "num_cpus_per_worker": 0.5,
+                "num_replay_shards": 2,
+                "replay_shard_cpus": 0.0,
+            },
+            "rollout_fragment_length": 64,
+            "replay_capacity": 100_000,
+            "learning_starts": 5_000,
+            "train_batch_size": 256,
+            "target_network_update_freq": 25_600,
+            "training_intensity": 4.0,
+            "lr": 1e-3,
+            "max_requests_in_flight_per_worker": 1,
+            "max_replay_requests_in_flight_per_shard": 32,
         }
 
 
@@ -184,9 +228,44 @@ class ApeX(Algorithm):
         self.policies = self.build_policies(QPolicyLearner)
         policy = self.policies.only
         self.learner, self.target = policy.learner, q_target(self.policies)
-        self.learner_thread = ReplayLearnerThread(functools.partial(learn_on_replay_batch, self.learner),
-                                                  policy.get_weights, queue_size=cfg.learner_queue_size)
+        self.learner_thread = ReplayLearnerThread(
+            functools.partial(learn_on_replay_batch, self.learner),
+            policy.get_weights,
+            queue_size=cfg.learner_queue_size,
+        )
         self.learner_thread.start()
+        self.shards = self._replay_shards()
+        self._shard_restarts_seen = 0
+        postprocess = functools.partial(
+            n_step_postprocess,
+            n_step=cfg.n_step,
+            gamma=cfg.gamma,
+            priorities=cfg.worker_side_prioritization and cfg.prioritized_replay,
+        )
+        self.env_runners = self.make_env_runners(
+            EpsilonGreedyQPolicy,
+            postprocess,
+            cfg.fragment_length(),
+            max_in_flight=cfg.max_requests_in_flight_per_worker,
+            runner_cls=ApeXRunner,
+        )
+        self.reporting_envs = reporting_envs(
+            actor_epsilons(res.num_workers, res.num_envs_per_worker, cfg.exploration_base, cfg.exploration_alpha)
+        )
+        self.all_env_episodes = EpisodeWindow(100)  # every env's episodes, high epsilons included
+        self.steps_since_sync = {i: 0 for i in self.env_runners.actor_ids}
+        self.broadcast_weights()
+        self.num_stale_priority_batches = 0  # learned batches whose shard was recreated since: priorities dropped
+        self.learning_started_at: tuple[float, float] | None = None  # (sampled, trained) env steps then
+        self._steps_not_owed = 0  # sampled env steps not yet turned into owed replay requests
+        self._owed = 0.0  # replay requests owed (the fraction of one included)
+        self._replay_in_flight = 0  # replay requests sent and not yet returned, as this driver counts them
+        self._shard_was_empty = False  # the last replay answer was None
+
+    def _replay_shards(self) -> LazyActorGroup:
+        """The replay shard actors (in-process shards with num_workers 0), started on first use."""
+        cfg: ApeXConfig = self.config
+        res = cfg.resources
         per_shard = math.ceil(cfg.replay_capacity / res.num_replay_shards)
         if cfg.replay_compression == "lz4":
             lz4_block()  # here, not as replay shard actors that fail to start
@@ -200,37 +279,33 @@ class ApeX(Algorithm):
         def make_shards():
             try:
                 return make_actor_group(
-                    ReplayShard, res.num_replay_shards, shard_ctor, remote=res.num_workers > 0,
+                    ReplayShard,
+                    res.num_replay_shards,
+                    shard_ctor,
+                    remote=res.num_workers > 0,
                     resources=self.actor_resources(
-                        "replay shard", num_cpus=res.replay_shard_cpus,
-                        node="driver" if res.replay_shards_on_driver_node else None)
-                    if res.num_workers > 0 else ActorResources.of_workers(res),
-                    max_in_flight=cfg.max_replay_requests_in_flight_per_shard, name="replay shard", first_index=0)
+                        "replay shard",
+                        num_cpus=res.replay_shard_cpus,
+                        node="driver" if res.replay_shards_on_driver_node else None,
+                    )
+                    if res.num_workers > 0
+                    else ActorResources.of_workers(res),
+                    max_in_flight=cfg.max_replay_requests_in_flight_per_shard,
+                    name="replay shard",
+                    first_index=0,
+                )
             except NodeResourceError as e:
-                raise NodeResourceError(f"{e} Replay shards go to the driver's node (resources.replay_shards_on_driver_node): "
-                                        "lower resources.replay_shard_cpus (0 shares the driver's CPUs), or set "
-                                        "resources.replay_shards_on_driver_node to false to place them on any node.") from None
+                raise NodeResourceError(
+                    f"{e} Replay shards go to the driver's node (resources.replay_shards_on_driver_node): "
+                    "lower resources.replay_shard_cpus (0 shares the driver's CPUs), or set "
+                    "resources.replay_shards_on_driver_node to false to place them on any node."
+                ) from None
 
         # Lazy like the rollout actors (which get the shards' handles when they start): a run
         # restored only to evaluate starts no actor.
-        self.shards = LazyActorGroup(make_shards, res.num_replay_shards, first_index=0,
-                                     max_in_flight=cfg.max_replay_requests_in_flight_per_shard)
-        self._shard_restarts_seen = 0
-        postprocess = functools.partial(n_step_postprocess, n_step=cfg.n_step, gamma=cfg.gamma,
-                                        priorities=cfg.worker_side_prioritization and cfg.prioritized_replay)
-        self.env_runners = self.make_env_runners(EpsilonGreedyQPolicy, postprocess, cfg.fragment_length(),
-                                                 max_in_flight=cfg.max_requests_in_flight_per_worker, runner_cls=ApeXRunner)
-        self.reporting_envs = reporting_envs(actor_epsilons(res.num_workers, res.num_envs_per_worker,
-                                                            cfg.exploration_base, cfg.exploration_alpha))
-        self.all_env_episodes = EpisodeWindow(100)  # every env's episodes, high epsilons included
-        self.steps_since_sync = {i: 0 for i in self.env_runners.actor_ids}
-        self.broadcast_weights()
-        self.num_stale_priority_batches = 0  # learned batches whose shard was recreated since: priorities dropped
-        self.learning_started_at: tuple[float, float] | None = None  # (sampled, trained) env steps then
-        self._steps_not_owed = 0  # sampled env steps not yet turned into owed replay requests
-        self._owed = 0.0  # replay requests owed (the fraction of one included)
-        self._replay_in_flight = 0  # replay requests sent and not yet returned, as this driver counts them
-        self._shard_was_empty = False  # the last replay answer was None
+        return LazyActorGroup(
+            make_shards, res.num_replay_shards, first_index=0, max_in_flight=cfg.max_replay_requests_in_flight_per_shard
+        )
 
     def display_metrics(self) -> list[tuple[str, str]]:
         return Q_DISPLAY_METRICS
@@ -252,9 +327,16 @@ class ApeX(Algorithm):
         assert isinstance(config, ApeXConfig)
         plan, res = super().resource_plan(config), config.resources
         if res.num_workers > 0:
-            plan.insert(1, BundleGroup("replay shard", res.num_replay_shards, res.replay_shard_cpus,
-                                       node=DRIVER if res.replay_shards_on_driver_node else None,
-                                       cpu_key="resources.replay_shard_cpus"))
+            plan.insert(
+                1,
+                BundleGroup(
+                    "replay shard",
+                    res.num_replay_shards,
+                    res.replay_shard_cpus,
+                    node=DRIVER if res.replay_shards_on_driver_node else None,
+                    cpu_key="resources.replay_shard_cpus",
+                ),
+            )
         return plan
 
     def start_actors(self) -> None:
@@ -276,16 +358,11 @@ class ApeX(Algorithm):
             ready = self.env_runners.fetch_ready(timeout_s=0.01)
             collected = self.record_actor_rollouts(ready)
         with self.timers.time(Phase.SYNC_WEIGHTS):
-            stale = [i for i in self.steps_since_sync if self.steps_since_sync[i] >= cfg.max_weight_sync_delay]
-            if stale:
-                ref = self.env_runners.put(self.get_weights())
-                self._weights_ref = ref
-                self.env_runners.foreach("set_weights", ref, actor_ids=stale, wait=False)
-                for i in stale:
-                    self.steps_since_sync[i] = 0
+            self._sync_stale_actors()
         sampled = self.counters["env_steps_sampled"]
         if self.learning_started_at is None and sampled >= cfg.learning_starts:
-            self.learning_started_at = (sampled, self.counters["env_steps_trained"])  # steps sampled from here owe replay
+            # steps sampled from here owe replay
+            self.learning_started_at = (sampled, self.counters["env_steps_trained"])
         elif self.learning_started_at is not None:
             self._owe_replay(collected)
         if self.learning_started_at is not None:
@@ -299,6 +376,17 @@ class ApeX(Algorithm):
             stats = self._send_priorities(self.learner_thread.drain(timeout_s=0.01 if held and not ready else 0.0))
         self._resync_restarted_shards()
         return {**{f"learner/{k}": v for k, v in stats.items()}, **self.replay_metrics()}
+
+    def _sync_stale_actors(self) -> None:
+        """Actors that sampled max_weight_sync_delay steps since their last weights get the current ones."""
+        delay = self.config.max_weight_sync_delay
+        stale = [i for i in self.steps_since_sync if self.steps_since_sync[i] >= delay]
+        if stale:
+            ref = self.env_runners.put(self.get_weights())
+            self._weights_ref = ref
+            self.env_runners.foreach("set_weights", ref, actor_ids=stale, wait=False)
+            for i in stale:
+                self.steps_since_sync[i] = 0
 
     def train(self) -> dict[str, Any]:
         result = super().train()
@@ -367,8 +455,9 @@ class ApeX(Algorithm):
             tag = r.replay
             assert tag is not None, "a learned replay batch carries its tag"
             if tag.shard_id in self.shards.actor_ids and tag.generation == self.shards.generation(tag.shard_id):
-                self.shards.foreach("update_priorities", tag.indices, r.priorities, tag.row_ids,
-                                    actor_ids=[tag.shard_id], wait=False)
+                self.shards.foreach(
+                    "update_priorities", tag.indices, r.priorities, tag.row_ids, actor_ids=[tag.shard_id], wait=False
+                )
             else:
                 self.num_stale_priority_batches += 1
         return stats
@@ -405,21 +494,32 @@ class ApeX(Algorithm):
 
     def replay_metrics(self) -> dict[str, Any]:
         t = self.learner_thread
-        return {"learner_queue_size": t.inqueue.qsize(), "replay_ratio": self.replay_ratio(),
-                "num_replay_requests_owed": int(self._owed),
-                "num_learner_updates": t.num_updates, "num_replay_batches_dropped": t.num_dropped,
-                "num_stale_priority_batches": self.num_stale_priority_batches,
-                "num_replay_shard_restarts": self.shards.num_restarts,
-                "num_target_updates": self.target.num_updates, "learner/lr": self.learner.lr}
+        return {
+            "learner_queue_size": t.inqueue.qsize(),
+            "replay_ratio": self.replay_ratio(),
+            "num_replay_requests_owed": int(self._owed),
+            "num_learner_updates": t.num_updates,
+            "num_replay_batches_dropped": t.num_dropped,
+            "num_stale_priority_batches": self.num_stale_priority_batches,
+            "num_replay_shard_restarts": self.shards.num_restarts,
+            "num_target_updates": self.target.num_updates,
+            "learner/lr": self.learner.lr,
+        }
 
     def get_state(self) -> dict[str, Any]:
         with self.learner_thread.hold():  # the policy's learner and target, at the top of the state
-            state = {**super().get_state(), "num_learner_updates": self.learner_thread.num_updates,
-                     "all_env_episodes": self.all_env_episodes.get_state()}
+            state = {
+                **super().get_state(),
+                "num_learner_updates": self.learner_thread.num_updates,
+                "all_env_episodes": self.all_env_episodes.get_state(),
+            }
             # requests in flight or queued are lost with this process: a restored run owes them again
             owed = self._owed + self._replay_in_flight + self.learner_thread.inqueue.qsize()
-            state["replay_schedule"] = {"owed": float(owed), "steps_not_owed": int(self._steps_not_owed),
-                                        "learning_started_at": list(self.learning_started_at or ())}
+            state["replay_schedule"] = {
+                "owed": float(owed),
+                "steps_not_owed": int(self._steps_not_owed),
+                "learning_started_at": list(self.learning_started_at or ()),
+            }
         if self.config.checkpoint_replay:
             state["replay"] = self.shards.foreach("get_state")
         return state

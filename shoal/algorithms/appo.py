@@ -60,14 +60,14 @@ from shoal.models.recurrent import run_sequences
 
 
 # ---- config -----------------------------------------------------------------------------
-class APPOConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, LearnerThreadKeys, MultiAgentKeys,
-                 AlgorithmConfig):
+class APPOConfig(
+    VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, LearnerThreadKeys, MultiAgentKeys, AlgorithmConfig
+):
     """IMPALA's groups plus the clipped surrogate, its target network and the KL penalty."""
 
     algo = "appo"
     mutable_keys = AlgorithmConfig.mutable_keys | {"vf_loss_coeff", "entropy_coeff", "clip_param", "kl_target"}
     lstm_sequences = "fragments"
-
 
     @model_validator(mode="after")
     def _check_appo(self):
@@ -79,8 +79,21 @@ class APPOConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, L
 
 
 # ---- loss -------------------------------------------------------------------------------
-def appo_loss_terms(logp, target_logp, pg_advantages, values, vs, entropy, valid, kl=None, *, clip_param: float,
-                    vf_loss_coeff: float, entropy_coeff: float, kl_coeff: float = 0.0) -> dict[str, torch.Tensor]:
+def appo_loss_terms(
+    logp,
+    target_logp,
+    pg_advantages,
+    values,
+    vs,
+    entropy,
+    valid,
+    kl=None,
+    *,
+    clip_param: float,
+    vf_loss_coeff: float,
+    entropy_coeff: float,
+    kl_coeff: float = 0.0,
+) -> dict[str, torch.Tensor]:
     """The APPO objective (means over the valid steps); ``total_loss`` is minimised.
 
     r           = exp(logp - target_logp)
@@ -98,8 +111,14 @@ def appo_loss_terms(logp, target_logp, pg_advantages, values, vs, entropy, valid
         total = total + kl_coeff * mean_kl
     else:  # report the low-variance estimate of KL(pi_target || pi)
         mean_kl = masked_mean((ratio - 1) - (logp - target_logp), valid).detach()
-    return {"total_loss": total, "policy_loss": policy_loss, "vf_loss": vf_loss, "entropy": mean_entropy, "kl": mean_kl,
-            "clip_fraction": masked_mean(((ratio - 1).abs() > clip_param).float(), valid)}
+    return {
+        "total_loss": total,
+        "policy_loss": policy_loss,
+        "vf_loss": vf_loss,
+        "entropy": mean_entropy,
+        "kl": mean_kl,
+        "clip_fraction": masked_mean(((ratio - 1).abs() > clip_param).float(), valid),
+    }
 
 
 @dataclass(frozen=True)
@@ -122,9 +141,15 @@ class APPOLoss(LossRecord):
 
     @classmethod
     def config_values(cls, cfg) -> dict[str, Any]:
-        return {"seq_len": cfg.fragment_length(), "gamma": cfg.gamma, "vtrace": VTraceParams.from_config(cfg),
-                "normalize_advantages": cfg.normalize_advantages, "clip_param": cfg.clip_param,
-                "vf_loss_coeff": cfg.vf_loss_coeff, "entropy_coeff": cfg.entropy_coeff}
+        return {
+            "seq_len": cfg.fragment_length(),
+            "gamma": cfg.gamma,
+            "vtrace": VTraceParams.from_config(cfg),
+            "normalize_advantages": cfg.normalize_advantages,
+            "clip_param": cfg.clip_param,
+            "vf_loss_coeff": cfg.vf_loss_coeff,
+            "entropy_coeff": cfg.entropy_coeff,
+        }
 
     def _target_net(self, module, batch: dict):
         """The target network beside ``module`` (a per-device copy on a multi-device learner)."""
@@ -149,9 +174,20 @@ class APPOLoss(LossRecord):
         advantages = policy_advantages(vt, u, self.normalize_advantages)
         kl = self.kl if self.kl is not None and self.kl.enabled else None
         kl_terms = time_major(target_dist.kl(u.dist), T) if kl is not None else None
-        terms = appo_loss_terms(u.logp, target_logp, advantages, u.values, vt.vs, u.entropy, u.valid, kl_terms,
-                                clip_param=self.clip_param, vf_loss_coeff=self.vf_loss_coeff,
-                                entropy_coeff=self.entropy_coeff, kl_coeff=kl.coeff if kl is not None else 0.0)
+        terms = appo_loss_terms(
+            u.logp,
+            target_logp,
+            advantages,
+            u.values,
+            vt.vs,
+            u.entropy,
+            u.valid,
+            kl_terms,
+            clip_param=self.clip_param,
+            vf_loss_coeff=self.vf_loss_coeff,
+            entropy_coeff=self.entropy_coeff,
+            kl_coeff=kl.coeff if kl is not None else 0.0,
+        )
         loss = terms.pop("total_loss")
         stats = {k: v.detach() for k, v in terms.items()}
         stats["mean_rho"] = masked_mean(vt.rhos, u.valid)
@@ -174,9 +210,13 @@ class APPO(AsyncAlgorithm):
         every ``target_update_frequency`` updates."""
         masked = self.is_multi_agent  # both networks' logits under the recorded action masks
         return make_async_policy_learner(
-            cfg, obs_space, action_space, seed,
+            cfg,
+            obs_space,
+            action_space,
+            seed,
             lambda c, target, kl: APPOLoss.from_config(c, target=target, kl=kl, masked=masked),
-            target_period=cfg.target_update_frequency)
+            target_period=cfg.target_update_frequency,
+        )
 
     def training_step(self) -> dict[str, Any]:
         p = self.pipeline

@@ -117,8 +117,9 @@ class Algorithm:
         self.evaluator = self.evaluator_cls(self)
         self._predictor = DriverPredictor(self)
         self._weights_ref = None  # the last broadcast, replayed on recreated rollout actors
-        self.placement = RunPlacement(self.resource_plan(config), what=f"This {config.algo} run",
-                                      wait_s=config.resources.resource_wait_s)
+        self.placement = RunPlacement(
+            self.resource_plan(config), what=f"This {config.algo} run", wait_s=config.resources.resource_wait_s
+        )
         with naming_env(config):
             self.setup()
 
@@ -178,8 +179,9 @@ class Algorithm:
             raise NotImplementedError
         return self.policies.get_weights()
 
-    def make_env_runners(self, policy_cls, postprocess, fragment_length: int, *, max_in_flight: int = 1,
-                         runner_cls: type = EnvRunner):
+    def make_env_runners(
+        self, policy_cls, postprocess, fragment_length: int, *, max_in_flight: int = 1, runner_cls: type = EnvRunner
+    ):
         """The rollout actors: in the driver (``num_workers=0``, one runner index 0) or on Ray.
 
         ``max_in_flight`` bounds the asynchronous requests per actor; ``runner_cls`` is an
@@ -194,8 +196,9 @@ class Algorithm:
         so an algorithm restored only to evaluate or save starts neither; they start with the
         latest weights broadcast and the state ``on_restart`` gives a recreated actor.
         """
-        return rollout_group(self, policy_cls, postprocess, fragment_length, max_in_flight=max_in_flight,
-                             runner_cls=runner_cls)
+        return rollout_group(
+            self, policy_cls, postprocess, fragment_length, max_in_flight=max_in_flight, runner_cls=runner_cls
+        )
 
     def multi_agent_runner_args(self, index: int):
         """A multi-agent rollout actor's ``(args, kwargs)``: every policy with its current weights."""
@@ -215,6 +218,7 @@ class Algorithm:
 
     def normalizer_calls(self) -> list[tuple[str, tuple]]:
         return [] if self.norm_stats is None else [("set_normalizer", (self.norm_stats.get_state(),))]
+
     def nonfinite_updates_skipped(self) -> int:
         """Learner updates skipped over the run for a NaN/inf loss or gradient (the result's
         ``num_nonfinite_updates_skipped``); the policies' learners, or the driver's ``self.learner``."""
@@ -289,13 +293,19 @@ class Algorithm:
                 self.counters["time_total_s"] += time.perf_counter() - t0
                 raise
             elapsed = time.perf_counter() - t0
-            if elapsed >= cfg.min_time_s_per_iteration and \
-                    self.counters["env_steps_sampled"] - sampled0 >= cfg.min_env_steps_per_iteration:
+            if (
+                elapsed >= cfg.min_time_s_per_iteration
+                and self.counters["env_steps_sampled"] - sampled0 >= cfg.min_env_steps_per_iteration
+            ):
                 break
         self.iteration += 1
         self.counters["time_total_s"] += elapsed
-        result = self._iteration_result(elapsed, self.counters["env_steps_sampled"] - sampled0,
-                                        self.counters["env_steps_trained"] - trained0, step_metrics)
+        result = self._iteration_result(
+            elapsed,
+            self.counters["env_steps_sampled"] - sampled0,
+            self.counters["env_steps_trained"] - trained0,
+            step_metrics,
+        )
         self.custom_metrics = []
         ev = cfg.evaluation
         if ev.evaluation_interval and self.iteration % ev.evaluation_interval == 0:
@@ -305,8 +315,9 @@ class Algorithm:
         result["num_eval_worker_restarts"] = self.evaluator.num_restarts
         return result
 
-    def _iteration_result(self, elapsed: float, sampled: float, trained: float, step_metrics: dict[str, Any]
-                          ) -> dict[str, Any]:
+    def _iteration_result(
+        self, elapsed: float, sampled: float, trained: float, step_metrics: dict[str, Any]
+    ) -> dict[str, Any]:
         """The result of the iteration that just ended: counters, episode figures, rates, actor
         faults, the training step's metrics, phase timers, custom metrics, per-policy returns."""
         groups = self.env_runners
@@ -327,8 +338,11 @@ class Algorithm:
             **step_metrics,
             **self.timers.report(),
             **aggregate_custom(self.custom_metrics),
-            **({**self.policy_returns.metrics(), "agent_steps_sampled": int(self.counters["agent_steps_sampled"])}
-               if self.is_multi_agent else {}),
+            **(
+                {**self.policy_returns.metrics(), "agent_steps_sampled": int(self.counters["agent_steps_sampled"])}
+                if self.is_multi_agent
+                else {}
+            ),
         }
 
     # ---- changing the config mid-run ------------------------------------------------------
@@ -344,8 +358,9 @@ class Algorithm:
         apply_config_changes(self, changes)
 
     # ---- inference ----------------------------------------------------------------------
-    def predict(self, obs, state: np.ndarray | None = None, episode_start: np.ndarray | None = None,
-                deterministic: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    def predict(
+        self, obs, state: np.ndarray | None = None, episode_start: np.ndarray | None = None, deterministic: bool = True
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """Actions for observations, in the driver, with the current weights: ``(actions, state)``.
 
         ``obs`` is one observation or a batch of them. A recurrent policy takes ``state`` (None:
@@ -374,8 +389,10 @@ class Algorithm:
         """With a ``multi_agent`` section: at least ``n`` episodes in the driver, greedy unless
         ``explore``; their returns (summed over agents), lengths, and per-policy returns."""
         if not self.is_multi_agent:
-            raise ConfigError(f"{type(self).__name__}.evaluation_episodes plays a multi_agent section's policies; "
-                              "use evaluate() for a single-agent run")
+            raise ConfigError(
+                f"{type(self).__name__}.evaluation_episodes plays a multi_agent section's policies; "
+                "use evaluate() for a single-agent run"
+            )
         args, kwargs = self.multi_agent_runner_args(0)
         return multi_agent.evaluation_episodes(args, kwargs, n, explore)
 
@@ -415,8 +432,9 @@ class Algorithm:
         restore_into(self, path)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, overrides: dict[str, Any] | None = None, trust: bool = False,
-                        **config_kwargs: Any) -> "Algorithm":
+    def from_checkpoint(
+        cls, path: str | Path, overrides: dict[str, Any] | None = None, trust: bool = False, **config_kwargs: Any
+    ) -> "Algorithm":
         """Rebuild the algorithm a checkpoint was written by, and restore its state.
 
         ``overrides`` is a nested dict merged into the saved config (e.g. fewer workers);

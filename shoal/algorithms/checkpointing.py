@@ -19,8 +19,10 @@ if TYPE_CHECKING:
 def saved_norm_stats(state: dict[str, Any]) -> RunningStats:
     """The normalization statistics a checkpoint's state holds, for a config with ``normalize`` on."""
     if "normalize" not in state:
-        raise CheckpointError("This checkpoint holds no normalization statistics, but the config sets "
-                              "normalize.obs or normalize.reward: it was written without them.")
+        raise CheckpointError(
+            "This checkpoint holds no normalization statistics, but the config sets "
+            "normalize.obs or normalize.reward: it was written without them."
+        )
     return RunningStats.from_state(state["normalize"])
 
 
@@ -46,11 +48,16 @@ def checkpoint_meta(algo: "Algorithm", **extra: Any) -> dict[str, Any]:
     from shoal import __version__
 
     ret = algo.episodes.metrics()["episode_return_mean"]
-    return {"algo": algo.config.algo, "shoal_version": __version__, "iteration": algo.iteration,
-            "env_steps_sampled": int(algo.counters["env_steps_sampled"]),
-            "time_total_s": float(algo.counters["time_total_s"]),
-            "episode_return_mean": ret if math.isfinite(ret) else None,
-            "config": algo.config.to_dict(redact=True), **extra}
+    return {
+        "algo": algo.config.algo,
+        "shoal_version": __version__,
+        "iteration": algo.iteration,
+        "env_steps_sampled": int(algo.counters["env_steps_sampled"]),
+        "time_total_s": float(algo.counters["time_total_s"]),
+        "episode_return_mean": ret if math.isfinite(ret) else None,
+        "config": algo.config.to_dict(redact=True),
+        **extra,
+    }
 
 
 def restore_into(algo: "Algorithm", path: str | Path) -> None:
@@ -65,7 +72,8 @@ def restore_into(algo: "Algorithm", path: str | Path) -> None:
         raise CheckpointError(
             f"Checkpoint '{path}' holds a state that does not fit the {algo.config.algo} run its meta.json "
             f"describes ({type(e).__name__}: {first}). Its state.pt was written by another algorithm or "
-            "config, or replaced; use the checkpoint the run wrote.") from None
+            "config, or replaced; use the checkpoint the run wrote."
+        ) from None
 
 
 def rebuild(path: Path, given: dict[str, Any], trust: bool) -> tuple["Algorithm", str]:

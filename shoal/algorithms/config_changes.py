@@ -21,7 +21,8 @@ def apply_config_changes(algo: "Algorithm", changes: dict[str, Any]) -> None:
     if bad:
         raise ConfigError(
             f"{config.algo} cannot change {', '.join(map(repr, bad))} mid-run (it shapes buffers, actors or the "
-            f"network, or lives in another process); keys that can change: {', '.join(sorted(allowed)) or 'none'}.")
+            f"network, or lives in another process); keys that can change: {', '.join(sorted(allowed)) or 'none'}."
+        )
     if "lr" in changes and config.lr_schedule:
         raise ConfigError("lr cannot change mid-run while lr_schedule is set: the schedule decides the learning rate.")
     checked = config.copy_with(dict(changes))  # validates the values (a ConfigError names a bad one)

@@ -27,13 +27,20 @@ DEFAULT_SEQUENCE_LENGTH = 50  # V-trace's T when rollout_fragment_length is "aut
 class VTraceKeys(Section):
     """V-trace and the actor-critic loss weights (IMPALA, APPO, AlphaStar)."""
 
-    vtrace_clip_rho_threshold: Optional[float] = Field(1.0, gt=0, description="V-trace rho-bar; None disables the clip.")
-    vtrace_clip_pg_rho_threshold: Optional[float] = Field(1.0, gt=0, description="V-trace pg-rho-bar; None disables the clip.")
-    vtrace_lambda: float = Field(1.0, gt=0, le=1, description="V-trace's lambda: scales the traces c_t (1: the paper's main form).")
+    vtrace_clip_rho_threshold: Optional[float] = Field(
+        1.0, gt=0, description="V-trace rho-bar; None disables the clip."
+    )
+    vtrace_clip_pg_rho_threshold: Optional[float] = Field(
+        1.0, gt=0, description="V-trace pg-rho-bar; None disables the clip."
+    )
+    vtrace_lambda: float = Field(
+        1.0, gt=0, le=1, description="V-trace's lambda: scales the traces c_t (1: the paper's main form)."
+    )
     vf_loss_coeff: float = Field(0.5, ge=0, description="Weight of the value loss.")
     entropy_coeff: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
     normalize_advantages: bool = Field(
-        False, description="Standardize the V-trace advantages over each learner batch's valid steps (as PPO does).")
+        False, description="Standardize the V-trace advantages over each learner batch's valid steps (as PPO does)."
+    )
 
 
 class AsyncSamplingKeys(Section):
@@ -43,11 +50,15 @@ class AsyncSamplingKeys(Section):
         rollout_fragment_length: Union[int, str]
 
     lr: float = Field(5e-4, gt=0, description="Adam learning rate (lr_schedule overrides it).")
-    min_time_s_per_iteration: float = Field(1.0, ge=0, description="Asynchronous steps are short: report about once a second.")
+    min_time_s_per_iteration: float = Field(
+        1.0, ge=0, description="Asynchronous steps are short: report about once a second."
+    )
     train_batch_size: int = Field(500, ge=1, description="Rows (env steps, whole sequences) per learner update.")
     num_sgd_iter: int = Field(1, ge=1, description="Times the learner learns on each train batch.")
     max_requests_in_flight_per_worker: int = Field(2, ge=1, description="Sample requests kept open per rollout actor.")
-    broadcast_interval: int = Field(1, ge=1, description="Learner updates between weight broadcasts to the rollout actors.")
+    broadcast_interval: int = Field(
+        1, ge=1, description="Learner updates between weight broadcasts to the rollout actors."
+    )
 
     def fragment_length(self) -> int:
         """Steps per env per sample request: the V-trace sequence length T."""
@@ -63,13 +74,26 @@ class LearnerThreadKeys(Section):
 
         resources: ResourcesConfig
 
-    minibatch_buffer_size: int = Field(1, ge=1, description="Train batches in the learner's ring; they are learned interleaved.")
-    learner_queue_size: int = Field(16, ge=1, description="Train batches waiting for the learner; a full queue drops new ones.")
-    learner_queue_timeout: float = Field(300.0, gt=0, description="Seconds the learner may wait for a batch before train() fails.")
+    minibatch_buffer_size: int = Field(
+        1, ge=1, description="Train batches in the learner's ring; they are learned interleaved."
+    )
+    learner_queue_size: int = Field(
+        16, ge=1, description="Train batches waiting for the learner; a full queue drops new ones."
+    )
+    learner_queue_timeout: float = Field(
+        300.0, gt=0, description="Seconds the learner may wait for a batch before train() fails."
+    )
     num_learner_devices: Optional[int] = Field(
-        None, ge=1, description="Devices the learner splits each batch over; None: one per GPU in resources.num_gpus (at least 1).")
-    fake_devices: bool = Field(False, description="Run the learner devices as CPU stand-ins (tests, machines without GPUs).")
-    num_multi_gpu_tower_stacks: int = Field(1, ge=1, description="Multi-device learner: batches preloaded onto the devices.")
+        None,
+        ge=1,
+        description="Devices the learner splits each batch over; None: one per GPU in resources.num_gpus (at least 1).",
+    )
+    fake_devices: bool = Field(
+        False, description="Run the learner devices as CPU stand-ins (tests, machines without GPUs)."
+    )
+    num_multi_gpu_tower_stacks: int = Field(
+        1, ge=1, description="Multi-device learner: batches preloaded onto the devices."
+    )
     num_data_load_threads: int = Field(1, ge=1, description="Multi-device learner: threads that preload the stacks.")
 
     def multi_device(self) -> bool:
@@ -102,7 +126,9 @@ class PPOLossKeys(Section):
     minibatch_size: int = Field(256, ge=1, description="Rows per SGD minibatch.")
     num_sgd_iter: int = Field(10, ge=1, description="Epochs over each train batch.")
     clip_param: float = Field(0.2, gt=0, description="PPO ratio clip epsilon.")
-    vf_clip_param: Optional[float] = Field(None, gt=0, description="PPO2-style value clipping around the old value; None disables.")
+    vf_clip_param: Optional[float] = Field(
+        None, gt=0, description="PPO2-style value clipping around the old value; None disables."
+    )
     vf_loss_coeff: float = Field(0.5, ge=0, description="Weight of the value loss.")
     entropy_coeff: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
     normalize_advantages: bool = Field(True, description="Standardize advantages per minibatch.")
@@ -121,69 +147,112 @@ def check_whole_sequences(cfg) -> None:
     """Train batches are whole V-trace sequences."""
     T = cfg.fragment_length()
     if cfg.train_batch_size % T:
-        raise ValueError(f"train_batch_size ({cfg.train_batch_size}) must be a multiple of rollout_fragment_length "
-                         f"({T}): the learner trains on whole sequences")
+        raise ValueError(
+            f"train_batch_size ({cfg.train_batch_size}) must be a multiple of rollout_fragment_length "
+            f"({T}): the learner trains on whole sequences"
+        )
 
 
 def check_kl_against_target(cfg) -> None:
     """A KL penalty against a target network needs the target to lag the policy."""
     if cfg.use_kl_loss and cfg.target_update_frequency < 2:
-        raise ValueError("use_kl_loss penalizes KL(target || policy), but target_update_frequency is 1: the target is "
-                         "refreshed after every update, so the KL the loss sees is always 0 and the penalty does "
-                         "nothing. Set target_update_frequency to 2 or more, or use_kl_loss to false")
+        raise ValueError(
+            "use_kl_loss penalizes KL(target || policy), but target_update_frequency is 1: the target is "
+            "refreshed after every update, so the KL the loss sees is always 0 and the penalty does "
+            "nothing. Set target_update_frequency to 2 or more, or use_kl_loss to false"
+        )
 
 
 def check_learner_thread(cfg) -> None:
     """The learner devices exist and split the batch evenly; each thread's own keys only."""
     T, n, gpus = cfg.fragment_length(), cfg.num_devices(), cfg.resources.num_gpus
     if n > 1 and not cfg.fake_devices and n > int(gpus):
-        raise ValueError(f"num_learner_devices ({n}) needs as many GPUs but resources.num_gpus is {gpus:g}; "
-                         "set fake_devices=true to run the devices on the CPU")
+        raise ValueError(
+            f"num_learner_devices ({n}) needs as many GPUs but resources.num_gpus is {gpus:g}; "
+            "set fake_devices=true to run the devices on the CPU"
+        )
     if (cfg.train_batch_size // T) % n:
-        raise ValueError(f"train_batch_size ({cfg.train_batch_size}) holds {cfg.train_batch_size // T} sequences of "
-                         f"{T} steps, which do not divide evenly over {n} learner devices")
+        raise ValueError(
+            f"train_batch_size ({cfg.train_batch_size}) holds {cfg.train_batch_size // T} sequences of "
+            f"{T} steps, which do not divide evenly over {n} learner devices"
+        )
     if n > 1 and cfg.minibatch_buffer_size != 1:
-        raise ValueError(f"minibatch_buffer_size ({cfg.minibatch_buffer_size}) is a setting of the single-device "
-                         "learner thread; the multi-device learner (several devices) preloads "
-                         "num_multi_gpu_tower_stacks stacks instead: leave it at 1")
-    stacks = {k: getattr(cfg, k) for k in ("num_multi_gpu_tower_stacks", "num_data_load_threads") if getattr(cfg, k) != 1}
+        raise ValueError(
+            f"minibatch_buffer_size ({cfg.minibatch_buffer_size}) is a setting of the single-device "
+            "learner thread; the multi-device learner (several devices) preloads "
+            "num_multi_gpu_tower_stacks stacks instead: leave it at 1"
+        )
+    stacks = {
+        k: getattr(cfg, k) for k in ("num_multi_gpu_tower_stacks", "num_data_load_threads") if getattr(cfg, k) != 1
+    }
     if stacks and cfg.minibatch_buffer_size != 1 and cfg.learner_devices()[0] != "cpu":
-        raise ValueError(f"{', '.join(f'{k} ({v})' for k, v in stacks.items())}: settings of the multi-device "
-                         f"learner, but minibatch_buffer_size ({cfg.minibatch_buffer_size}) runs one GPU with the "
-                         "single-device learner thread and its ring; set one or the other")
+        raise ValueError(
+            f"{', '.join(f'{k} ({v})' for k, v in stacks.items())}: settings of the multi-device "
+            f"learner, but minibatch_buffer_size ({cfg.minibatch_buffer_size}) runs one GPU with the "
+            "single-device learner thread and its ring; set one or the other"
+        )
     if stacks and not cfg.multi_device():
-        raise ValueError(f"{', '.join(f'{k} ({v})' for k, v in stacks.items())}: settings of the multi-device learner, "
-                         "which runs only with several devices or a GPU (num_learner_devices, resources.num_gpus); "
-                         "the single-device learner thread uses minibatch_buffer_size instead")
+        raise ValueError(
+            f"{', '.join(f'{k} ({v})' for k, v in stacks.items())}: settings of the multi-device learner, "
+            "which runs only with several devices or a GPU (num_learner_devices, resources.num_gpus); "
+            "the single-device learner thread uses minibatch_buffer_size instead"
+        )
 
 
 # ---- multi-agent without a league (PPO, IMPALA, APPO) ----------------------------------------
 class PolicyOverrides(Section):
     """One policy of a ``multi_agent`` section: what differs from the algorithm's own config."""
 
-    model: dict[str, Any] = Field(default_factory=dict, description="Keys of the model section that differ for this "
-                                  "policy (e.g. {hiddens: [128]}).")
-    config: dict[str, Any] = Field(default_factory=dict, description="Hyperparameters that differ for this policy's "
-                                   "learner (lr, entropy_coeff, clip_param, num_sgd_iter, ...).")
+    model: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keys of the model section that differ for this policy (e.g. {hiddens: [128]}).",
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Hyperparameters that differ for this policy's "
+        "learner (lr, entropy_coeff, clip_param, num_sgd_iter, ...).",
+    )
 
 
-PER_RUN_KEYS = ("env", "env_config", "seed", "resources", "evaluation", "env_preprocessing", "rollout_fragment_length",
-                "train_batch_size", "min_time_s_per_iteration", "min_env_steps_per_iteration", "multi_agent", "model",
-                "max_requests_in_flight_per_worker", "broadcast_interval", "learner_queue_size",
-                "learner_queue_timeout", "minibatch_buffer_size", "num_learner_devices", "fake_devices",
-                "num_multi_gpu_tower_stacks", "num_data_load_threads")
+PER_RUN_KEYS = (
+    "env",
+    "env_config",
+    "seed",
+    "resources",
+    "evaluation",
+    "env_preprocessing",
+    "rollout_fragment_length",
+    "train_batch_size",
+    "min_time_s_per_iteration",
+    "min_env_steps_per_iteration",
+    "multi_agent",
+    "model",
+    "max_requests_in_flight_per_worker",
+    "broadcast_interval",
+    "learner_queue_size",
+    "learner_queue_timeout",
+    "minibatch_buffer_size",
+    "num_learner_devices",
+    "fake_devices",
+    "num_multi_gpu_tower_stacks",
+    "num_data_load_threads",
+)
 
 
 class MultiAgentConfig(Section):
     """Several policies on a PettingZoo env (Parallel or AEC, any number of agents), without a league."""
 
     policies: dict[str, Optional[PolicyOverrides]] = Field(
-        ..., description="Policy ids, each with optional model and hyperparameter overrides ({id: null} for none).")
+        ..., description="Policy ids, each with optional model and hyperparameter overrides ({id: null} for none)."
+    )
     policy_mapping: Union[str, dict[str, str], None] = Field(
-        None, description="Which policy plays each agent: a dict agent -> policy id, or an import path to a function "
-        "(agent_id, episode) -> policy_id called when each episode starts. None: the one policy plays every agent.")
+        None,
+        description="Which policy plays each agent: a dict agent -> policy id, or an import path to a function "
+        "(agent_id, episode) -> policy_id called when each episode starts. None: the one policy plays every agent.",
+    )
     policies_to_train: Optional[list[str]] = Field(
-        None, description="The policies that learn; the others keep their initial weights. None: all of them.")
+        None, description="The policies that learn; the others keep their initial weights. None: all of them."
+    )
 
     @model_validator(mode="after")
     def _check_policies(self) -> "MultiAgentConfig":
@@ -191,27 +260,33 @@ class MultiAgentConfig(Section):
         if not ids:
             raise ValueError("multi_agent.policies is empty: name at least one policy, e.g. {shared: null}")
         if self.policy_mapping is None and len(ids) > 1:
-            raise ValueError(f"multi_agent.policy_mapping is needed with several policies ({', '.join(ids)}): a dict "
-                             "agent -> policy id, or an import path to a function (agent_id, episode) -> policy_id")
+            raise ValueError(
+                f"multi_agent.policy_mapping is needed with several policies ({', '.join(ids)}): a dict "
+                "agent -> policy id, or an import path to a function (agent_id, episode) -> policy_id"
+            )
         if isinstance(self.policy_mapping, dict):
             unknown = sorted(set(self.policy_mapping.values()) - set(ids))
             if unknown:
-                raise ValueError(f"multi_agent.policy_mapping maps agents to unknown policies {unknown}; policies: "
-                                 f"{', '.join(ids)}")
+                raise ValueError(
+                    f"multi_agent.policy_mapping maps agents to unknown policies {unknown}; policies: {', '.join(ids)}"
+                )
         elif isinstance(self.policy_mapping, str):
             from shoal.imports import import_path
 
             try:
                 fn = import_path(self.policy_mapping)
             except (ImportError, AttributeError, ValueError) as e:
-                raise ValueError(f"multi_agent.policy_mapping '{self.policy_mapping}' cannot be imported: {e}") from None
+                raise ValueError(
+                    f"multi_agent.policy_mapping '{self.policy_mapping}' cannot be imported: {e}"
+                ) from None
             if not callable(fn):
                 raise ValueError(f"multi_agent.policy_mapping '{self.policy_mapping}' is not callable")
         if self.policies_to_train is not None:
             unknown = sorted(set(self.policies_to_train) - set(ids))
             if unknown:
-                raise ValueError(f"multi_agent.policies_to_train names unknown policies {unknown}; policies: "
-                                 f"{', '.join(ids)}")
+                raise ValueError(
+                    f"multi_agent.policies_to_train names unknown policies {unknown}; policies: {', '.join(ids)}"
+                )
             if not self.policies_to_train:
                 raise ValueError("multi_agent.policies_to_train is empty: at least one policy must learn")
         return self
@@ -224,8 +299,10 @@ class MultiAgentKeys(Section):
     """The ``multi_agent`` section (PPO, IMPALA, APPO): see :mod:`shoal.algorithms.multi_agent`."""
 
     multi_agent: Optional[MultiAgentConfig] = Field(
-        None, description="Several policies on a PettingZoo env (Parallel or AEC, any number of agents): policies, "
-        "policy_mapping, policies_to_train. None: a single-agent Gymnasium env.")
+        None,
+        description="Several policies on a PettingZoo env (Parallel or AEC, any number of agents): policies, "
+        "policy_mapping, policies_to_train. None: a single-agent Gymnasium env.",
+    )
 
 
 # what IMPALA and APPO also fix for the whole run: one learner thread trains every policy
@@ -242,8 +319,10 @@ def check_multi_agent(config, per_run_keys: tuple[str, ...] = PER_RUN_KEYS) -> N
             continue
         bad = sorted(set(spec.config) & set(per_run_keys))
         if bad:
-            raise ValueError(f"multi_agent.policies.{pid}.config sets {bad[0]}, which is one per run, not per policy "
-                             "(per-policy model keys go in multi_agent.policies.<id>.model)")
+            raise ValueError(
+                f"multi_agent.policies.{pid}.config sets {bad[0]}, which is one per run, not per policy "
+                "(per-policy model keys go in multi_agent.policies.<id>.model)"
+            )
         try:
             policy_config(config, pid)
         except Exception as e:  # a ConfigError naming the key, said for this policy

@@ -74,8 +74,9 @@ class DDPPOResourcesConfig(ResourcesConfig):
         return v
 
 
-_NO_CENTRAL_LEARNER = ("the adaptive KL penalty needs a central learner, and DD-PPO's workers each train on their "
-                       "own batch")
+_NO_CENTRAL_LEARNER = (
+    "the adaptive KL penalty needs a central learner, and DD-PPO's workers each train on their own batch"
+)
 
 
 class DDPPOConfig(PPOLossKeys, AlgorithmConfig):
@@ -87,24 +88,39 @@ class DDPPOConfig(PPOLossKeys, AlgorithmConfig):
     min_workers: ClassVar[int] = 1
     unused_keys = {
         "train_batch_size": "DD-PPO derives the train batch: each worker trains on rollout_fragment_length x "
-                            "resources.num_envs_per_worker steps per round",
-        "use_kl_loss": _NO_CENTRAL_LEARNER, "kl_coeff": _NO_CENTRAL_LEARNER, "kl_target": _NO_CENTRAL_LEARNER,
+        "resources.num_envs_per_worker steps per round",
+        "use_kl_loss": _NO_CENTRAL_LEARNER,
+        "kl_coeff": _NO_CENTRAL_LEARNER,
+        "kl_target": _NO_CENTRAL_LEARNER,
         "normalize": "DD-PPO's workers learn on their own samples with no driver between them to merge running "
-                     "statistics",
+        "statistics",
     }
 
     lr: float = Field(3e-4, gt=0, description="Adam learning rate of every worker (lr_schedule overrides it).")
     train_batch_size: int = Field(4096, ge=1, description="Not used: each worker's batch is derived (unused_keys).")
-    rollout_fragment_length: Union[int, str] = Field(64, description="Steps per env per round; each worker's batch is this x num_envs_per_worker.")
+    rollout_fragment_length: Union[int, str] = Field(
+        64, description="Steps per env per round; each worker's batch is this x num_envs_per_worker."
+    )
     minibatch_size: int = Field(256, ge=1, description="Rows per SGD minibatch on each worker.")
     batch_mode: str = Field("truncate_episodes", description="Only truncate_episodes: fixed-length fragments.")
-    torch_distributed_backend: str = Field("gloo", description="gloo (CPUs), nccl (GPUs) or mpi (if torch was built with it).")
-    keep_local_weights_in_sync: bool = Field(True, description="Copy worker 0's weights to the driver every round (for evaluate/checkpoints).")
-    torch_distributed_timeout_s: float = Field(60.0, gt=0, description="Rendezvous and collective timeout: how soon survivors notice a dead peer.")
-    collective_wait: str = Field("auto", description="How a worker waits for each gradient all-reduce: spin (poll, yielding the "
-                                 "CPU: no wake-up delay), block (sleep), or auto (spin on gloo when each worker reserves "
-                                 "at least one CPU, else block).")
-    resources: DDPPOResourcesConfig = Field(default_factory=DDPPOResourcesConfig, description="The workers, each a sampler and a learner.")
+    torch_distributed_backend: str = Field(
+        "gloo", description="gloo (CPUs), nccl (GPUs) or mpi (if torch was built with it)."
+    )
+    keep_local_weights_in_sync: bool = Field(
+        True, description="Copy worker 0's weights to the driver every round (for evaluate/checkpoints)."
+    )
+    torch_distributed_timeout_s: float = Field(
+        60.0, gt=0, description="Rendezvous and collective timeout: how soon survivors notice a dead peer."
+    )
+    collective_wait: str = Field(
+        "auto",
+        description="How a worker waits for each gradient all-reduce: spin (poll, yielding the "
+        "CPU: no wake-up delay), block (sleep), or auto (spin on gloo when each worker reserves "
+        "at least one CPU, else block).",
+    )
+    resources: DDPPOResourcesConfig = Field(
+        default_factory=DDPPOResourcesConfig, description="The workers, each a sampler and a learner."
+    )
 
     @field_validator("torch_distributed_backend")
     @classmethod
@@ -126,26 +142,36 @@ class DDPPOConfig(PPOLossKeys, AlgorithmConfig):
     @classmethod
     def _truncate(cls, v: str) -> str:
         if v != "truncate_episodes":
-            raise ValueError("DD-PPO only supports 'truncate_episodes': every worker trains on fixed-length fragments "
-                             "so all replicas run the same number of minibatches per round")
+            raise ValueError(
+                "DD-PPO only supports 'truncate_episodes': every worker trains on fixed-length fragments "
+                "so all replicas run the same number of minibatches per round"
+            )
         return v
 
     @model_validator(mode="after")
     def _check_ddppo_batch(self):  # the train batch is derived: rollout_fragment_length x num_envs_per_worker
         if not isinstance(self.rollout_fragment_length, int):
-            raise ValueError("DD-PPO needs an integer rollout_fragment_length (it sets each worker's batch), "
-                             f"got {self.rollout_fragment_length!r}")
+            raise ValueError(
+                "DD-PPO needs an integer rollout_fragment_length (it sets each worker's batch), "
+                f"got {self.rollout_fragment_length!r}"
+            )
         if self.minibatch_size > self.worker_batch_size():
-            raise ValueError(f"minibatch_size ({self.minibatch_size}) is larger than each worker's batch, "
-                             f"rollout_fragment_length x resources.num_envs_per_worker = {self.worker_batch_size()}")
+            raise ValueError(
+                f"minibatch_size ({self.minibatch_size}) is larger than each worker's batch, "
+                f"rollout_fragment_length x resources.num_envs_per_worker = {self.worker_batch_size()}"
+            )
         if self.torch_distributed_backend == "nccl" and self.resources.num_gpus_per_worker <= 0:
-            raise ValueError("torch_distributed_backend 'nccl' needs GPUs: set resources.num_gpus_per_worker > 0, or use gloo")
+            raise ValueError(
+                "torch_distributed_backend 'nccl' needs GPUs: set resources.num_gpus_per_worker > 0, or use gloo"
+            )
         gpus, workers = self.resources.num_gpus_per_worker, self.resources.num_workers
         if self.torch_distributed_backend == "nccl" and gpus < 1 and workers > 1:
-            raise ValueError(f"torch_distributed_backend 'nccl' with resources.num_gpus_per_worker {gpus:g}: Ray may "
-                             "put two workers on one GPU, and NCCL refuses two ranks on one device ('invalid "
-                             "usage'). Give each worker a whole GPU (num_gpus_per_worker: 1), or use gloo, which "
-                             "all-reduces the workers' GPU gradients through the host")
+            raise ValueError(
+                f"torch_distributed_backend 'nccl' with resources.num_gpus_per_worker {gpus:g}: Ray may "
+                "put two workers on one GPU, and NCCL refuses two ranks on one device ('invalid "
+                "usage'). Give each worker a whole GPU (num_gpus_per_worker: 1), or use gloo, which "
+                "all-reduces the workers' GPU gradients through the host"
+            )
         return self
 
     def fragment_length(self) -> int:
@@ -183,15 +209,17 @@ class RoundResult:
     nonfinite_skipped: int = 0  # this replica's updates skipped for a NaN/inf gradient, over the run
 
 
-def ppo_policy_learner(config: DDPPOConfig, obs_space, action_space, learner_cls: type[Learner] = Learner,
-                       device="cpu") -> PolicyLearner:
+def ppo_policy_learner(
+    config: DDPPOConfig, obs_space, action_space, learner_cls: type[Learner] = Learner, device="cpu"
+) -> PolicyLearner:
     """The policy with PPO's loss on a ``learner_cls`` learner: the driver's plain copy, or a
     worker's DistributedLearner. No KL penalty: each replica learns alone, with nothing central
     to adapt a coefficient."""
     module = build_actor_critic(obs_space, action_space, config.model)
     extra = {"spin_wait": config.spin_wait()} if issubclass(learner_cls, DistributedLearner) else {}
-    return PolicyLearner(module, config, lambda c, **_: PPOLoss.from_config(c), device=device, learner_cls=learner_cls,
-                         **extra)
+    return PolicyLearner(
+        module, config, lambda c, **_: PPOLoss.from_config(c), device=device, learner_cls=learner_cls, **extra
+    )
 
 
 class DDPPOWorker:
@@ -202,8 +230,13 @@ class DDPPOWorker:
         self.config, self.worker_index = config, worker_index
         postprocess = functools.partial(gae_postprocess, gamma=config.gamma, gae_lambda=config.gae_lambda)
         self.runner = EnvRunner(config, worker_index, ActorCriticPolicy, postprocess, config.fragment_length())
-        self.policy = ppo_policy_learner(config, self.runner.obs_space, self.runner.action_space, DistributedLearner,
-                                         resolve_device(config.resources.num_gpus_per_worker))
+        self.policy = ppo_policy_learner(
+            config,
+            self.runner.obs_space,
+            self.runner.action_space,
+            DistributedLearner,
+            resolve_device(config.resources.num_gpus_per_worker),
+        )
         self.learner = cast(DistributedLearner, self.policy.learner)
         self.rng = np.random.default_rng(component_seed(config.seed, worker_index))
         self.rounds = 0  # rounds trained by the group: drives the lr schedule identically on every replica
@@ -214,8 +247,13 @@ class DDPPOWorker:
 
     def join_group(self, address: tuple[str, int], ranks: dict[int, int]) -> int:
         self.rank = ranks[self.worker_index]
-        init_process_group(self.config.torch_distributed_backend, address, self.rank, len(ranks),
-                           self.config.torch_distributed_timeout_s)
+        init_process_group(
+            self.config.torch_distributed_backend,
+            address,
+            self.rank,
+            len(ranks),
+            self.config.torch_distributed_timeout_s,
+        )
         return self.rank
 
     def sample_and_train(self) -> RoundResult:
@@ -224,9 +262,14 @@ class DDPPOWorker:
         t0, reduce_s, reduces = time.perf_counter(), self.learner.allreduce_s, self.learner.num_allreduces
         self.learner.set_env_steps(self.rounds * cfg.worker_batch_size() * self.learner.world_size)
         try:
-            stats = self.learner.update(batch, cfg.num_sgd_iter, cfg.minibatch_size, self.rng,
-                                        num_minibatches=cfg.num_minibatches(),
-                                        sequence_length=sgd_sequence_length(cfg))
+            stats = self.learner.update(
+                batch,
+                cfg.num_sgd_iter,
+                cfg.minibatch_size,
+                self.rng,
+                num_minibatches=cfg.num_minibatches(),
+                sequence_length=sgd_sequence_length(cfg),
+            )
         except CollectiveError as e:
             destroy_process_group()
             return RoundResult(metrics, error=f"worker {self.worker_index}: {e}")
@@ -236,11 +279,20 @@ class DDPPOWorker:
         weights = self.learner.get_weights()
         self.runner.set_weights(weights)
         n = max(self.learner.num_allreduces - reduces, 1)
-        stats.update(allreduce_ms_per_minibatch=1000.0 * (self.learner.allreduce_s - reduce_s) / n,
-                     learn_time_s=time.perf_counter() - t0, sample_time_s=metrics.sample_time_s)
+        stats.update(
+            allreduce_ms_per_minibatch=1000.0 * (self.learner.allreduce_s - reduce_s) / n,
+            learn_time_s=time.perf_counter() - t0,
+            sample_time_s=metrics.sample_time_s,
+        )
         keep = cfg.keep_local_weights_in_sync and self.rank == 0
-        return RoundResult(metrics, transitions(batch), stats, weights if keep else None, rounds=self.rounds,
-                           nonfinite_skipped=self.learner.num_nonfinite_skipped)
+        return RoundResult(
+            metrics,
+            transitions(batch),
+            stats,
+            weights if keep else None,
+            rounds=self.rounds,
+            nonfinite_skipped=self.learner.num_nonfinite_skipped,
+        )
 
     def get_sync_state(self) -> dict[str, Any]:
         return {"learner": self.learner.get_state(), "rounds": self.rounds}
@@ -259,7 +311,6 @@ class DDPPOWorker:
     def stop(self) -> None:
         destroy_process_group()
         self.runner.stop()
-
 
 
 # ---- algorithm --------------------------------------------------------------------------
@@ -323,28 +374,37 @@ class DDPPO(Algorithm):
             self.env_runners.submit("sample_and_train")
             results = self._gather()
         with self.timers.time(Phase.AGGREGATE):
-            self.record_rollouts([r.metrics for r in results])
-            diverged = next((r.diverged for r in results if r.diverged), None)
-            if diverged:
-                raise DivergenceError(diverged)
-            done = [r for r in results if r.error is None]
-            self._nonfinite = max([self._nonfinite] + [r.nonfinite_skipped for r in done])
-            self.counters["env_steps_trained"] += sum(r.env_steps_trained for r in done)
-            # The workers' count: an iteration may gather one worker's round and the next its peer's.
-            self.rounds = max([self.rounds] + [r.rounds for r in done])
-            for r in results:
-                if r.error is not None:
-                    log.warning("DD-PPO round failed (%s); re-forming the group", r.error.splitlines()[0][:200])
-                    self._round_failed = True  # re-form before the next round
-                    self.num_failed_rounds += 1
+            done = self._aggregate(results)
         with self.timers.time(Phase.SYNC):
             for r in done:
                 if r.weights is not None:
                     self.local.set_weights(r.weights)
         stats = mean_stats([r.stats for r in done])
-        return {**{f"learner/{k}": v for k, v in stats.items()}, "allreduce_ms_per_minibatch":
-                stats.get("allreduce_ms_per_minibatch", float("nan")), "num_regroups": self.num_regroups,
-                "num_failed_rounds": self.num_failed_rounds, "world_size": len(self.env_runners)}
+        return {
+            **{f"learner/{k}": v for k, v in stats.items()},
+            "allreduce_ms_per_minibatch": stats.get("allreduce_ms_per_minibatch", float("nan")),
+            "num_regroups": self.num_regroups,
+            "num_failed_rounds": self.num_failed_rounds,
+            "world_size": len(self.env_runners),
+        }
+
+    def _aggregate(self, results: list[Any]) -> list[Any]:
+        """Count the round's steps and failures; returns the workers' results that succeeded."""
+        self.record_rollouts([r.metrics for r in results])
+        diverged = next((r.diverged for r in results if r.diverged), None)
+        if diverged:
+            raise DivergenceError(diverged)
+        done = [r for r in results if r.error is None]
+        self._nonfinite = max([self._nonfinite] + [r.nonfinite_skipped for r in done])
+        self.counters["env_steps_trained"] += sum(r.env_steps_trained for r in done)
+        # The workers' count: an iteration may gather one worker's round and the next its peer's.
+        self.rounds = max([self.rounds] + [r.rounds for r in done])
+        for r in results:
+            if r.error is not None:
+                log.warning("DD-PPO round failed (%s); re-forming the group", r.error.splitlines()[0][:200])
+                self._round_failed = True  # re-form before the next round
+                self.num_failed_rounds += 1
+        return done
 
     def nonfinite_updates_skipped(self) -> int:
         """The workers' count (replicas skip the same all-reduced updates)."""
@@ -366,8 +426,16 @@ class DDPPO(Algorithm):
         assert isinstance(config, DDPPOConfig)
         plan = [g for g in super().resource_plan(config) if g.name != "rollout actor"]
         res = config.resources
-        plan.insert(1, BundleGroup("DD-PPO worker", res.num_workers, res.num_cpus_per_worker, res.num_gpus_per_worker,
-                                   spread=res.worker_placement == "SPREAD"))
+        plan.insert(
+            1,
+            BundleGroup(
+                "DD-PPO worker",
+                res.num_workers,
+                res.num_cpus_per_worker,
+                res.num_gpus_per_worker,
+                spread=res.worker_placement == "SPREAD",
+            ),
+        )
         return plan
 
     # ---- the process group ----------------------------------------------------------------
@@ -376,12 +444,20 @@ class DDPPO(Algorithm):
         # A hung worker's peers wait in their all-reduce for it; given twice the collective timeout,
         # they report that round failed before the hung worker's own request times out, so only
         # the hung worker is recreated.
-        timeout = None if res.request_timeout_s is None else max(res.request_timeout_s,
-                                                                  2 * cfg.torch_distributed_timeout_s)
+        timeout = (
+            None if res.request_timeout_s is None else max(res.request_timeout_s, 2 * cfg.torch_distributed_timeout_s)
+        )
         self.env_runners = make_actor_group(
-            DDPPOWorker, res.num_workers, lambda i: ((cfg, i), {}), remote=True,
-            resources=self.actor_resources("DD-PPO worker", num_gpus=res.num_gpus_per_worker, request_timeout_s=timeout),
-            name="DD-PPO worker", about=f"env {cfg.env_name()}")
+            DDPPOWorker,
+            res.num_workers,
+            lambda i: ((cfg, i), {}),
+            remote=True,
+            resources=self.actor_resources(
+                "DD-PPO worker", num_gpus=res.num_gpus_per_worker, request_timeout_s=timeout
+            ),
+            name="DD-PPO worker",
+            about=f"env {cfg.env_name()}",
+        )
         self._form_group(source=None)
 
     def _regroup(self) -> None:
@@ -394,8 +470,12 @@ class DDPPO(Algorithm):
             self.num_failed_rounds += sum(r.error is not None for r in drained)
         for i in group.actor_ids:  # still stuck past every timeout: replace it
             if group.num_in_flight(i):
-                log.warning("DD-PPO worker %d has not finished its round in %.0f s after its peers failed theirs: "
-                            "a hung env or worker; recreating it", i, 2 * self.config.torch_distributed_timeout_s + 30)
+                log.warning(
+                    "DD-PPO worker %d has not finished its round in %.0f s after its peers failed theirs: "
+                    "a hung env or worker; recreating it",
+                    i,
+                    2 * self.config.torch_distributed_timeout_s + 30,
+                )
                 group.num_timeouts += 1
                 group.restart(i)
         survivors = [i for i in sorted(group.actor_ids) if group.actors[i] is self._members.get(i)]

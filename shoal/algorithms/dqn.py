@@ -60,34 +60,53 @@ class DQNConfig(AlgorithmConfig):
     """AlgorithmConfig plus replay, n-step targets, the target network and the epsilon schedule."""
 
     algo = "dqn"
-    lstm_refusal = ("Q-learning with recurrent state (R2D2) is not part of shoal; use ppo, ddppo, impala or appo for a "
-                    "recurrent policy")
+    lstm_refusal = (
+        "Q-learning with recurrent state (R2D2) is not part of shoal; use ppo, ddppo, impala or appo for a "
+        "recurrent policy"
+    )
 
     lr: float = Field(1e-3, gt=0, description="Adam learning rate (lr_schedule overrides it).")
     min_env_steps_per_iteration: int = Field(
-        1000, ge=0, description="A training step samples one fragment per env: an iteration (one result row) "
-        "repeats them until it has sampled this many env steps.")
+        1000,
+        ge=0,
+        description="A training step samples one fragment per env: an iteration (one result row) "
+        "repeats them until it has sampled this many env steps.",
+    )
     grad_clip: Optional[float] = Field(10.0, gt=0, description="Global gradient-norm clip; None disables.")
-    model: QModelConfig = Field(default_factory=lambda: QModelConfig(hiddens=[128, 128], activation="relu"),
-                               description="The Q network: torso, hidden layers, or a custom class.")
+    model: QModelConfig = Field(
+        default_factory=lambda: QModelConfig(hiddens=[128, 128], activation="relu"),
+        description="The Q network: torso, hidden layers, or a custom class.",
+    )
     double_q: bool = Field(True, description="Double Q-learning: the online network picks the next action.")
     dueling: bool = Field(True, description="Dueling head: Q = V + A - mean(A).")
     n_step: int = Field(3, ge=1, description="Rewards summed per transition (computed on the worker).")
-    td_loss: Literal["mse", "huber"] = Field("mse", description="Loss on the TD error: squared, or Huber with huber_delta.")
+    td_loss: Literal["mse", "huber"] = Field(
+        "mse", description="Loss on the TD error: squared, or Huber with huber_delta."
+    )
     huber_delta: float = Field(1.0, gt=0, description="Where the Huber TD loss turns from quadratic to linear.")
     train_batch_size: int = Field(256, ge=1, description="Transitions per SGD step.")
-    target_network_update_freq: int = Field(25_600, ge=1, description="Trained env steps between target-network updates.")
-    tau: float = Field(1.0, gt=0, le=1, description="Target update: 1 copies, < 1 blends tau * online + (1 - tau) * target.")
+    target_network_update_freq: int = Field(
+        25_600, ge=1, description="Trained env steps between target-network updates."
+    )
+    tau: float = Field(
+        1.0, gt=0, le=1, description="Target update: 1 copies, < 1 blends tau * online + (1 - tau) * target."
+    )
     replay_capacity: int = Field(50_000, ge=1, description="Transitions the replay buffer holds.")
     replay_compression: Literal["auto", "lz4", "none"] = Field(
-        "auto", description="auto compresses uint8 observation columns of at least 1 KiB per row with lz4 (e.g. "
+        "auto",
+        description="auto compresses uint8 observation columns of at least 1 KiB per row with lz4 (e.g. "
         "stacked Atari frames; needs pip install shoal[atari]); lz4 compresses every uint8 observation column; "
-        "none keeps raw rows.")
+        "none keeps raw rows.",
+    )
     prioritized_replay: bool = Field(True, description="Sample by TD-error priority; false: uniformly.")
     prioritized_replay_alpha: float = Field(0.6, ge=0, description="Priority exponent: 0 is uniform.")
     prioritized_replay_beta: float = Field(0.4, ge=0, le=1, description="Initial importance-weight exponent.")
-    final_prioritized_replay_beta: float = Field(1.0, ge=0, le=1, description="Importance-weight exponent reached at the end of its annealing.")
-    beta_annealing_steps: int = Field(100_000, ge=1, description="Sampled env steps over which beta goes to its final value.")
+    final_prioritized_replay_beta: float = Field(
+        1.0, ge=0, le=1, description="Importance-weight exponent reached at the end of its annealing."
+    )
+    beta_annealing_steps: int = Field(
+        100_000, ge=1, description="Sampled env steps over which beta goes to its final value."
+    )
     prioritized_replay_eps: float = Field(1e-6, gt=0, description="Added to |TD error| so no priority is 0.")
     learning_starts: int = Field(1000, ge=0, description="Sampled env steps before learning begins.")
     training_intensity: float = Field(8.0, gt=0, description="Trained env steps per sampled env step (replay ratio).")
@@ -100,7 +119,9 @@ class DQNConfig(AlgorithmConfig):
     @model_validator(mode="after")
     def _check(self):
         if self.learning_starts > self.replay_capacity:
-            raise ValueError(f"learning_starts ({self.learning_starts}) exceeds replay_capacity ({self.replay_capacity})")
+            raise ValueError(
+                f"learning_starts ({self.learning_starts}) exceeds replay_capacity ({self.replay_capacity})"
+            )
         return self
 
     def fragment_length(self) -> int:
@@ -111,13 +132,19 @@ class DQNConfig(AlgorithmConfig):
 
     def beta(self, env_steps: float) -> float:
         """The importance-weight exponent after ``env_steps`` sampled steps (annealed linearly)."""
-        return linear_schedule(self.prioritized_replay_beta, self.final_prioritized_replay_beta,
-                               self.beta_annealing_steps)(env_steps)
+        return linear_schedule(
+            self.prioritized_replay_beta, self.final_prioritized_replay_beta, self.beta_annealing_steps
+        )(env_steps)
 
 
 # ---- loss -------------------------------------------------------------------------------
-def q_targets(rewards: torch.Tensor, discounts: torch.Tensor, terminateds: torch.Tensor, q_next_target: torch.Tensor,
-              q_next_online: torch.Tensor | None = None) -> torch.Tensor:
+def q_targets(
+    rewards: torch.Tensor,
+    discounts: torch.Tensor,
+    terminateds: torch.Tensor,
+    q_next_target: torch.Tensor,
+    q_next_online: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``R + discount * (1 - terminated) * Q_target(s', a*)``; a* from the online net (double Q) or the target's max."""
     if q_next_online is not None:
         best = q_next_online.argmax(dim=-1, keepdim=True)
@@ -162,8 +189,9 @@ class DQNLoss(LossRecord):
             q, q_next_online = module.q(obs), None
         q_sa = q.gather(1, batch[Col.ACTIONS].long().unsqueeze(1)).squeeze(1)
         with torch.no_grad():
-            target = q_targets(batch[Col.REWARDS], batch[Col.DISCOUNTS], batch[Col.TERMINATEDS], module.target(next_obs),
-                               q_next_online)
+            target = q_targets(
+                batch[Col.REWARDS], batch[Col.DISCOUNTS], batch[Col.TERMINATEDS], module.target(next_obs), q_next_online
+            )
         if self.td_loss == "huber":
             per_sample = F.huber_loss(q_sa, target, reduction="none", delta=self.huber_delta)
         else:
@@ -171,15 +199,20 @@ class DQNLoss(LossRecord):
         weights = batch.get(Col.WEIGHTS)
         loss = (per_sample * weights).mean() if weights is not None else per_sample.mean()
         td = (q_sa - target).detach()
-        return loss, {"loss": loss.detach(), "mean_q": q_sa.detach().mean(), "mean_td_error": td.abs().mean(),
-                      "td_error": td}
+        return loss, {
+            "loss": loss.detach(),
+            "mean_q": q_sa.detach().mean(),
+            "mean_td_error": td.abs().mean(),
+            "td_error": td,
+        }
 
 
 def n_step_postprocess(fragment: Fragment, n_step: int, gamma: float, priorities: bool) -> Batch:
     """Worker-side: n-step transitions of the valid steps, optionally with initial priorities."""
     dones = fragment.terminateds | fragment.truncateds
-    returns, discounts, terminated, nxt = n_step_targets(fragment.rewards, fragment.terminateds, dones, fragment.valid,
-                                                         n_step, gamma)
+    returns, discounts, terminated, nxt = n_step_targets(
+        fragment.rewards, fragment.terminateds, dones, fragment.valid, n_step, gamma
+    )
     env_col = np.arange(fragment.rewards.shape[1])[None, :]
     cols = {
         Col.OBS: fragment.obs[:-1],
@@ -210,8 +243,10 @@ def learn_on_replay_batch(learner: Learner, batch: Batch) -> tuple[np.ndarray | 
 
 def check_discrete(action_space: gym.Space, algo: str) -> None:
     if not isinstance(action_space, gym.spaces.Discrete):
-        raise ConfigError(f"{algo} needs a Discrete action space; this env's is {action_space}. "
-                          "For continuous actions use ppo, appo or impala.")
+        raise ConfigError(
+            f"{algo} needs a Discrete action space; this env's is {action_space}. "
+            "For continuous actions use ppo, appo or impala."
+        )
 
 
 def check_replay_fits(config: DQNConfig, obs_space: gym.Space, num_shards: int = 1) -> None:
@@ -231,10 +266,16 @@ def check_replay_fits(config: DQNConfig, obs_space: gym.Space, num_shards: int =
 def replay_kwargs(config: DQNConfig, seed: int | None, num_shards: int = 1) -> dict[str, Any]:
     """:class:`~shoal.replay.ReplayShard` keyword arguments of one of ``num_shards`` shards
     (each may plan to use an equal part of the machine's available memory)."""
-    return {"prioritized": config.prioritized_replay, "alpha": config.prioritized_replay_alpha,
-            "beta": config.prioritized_replay_beta, "eps": config.prioritized_replay_eps, "seed": seed,
-            "compression": config.replay_compression, "memory_share": 1.0 / num_shards,
-            "retain_freed_memory": config.resources.retain_freed_memory}
+    return {
+        "prioritized": config.prioritized_replay,
+        "alpha": config.prioritized_replay_alpha,
+        "beta": config.prioritized_replay_beta,
+        "eps": config.prioritized_replay_eps,
+        "seed": seed,
+        "compression": config.replay_compression,
+        "memory_share": 1.0 / num_shards,
+        "retain_freed_memory": config.resources.retain_freed_memory,
+    }
 
 
 def make_replay(config: DQNConfig, capacity: int, seed: int | None):
@@ -251,13 +292,23 @@ class QPolicyLearner(PolicyLearner):
 
     def __init__(self, config: DQNConfig, obs_space, action_space, seed: Optional[int] = None) -> None:
         check_discrete(action_space, config.algo)
-        q = build_policy_module(functools.partial(build_q_network, dueling=config.dueling), obs_space, action_space,
-                                config.model, seed)
-        super().__init__(QLearnerModule(q), config, lambda c, **_: DQNLoss.from_config(c),
-                         device=resolve_device(config.resources.num_gpus))
+        q = build_policy_module(
+            functools.partial(build_q_network, dueling=config.dueling), obs_space, action_space, config.model, seed
+        )
+        super().__init__(
+            QLearnerModule(q),
+            config,
+            lambda c, **_: DQNLoss.from_config(c),
+            device=resolve_device(config.resources.num_gpus),
+        )
         module = self.learner.module
-        self.target = TargetNetwork(module.get_submodule("q"), config.target_network_update_freq, unit="env_steps",
-                                    tau=config.tau, net=module.get_submodule("target"))
+        self.target = TargetNetwork(
+            module.get_submodule("q"),
+            config.target_network_update_freq,
+            unit="env_steps",
+            tau=config.tau,
+            net=module.get_submodule("target"),
+        )
         self.learner.add_post_update_hook(self.target.post_update)
 
     def get_weights(self) -> dict[str, np.ndarray]:
@@ -303,8 +354,12 @@ class DQN(Algorithm):
         assert points is not None, "DQN anneals one epsilon"
         self.epsilon = PiecewiseSchedule(points)  # what the rollout actors explore with, by env steps sampled
         self._update_credit = 0.0
-        postprocess = functools.partial(n_step_postprocess, n_step=cfg.n_step, gamma=cfg.gamma,
-                                        priorities=cfg.worker_side_prioritization and cfg.prioritized_replay)
+        postprocess = functools.partial(
+            n_step_postprocess,
+            n_step=cfg.n_step,
+            gamma=cfg.gamma,
+            priorities=cfg.worker_side_prioritization and cfg.prioritized_replay,
+        )
         self.env_runners = self.make_env_runners(EpsilonGreedyQPolicy, postprocess, cfg.fragment_length())
         self.broadcast_weights()
 
@@ -343,8 +398,12 @@ class DQN(Algorithm):
         with self.timers.time(Phase.SYNC):
             self.env_runners.foreach("set_global_vars", {"env_steps": sampled}, wait=False)
             self.broadcast_weights()
-        return {**{f"learner/{k}": v for k, v in stats.items()}, "replay_size": self.replay.stats()["size"],
-                "num_target_updates": self.target.num_updates, "epsilon": float(self.epsilon(sampled))}
+        return {
+            **{f"learner/{k}": v for k, v in stats.items()},
+            "replay_size": self.replay.stats()["size"],
+            "num_target_updates": self.target.num_updates,
+            "epsilon": float(self.epsilon(sampled)),
+        }
 
     def get_state(self) -> dict[str, Any]:
         state = super().get_state()  # the policy's learner and target, at the top as before

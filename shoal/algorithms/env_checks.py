@@ -41,10 +41,17 @@ def describe_within_time_limit(config: AlgorithmConfig, describe) -> Any:
     naming the env when its constructor hangs past ``resources.request_timeout_s`` or its spaces
     do not fit; then the env memory and model size checks, before any env vector or layer exists."""
     limit = config.resources.request_timeout_s
-    with naming_env(config), time_limit(limit, lambda: EnvError(
-            f"Building env {config.env_name()!r} in the driver (to read its spaces) did not finish within "
-            f"resources.request_timeout_s={limit:g} s: its constructor hangs (waiting on a file, a server, a "
-            "licence?). Fix the env, or raise resources.request_timeout_s if it is only slow.")):
+    with (
+        naming_env(config),
+        time_limit(
+            limit,
+            lambda: EnvError(
+                f"Building env {config.env_name()!r} in the driver (to read its spaces) did not finish within "
+                f"resources.request_timeout_s={limit:g} s: its constructor hangs (waiting on a file, a server, a "
+                "licence?). Fix the env, or raise resources.request_timeout_s if it is only slow."
+            ),
+        ),
+    ):
         info = describe()
     obs_space = getattr(info, "observation_space", None)
     check_env_memory(config, obs_space)
@@ -57,8 +64,10 @@ def normalization_stats(config: AlgorithmConfig, info: Any, multi_agent: bool) -
     if not config.normalize.enabled():
         return None
     if multi_agent:
-        raise ConfigError(f"normalize is not supported with a multi_agent section ({config.algo}): each "
-                          "policy sees its own observations. Leave normalize.obs and normalize.reward false.")
+        raise ConfigError(
+            f"normalize is not supported with a multi_agent section ({config.algo}): each "
+            "policy sees its own observations. Leave normalize.obs and normalize.reward false."
+        )
     from shoal.spaces import preprocess_obs
 
     space = info.observation_space

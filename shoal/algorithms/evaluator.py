@@ -40,8 +40,13 @@ class Evaluator:
             if render:
                 raise ConfigError("rendering is not supported for multi-agent evaluation")
             returns, lengths, windows = algo.evaluation_episodes(n)
-            return {"episode_return_mean": float(np.mean(returns[:n])), "episode_return_std": float(np.std(returns[:n])),
-                    "episode_len_mean": float(np.mean(lengths[:n])), "num_episodes": n, **windows.metrics()}
+            return {
+                "episode_return_mean": float(np.mean(returns[:n])),
+                "episode_return_std": float(np.std(returns[:n])),
+                "episode_len_mean": float(np.mean(lengths[:n])),
+                "num_episodes": n,
+                **windows.metrics(),
+            }
         if algo.config.evaluation.evaluation_num_workers > 0 and not render:
             return self._on_actors(n, algo.get_weights())
         if self.local is None:
@@ -56,11 +61,17 @@ class Evaluator:
         algo = self.algo
         if self.runners is None:
             self.runners = make_actor_group(
-                EnvRunner, algo.config.evaluation.evaluation_num_workers,
-                lambda i: ((algo.config, EVAL_ACTORS_FIRST_INDEX + i, algo.policy_cls, fragment_to_batch, 1),
-                           {"num_envs": 1}),
-                remote=True, resources=algo.actor_resources("evaluation actor"), name="evaluation actor",
-                about=f"env {algo.config.env_name()}")
+                EnvRunner,
+                algo.config.evaluation.evaluation_num_workers,
+                lambda i: (
+                    (algo.config, EVAL_ACTORS_FIRST_INDEX + i, algo.policy_cls, fragment_to_batch, 1),
+                    {"num_envs": 1},
+                ),
+                remote=True,
+                resources=algo.actor_resources("evaluation actor"),
+                name="evaluation actor",
+                about=f"env {algo.config.env_name()}",
+            )
         k = len(self.runners.actor_ids)
         self.runners.foreach("set_weights", self.runners.put(weights), wait=False)
         self.send_normalizer()
@@ -68,11 +79,19 @@ class Evaluator:
         outs = [self._on(i, s) for i, s in zip(self.runners.actor_ids, shares) if s]
         total = sum(o["num_episodes"] for o in outs)
         mean = sum(o["episode_return_mean"] * o["num_episodes"] for o in outs) / total
-        var = sum((o["episode_return_std"] ** 2 + (o["episode_return_mean"] - mean) ** 2) * o["num_episodes"]
-                  for o in outs) / total
-        return {"episode_return_mean": mean, "episode_return_std": math.sqrt(var),
-                "episode_len_mean": sum(o["episode_len_mean"] * o["num_episodes"] for o in outs) / total,
-                "num_episodes": total}
+        var = (
+            sum(
+                (o["episode_return_std"] ** 2 + (o["episode_return_mean"] - mean) ** 2) * o["num_episodes"]
+                for o in outs
+            )
+            / total
+        )
+        return {
+            "episode_return_mean": mean,
+            "episode_return_std": math.sqrt(var),
+            "episode_len_mean": sum(o["episode_len_mean"] * o["num_episodes"] for o in outs) / total,
+            "num_episodes": total,
+        }
 
     def _on(self, actor_id: int, num_episodes: int) -> dict[str, Any]:
         """``num_episodes`` on evaluation actor ``actor_id``; again on its replacement each time it
@@ -82,8 +101,9 @@ class Evaluator:
             try:
                 return self.runners.call(actor_id, "evaluate", num_episodes)
             except ActorLostError:
-                self.runners.foreach("set_weights", self.runners.put(self.algo.get_weights()), actor_ids=[actor_id],
-                                     wait=False)
+                self.runners.foreach(
+                    "set_weights", self.runners.put(self.algo.get_weights()), actor_ids=[actor_id], wait=False
+                )
                 self.send_normalizer(actor_ids=[actor_id])
 
     def send_normalizer(self, actor_ids=None) -> None:

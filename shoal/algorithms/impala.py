@@ -49,7 +49,6 @@ class IMPALAConfig(VTraceKeys, AsyncSamplingKeys, LearnerThreadKeys, MultiAgentK
     mutable_keys = AlgorithmConfig.mutable_keys | {"vf_loss_coeff", "entropy_coeff"}
     lstm_sequences = "fragments"
 
-
     @model_validator(mode="after")
     def _check_impala(self):
         check_whole_sequences(self)
@@ -59,8 +58,9 @@ class IMPALAConfig(VTraceKeys, AsyncSamplingKeys, LearnerThreadKeys, MultiAgentK
 
 
 # ---- loss -------------------------------------------------------------------------------
-def impala_loss_terms(logp, entropy, values, vs, pg_advantages, valid, *, vf_loss_coeff: float,
-                      entropy_coeff: float) -> dict[str, torch.Tensor]:
+def impala_loss_terms(
+    logp, entropy, values, vs, pg_advantages, valid, *, vf_loss_coeff: float, entropy_coeff: float
+) -> dict[str, torch.Tensor]:
     """The IMPALA objective (means over the valid steps); ``total_loss`` is minimised.
 
     policy_loss = -mean(logp * A)           A: V-trace pg advantages
@@ -88,9 +88,14 @@ class IMPALALoss(LossRecord):
 
     @classmethod
     def config_values(cls, cfg) -> dict[str, Any]:
-        return {"seq_len": cfg.fragment_length(), "gamma": cfg.gamma, "vtrace": VTraceParams.from_config(cfg),
-                "normalize_advantages": cfg.normalize_advantages, "vf_loss_coeff": cfg.vf_loss_coeff,
-                "entropy_coeff": cfg.entropy_coeff}
+        return {
+            "seq_len": cfg.fragment_length(),
+            "gamma": cfg.gamma,
+            "vtrace": VTraceParams.from_config(cfg),
+            "normalize_advantages": cfg.normalize_advantages,
+            "vf_loss_coeff": cfg.vf_loss_coeff,
+            "entropy_coeff": cfg.entropy_coeff,
+        }
 
     def __call__(self, module, batch: dict, learner=None) -> tuple[torch.Tensor, dict]:
         if self.masked:
@@ -98,8 +103,16 @@ class IMPALALoss(LossRecord):
         u = unroll(module, batch, self.seq_len, self.gamma)
         vt = vtrace_for(u, u.logp, self.vtrace)
         advantages = policy_advantages(vt, u, self.normalize_advantages)
-        terms = impala_loss_terms(u.logp, u.entropy, u.values, vt.vs, advantages, u.valid,
-                                  vf_loss_coeff=self.vf_loss_coeff, entropy_coeff=self.entropy_coeff)
+        terms = impala_loss_terms(
+            u.logp,
+            u.entropy,
+            u.values,
+            vt.vs,
+            advantages,
+            u.valid,
+            vf_loss_coeff=self.vf_loss_coeff,
+            entropy_coeff=self.entropy_coeff,
+        )
         loss = terms.pop("total_loss")
         stats = {k: v.detach() for k, v in terms.items()}
         stats["mean_rho"] = masked_mean(vt.rhos, u.valid)
@@ -113,8 +126,9 @@ class IMPALA(AsyncAlgorithm):
 
     def _policy_learner(self, cfg, obs_space, action_space, seed: Optional[int] = None):
         masked = self.is_multi_agent  # logits under the recorded action masks
-        return make_async_policy_learner(cfg, obs_space, action_space, seed,
-                                         lambda c, target, kl: IMPALALoss.from_config(c, masked=masked))
+        return make_async_policy_learner(
+            cfg, obs_space, action_space, seed, lambda c, target, kl: IMPALALoss.from_config(c, masked=masked)
+        )
 
     def training_step(self) -> dict[str, Any]:
         p = self.pipeline

@@ -21,16 +21,20 @@ class DriverPredictor:
         self.algo = algo
         self.policy: Any = None
 
-    def __call__(self, obs, state: np.ndarray | None, episode_start: np.ndarray | None,
-                 deterministic: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    def __call__(
+        self, obs, state: np.ndarray | None, episode_start: np.ndarray | None, deterministic: bool
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         algo = self.algo
         if algo.policy_cls is None or algo.is_multi_agent:
-            raise ConfigError(f"{type(algo).__name__}.predict serves single-agent policies; this run has none "
-                              "(a multi_agent section or a league)")
+            raise ConfigError(
+                f"{type(algo).__name__}.predict serves single-agent policies; this run has none "
+                "(a multi_agent section or a league)"
+            )
         space = algo.env_info.observation_space
         if self.policy is None:
             self.policy = algo.policy_cls(space, algo.env_info.action_space, algo.config, algo.config.seed)
         self.policy.on_global_vars({"env_steps": int(algo.counters["env_steps_sampled"])})
         self.policy.set_weights(algo.get_weights())
-        return predict_actions(self.policy, space, obs, state, episode_start, deterministic, algo.norm_stats,
-                               algo.config.normalize)
+        return predict_actions(
+            self.policy, space, obs, state, episode_start, deterministic, algo.norm_stats, algo.config.normalize
+        )

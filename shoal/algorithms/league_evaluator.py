@@ -57,7 +57,7 @@ class LeagueEvaluator(Evaluator):
         if self._openspiel_env is None:
             from shoal.envs.openspiel import OpenSpielEnv
 
-            self._openspiel_env = OpenSpielEnv(env[len("openspiel:"):], **self.algo.config.env_config)
+            self._openspiel_env = OpenSpielEnv(env[len("openspiel:") :], **self.algo.config.env_config)
         return self._openspiel_env
 
     def knows_heuristic(self) -> bool:
@@ -78,8 +78,10 @@ class LeagueEvaluator(Evaluator):
     def _game_or_error(self, what: str):
         env = self.openspiel_game()
         if env is None:
-            raise ConfigError(f"{what} is computed on OpenSpiel games (env: openspiel:<game>); this league plays "
-                              f"{self.algo.config.env_name()!r}")
+            raise ConfigError(
+                f"{what} is computed on OpenSpiel games (env: openspiel:<game>); this league plays "
+                f"{self.algo.config.env_name()!r}"
+            )
         return env
 
     def exploitability(self, policy_id: str = "main") -> float:
@@ -98,14 +100,19 @@ class LeagueEvaluator(Evaluator):
         ids = policy_ids or [p for p, spec in self.algo.league.players.items() if not spec.trainable] or ["main"]
         return mixture_of_modules(env, {p: self.module(p) for p in ids})
 
-    def evaluate_vs(self, opponent: str = "random", num_games: int = 100, policy_id: str = "main",
-                    num_envs: int = 16) -> dict[str, float]:
+    def evaluate_vs(
+        self, opponent: str = "random", num_games: int = 100, policy_id: str = "main", num_envs: int = 16
+    ) -> dict[str, float]:
         """Greedy win rate of ``policy_id`` against a scripted player or another policy, half as first player."""
         algo = self.algo
         ids = [policy_id] + ([opponent] if opponent in algo.weights else [])
-        runner = MultiAgentEnvRunner(algo.config, EVAL_RUNNER_INDEX,
-                                     {p: {"weights": algo.weights[p], "trainable": False} for p in ids},
-                                     matchmaking=[{"policies": [policy_id]}], num_envs=1)
+        runner = MultiAgentEnvRunner(
+            algo.config,
+            EVAL_RUNNER_INDEX,
+            {p: {"weights": algo.weights[p], "trainable": False} for p in ids},
+            matchmaking=[{"policies": [policy_id]}],
+            num_envs=1,
+        )
         try:
             return runner.evaluate_vs(policy_id, opponent, num_games, num_envs=num_envs)
         finally:
@@ -117,14 +124,21 @@ class LeagueEvaluator(Evaluator):
         two-step); on an OpenSpiel game, main's ``exploitability`` and the frozen players' Nash
         mixture's (``mixture_exploitability``)."""
         if render:
-            raise ConfigError("a league is evaluated in games against fixed opponents; render one with "
-                              "shoal evaluate --render on a checkpoint")
+            raise ConfigError(
+                "a league is evaluated in games against fixed opponents; render one with "
+                "shoal evaluate --render on a checkpoint"
+            )
         out = self.evaluate_vs("random", n)
         mean = out["win_rate"] - out["loss_rate"]
-        std = float(np.sqrt(max(0.0, out["win_rate"] + out["loss_rate"] - mean ** 2)))
-        result = {"episode_return_mean": mean, "episode_return_std": std, "episode_len_mean": out["mean_length"],
-                  "num_episodes": out["games"], "win_rate_vs_random": out["win_rate"],
-                  "draw_rate_vs_random": out["draw_rate"]}
+        std = float(np.sqrt(max(0.0, out["win_rate"] + out["loss_rate"] - mean**2)))
+        result = {
+            "episode_return_mean": mean,
+            "episode_return_std": std,
+            "episode_len_mean": out["mean_length"],
+            "num_episodes": out["games"],
+            "win_rate_vs_random": out["win_rate"],
+            "draw_rate_vs_random": out["draw_rate"],
+        }
         if self.knows_heuristic():
             for name in ("heuristic", "heuristic2"):
                 h = self.evaluate_vs(name, n)
@@ -132,6 +146,9 @@ class LeagueEvaluator(Evaluator):
         if self.openspiel_game() is not None:
             result["exploitability"] = self.exploitability("main")
             mixture = self.league_mixture()
-            result.update(mixture_exploitability=mixture.exploitability, mixture_size=len(mixture.policy_ids),
-                          mixture_support=int((mixture.weights > 1e-6).sum()))
+            result.update(
+                mixture_exploitability=mixture.exploitability,
+                mixture_size=len(mixture.policy_ids),
+                mixture_support=int((mixture.weights > 1e-6).sum()),
+            )
         return result

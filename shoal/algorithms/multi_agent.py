@@ -65,8 +65,10 @@ class Agents:
         if isinstance(mapping, dict):
             unknown, missing = sorted(set(mapping) - set(names)), sorted(set(names) - set(mapping))
             if unknown or missing:
-                raise ConfigError(f"multi_agent.policy_mapping must map exactly the env's agents {names}; "
-                                  + (f"unknown: {unknown}" if unknown else f"missing: {missing}"))
+                raise ConfigError(
+                    f"multi_agent.policy_mapping must map exactly the env's agents {names}; "
+                    + (f"unknown: {unknown}" if unknown else f"missing: {missing}")
+                )
         return cls(names, spaces, mapping)
 
     def env_info(self) -> EnvInfo:
@@ -84,11 +86,20 @@ class Agents:
 
     def runner_args(self, config, index: int, weights: Callable[[str], Any], trained: list[str]):
         """``(args, kwargs)`` of rollout actor ``index``: every policy's spec with ``weights(pid)``."""
-        specs = {pid: {"weights": weights(pid), "model": dict(spec.model) if spec else {},
-                       "agent": self.agent_for(pid), "trainable": pid in trained}
-                 for pid, spec in config.multi_agent.policies.items()}
-        kwargs: dict[str, Any] = {"policies_to_train": list(trained), "rollout_fragment_length": sequence_length(config),
-                                  "ticks_per_sample": config.fragment_length()}
+        specs = {
+            pid: {
+                "weights": weights(pid),
+                "model": dict(spec.model) if spec else {},
+                "agent": self.agent_for(pid),
+                "trainable": pid in trained,
+            }
+            for pid, spec in config.multi_agent.policies.items()
+        }
+        kwargs: dict[str, Any] = {
+            "policies_to_train": list(trained),
+            "rollout_fragment_length": sequence_length(config),
+            "ticks_per_sample": config.fragment_length(),
+        }
         if isinstance(self.mapping, dict):
             kwargs["matchmaking"] = {"matches": [{"policies": dict(self.mapping)}], "shuffle_seats": False}
         elif isinstance(self.mapping, str):

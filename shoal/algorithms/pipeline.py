@@ -60,8 +60,9 @@ class AsyncPipeline:
 
     @classmethod
     def from_config(cls, env_runners, thread, config) -> "AsyncPipeline":
-        return cls(env_runners, thread, train_batch_size=config.train_batch_size,
-                   broadcast_interval=config.broadcast_interval)
+        return cls(
+            env_runners, thread, train_batch_size=config.train_batch_size, broadcast_interval=config.broadcast_interval
+        )
 
     # ---- the phases, in the order a training step calls them ------------------------------
     def sample(self) -> list[tuple[Batch, Any]]:
@@ -102,13 +103,16 @@ class AsyncPipeline:
         self.thread.check()
 
     def metrics(self) -> dict[str, Any]:
-        return {**self.learner_info, "num_dropped_batches": self.thread.num_dropped,
-                "num_learner_results": self.num_learner_results}
+        return {
+            **self.learner_info,
+            "num_dropped_batches": self.thread.num_dropped,
+            "num_learner_results": self.num_learner_results,
+        }
 
     def _cut_train_batches(self, sampled: list[Any]) -> list[Any]:
         """Train batches, each a Batch, or a ``{policy_id: Batch}`` of the policies whose turn it is."""
         for item in sampled:
-            for pid, batch in (item.items() if isinstance(item, dict) else [(None, item)]):
+            for pid, batch in item.items() if isinstance(item, dict) else [(None, item)]:
                 self.pending[pid].append(batch)
                 self.pending_rows[pid] += len(batch)
         cut = {pid: self._cut(pid) for pid in list(self.pending)}
@@ -183,19 +187,29 @@ def make_learner_thread(learner, config):
         from shoal.learn.multi_device import MultiDeviceLearnerThread
 
         return MultiDeviceLearnerThread(
-            learner, devices, num_multi_gpu_tower_stacks=config.num_multi_gpu_tower_stacks,
-            num_data_load_threads=config.num_data_load_threads, num_sgd_iter=config.num_sgd_iter,
-            learner_queue_size=config.learner_queue_size, learner_queue_timeout=config.learner_queue_timeout,
-            rows_per_unit=config.fragment_length())
+            learner,
+            devices,
+            num_multi_gpu_tower_stacks=config.num_multi_gpu_tower_stacks,
+            num_data_load_threads=config.num_data_load_threads,
+            num_sgd_iter=config.num_sgd_iter,
+            learner_queue_size=config.learner_queue_size,
+            learner_queue_timeout=config.learner_queue_timeout,
+            rows_per_unit=config.fragment_length(),
+        )
     from shoal.learn.learner_thread import LearnerThread
 
-    return LearnerThread(learner, learner_queue_size=config.learner_queue_size,
-                         minibatch_buffer_size=config.minibatch_buffer_size, num_sgd_iter=config.num_sgd_iter,
-                         learner_queue_timeout=config.learner_queue_timeout)
+    return LearnerThread(
+        learner,
+        learner_queue_size=config.learner_queue_size,
+        minibatch_buffer_size=config.minibatch_buffer_size,
+        num_sgd_iter=config.num_sgd_iter,
+        learner_queue_timeout=config.learner_queue_timeout,
+    )
 
 
-def make_async_policy_learner(cfg, obs_space, action_space, seed: Optional[int], make_loss: MakeLoss, *,
-                              target_period: Optional[int] = None) -> PolicyLearner:
+def make_async_policy_learner(
+    cfg, obs_space, action_space, seed: Optional[int], make_loss: MakeLoss, *, target_period: Optional[int] = None
+) -> PolicyLearner:
     """One policy's actor-critic learner on the first learner device (``make_loss(config, target=, kl=)``)."""
     if not cfg.fake_devices:
         resolve_device(cfg.resources.num_gpus)  # a clear ConfigError when GPUs are asked for but absent
@@ -206,5 +220,9 @@ def make_async_policy_learner(cfg, obs_space, action_space, seed: Optional[int],
 def make_sequence_runners(algo: AsyncAlgorithm):
     """Rollout actors that return time-major sequences, with requests kept in flight."""
     cfg: Any = algo.config  # IMPALA's or APPO's config
-    return algo.make_env_runners(ActorCriticPolicy, sequence_postprocess, cfg.fragment_length(),
-                                 max_in_flight=cfg.max_requests_in_flight_per_worker)
+    return algo.make_env_runners(
+        ActorCriticPolicy,
+        sequence_postprocess,
+        cfg.fragment_length(),
+        max_in_flight=cfg.max_requests_in_flight_per_worker,
+    )

@@ -29,8 +29,14 @@ BuildLearner = Callable[[Any, Any, Any, Optional[int]], PolicyLearner]
 
 
 class PolicySet:
-    def __init__(self, configs: Mapping[str, Any], learners: Mapping[str, PolicyLearner],
-                 frozen: Mapping[str, dict[str, np.ndarray]], *, multi: bool) -> None:
+    def __init__(
+        self,
+        configs: Mapping[str, Any],
+        learners: Mapping[str, PolicyLearner],
+        frozen: Mapping[str, dict[str, np.ndarray]],
+        *,
+        multi: bool,
+    ) -> None:
         self.configs = dict(configs)
         self.trained = dict(learners)
         self.frozen = dict(frozen)
@@ -152,9 +158,10 @@ class PolicySet:
     def get_state(self) -> dict[str, Any]:
         if not self.multi:
             return self.only.get_state()
-        return {"policies": {pid: pl.get_state() for pid, pl in self.trained.items()},
-                "frozen": {pid: {k: torch.from_numpy(np.array(v)) for k, v in w.items()}
-                           for pid, w in self.frozen.items()}}
+        return {
+            "policies": {pid: pl.get_state() for pid, pl in self.trained.items()},
+            "frozen": {pid: {k: torch.from_numpy(np.array(v)) for k, v in w.items()} for pid, w in self.frozen.items()},
+        }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         if not self.multi:
@@ -168,8 +175,9 @@ class PolicySet:
                 self.frozen[pid] = {k: v.numpy() for k, v in w.items()}
 
 
-def build_policy_module(build: Callable[..., torch.nn.Module], obs_space, action_space, model_config,
-                        seed: Optional[int] = None) -> torch.nn.Module:
+def build_policy_module(
+    build: Callable[..., torch.nn.Module], obs_space, action_space, model_config, seed: Optional[int] = None
+) -> torch.nn.Module:
     """``build(obs_space, action_space, model_config)``; with a ``seed``, initialised from it and
     leaving the global RNG as it was (each policy of a ``multi_agent`` section has its own)."""
     if seed is None:

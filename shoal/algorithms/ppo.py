@@ -44,24 +44,35 @@ class PPOConfig(PPOLossKeys, KLPenaltyKeys, MultiAgentKeys, AlgorithmConfig):
     """AlgorithmConfig + PPO's loss and SGD keys + the adaptive KL penalty (config_groups.py)."""
 
     algo = "ppo"
-    mutable_keys = AlgorithmConfig.mutable_keys | {"clip_param", "vf_clip_param", "vf_loss_coeff", "entropy_coeff", "kl_target"}
+    mutable_keys = AlgorithmConfig.mutable_keys | {
+        "clip_param",
+        "vf_clip_param",
+        "vf_loss_coeff",
+        "entropy_coeff",
+        "kl_target",
+    }
     lstm_sequences = "max_seq_len"
 
     train_batch_size: int = Field(4096, ge=1, description="Env steps per training step (over all rollout actors).")
     kl_coeff: float = Field(0.2, ge=0, description="Initial KL penalty coefficient (adapted towards kl_target).")
     lr_kl_target: Optional[float] = Field(
-        None, gt=0, description="Adapt the learning rate to the policy's step size (rl_games' adaptive schedule): "
+        None,
+        gt=0,
+        description="Adapt the learning rate to the policy's step size (rl_games' adaptive schedule): "
         "after each epoch, a mean KL(old || new) above twice this divides lr by 1.5, one below half of it "
         "multiplies lr by 1.5, within [1e-6, 1e-2]; lr is where it starts. None: lr stays (or follows "
-        "lr_schedule).")
+        "lr_schedule).",
+    )
 
     @model_validator(mode="after")
     def _check_lr_kl_target(self):
         if self.lr_kl_target is not None and self.lr_schedule:
             raise ValueError("lr_kl_target adapts the learning rate and lr_schedule sets it: give one of them")
         if self.lr_kl_target is not None and self.multi_agent is not None:
-            raise ValueError("lr_kl_target is not supported with a multi_agent section yet (each policy learns with "
-                             "its own learner); leave it out, or use lr_schedule")
+            raise ValueError(
+                "lr_kl_target is not supported with a multi_agent section yet (each policy learns with "
+                "its own learner); leave it out, or use lr_schedule"
+            )
         return self
 
     @model_validator(mode="after")
@@ -106,9 +117,23 @@ class PPOConfig(PPOLossKeys, KLPenaltyKeys, MultiAgentKeys, AlgorithmConfig):
 
 
 # ---- loss -------------------------------------------------------------------------------
-def ppo_loss_terms(logp, old_logp, advantages, values, old_values, value_targets, entropy, kl=None, *,
-                   clip_param: float, vf_clip_param: float | None, vf_loss_coeff: float, entropy_coeff: float,
-                   kl_coeff: float = 0.0, valid: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+def ppo_loss_terms(
+    logp,
+    old_logp,
+    advantages,
+    values,
+    old_values,
+    value_targets,
+    entropy,
+    kl=None,
+    *,
+    clip_param: float,
+    vf_clip_param: float | None,
+    vf_loss_coeff: float,
+    entropy_coeff: float,
+    kl_coeff: float = 0.0,
+    valid: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
     """The PPO objective from per-sample tensors; ``total_loss`` is what gets minimised.
     Means run over the steps where ``valid`` is True (recurrent sequences keep their reset rows).
 
@@ -164,9 +189,14 @@ class PPOLoss(LossRecord):
 
     @classmethod
     def config_values(cls, cfg) -> dict[str, Any]:
-        return {"clip_param": cfg.clip_param, "vf_clip_param": cfg.vf_clip_param, "vf_loss_coeff": cfg.vf_loss_coeff,
-                "entropy_coeff": cfg.entropy_coeff, "normalize_advantages": cfg.normalize_advantages,
-                "max_seq_len": cfg.model.max_seq_len}
+        return {
+            "clip_param": cfg.clip_param,
+            "vf_clip_param": cfg.vf_clip_param,
+            "vf_loss_coeff": cfg.vf_loss_coeff,
+            "entropy_coeff": cfg.entropy_coeff,
+            "normalize_advantages": cfg.normalize_advantages,
+            "max_seq_len": cfg.model.max_seq_len,
+        }
 
     def __call__(self, module, batch: dict, learner=None) -> tuple[torch.Tensor, dict]:
         if self.masked:
@@ -183,10 +213,20 @@ class PPOLoss(LossRecord):
         kl = self.kl if self.kl is not None and self.kl.enabled else None
         kl_old_new = module.dist_cls(batch[Col.ACTION_DIST_INPUTS]).kl(dist) if kl is not None else None
         terms = ppo_loss_terms(
-            dist.logp(batch[Col.ACTIONS]), batch[Col.ACTION_LOGP], adv, values, batch[Col.VF_PREDS],
-            batch[Col.VALUE_TARGETS], dist.entropy(), kl_old_new,
-            clip_param=self.clip_param, vf_clip_param=self.vf_clip_param, vf_loss_coeff=self.vf_loss_coeff,
-            entropy_coeff=self.entropy_coeff, kl_coeff=kl.coeff if kl is not None else 0.0, valid=valid,
+            dist.logp(batch[Col.ACTIONS]),
+            batch[Col.ACTION_LOGP],
+            adv,
+            values,
+            batch[Col.VF_PREDS],
+            batch[Col.VALUE_TARGETS],
+            dist.entropy(),
+            kl_old_new,
+            clip_param=self.clip_param,
+            vf_clip_param=self.vf_clip_param,
+            vf_loss_coeff=self.vf_loss_coeff,
+            entropy_coeff=self.entropy_coeff,
+            kl_coeff=kl.coeff if kl is not None else 0.0,
+            valid=valid,
         )
         loss = terms.pop("total_loss")
         return loss, {k: v.detach() for k, v in terms.items()}
@@ -257,8 +297,12 @@ class PPO(Algorithm):
     def _policy_learner(self, cfg: PPOConfig, obs_space, action_space, seed: Optional[int] = None) -> PolicyLearner:
         """One policy's learner: PPO's loss (under the recorded action masks in a multi-agent game)."""
         module = build_policy_module(build_actor_critic, obs_space, action_space, cfg.model, seed)
-        return PolicyLearner(module, cfg, lambda c, target, kl: PPOLoss.from_config(c, kl=kl, masked=self.is_multi_agent),
-                             device=resolve_device(cfg.resources.num_gpus))
+        return PolicyLearner(
+            module,
+            cfg,
+            lambda c, target, kl: PPOLoss.from_config(c, kl=kl, masked=self.is_multi_agent),
+            device=resolve_device(cfg.resources.num_gpus),
+        )
 
     def training_step(self) -> dict[str, Any]:
         with self.timers.time(Phase.SAMPLE):
@@ -286,9 +330,14 @@ class PPO(Algorithm):
         pl.learner.set_env_steps(self.counters["env_steps_sampled"])
         if self.is_multi_agent:
             batch = learner_side_gae(pl.learner, batch, sequence_length(cfg), cfg.gamma, cfg.gae_lambda)
-        return pl.learner.update(batch, cfg.num_sgd_iter, cfg.minibatch_size, self.rng,
-                                 sequence_length=sgd_sequence_length(cfg),
-                                 on_epoch=self._adapt_lr if self.lr_by_kl is not None else None)
+        return pl.learner.update(
+            batch,
+            cfg.num_sgd_iter,
+            cfg.minibatch_size,
+            self.rng,
+            sequence_length=sgd_sequence_length(cfg),
+            on_epoch=self._adapt_lr if self.lr_by_kl is not None else None,
+        )
 
     def _adapt_lr(self, epoch_stats: dict[str, float]) -> None:
         """With ``lr_kl_target``: the next epoch's learning rate from this epoch's mean KL."""
@@ -331,8 +380,15 @@ def learner_side_gae(learner: Learner, batch: Batch, T: int, gamma: float, gae_l
 
     valid, term = tm(batch[Col.VALID]), tm(batch[Col.TERMINATEDS])
     next_valid = np.concatenate([valid[1:], np.ones_like(valid[:1])])
-    adv = compute_gae(tm(batch[Col.REWARDS]), tm(values.cpu().numpy()), tm(next_values.cpu().numpy()), term,
-                      term | ~next_valid, gamma, gae_lambda)
+    adv = compute_gae(
+        tm(batch[Col.REWARDS]),
+        tm(values.cpu().numpy()),
+        tm(next_values.cpu().numpy()),
+        term,
+        term | ~next_valid,
+        gamma,
+        gae_lambda,
+    )
     out = Batch(dict(batch.items()))
     v = values.cpu().numpy()
     out[Col.ADVANTAGES] = adv.T.reshape(-1)

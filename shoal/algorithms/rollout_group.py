@@ -24,13 +24,23 @@ def base_resource_plan(config: AlgorithmConfig) -> list[BundleGroup]:
     if res.num_workers > 0:
         plan.append(BundleGroup("rollout actor", res.num_workers, res.num_cpus_per_worker, spread=spread))
     if config.evaluation.evaluation_num_workers > 0:  # remote even when rollouts are not
-        plan.append(BundleGroup("evaluation actor", config.evaluation.evaluation_num_workers, res.num_cpus_per_worker,
-                                spread=spread))
+        plan.append(
+            BundleGroup(
+                "evaluation actor", config.evaluation.evaluation_num_workers, res.num_cpus_per_worker, spread=spread
+            )
+        )
     return plan
 
 
-def rollout_group(algo: "Algorithm", policy_cls, postprocess, fragment_length: int, *, max_in_flight: int = 1,
-                  runner_cls: type = EnvRunner) -> LazyActorGroup:
+def rollout_group(
+    algo: "Algorithm",
+    policy_cls,
+    postprocess,
+    fragment_length: int,
+    *,
+    max_in_flight: int = 1,
+    runner_cls: type = EnvRunner,
+) -> LazyActorGroup:
     """``algo``'s rollout actors (see :meth:`Algorithm.make_env_runners`): in the driver with
     ``num_workers=0`` (one runner, index 0), else Ray actors indexed from 1; a multi-agent env
     gets the :class:`~shoal.rollout.multi_agent.MultiAgentEnvRunner`. A recreated actor is sent
@@ -48,11 +58,25 @@ def rollout_group(algo: "Algorithm", policy_cls, postprocess, fragment_length: i
 
     if multi:  # the env kind picks the runner: sequences per policy
         runner_cls = MultiAgentEnvRunner
-    group = LazyActorGroup(lambda: make_actor_group(
-        runner_cls, n, ctor, remote=remote,
-        resources=algo.actor_resources("rollout actor") if remote else ActorResources.of_workers(res),
-        max_in_flight=max_in_flight, name="rollout actor", first_index=first, about=f"env {config.env_name()}",
-    ), n, first_index=first, max_in_flight=max_in_flight)
-    group.on_restart = lambda: ([("set_weights", (algo._weights_ref,))] if algo._weights_ref is not None else []) \
-        + algo.normalizer_calls() + algo.restart_calls()
+    group = LazyActorGroup(
+        lambda: make_actor_group(
+            runner_cls,
+            n,
+            ctor,
+            remote=remote,
+            resources=algo.actor_resources("rollout actor") if remote else ActorResources.of_workers(res),
+            max_in_flight=max_in_flight,
+            name="rollout actor",
+            first_index=first,
+            about=f"env {config.env_name()}",
+        ),
+        n,
+        first_index=first,
+        max_in_flight=max_in_flight,
+    )
+    group.on_restart = lambda: (
+        ([("set_weights", (algo._weights_ref,))] if algo._weights_ref is not None else [])
+        + algo.normalizer_calls()
+        + algo.restart_calls()
+    )
     return group

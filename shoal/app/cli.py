@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Annotated, Any, List, Optional
 
 import typer
 from rich.console import Console
@@ -38,10 +39,14 @@ VIDEO_SUFFIXES = (".mp4", ".gif", ".webm", ".mkv", ".avi", ".mov")
 def _check_output_file(path: Path, flag: str, suffixes: tuple[str, ...] = ()) -> None:
     """A ConfigError, before any work, unless ``path`` can be written as a new file of one of ``suffixes``."""
     if suffixes and path.suffix.lower() not in suffixes:
-        raise ConfigError(f"{flag} '{path}': '{path.suffix or 'no suffix'}' is not a file type shoal writes there; "
-                          f"end the name with one of {', '.join(suffixes)}.")
+        raise ConfigError(
+            f"{flag} '{path}': '{path.suffix or 'no suffix'}' is not a file type shoal writes there; "
+            f"end the name with one of {', '.join(suffixes)}."
+        )
     if path.is_dir():
-        raise ConfigError(f"{flag} '{path}' is a directory; give a file name (e.g. {path / ('out' + (suffixes or ('.pt',))[0])}).")
+        raise ConfigError(
+            f"{flag} '{path}' is a directory; give a file name (e.g. {path / ('out' + (suffixes or ('.pt',))[0])})."
+        )
     from shoal.app.trainer import unwritable_ancestor
 
     ancestor = unwritable_ancestor(path.parent)
@@ -58,9 +63,14 @@ def _print_version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", "-V", callback=_print_version, is_eager=True,
-                                       help="Print shoal's version and exit.")) -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", "-V", callback=_print_version, is_eager=True, help="Print shoal's version and exit."
+    ),
+) -> None:
     """Distributed reinforcement learning on Ray and PyTorch. `shoal algos` lists the algorithms."""
+
+
 OFF_TERMINAL_WIDTH = 100_000  # a pipe, a log file, CI: lines are written whole, never split mid-word
 
 
@@ -77,8 +87,10 @@ out = _console()
 err = _console(stderr=True)
 
 STOP_KEYS = ("reward", "env_steps", "time_s", "iterations")
-TRUST_HELP = ("Import the code this run's config names (its env factory, model, callbacks) even though its checkpoint "
-              "is not signed with your key: only for a run directory you know. Your own runs need no --trust.")
+TRUST_HELP = (
+    "Import the code this run's config names (its env factory, model, callbacks) even though its checkpoint "
+    "is not signed with your key: only for a run directory you know. Your own runs need no --trust."
+)
 
 
 def _fail(e: ShoalError) -> None:
@@ -101,14 +113,20 @@ def _build_config(algo: Optional[str], config_file: Optional[Path], sets: List[s
     yaml_algo = data.pop("algo", None)
     if algo is None:
         if yaml_algo is None:
-            raise ConfigError("No algorithm given: name it (shoal train ppo ...; `shoal algos` lists them)"
-                              + (f", or add a line `algo: ppo` to '{config_file}'." if config_file else "."))
+            raise ConfigError(
+                "No algorithm given: name it (shoal train ppo ...; `shoal algos` lists them)"
+                + (f", or add a line `algo: ppo` to '{config_file}'." if config_file else ".")
+            )
         algo = str(yaml_algo)
     cfg_cls = get_config_class(algo)
     if yaml_algo is not None and yaml_algo != cfg_cls.algo:
-        raise ShoalError(f"Config file '{config_file}' is for algorithm '{yaml_algo}', but you asked to train '{algo}'.")
+        raise ShoalError(
+            f"Config file '{config_file}' is for algorithm '{yaml_algo}', but you asked to train '{algo}'."
+        )
     if not isinstance(yaml_stop, dict) or set(yaml_stop) - set(STOP_KEYS):
-        raise ShoalError(f"Config file '{config_file}': `stop` must be a mapping with keys among {', '.join(STOP_KEYS)}.")
+        raise ShoalError(
+            f"Config file '{config_file}': `stop` must be a mapping with keys among {', '.join(STOP_KEYS)}."
+        )
     data = deep_merge(data, parse_set_overrides(sets))
     data = deep_merge(data, {k: v for k, v in flags.items() if v is not None and k != "resources"})
     res = {k: v for k, v in flags.get("resources", {}).items() if v is not None}
@@ -133,9 +151,11 @@ def _preset_note(cfg_cls, preset: dict[str, Any], given: dict[str, Any]) -> str:
     """
     user = _dotted(given)
     changes = [f"{k}={v}" for k, v in _dotted(preset).items() if k not in user and v != _default(cfg_cls, k)]
-    return (f"No resources given: starting from {cfg_cls.__name__}.small_machine_preset(), which changes "
-            f"{', '.join(changes) or 'nothing'} from the defaults. Give any resources setting (--workers, "
-            "--envs-per-worker, --set resources.KEY=VALUE or a `resources:` section) to start from the defaults instead.")
+    return (
+        f"No resources given: starting from {cfg_cls.__name__}.small_machine_preset(), which changes "
+        f"{', '.join(changes) or 'nothing'} from the defaults. Give any resources setting (--workers, "
+        "--envs-per-worker, --set resources.KEY=VALUE or a `resources:` section) to start from the defaults instead."
+    )
 
 
 def _dotted(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -168,8 +188,11 @@ def _reward_threshold(cfg) -> Optional[float]:
     from shoal.envs import env_info
 
     algorithm_cls = type(cfg).algorithm_cls
-    gymnasium_env = (getattr(cfg, "multi_agent", None) is None and algorithm_cls is not None
-                     and algorithm_cls.describe_env is Algorithm.describe_env)
+    gymnasium_env = (
+        getattr(cfg, "multi_agent", None) is None
+        and algorithm_cls is not None
+        and algorithm_cls.describe_env is Algorithm.describe_env
+    )
     try:
         return env_info(cfg.env, cfg.env_config, cfg.env_preprocessing).reward_threshold
     except EnvError:
@@ -190,60 +213,159 @@ def _print_summary(s, stop) -> None:
         target = f" (target {stop.reward:g} not reached)" if stop.reward is not None else ""
         head = f"[yellow]Stopped on {s.stop_reason}[/]: mean return {ret:.1f}{target}"
     best = f"{s.best_value:.4g}" if math.isfinite(s.best_value) else "- (never reported)"
-    out.print(f"{head} after {steps:,} env steps, {r.get('iteration', 0)} iterations, "
-              f"{r.get('time_total_s', 0):.1f} s training ({s.wall_s:.1f} s wall). Best {s.best_metric} {best}.",
-              highlight=False)
+    out.print(
+        f"{head} after {steps:,} env steps, {r.get('iteration', 0)} iterations, "
+        f"{r.get('time_total_s', 0):.1f} s training ({s.wall_s:.1f} s wall). Best {s.best_metric} {best}.",
+        highlight=False,
+    )
     if s.run_dir:
         out.print(f"Run directory: {s.run_dir}", highlight=False)
         if s.best_checkpoint:
             out.print(f"Best checkpoint: {s.best_checkpoint}   (shoal evaluate {s.run_dir})", highlight=False)
 
 
+# ---- shoal train's options (Annotated, so the command's signature stays one line per option) ----
+AlgoArg = Annotated[
+    Optional[str],
+    typer.Argument(
+        help="Algorithm to train, e.g. ppo (see `shoal algos`); may be left out when the config file names it "
+        "(`algo: ppo`)."
+    ),
+]
+EnvOpt = Annotated[
+    Optional[str], typer.Option("--env", "-e", help="Gymnasium id (CartPole-v1) or import path 'pkg.module:make_env'.")
+]
+WorkersOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--workers", "-w", help="Remote rollout actors (resources.num_workers); 0 runs in-process without Ray."
+    ),
+]
+EnvsPerWorkerOpt = Annotated[
+    Optional[int],
+    typer.Option("--envs-per-worker", help="Vectorized envs per rollout actor (resources.num_envs_per_worker)."),
+]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed; with 0 workers the run is reproducible.")]
+ConfigOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--config",
+        "-c",
+        help="YAML file of config keys; may hold a `stop:` mapping (reward, env_steps, time_s, iterations).",
+    ),
+]
+SetOpt = Annotated[
+    List[str],
+    typer.Option(
+        "--set",
+        "-s",
+        help="Override a config key: --set lr=0.001 --set resources.num_workers=2 (repeatable; dotted keys reach "
+        "sections).",
+    ),
+]
+StopRewardOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--stop-reward",
+        help="Stop when the mean return of the last 100 episodes reaches R. Default: the env's reward threshold, "
+        "if it has one, also beside other --stop-* criteria (the first criterion met stops the run).",
+    ),
+]
+NoStopRewardOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-stop-reward",
+        help="No reward criterion: neither the env's reward threshold nor a config file's stop.reward.",
+    ),
+]
+StopStepsOpt = Annotated[Optional[int], typer.Option("--stop-steps", help="Stop after N sampled env steps.")]
+StopTimeOpt = Annotated[Optional[float], typer.Option("--stop-time", help="Stop after SECONDS of training.")]
+StopItersOpt = Annotated[Optional[int], typer.Option("--stop-iters", help="Stop after N iterations.")]
+OutDirOpt = Annotated[Path, typer.Option("--out", "-o", help="Parent directory of the run directory.")]
+AddressOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--address",
+        help="Ray cluster to connect to ('auto' or 'ray://host:port'); default starts a local Ray when workers > 0.",
+    ),
+]
+CheckpointEveryOpt = Annotated[int, typer.Option("--checkpoint-every", help="Write a checkpoint every N iterations.")]
+KeepCheckpointsOpt = Annotated[
+    int, typer.Option("--keep-checkpoints", help="Numbered checkpoints to keep (plus `best`).")
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No live progress display.")]
+
+
+def _train_stop(cfg: Any, yaml_stop: dict[str, Any], flags: dict[str, Any], no_stop_reward: bool) -> Any:
+    """shoal train's stop criteria: the config file's, overridden by --stop-* flags, and the env's reward
+    threshold unless a reward is given or --no-stop-reward says none."""
+    from shoal.app.trainer import _as_stop
+
+    if no_stop_reward and flags["reward"] is not None:
+        raise ConfigError(
+            f"--stop-reward {flags['reward']:g} and --no-stop-reward contradict each other; give one of them."
+        )
+    stop_d = {**yaml_stop, **{k: v for k, v in flags.items() if v is not None}}
+    if no_stop_reward:
+        stop_d.pop("reward", None)
+    elif stop_d.get("reward") is None:
+        stop_d["reward"] = _reward_threshold(cfg)
+    return _as_stop(stop_d)  # a bad value is a ConfigError (exit 2), not a traceback
+
+
 @app.command()
 def train(
-    algo: Optional[str] = typer.Argument(None, help="Algorithm to train, e.g. ppo (see `shoal algos`); may be left out when the config file names it (`algo: ppo`)."),
-    env: Optional[str] = typer.Option(None, "--env", "-e", help="Gymnasium id (CartPole-v1) or import path 'pkg.module:make_env'."),
-    workers: Optional[int] = typer.Option(None, "--workers", "-w", help="Remote rollout actors (resources.num_workers); 0 runs in-process without Ray."),
-    envs_per_worker: Optional[int] = typer.Option(None, "--envs-per-worker", help="Vectorized envs per rollout actor (resources.num_envs_per_worker)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed; with 0 workers the run is reproducible."),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML file of config keys; may hold a `stop:` mapping (reward, env_steps, time_s, iterations)."),
-    set_: List[str] = typer.Option([], "--set", "-s", help="Override a config key: --set lr=0.001 --set resources.num_workers=2 (repeatable; dotted keys reach sections)."),
-    stop_reward: Optional[float] = typer.Option(None, "--stop-reward", help="Stop when the mean return of the last 100 episodes reaches R. Default: the env's reward threshold, if it has one, also beside other --stop-* criteria (the first criterion met stops the run)."),
-    no_stop_reward: bool = typer.Option(False, "--no-stop-reward", help="No reward criterion: neither the env's reward threshold nor a config file's stop.reward."),
-    stop_steps: Optional[int] = typer.Option(None, "--stop-steps", help="Stop after N sampled env steps."),
-    stop_time: Optional[float] = typer.Option(None, "--stop-time", help="Stop after SECONDS of training."),
-    stop_iters: Optional[int] = typer.Option(None, "--stop-iters", help="Stop after N iterations."),
-    out_dir: Path = typer.Option(Path("runs"), "--out", "-o", help="Parent directory of the run directory."),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to connect to ('auto' or 'ray://host:port'); default starts a local Ray when workers > 0."),
-    checkpoint_every: int = typer.Option(10, "--checkpoint-every", help="Write a checkpoint every N iterations."),
-    keep_checkpoints: int = typer.Option(3, "--keep-checkpoints", help="Numbered checkpoints to keep (plus `best`)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress display."),
+    algo: AlgoArg = None,
+    env: EnvOpt = None,
+    workers: WorkersOpt = None,
+    envs_per_worker: EnvsPerWorkerOpt = None,
+    seed: SeedOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = [],  # noqa: B006 - typer reads the default; never mutated
+    stop_reward: StopRewardOpt = None,
+    no_stop_reward: NoStopRewardOpt = False,
+    stop_steps: StopStepsOpt = None,
+    stop_time: StopTimeOpt = None,
+    stop_iters: StopItersOpt = None,
+    out_dir: OutDirOpt = Path("runs"),
+    address: AddressOpt = None,
+    checkpoint_every: CheckpointEveryOpt = 10,
+    keep_checkpoints: KeepCheckpointsOpt = 3,
+    quiet: QuietOpt = False,
 ) -> None:
     """Train an algorithm; writes runs/<algo>_<env>_<timestamp>/ with results, TensorBoard events and checkpoints."""
     try:
-        from shoal.app.trainer import _as_stop
         from shoal.app.trainer import train as run_train
 
-        cfg, yaml_stop, preset_note = _build_config(algo, config, set_, {
-            "env": env, "seed": seed,
-            "resources": {"num_workers": workers, "num_envs_per_worker": envs_per_worker, "address": address},
-        })
-        if no_stop_reward and stop_reward is not None:
-            raise ConfigError(f"--stop-reward {stop_reward:g} and --no-stop-reward contradict each other; give one of them.")
-        stop_d = {**yaml_stop, **{k: v for k, v in zip(STOP_KEYS, (stop_reward, stop_steps, stop_time, stop_iters)) if v is not None}}
-        if no_stop_reward:
-            stop_d.pop("reward", None)
-        elif stop_d.get("reward") is None:
-            stop_d["reward"] = _reward_threshold(cfg)
-        stop = _as_stop(stop_d)  # a bad value is a ConfigError (exit 2), not a traceback
+        cfg, yaml_stop, preset_note = _build_config(
+            algo,
+            config,
+            set_,
+            {
+                "env": env,
+                "seed": seed,
+                "resources": {"num_workers": workers, "num_envs_per_worker": envs_per_worker, "address": address},
+            },
+        )
+        flags = dict(zip(STOP_KEYS, (stop_reward, stop_steps, stop_time, stop_iters)))
+        stop = _train_stop(cfg, yaml_stop, flags, no_stop_reward)
 
         def notes() -> None:  # once the run starts: a config that fails to build shows only its error
             if preset_note:
                 err.print(preset_note, highlight=False, soft_wrap=True)
             if stop.is_empty():
                 err.print("No stop criterion and no reward threshold: training until Ctrl-C.")
-        summary = run_train(cfg, stop, out=out_dir, checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
-                            progress=not quiet, config_note=preset_note, on_start=notes)
+
+        summary = run_train(
+            cfg,
+            stop,
+            out=out_dir,
+            checkpoint_every=checkpoint_every,
+            keep_checkpoints=keep_checkpoints,
+            progress=not quiet,
+            config_note=preset_note,
+            on_start=notes,
+        )
     except ShoalError as e:
         _fail(e)
     except SaveAborted:
@@ -253,8 +375,12 @@ def train(
 
 
 def _save_aborted() -> None:
-    err.print("Stopped: the checkpoint being written was abandoned on the third signal; the run's previous "
-              "checkpoint is its newest.", highlight=False, soft_wrap=True)
+    err.print(
+        "Stopped: the checkpoint being written was abandoned on the third signal; the run's previous "
+        "checkpoint is its newest.",
+        highlight=False,
+        soft_wrap=True,
+    )
     raise typer.Exit(130)
 
 
@@ -266,20 +392,107 @@ def _exit_for(summary) -> None:
         raise typer.Exit(EXIT_CODES[summary.stop_reason])
 
 
+# ---- shoal evaluate's options ----
+EvalPathArg = Annotated[
+    Path,
+    typer.Argument(
+        help="A checkpoint directory, or a run directory (its best checkpoint unless --checkpoint says otherwise)."
+    ),
+]
+EpisodesOpt = Annotated[int, typer.Option("--episodes", "-n", min=1, help="Episodes (games, with --opponent) to run.")]
+CheckpointOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--checkpoint",
+        help="Which checkpoint of a run directory: best, last (the newest numbered one), or a checkpoint directory "
+        "(a path, or a name in the run's checkpoints/).",
+    ),
+]
+StochasticOpt = Annotated[
+    bool,
+    typer.Option(
+        "--stochastic",
+        help="Sample actions from the policy (DQN: epsilon-greedy at the checkpoint's epsilon) instead of greedy ones.",
+    ),
+]
+OpponentOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--opponent",
+        help="Two-player games: play the checkpoint's main policy against random, heuristic (one-step lookahead: "
+        "wins, blocks), heuristic2 (also never lets the opponent win on its reply), or another checkpoint (a "
+        "path); seats alternate. Default for a two-player game: random.",
+    ),
+]
+VideoOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--video",
+        help="Record the episodes to this file (e.g. out.mp4) from render_mode='rgb_array' frames; needs pip "
+        "install 'shoal\\[video]'.",
+    ),
+]
+VideoEpisodesOpt = Annotated[
+    Optional[int], typer.Option("--video-episodes", min=1, help="With --video: record only the first K episodes.")
+]
+VideoLengthOpt = Annotated[
+    int,
+    typer.Option(
+        "--video-length", min=1, help="With --video: at most this many frames (frames stream to the file as they come)."
+    ),
+]
+JsonOpt = Annotated[
+    bool,
+    typer.Option(
+        "--json", help="Print one JSON object with the figures and per-episode returns, and nothing else, on stdout."
+    ),
+]
+RenderOpt = Annotated[
+    bool,
+    typer.Option("--render", help="Render each episode on screen (render_mode='human'; needs a display and pygame)."),
+]
+EvalSeedOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--seed",
+        min=0,
+        max=MAX_SEED,
+        help="Seed for the evaluation envs and the sampling; episode i resets with seed + i.",
+    ),
+]
+TrustOpt = Annotated[bool, typer.Option("--trust", help=TRUST_HELP)]
+
+
+@dataclass(frozen=True)
+class _EvalRequest:
+    """What `shoal evaluate` was asked to play."""
+
+    episodes: int
+    deterministic: bool
+    opponent: Optional[str]
+    video: Optional[Path]
+    video_episodes: Optional[int]
+    video_length: int
+    render: bool
+    seed: Optional[int]
+    trust: bool
+    progress: bool
+
+
 @app.command()
 def evaluate(
-    path: Path = typer.Argument(..., help="A checkpoint directory, or a run directory (its best checkpoint unless --checkpoint says otherwise)."),
-    episodes: int = typer.Option(10, "--episodes", "-n", min=1, help="Episodes (games, with --opponent) to run."),
-    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="Which checkpoint of a run directory: best, last (the newest numbered one), or a checkpoint directory (a path, or a name in the run's checkpoints/)."),
-    stochastic: bool = typer.Option(False, "--stochastic", help="Sample actions from the policy (DQN: epsilon-greedy at the checkpoint's epsilon) instead of greedy ones."),
-    opponent: Optional[str] = typer.Option(None, "--opponent", help="Two-player games: play the checkpoint's main policy against random, heuristic (one-step lookahead: wins, blocks), heuristic2 (also never lets the opponent win on its reply), or another checkpoint (a path); seats alternate. Default for a two-player game: random."),
-    video: Optional[Path] = typer.Option(None, "--video", help="Record the episodes to this file (e.g. out.mp4) from render_mode='rgb_array' frames; needs pip install 'shoal\\[video]'."),
-    video_episodes: Optional[int] = typer.Option(None, "--video-episodes", min=1, help="With --video: record only the first K episodes."),
-    video_length: int = typer.Option(1000, "--video-length", min=1, help="With --video: at most this many frames (frames stream to the file as they come)."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the figures and per-episode returns, and nothing else, on stdout."),
-    render: bool = typer.Option(False, "--render", help="Render each episode on screen (render_mode='human'; needs a display and pygame)."),
-    seed: Optional[int] = typer.Option(None, "--seed", min=0, max=MAX_SEED, help="Seed for the evaluation envs and the sampling; episode i resets with seed + i."),
-    trust: bool = typer.Option(False, "--trust", help=TRUST_HELP),
+    path: EvalPathArg,
+    episodes: EpisodesOpt = 10,
+    checkpoint: CheckpointOpt = None,
+    stochastic: StochasticOpt = False,
+    opponent: OpponentOpt = None,
+    video: VideoOpt = None,
+    video_episodes: VideoEpisodesOpt = None,
+    video_length: VideoLengthOpt = 1000,
+    as_json: JsonOpt = False,
+    render: RenderOpt = False,
+    seed: EvalSeedOpt = None,
+    trust: TrustOpt = False,
 ) -> None:
     """Load a checkpoint and report its returns over N episodes: greedy or sampled, recorded to a video, or games against an opponent."""
     from shoal.app.evaluation import load_for_evaluation, select_checkpoint
@@ -291,9 +504,11 @@ def evaluate(
             _check_output_file(video, "--video", VIDEO_SUFFIXES)
         p = select_checkpoint(path, checkpoint)
         algo = load_for_evaluation(p, seed, trust=trust)
+        req = _EvalRequest(
+            episodes, not stochastic, opponent, video, video_episodes, video_length, render, seed, trust, not as_json
+        )
         try:
-            rep = _evaluation_report(p, algo, episodes, not stochastic, opponent, video, video_episodes, render, seed,
-                                     trust, video_length, progress=not as_json)
+            rep = _evaluation_report(p, algo, req)
         finally:
             algo.stop()
     except ShoalError as e:
@@ -305,84 +520,125 @@ def evaluate(
         return
     out.print(_evaluation_line(rep), highlight=False)
     if video is not None:
-        k = min(video_episodes or episodes, episodes)
-        frames = rep["video_frames"]
-        what = f"the first {k} of {episodes} episodes" if k < episodes else f"{k} episode{'s' * (k > 1)}"
-        cut = f", cut at --video-length {video_length}" if frames >= video_length else ""
-        out.print(f"Video: {video} ({frames} frames: {what}{cut})", highlight=False)
+        out.print(_video_line(req, rep["video_frames"]), highlight=False)
 
 
-def _evaluation_report(p: Path, algo, n: int, deterministic: bool, opponent: Optional[str], video: Optional[Path],
-                       video_episodes: Optional[int], render: bool, seed: Optional[int], trust: bool,
-                       video_length: int = 1000, progress: bool = False) -> dict[str, Any]:
+def _video_line(req: _EvalRequest, frames: int) -> str:
+    n = req.episodes
+    k = min(req.video_episodes or n, n)
+    what = f"the first {k} of {n} episodes" if k < n else f"{k} episode{'s' * (k > 1)}"
+    cut = f", cut at --video-length {req.video_length}" if frames >= req.video_length else ""
+    return f"Video: {req.video} ({frames} frames: {what}{cut})"
+
+
+def _evaluation_report(p: Path, algo, req: _EvalRequest) -> dict[str, Any]:
     """Play what `shoal evaluate` asked for and return :func:`shoal.app.evaluation.report`'s figures
     (plus ``video_frames`` with a video)."""
     from shoal.app import evaluation as ev
 
     if not ev.is_game(algo):
-        if opponent is not None:
-            raise ConfigError(f"--opponent plays two-player games (PettingZoo envs trained with a multi_agent section or "
-                              f"alpha_star); {algo.config.env!r} is a single-agent env. Leave --opponent out.")
-        record = min(video_episodes or n, n) if video is not None else 0
-        writer = ev.VideoWriter(video, max_frames=video_length) if video is not None else None
-
-        def episode_done(i: int, ret: float, length: int) -> None:  # a recording (Atari: minutes) shows it advances
-            if progress and writer is not None:
-                err.print(f"episode {i + 1}/{n}: return {ret:g}, {length} steps, {writer.count} frames recorded",
-                          highlight=False)
-
-        try:
-            eps = ev.play_episodes(algo, n, deterministic, record=record, human=render, video=writer,
-                                   on_episode=episode_done)
-        except Exception as e:  # noqa: BLE001 - rendering needs optional deps; report plainly
-            if render and not isinstance(e, ShoalError):
-                raise ShoalError(f"Rendering failed: {e}. Rendering needs a display and the env's render dependencies "
-                                 "(e.g. pip install pygame); run without --render to evaluate only.") from None
-            raise
-        finally:
-            if writer is not None:
-                writer.close()
-        rep = ev.report(p, algo, eps.returns, eps.lengths, deterministic)
-        return rep if writer is None else {**rep, "video_frames": writer.count}
-    if video is not None or render:
-        raise ConfigError("--video and --render show single-agent episodes; a multi-agent env has no rgb_array recording here.")
-    if opponent is None and len(ev.agents_of(algo)) != 2:
+        if req.opponent is not None:
+            raise ConfigError(
+                f"--opponent plays two-player games (PettingZoo envs trained with a multi_agent section or "
+                f"alpha_star); {algo.config.env!r} is a single-agent env. Leave --opponent out."
+            )
+        return _episodes_report(p, algo, req)
+    if req.video is not None or req.render:
+        raise ConfigError(
+            "--video and --render show single-agent episodes; a multi-agent env has no rgb_array recording here."
+        )
+    n = req.episodes
+    if req.opponent is None and len(ev.agents_of(algo)) != 2:
         if not algo.is_multi_agent:  # a league
-            raise ConfigError(f"shoal evaluate plays a league's main policy in two-player games; {algo.config.env!r} "
-                              f"has agents {', '.join(ev.agents_of(algo))}.")
-        returns, lengths, _ = algo.evaluation_episodes(n, explore=not deterministic)
-        return ev.report(p, algo, returns[:n], lengths[:n], deterministic)
-    opponent = opponent or "random"
+            raise ConfigError(
+                f"shoal evaluate plays a league's main policy in two-player games; {algo.config.env!r} "
+                f"has agents {', '.join(ev.agents_of(algo))}."
+            )
+        returns, lengths, _ = algo.evaluation_episodes(n, explore=not req.deterministic)
+        return ev.report(p, algo, returns[:n], lengths[:n], req.deterministic)
+    return _games_report(p, algo, req)
+
+
+def _episodes_report(p: Path, algo, req: _EvalRequest) -> dict[str, Any]:
+    """Single-agent episodes, recorded to a video or rendered when asked."""
+    from shoal.app import evaluation as ev
+
+    n = req.episodes
+    record = min(req.video_episodes or n, n) if req.video is not None else 0
+    writer = ev.VideoWriter(req.video, max_frames=req.video_length) if req.video is not None else None
+
+    def episode_done(i: int, ret: float, length: int) -> None:  # a recording (Atari: minutes) shows it advances
+        if req.progress and writer is not None:
+            err.print(
+                f"episode {i + 1}/{n}: return {ret:g}, {length} steps, {writer.count} frames recorded", highlight=False
+            )
+
+    try:
+        eps = ev.play_episodes(
+            algo, n, req.deterministic, record=record, human=req.render, video=writer, on_episode=episode_done
+        )
+    except Exception as e:  # noqa: BLE001 - rendering needs optional deps; report plainly
+        if req.render and not isinstance(e, ShoalError):
+            raise ShoalError(
+                f"Rendering failed: {e}. Rendering needs a display and the env's render dependencies "
+                "(e.g. pip install pygame); run without --render to evaluate only."
+            ) from None
+        raise
+    finally:
+        if writer is not None:
+            writer.close()
+    rep = ev.report(p, algo, eps.returns, eps.lengths, req.deterministic)
+    return rep if writer is None else {**rep, "video_frames": writer.count}
+
+
+def _games_report(p: Path, algo, req: _EvalRequest) -> dict[str, Any]:
+    """Two-player games of the checkpoint's main policy against a scripted player or another checkpoint."""
+    from shoal.app import evaluation as ev
+
+    opponent = req.opponent or "random"
     other = None
     if opponent not in ev.SCRIPTED_OPPONENTS:
         if not Path(opponent).exists():
-            raise ConfigError(f"--opponent must be {', '.join(ev.SCRIPTED_OPPONENTS)} or a checkpoint path; "
-                              f"'{opponent}' is none of these (no such file or directory).")
-        other = ev.load_for_evaluation(ev.select_checkpoint(opponent), seed, trust=trust)
+            raise ConfigError(
+                f"--opponent must be {', '.join(ev.SCRIPTED_OPPONENTS)} or a checkpoint path; "
+                f"'{opponent}' is none of these (no such file or directory)."
+            )
+        other = ev.load_for_evaluation(ev.select_checkpoint(opponent), req.seed, trust=req.trust)
     try:
-        games = ev.play_games(algo, opponent, n, deterministic, opponent_algo=other)
+        games = ev.play_games(algo, opponent, req.episodes, req.deterministic, opponent_algo=other)
     finally:
         if other is not None:
             other.stop()
-    return ev.report(p, algo, games["returns"], games["lengths"], deterministic, games)
+    return ev.report(p, algo, games["returns"], games["lengths"], req.deterministic, games)
 
 
 def _evaluation_line(rep: dict[str, Any]) -> str:
     how = "greedy" if rep["deterministic"] else "stochastic"
     if "wins" in rep:
-        return (f"{rep['checkpoint']}: {rep['player']} vs {rep['opponent']} over {rep['episodes']} {how} games: "
-                f"{rep['wins']} wins, {rep['draws']} draws, {rep['losses']} losses (win rate {rep['win_rate']:.2f}, "
-                f"draw rate {rep['draw_rate']:.2f}, loss rate {rep['loss_rate']:.2f}; mean length {rep['length_mean']:.1f})")
-    return (f"{rep['checkpoint']}: mean return {rep['return_mean']:.2f} ± {rep['return_std']:.2f} over "
-            f"{rep['episodes']} {how} episodes (min {rep['return_min']:.2f}, max {rep['return_max']:.2f}, "
-            f"mean length {rep['length_mean']:.1f})")
+        return (
+            f"{rep['checkpoint']}: {rep['player']} vs {rep['opponent']} over {rep['episodes']} {how} games: "
+            f"{rep['wins']} wins, {rep['draws']} draws, {rep['losses']} losses (win rate {rep['win_rate']:.2f}, "
+            f"draw rate {rep['draw_rate']:.2f}, loss rate {rep['loss_rate']:.2f}; mean length {rep['length_mean']:.1f})"
+        )
+    return (
+        f"{rep['checkpoint']}: mean return {rep['return_mean']:.2f} ± {rep['return_std']:.2f} over "
+        f"{rep['episodes']} {how} episodes (min {rep['return_min']:.2f}, max {rep['return_max']:.2f}, "
+        f"mean length {rep['length_mean']:.1f})"
+    )
 
 
 @app.command("export")
 def export_cmd(
     path: Path = typer.Argument(..., help="A checkpoint directory, or a run directory (its best checkpoint)."),
-    fmt: str = typer.Option("torchscript", "--format", "-f", help="torchscript (torch.jit.load runs it) or onnx (onnxruntime; needs pip install 'shoal\\[export]')."),
-    out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="File to write; default policy.pt / policy.onnx in the checkpoint directory."),
+    fmt: str = typer.Option(
+        "torchscript",
+        "--format",
+        "-f",
+        help="torchscript (torch.jit.load runs it) or onnx (onnxruntime; needs pip install 'shoal\\[export]').",
+    ),
+    out_file: Optional[Path] = typer.Option(
+        None, "--out", "-o", help="File to write; default policy.pt / policy.onnx in the checkpoint directory."
+    ),
     trust: bool = typer.Option(False, "--trust", help=TRUST_HELP),
 ) -> None:
     """Export a checkpoint's policy for deployment: raw observations in, greedy action (and logits/Q-values, value) out."""
@@ -401,11 +657,22 @@ def export_cmd(
 def resume(
     run_dir: Path = typer.Argument(..., help="Run directory written by `shoal train`."),
     stop_reward: Optional[float] = typer.Option(None, "--stop-reward", help="Replace the run's reward criterion."),
-    stop_steps: Optional[int] = typer.Option(None, "--stop-steps", help="Replace the run's env-step criterion (total, counting the steps already done)."),
-    stop_time: Optional[float] = typer.Option(None, "--stop-time", help="Replace the run's time criterion (total training seconds)."),
-    stop_iters: Optional[int] = typer.Option(None, "--stop-iters", help="Replace the run's iteration criterion (total)."),
+    stop_steps: Optional[int] = typer.Option(
+        None, "--stop-steps", help="Replace the run's env-step criterion (total, counting the steps already done)."
+    ),
+    stop_time: Optional[float] = typer.Option(
+        None, "--stop-time", help="Replace the run's time criterion (total training seconds)."
+    ),
+    stop_iters: Optional[int] = typer.Option(
+        None, "--stop-iters", help="Replace the run's iteration criterion (total)."
+    ),
     workers: Optional[int] = typer.Option(None, "--workers", "-w", help="Change the number of rollout actors."),
-    set_: List[str] = typer.Option([], "--set", "-s", help="Change a key that may change mid-run (those Tune's PBT perturbs: lr, grad_clip, entropy_coeff...; an error lists the algorithm's): --set lr=0.0001."),
+    set_: List[str] = typer.Option(
+        [],
+        "--set",
+        "-s",
+        help="Change a key that may change mid-run (those Tune's PBT perturbs: lr, grad_clip, entropy_coeff...; an error lists the algorithm's): --set lr=0.0001.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress display."),
     trust: bool = typer.Option(False, "--trust", help=TRUST_HELP),
 ) -> None:
@@ -417,12 +684,26 @@ def resume(
 
         given = {k: v for k, v in zip(STOP_KEYS, (stop_reward, stop_steps, stop_time, stop_iters)) if v is not None}
         overrides = {"resources": {"num_workers": workers}} if workers is not None else None
-        summary = run_resume(run_dir, stop=given or None, overrides=overrides, progress=not quiet, trust=trust,
-                             changes=parse_set_overrides(set_))
+        summary = run_resume(
+            run_dir,
+            stop=given or None,
+            overrides=overrides,
+            progress=not quiet,
+            trust=trust,
+            changes=parse_set_overrides(set_),
+        )
         if summary.already_met:
-            flag = {"reward": "--stop-reward", "env_steps": "--stop-steps", "time": "--stop-time", "iterations": "--stop-iters"}
-            out.print(f"Nothing to train: {run_dir} at {summary.last_checkpoint.name} already meets its stop criterion "
-                      f"{summary.stop_detail}. Give a larger {flag[summary.stop_reason]} to go on.", highlight=False)
+            flag = {
+                "reward": "--stop-reward",
+                "env_steps": "--stop-steps",
+                "time": "--stop-time",
+                "iterations": "--stop-iters",
+            }
+            out.print(
+                f"Nothing to train: {run_dir} at {summary.last_checkpoint.name} already meets its stop criterion "
+                f"{summary.stop_detail}. Give a larger {flag[summary.stop_reason]} to go on.",
+                highlight=False,
+            )
             return
         from shoal.files import safe_yaml
 
@@ -437,10 +718,22 @@ def resume(
 
 @app.command()
 def tune(
-    config: Path = typer.Option(..., "--config", "-c", help="Tune file: algo, config, search, num_samples, scheduler, metric, mode, stop, max_concurrent_trials (see docs/guide/tune.md)."),
-    set_: List[str] = typer.Option([], "--set", "-s", help="Override a key of the tune file: --set config.lr=0.001 --set num_samples=4 --set stop.iterations=5."),
+    config: Path = typer.Option(
+        ...,
+        "--config",
+        "-c",
+        help="Tune file: algo, config, search, num_samples, scheduler, metric, mode, stop, max_concurrent_trials (see docs/guide/tune.md).",
+    ),
+    set_: List[str] = typer.Option(
+        [],
+        "--set",
+        "-s",
+        help="Override a key of the tune file: --set config.lr=0.001 --set num_samples=4 --set stop.iterations=5.",
+    ),
     out_dir: Path = typer.Option(Path("runs"), "--out", "-o", help="Parent directory of the tune run's directory."),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to connect to ('auto' or 'ray://host:port'); default starts a local Ray."),
+    address: Optional[str] = typer.Option(
+        None, "--address", help="Ray cluster to connect to ('auto' or 'ray://host:port'); default starts a local Ray."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress table while the trials run."),
 ) -> None:
     """Search over an algorithm's config with Ray Tune (grid/random search, ASHA, PBT); prints every trial and writes best_config.yaml."""
@@ -460,14 +753,20 @@ def _print_tune_summary(summary) -> None:
         table.add_column(column, overflow="fold")
     for row in summary.trials:
         params = ", ".join(f"{k}={_short(v)}" for k, v in row["params"].items())
-        table.add_row(*map(Text, (str(row["trial"]), params, str(row["iterations"]), _short(row["metric"]), row["status"])))
+        table.add_row(
+            *map(Text, (str(row["trial"]), params, str(row["iterations"]), _short(row["metric"]), row["status"]))
+        )
     out.print(table)
     out.print(f"Tune results: {summary.run_dir}", highlight=False)
     if summary.best_config is None:
         out.print(f"No trial reported a finite {summary.metric}: no best config.", highlight=False)
         return
-    out.print(f"Best {summary.metric}: {summary.best_metric:g}; its config: {summary.best_config_path} "
-              f"(shoal train {summary.best_config['algo']} -c {summary.best_config_path})", highlight=False, soft_wrap=True)
+    out.print(
+        f"Best {summary.metric}: {summary.best_metric:g}; its config: {summary.best_config_path} "
+        f"(shoal train {summary.best_config['algo']} -c {summary.best_config_path})",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _short(v: Any) -> str:
@@ -478,9 +777,13 @@ def _short(v: Any) -> str:
 def plot(
     runs: List[Path] = typer.Argument(..., help="Run directories (or directories of runs, e.g. runs/)."),
     x: str = typer.Option("env_steps", "--x", help="The x axis: env_steps, time (training seconds) or iteration."),
-    key: str = typer.Option("episode_return_mean", "--key", "-k", help="The result key to draw (any number in results.jsonl)."),
+    key: str = typer.Option(
+        "episode_return_mean", "--key", "-k", help="The result key to draw (any number in results.jsonl)."
+    ),
     out_file: Path = typer.Option(Path("curves.png"), "--out", "-o", help="The picture: .png, .svg or .pdf."),
-    no_group: bool = typer.Option(False, "--no-group", help="One curve per run, even for runs of one config with different seeds."),
+    no_group: bool = typer.Option(
+        False, "--no-group", help="One curve per run, even for runs of one config with different seeds."
+    ),
     title: Optional[str] = typer.Option(None, "--title", help="A title above the curves."),
 ) -> None:
     """Learning curves of one or many runs; runs of one config with different seeds are drawn as their mean with a min-max band."""
@@ -507,8 +810,13 @@ def config_reference(
     except ShoalError as e:
         _fail(e)
     if as_yaml:
-        out.print(f"# shoal train {algo} -c this_file.yaml\nalgo: {algo}\n"
-                  + commented_yaml(cls, required={"env": "CartPole-v1"}), highlight=False, markup=False, soft_wrap=True)
+        out.print(
+            f"# shoal train {algo} -c this_file.yaml\nalgo: {algo}\n"
+            + commented_yaml(cls, required={"env": "CartPole-v1"}),
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
         return
     table = Table(show_header=True, header_style="bold", box=None)
     for column in ("key", "type", "default", "description"):
@@ -533,7 +841,9 @@ def algos() -> None:
 
 @app.command()
 def league(
-    run_dir: Path = typer.Argument(..., help="Run directory (or checkpoint) of a league run, e.g. `shoal train alpha_star`."),
+    run_dir: Path = typer.Argument(
+        ..., help="Run directory (or checkpoint) of a league run, e.g. `shoal train alpha_star`."
+    ),
 ) -> None:
     """Show a league: players, match counts, the win-rate table; writes league_report.* and a heatmap PNG there."""
     from shoal.league.report import format_league_report, write_league_report

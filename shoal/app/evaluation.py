@@ -53,17 +53,23 @@ def select_checkpoint(path: str | Path, choice: str | None = None) -> Path:
         for candidate in (Path(choice), d / choice):
             if (candidate / ckpt.META_FILE).is_file():
                 return candidate
-        raise CheckpointError(f"--checkpoint '{choice}' is neither best, last, a checkpoint directory nor one of the "
-                              f"checkpoints in '{d}' ({', '.join(_checkpoint_names(d)) or 'none'}).")
+        raise CheckpointError(
+            f"--checkpoint '{choice}' is neither best, last, a checkpoint directory nor one of the "
+            f"checkpoints in '{d}' ({', '.join(_checkpoint_names(d)) or 'none'})."
+        )
     if (p / ckpt.META_FILE).is_file():
-        raise CheckpointError(f"'{p}' is a checkpoint itself; --checkpoint {choice} picks a checkpoint of a run "
-                              "directory. Pass the run directory, or leave --checkpoint out.")
+        raise CheckpointError(
+            f"'{p}' is a checkpoint itself; --checkpoint {choice} picks a checkpoint of a run "
+            "directory. Pass the run directory, or leave --checkpoint out."
+        )
     numbered = [c for c in ckpt.list_checkpoints(d) if (c / ckpt.STATE_FILE).is_file()]
     found = (d / "best") if choice == "best" else (numbered[-1] if numbered else None)
     if found is None or not (found / ckpt.META_FILE).is_file() or not (found / ckpt.STATE_FILE).is_file():
         what = "checkpoints/best" if choice == "best" else "a numbered checkpoint"
-        raise CheckpointError(f"--checkpoint {choice}: '{p}' has no {what}. Checkpoints there: "
-                              f"{', '.join(_checkpoint_names(d)) or 'none'}.")
+        raise CheckpointError(
+            f"--checkpoint {choice}: '{p}' has no {what}. Checkpoints there: "
+            f"{', '.join(_checkpoint_names(d)) or 'none'}."
+        )
     return found
 
 
@@ -108,25 +114,37 @@ def _make_eval_env(cfg, render_mode: str | None):
     try:
         env = make_env(cfg.env, cfg.env_config, preprocessing=cfg.env_preprocessing, render_mode="rgb_array")
     except EnvError as e:
-        raise EnvError(f"Cannot record a video: env {cfg.env!r} cannot be built with render_mode='rgb_array' ({e}).") from None
+        raise EnvError(
+            f"Cannot record a video: env {cfg.env!r} cannot be built with render_mode='rgb_array' ({e})."
+        ) from None
     if env.render_mode != "rgb_array":
         env.close()
-        raise EnvError(f"Cannot record a video: env {cfg.env!r} does not render rgb_array frames "
-                       f"(its render_mode is {env.render_mode!r}).")
+        raise EnvError(
+            f"Cannot record a video: env {cfg.env!r} does not render rgb_array frames "
+            f"(its render_mode is {env.render_mode!r})."
+        )
     return env
 
 
 def _frame(env) -> np.ndarray:
     frame = env.render()
     if not isinstance(frame, np.ndarray) or frame.ndim != 3 or frame.shape[2] not in (3, 4):
-        raise EnvError(f"Cannot record a video: the env's render() gave {type(frame).__name__} "
-                       f"{getattr(frame, 'shape', '')}, not an (H, W, 3) RGB frame.")
+        raise EnvError(
+            f"Cannot record a video: the env's render() gave {type(frame).__name__} "
+            f"{getattr(frame, 'shape', '')}, not an (H, W, 3) RGB frame."
+        )
     return frame[:, :, :3]
 
 
-def play_episodes(algo, num_episodes: int, deterministic: bool = True, record: int = 0, human: bool = False,
-                  video: "VideoWriter | None" = None,
-                  on_episode: Callable[[int, float, int], None] | None = None) -> Episodes:
+def play_episodes(
+    algo,
+    num_episodes: int,
+    deterministic: bool = True,
+    record: int = 0,
+    human: bool = False,
+    video: "VideoWriter | None" = None,
+    on_episode: Callable[[int, float, int], None] | None = None,
+) -> Episodes:
     """``num_episodes`` episodes of ``algo``'s single-agent policy on one env, in this process.
 
     Episode ``i`` starts from ``reset(seed=config.seed + i)`` (unseeded without a seed), so a
@@ -139,8 +157,10 @@ def play_episodes(algo, num_episodes: int, deterministic: bool = True, record: i
     if algo.policy_cls is None or getattr(algo, "is_multi_agent", False):
         raise ConfigError(f"{type(algo).__name__} has no single-agent policy to play episodes with.")
     if not deterministic and algo.policy_cls is EpsilonGreedyQPolicy and not algo.config.epsilon_schedule():
-        raise ConfigError(f"--stochastic: {type(algo).__name__}'s actors explore with fixed epsilons of their own, so "
-                          "its policy has no epsilon to sample with; evaluate it greedily (leave --stochastic out).")
+        raise ConfigError(
+            f"--stochastic: {type(algo).__name__}'s actors explore with fixed epsilons of their own, so "
+            "its policy has no epsilon to sample with; evaluate it greedily (leave --stochastic out)."
+        )
     seed = algo.config.seed
     env = _make_eval_env(algo.config, "rgb_array" if record > 0 else "human" if human else None)
     out = Episodes(fps=_video_fps(algo.config, env))
@@ -245,8 +265,12 @@ def main_policy(algo) -> tuple[str, dict[str, Any]]:
         return pid, {"weights": algo.weights[pid], "model": algo.config.model.model_dump(), "trainable": False}
     ids = list(algo.config.multi_agent.policies)
     pid = "main" if "main" in ids else ids[0]
-    return pid, {"weights": algo.policies.weights(pid), "model": algo.policies.configs[pid].model.model_dump(),
-                 "agent": algo.agents.agent_for(pid), "trainable": False}
+    return pid, {
+        "weights": algo.policies.weights(pid),
+        "model": algo.policies.configs[pid].model.model_dump(),
+        "agent": algo.agents.agent_for(pid),
+        "trainable": False,
+    }
 
 
 def agents_of(algo) -> list[str]:
@@ -268,8 +292,9 @@ def play_games(algo, opponent: str, num_games: int, deterministic: bool = True, 
 
     agents = agents_of(algo)
     if len(agents) != 2:
-        raise ConfigError(f"--opponent plays two-player games; {algo.config.env!r} has {len(agents)} agents "
-                          f"({', '.join(agents)}).")
+        raise ConfigError(
+            f"--opponent plays two-player games; {algo.config.env!r} has {len(agents)} agents ({', '.join(agents)})."
+        )
     pid, spec = main_policy(algo)
     specs = {"player": spec}
     if opponent_algo is not None:
@@ -292,21 +317,61 @@ def play_games(algo, opponent: str, num_games: int, deterministic: bool = True, 
 
 
 # ---- the report -------------------------------------------------------------------------------
-def report(checkpoint: Path, algo, returns: list[float], lengths: list[float], deterministic: bool,
-           games: dict[str, Any] | None = None) -> dict[str, Any]:
+def report(
+    checkpoint: Path,
+    algo,
+    returns: list[float],
+    lengths: list[float],
+    deterministic: bool,
+    games: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The figures ``shoal evaluate`` prints (``--json``: exactly this object) of at least one episode."""
     r = np.asarray(returns, dtype=np.float64)
     out: dict[str, Any] = {
-        "checkpoint": str(checkpoint), "algo": algo.config.algo, "env": str(algo.config.env),
-        "episodes": len(returns), "deterministic": deterministic,
-        "return_mean": float(r.mean()), "return_std": float(r.std()), "return_min": float(r.min()),
-        "return_max": float(r.max()), "length_mean": float(np.mean(lengths)), "returns": r.tolist(),
+        "checkpoint": str(checkpoint),
+        "algo": algo.config.algo,
+        "env": str(algo.config.env),
+        "episodes": len(returns),
+        "deterministic": deterministic,
+        "return_mean": float(r.mean()),
+        "return_std": float(r.std()),
+        "return_min": float(r.min()),
+        "return_max": float(r.max()),
+        "length_mean": float(np.mean(lengths)),
+        "returns": r.tolist(),
     }
     if games is not None:
-        out.update({k: games[k] for k in ("player", "opponent", "wins", "draws", "losses", "win_rate", "draw_rate",
-                                          "loss_rate", "win_rate_first", "win_rate_second")})
+        out.update(
+            {
+                k: games[k]
+                for k in (
+                    "player",
+                    "opponent",
+                    "wins",
+                    "draws",
+                    "losses",
+                    "win_rate",
+                    "draw_rate",
+                    "loss_rate",
+                    "win_rate_first",
+                    "win_rate_second",
+                )
+            }
+        )
     return out
 
 
-__all__ = ["CHECKPOINT_CHOICES", "Episodes", "SCRIPTED_OPPONENTS", "agents_of", "is_game", "load_for_evaluation",
-           "main_policy", "play_episodes", "play_games", "report", "select_checkpoint", "VideoWriter"]
+__all__ = [
+    "CHECKPOINT_CHOICES",
+    "Episodes",
+    "SCRIPTED_OPPONENTS",
+    "agents_of",
+    "is_game",
+    "load_for_evaluation",
+    "main_policy",
+    "play_episodes",
+    "play_games",
+    "report",
+    "select_checkpoint",
+    "VideoWriter",
+]

@@ -94,8 +94,10 @@ def exported_signature(model: ExportedPolicy) -> tuple[list[str], list[str]]:
 def policy_model(algo) -> ExportedPolicy:
     """The exportable module of ``algo``'s single-agent policy, with its current weights."""
     if algo.policy_cls is None or getattr(algo, "is_multi_agent", False):
-        raise ConfigError(f"shoal export serves single-agent policies; a {type(algo).__name__} checkpoint (several "
-                          "policies, a multi-agent env) has none to export.")
+        raise ConfigError(
+            f"shoal export serves single-agent policies; a {type(algo).__name__} checkpoint (several "
+            "policies, a multi-agent env) has none to export."
+        )
     space, action_space = algo.env_info.observation_space, algo.env_info.action_space
     if not isinstance(space, (gym.spaces.Box, gym.spaces.Discrete)):
         raise ConfigError(f"shoal export takes Box or Discrete observations; this policy observes {space}.")
@@ -146,13 +148,21 @@ def _to_onnx(model: ExportedPolicy, inputs: tuple[torch.Tensor, ...], out: Path)
     with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         for category in (DeprecationWarning, FutureWarning, UserWarning):
             warnings.simplefilter("ignore", category)
-        program = torch.onnx.export(model, inputs, dynamo=True, input_names=names_in, output_names=names_out,
-                                    dynamic_shapes=dynamic, verbose=False)
+        program = torch.onnx.export(
+            model,
+            inputs,
+            dynamo=True,
+            input_names=names_in,
+            output_names=names_out,
+            dynamic_shapes=dynamic,
+            verbose=False,
+        )
         program.save(str(out))
 
 
-def export_policy(path: str | Path, format: str = "torchscript", out: str | Path | None = None,
-                  trust: bool = False) -> Path:
+def export_policy(
+    path: str | Path, format: str = "torchscript", out: str | Path | None = None, trust: bool = False
+) -> Path:
     """Export the policy of checkpoint (or run directory) ``path`` to ``out``; returns the file written.
 
     ``format`` is ``torchscript`` (``torch.jit.load`` runs it) or ``onnx`` (onnxruntime runs it,
@@ -187,12 +197,17 @@ def sidecar_path(out: str | Path) -> Path:
     return out.with_name(out.name + ".json")
 
 
-def sidecar(model: ExportedPolicy, format: str, space: gym.Space, action_space: gym.Space, checkpoint: Path) -> dict[str, Any]:
+def sidecar(
+    model: ExportedPolicy, format: str, space: gym.Space, action_space: gym.Space, checkpoint: Path
+) -> dict[str, Any]:
     names_in, names_out = exported_signature(model)
     obs_shape = [] if model.discrete_obs else list(space.shape)
     obs_dtype = "int64" if model.discrete_obs else ("uint8" if model.uint8 else "float32")
     return {
-        "format": format, "checkpoint": str(checkpoint), "inputs": names_in, "outputs": names_out,
+        "format": format,
+        "checkpoint": str(checkpoint),
+        "inputs": names_in,
+        "outputs": names_out,
         "observation": {"shape": obs_shape, "dtype": obs_dtype, "space": str(space)},
         "action_space": _space_json(action_space),
         "state_size": int(model.module.state_size) if model.recurrent else 0,
@@ -204,10 +219,21 @@ def _space_json(space: gym.Space) -> dict[str, Any]:
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
     if isinstance(space, gym.spaces.Box):
-        return {"type": "Box", "shape": list(space.shape), "low": np.asarray(space.low).tolist(),
-                "high": np.asarray(space.high).tolist()}
+        return {
+            "type": "Box",
+            "shape": list(space.shape),
+            "low": np.asarray(space.low).tolist(),
+            "high": np.asarray(space.high).tolist(),
+        }
     return {"type": type(space).__name__, "repr": str(space)}
 
 
-__all__ = ["ExportedPolicy", "FORMATS", "example_inputs", "export_policy", "exported_signature", "policy_model",
-           "sidecar_path"]
+__all__ = [
+    "ExportedPolicy",
+    "FORMATS",
+    "example_inputs",
+    "export_policy",
+    "exported_signature",
+    "policy_model",
+    "sidecar_path",
+]

@@ -20,9 +20,11 @@ import yaml
 
 from shoal.errors import ConfigError
 
-X_AXES = {"env_steps": ("env_steps_sampled", "env steps sampled"),
-          "time": ("time_total_s", "training time (s)"),
-          "iteration": ("iteration", "iteration")}
+X_AXES = {
+    "env_steps": ("env_steps_sampled", "env steps sampled"),
+    "time": ("time_total_s", "training time (s)"),
+    "iteration": ("iteration", "iteration"),
+}
 SUFFIXES = (".png", ".svg", ".pdf")
 GRID_POINTS = 200
 
@@ -45,8 +47,10 @@ def find_runs(paths: list[Path]) -> list[Path]:
         elif p.is_dir() and (children := sorted(c for c in p.iterdir() if (c / "results.jsonl").is_file())):
             found.extend(children)
         else:
-            raise ConfigError(f"'{p}' is not a run directory (it has no results.jsonl) and holds none: give run "
-                              "directories written by `shoal train`, or the directory they are in.")
+            raise ConfigError(
+                f"'{p}' is not a run directory (it has no results.jsonl) and holds none: give run "
+                "directories written by `shoal train`, or the directory they are in."
+            )
     return found
 
 
@@ -111,8 +115,14 @@ def mean_and_band(runs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray
     return grid, ys.mean(axis=0), ys.min(axis=0), ys.max(axis=0)
 
 
-def plot_runs(paths: list[Path], out: Path, x: str = "env_steps", key: str = "episode_return_mean",
-              group: bool = True, title: str | None = None) -> Path:
+def plot_runs(
+    paths: list[Path],
+    out: Path,
+    x: str = "env_steps",
+    key: str = "episode_return_mean",
+    group: bool = True,
+    title: str | None = None,
+) -> Path:
     """Draw ``key`` of the runs in ``paths`` against ``x`` into ``out``; returns ``out``."""
     if x not in X_AXES:
         raise ConfigError(f"--x {x!r} is not an axis; choose one of {', '.join(X_AXES)}.")
@@ -123,8 +133,10 @@ def plot_runs(paths: list[Path], out: Path, x: str = "env_steps", key: str = "ep
     runs = find_runs([Path(p) for p in paths])
     groups = group_runs(runs, x_key, key, group)
     if not groups:
-        raise ConfigError(f"No run has a finite '{key}' in its results.jsonl. Keys the first run reports: "
-                          f"{', '.join(_numeric_keys(runs[0]))}.")
+        raise ConfigError(
+            f"No run has a finite '{key}' in its results.jsonl. Keys the first run reports: "
+            f"{', '.join(_numeric_keys(runs[0]))}."
+        )
     import matplotlib
 
     matplotlib.use("Agg")
@@ -134,7 +146,7 @@ def plot_runs(paths: list[Path], out: Path, x: str = "env_steps", key: str = "ep
     ax = fig.add_subplot(1, 1, 1)
     for g in groups:
         if len(g.runs) == 1:
-            (xs, ys), = g.runs
+            ((xs, ys),) = g.runs
             ax.plot(xs, ys, label=g.label)
         else:
             grid, mean, low, high = mean_and_band(g.runs)

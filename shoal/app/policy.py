@@ -31,11 +31,20 @@ class Policy:
         self.recurrent = config.model.is_recurrent()
         self._policy, self._norm_stats = policy, norm_stats
 
-    def predict(self, obs, state: np.ndarray | None = None, episode_start: np.ndarray | None = None,
-                deterministic: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    def predict(
+        self, obs, state: np.ndarray | None = None, episode_start: np.ndarray | None = None, deterministic: bool = True
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """``(actions, state)`` for one observation or a batch; pass the state back with the next one."""
-        return predict_actions(self._policy, self.observation_space, obs, state, episode_start, deterministic,
-                               self._norm_stats, self.config.normalize)
+        return predict_actions(
+            self._policy,
+            self.observation_space,
+            obs,
+            state,
+            episode_start,
+            deterministic,
+            self._norm_stats,
+            self.config.normalize,
+        )
 
     def close(self) -> None:
         """Release the policy (leaving a ``with`` block calls it); it holds no process or thread."""
@@ -48,8 +57,13 @@ class Policy:
         self.close()
 
 
-def load_policy(path: str | Path, trust: bool = False, overrides: dict[str, Any] | None = None,
-                policy: str | None = None, **config_kwargs: Any) -> Any:
+def load_policy(
+    path: str | Path,
+    trust: bool = False,
+    overrides: dict[str, Any] | None = None,
+    policy: str | None = None,
+    **config_kwargs: Any,
+) -> Any:
     """The policy of a checkpoint, or of a run directory's best checkpoint. ``overrides`` (a nested
     dict) and keyword arguments change the saved config as in ``Algorithm.from_checkpoint`` (e.g.
     ``env=my_callable`` for an env saved without an import path).
@@ -73,14 +87,18 @@ def load_policy(path: str | Path, trust: bool = False, overrides: dict[str, Any]
             config = config_cls.from_dict(data)
         return _league_policy(path, config, policy)
     if policy is not None:
-        raise ConfigError(f"policy={policy!r} picks a player of a league run (alpha_star); checkpoint '{path}' "
-                          f"holds a {meta['algo']} run: leave policy out.")
+        raise ConfigError(
+            f"policy={policy!r} picks a player of a league run (alpha_star); checkpoint '{path}' "
+            f"holds a {meta['algo']} run: leave policy out."
+        )
     with import_gate(approved):
         config = config_cls.from_dict(data)
         if algo_cls is None or algo_cls.policy_cls is None or getattr(config, "multi_agent", None) is not None:
-            raise ConfigError(f"Checkpoint '{path}' holds a {meta['algo']} run with several policies, and "
-                              "load_policy serves single-agent policies and league players: use shoal.load(path) "
-                              "and its evaluation for a multi_agent run.")
+            raise ConfigError(
+                f"Checkpoint '{path}' holds a {meta['algo']} run with several policies, and "
+                "load_policy serves single-agent policies and league players: use shoal.load(path) "
+                "and its evaluation for a multi_agent run."
+            )
         info = describe_gym_env(config)
         acting = algo_cls.policy_cls(info.observation_space, info.action_space, config, config.seed)
     state, _ = ckpt.load_checkpoint(path)
@@ -101,8 +119,10 @@ def _league_policy(path: Path, config, policy: str | None):
     state, _ = ckpt.load_checkpoint(path)
     players = list(state["weights"])
     if policy is None:
-        raise ConfigError(f"Checkpoint '{path}' holds a league of {len(players)} players: name one with policy= "
-                          f"({', '.join(players)}), or policy='{LEAGUE_NASH}' for the Nash mixture on an OpenSpiel game.")
+        raise ConfigError(
+            f"Checkpoint '{path}' holds a league of {len(players)} players: name one with policy= "
+            f"({', '.join(players)}), or policy='{LEAGUE_NASH}' for the Nash mixture on an OpenSpiel game."
+        )
     env = make_multi_agent_env(config.env, config.env_config)
     agent = env.possible_agents[0]
     obs_space, action_space = env.observation_space(agent), env.action_space(agent)
@@ -115,15 +135,23 @@ def _league_policy(path: Path, config, policy: str | None):
 
     if policy == LEAGUE_NASH:
         if not (isinstance(config.env, str) and config.env.startswith("openspiel:")):
-            raise ConfigError(f"policy='{LEAGUE_NASH}' is the Nash mixture computed on an OpenSpiel game; this "
-                              f"league played {config.env_name()!r}. Name a player instead ({', '.join(players)}).")
+            raise ConfigError(
+                f"policy='{LEAGUE_NASH}' is the Nash mixture computed on an OpenSpiel game; this "
+                f"league played {config.env_name()!r}. Name a player instead ({', '.join(players)})."
+            )
         from shoal.league.mixture import mixture_of_modules
 
         frozen = [p for p, spec in state["league"]["players"].items() if not spec["trainable"]] or ["main"]
         game_env = make_multi_agent_env(config.env, config.env_config).env
-        return MixturePolicy(game_env.game, mixture_of_modules(game_env, {p: module(p) for p in frozen}),
-                             game_env.observation_kind, seed=config.seed)
+        return MixturePolicy(
+            game_env.game,
+            mixture_of_modules(game_env, {p: module(p) for p in frozen}),
+            game_env.observation_kind,
+            seed=config.seed,
+        )
     if policy not in state["weights"]:
-        raise ConfigError(f"Checkpoint '{path}' has no player {policy!r}; its players are {', '.join(players)}"
-                          f"{f', or {LEAGUE_NASH!r} for the Nash mixture' if str(config.env).startswith('openspiel:') else ''}.")
+        raise ConfigError(
+            f"Checkpoint '{path}' has no player {policy!r}; its players are {', '.join(players)}"
+            f"{f', or {LEAGUE_NASH!r} for the Nash mixture' if str(config.env).startswith('openspiel:') else ''}."
+        )
     return LeaguePolicy(module(policy), policy, int(action_space.n), seed=config.seed)

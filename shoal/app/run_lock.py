@@ -38,9 +38,11 @@ def run_lock(run_dir: Path) -> Iterator[None]:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise RunDirectoryError(f"Run directory '{run_dir}' is in use: {_holder(note)} is training in it. Two "
-                                "processes writing one run directory would interleave its results and checkpoints; "
-                                "wait for that one to end (or stop it), then run this again.") from None
+        raise RunDirectoryError(
+            f"Run directory '{run_dir}' is in use: {_holder(note)} is training in it. Two "
+            "processes writing one run directory would interleave its results and checkpoints; "
+            "wait for that one to end (or stop it), then run this again."
+        ) from None
     try:
         note.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}))
         _held[key] = fd

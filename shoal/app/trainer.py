@@ -51,8 +51,9 @@ class Stop(BaseModel):
     """Stop when any criterion is met. Steps, time and iterations count over a resumed run too."""
 
     model_config = ConfigDict(extra="forbid")
-    reward: Optional[float] = Field(None, allow_inf_nan=False,
-                                    description="episode_return_mean (last 100 episodes) reaches this (a finite number).")
+    reward: Optional[float] = Field(
+        None, allow_inf_nan=False, description="episode_return_mean (last 100 episodes) reaches this (a finite number)."
+    )
     env_steps: Optional[int] = Field(None, ge=1, description="env_steps_sampled reaches this.")
     time_s: Optional[float] = Field(None, gt=0, description="time_total_s (training time) reaches this.")
     iterations: Optional[int] = Field(None, ge=1)
@@ -157,7 +158,9 @@ def _as_stop(stop: Stop | dict | None) -> Stop:
         from shoal.config import format_validation_error
 
         detail = format_validation_error(Stop, e) if isinstance(e, ValidationError) else f"{e}."
-        raise ConfigError(f"Invalid stop criteria {stop!r}: {detail} Allowed keys: reward, env_steps, time_s, iterations.") from None
+        raise ConfigError(
+            f"Invalid stop criteria {stop!r}: {detail} Allowed keys: reward, env_steps, time_s, iterations."
+        ) from None
 
 
 def unwritable_ancestor(path: Path) -> Path | None:
@@ -172,12 +175,15 @@ def check_out_dir(out: str | Path) -> None:
     path whose nearest existing ancestor is a writable directory."""
     p = Path(out)
     if p.exists() and not p.is_dir():
-        raise ConfigError(f"--out '{out}' is not a directory (run directories are made inside it); give a directory "
-                          "such as runs/.")
+        raise ConfigError(
+            f"--out '{out}' is not a directory (run directories are made inside it); give a directory such as runs/."
+        )
     ancestor = unwritable_ancestor(p)
     if ancestor is not None:
-        raise ConfigError(f"--out '{out}': '{ancestor}' is not a writable directory, so no run directory can be made "
-                          "there; give a directory you can write.")
+        raise ConfigError(
+            f"--out '{out}': '{ancestor}' is not a writable directory, so no run directory can be made "
+            "there; give a directory you can write."
+        )
 
 
 def new_run_dir(out: str | Path, config: AlgorithmConfig) -> Path:
@@ -193,17 +199,28 @@ def new_run_dir(out: str | Path, config: AlgorithmConfig) -> Path:
 def _write_config(run_dir: Path, config: AlgorithmConfig, config_note: str | None) -> None:
     """config.yaml, led by ``config_note`` as YAML comment lines."""
     if config.callbacks is not None and config.to_dict()["callbacks"] is None:
-        warnings.warn(f"callbacks class {config.callbacks.__qualname__} is defined in __main__ or inside a function, "
-                      "so config.yaml and checkpoints record no callbacks (resume and evaluate run without them); "
-                      "define it in a module to keep it.", stacklevel=3)
+        warnings.warn(
+            f"callbacks class {config.callbacks.__qualname__} is defined in __main__ or inside a function, "
+            "so config.yaml and checkpoints record no callbacks (resume and evaluate run without them); "
+            "define it in a module to keep it.",
+            stacklevel=3,
+        )
     comment = "".join(f"# {line}\n" for line in textwrap.wrap(config_note or "", 100, break_on_hyphens=False))
     (run_dir / "config.yaml").write_text(comment + config.to_yaml())
 
 
 def _write_run_settings(run_dir: Path, stop: Stop, checkpoint_every: int, keep_checkpoints: int) -> None:
     """run.yaml: what ``resume`` needs besides the checkpoint (stop criteria, checkpoint cadence)."""
-    ckpt.write_text_atomic(run_dir / "run.yaml", yaml.safe_dump({  # resume rewrites it: never leave it torn
-        "stop": stop.model_dump(), "checkpoint_every": checkpoint_every, "keep_checkpoints": keep_checkpoints}))
+    ckpt.write_text_atomic(
+        run_dir / "run.yaml",
+        yaml.safe_dump(
+            {  # resume rewrites it: never leave it torn
+                "stop": stop.model_dump(),
+                "checkpoint_every": checkpoint_every,
+                "keep_checkpoints": keep_checkpoints,
+            }
+        ),
+    )
 
 
 def _start_actors(algo, owned: bool) -> None:
@@ -273,7 +290,11 @@ class _Session:
             self.algo.counters.update(self._finished_counters)
         self.algo.iteration = self._finished_iteration
         it = self.algo.iteration
-        if self.ckpt_dir is not None and it and (self.last_ckpt is None or not self.last_ckpt.name.endswith(f"{it:06d}")):
+        if (
+            self.ckpt_dir is not None
+            and it
+            and (self.last_ckpt is None or not self.last_ckpt.name.endswith(f"{it:06d}"))
+        ):
             self.last_ckpt = self._save_numbered(final=True)
 
     def fatal(self, e: ShoalError) -> ShoalError:
@@ -291,13 +312,15 @@ class _Session:
                     raise
                 e.args = (f"{e} Saving a checkpoint failed too ({err.strerror}).",)
         last = ckpt.list_checkpoints(self.ckpt_dir)
-        note = f"The newest checkpoint (finite weights) is {last[-1]}." if last else "No checkpoint had been written yet."
+        note = (
+            f"The newest checkpoint (finite weights) is {last[-1]}." if last else "No checkpoint had been written yet."
+        )
         e.args = (f"{e} {note}",)
         return e
 
     def _save_numbered(self, final: bool = False) -> Path:
         p = self.algo.save(self.ckpt_dir / f"checkpoint_{self.algo.iteration:06d}")
-        for old in ckpt.list_checkpoints(self.ckpt_dir)[:-self.keep_checkpoints]:
+        for old in ckpt.list_checkpoints(self.ckpt_dir)[: -self.keep_checkpoints]:
             ckpt.delete_checkpoint(old)
         self._saved(p, "final" if final else "numbered")
         if self._best_state is not None and self._saved_best_iter != self._best_iter:
@@ -319,12 +342,18 @@ class _Session:
     def summary(self, stop: Stop, result: dict[str, Any], reason: str | None, wall_s: float) -> TrainSummary:
         best = self.ckpt_dir / "best" if self.ckpt_dir is not None else None
         return TrainSummary(
-            run_dir=self.run_dir, result=result, stop_reason=reason,
+            run_dir=self.run_dir,
+            result=result,
+            stop_reason=reason,
             stop_detail=stop.explain(result) if reason not in (None, "interrupted", "terminated") else None,
-            solved=stop.reward is not None and reason == "reward", best_return=self.best_return,
-            wall_s=wall_s, last_checkpoint=self.last_ckpt,
+            solved=stop.reward is not None and reason == "reward",
+            best_return=self.best_return,
+            wall_s=wall_s,
+            last_checkpoint=self.last_ckpt,
             best_checkpoint=best if best is not None and best.exists() else None,
-            results=self.results, best_metric=self.best.metric, best_value=self.best.value,
+            results=self.results,
+            best_metric=self.best.metric,
+            best_value=self.best.value,
         )
 
 
@@ -334,11 +363,16 @@ STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.E
 
 def storage_error(e: OSError, run_dir: Path | None) -> RunDirectoryError:
     where = f"'{e.filename}'" if e.filename else (f"the run directory '{run_dir}'" if run_dir else "a file")
-    advice = {errno.ENOSPC: "The disk is full: free space on it", errno.EDQUOT: "The disk quota is used up: free some",
-              errno.EROFS: "The file system is read-only: make it writable"}.get(
-        e.errno, "shoal may not write there: fix the permissions (or the owner) of the run directory")
-    return RunDirectoryError(f"Writing {where} failed: {e.strerror}. {advice}, then continue with "
-                             f"`shoal resume {run_dir}`." if run_dir else f"Writing {where} failed: {e.strerror}.")
+    advice = {
+        errno.ENOSPC: "The disk is full: free space on it",
+        errno.EDQUOT: "The disk quota is used up: free some",
+        errno.EROFS: "The file system is read-only: make it writable",
+    }.get(e.errno, "shoal may not write there: fix the permissions (or the owner) of the run directory")
+    return RunDirectoryError(
+        f"Writing {where} failed: {e.strerror}. {advice}, then continue with `shoal resume {run_dir}`."
+        if run_dir
+        else f"Writing {where} failed: {e.strerror}."
+    )
 
 
 def _ray_lost(session: "_Session", run_dir: Path | None) -> RayLostError:
@@ -351,14 +385,25 @@ def _ray_lost(session: "_Session", run_dir: Path | None) -> RayLostError:
         note = f" Saving a last checkpoint failed ({type(err).__name__})."
     last = ckpt.list_checkpoints(session.ckpt_dir) if session.ckpt_dir is not None else []
     where = f" The newest checkpoint is {last[-1]}; continue with `shoal resume {run_dir}`." if last else ""
-    return RayLostError("The local Ray instance stopped under the run: its raylet process died (killed, or ended by "
-                        f"the out-of-memory killer: see `dmesg`), so no actor can be reached.{note}{where}")
+    return RayLostError(
+        "The local Ray instance stopped under the run: its raylet process died (killed, or ended by "
+        f"the out-of-memory killer: see `dmesg`), so no actor can be reached.{note}{where}"
+    )
 
 
-def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str | Path | None = "runs",
-          checkpoint_every: int = 10, keep_checkpoints: int = 3, progress: bool = True,
-          config_note: str | None = None, on_start: Callable[[], None] | None = None, _algo=None,
-          _run_dir: Path | None = None) -> TrainSummary:
+def train(
+    config: AlgorithmConfig,
+    stop: Stop | dict | None = None,
+    *,
+    out: str | Path | None = "runs",
+    checkpoint_every: int = 10,
+    keep_checkpoints: int = 3,
+    progress: bool = True,
+    config_note: str | None = None,
+    on_start: Callable[[], None] | None = None,
+    _algo=None,
+    _run_dir: Path | None = None,
+) -> TrainSummary:
     """Train until a stop criterion is met; returns a ``TrainSummary``.
 
     With ``out`` set, a run directory ``<out>/<algo>_<env>_<timestamp>/`` gets config.yaml,
@@ -378,11 +423,14 @@ def train(config: AlgorithmConfig, stop: Stop | dict | None = None, *, out: str 
     config.logging.check_installed()  # a missing wandb/mlflow package is a config error, before anything starts
     t_start = time.perf_counter()
     algo = _algo or config.build()
-    _start_actors(algo, owned=_algo is None)  # a cluster too small for the run fails before the run directory is written
+    _start_actors(
+        algo, owned=_algo is None
+    )  # a cluster too small for the run fails before the run directory is written
     if on_start is not None:
         on_start()
-    run_dir, lock, session = _open_run(algo, out, _run_dir, stop, checkpoint_every, keep_checkpoints, config_note,
-                                       owned=_algo is None)
+    run_dir, lock, session = _open_run(
+        algo, out, _run_dir, stop, checkpoint_every, keep_checkpoints, config_note, owned=_algo is None
+    )
     try:
         reason, result = _iterate(algo, session, run_dir, stop, checkpoint_every, t_start, progress)
     finally:
@@ -408,8 +456,16 @@ def _draw_curves(run_dir: Path, best_metric: str) -> None:
         log.warning("could not draw %s: %s", run_dir / "curves.png", e)
 
 
-def _open_run(algo, out: str | Path | None, run_dir: Path | None, stop: Stop, checkpoint_every: int,
-              keep_checkpoints: int, config_note: str | None, owned: bool):
+def _open_run(
+    algo,
+    out: str | Path | None,
+    run_dir: Path | None,
+    stop: Stop,
+    checkpoint_every: int,
+    keep_checkpoints: int,
+    config_note: str | None,
+    owned: bool,
+):
     """``(run_dir, lock, session)``: the run directory (a new one, unless ``run_dir`` resumes one;
     None without ``out``), the lock that makes this process its one writer, and the session that
     writes into it. On a failure here the lock is released and an ``owned`` algorithm stopped."""
@@ -433,16 +489,21 @@ def _open_run(algo, out: str | Path | None, run_dir: Path | None, stop: Stop, ch
     return run_dir, lock, session
 
 
-def _iterate(algo, session: "_Session", run_dir: Path | None, stop: Stop, checkpoint_every: int, t_start: float,
-             progress: bool) -> tuple[str | None, dict[str, Any]]:
+def _iterate(
+    algo, session: "_Session", run_dir: Path | None, stop: Stop, checkpoint_every: int, t_start: float, progress: bool
+) -> tuple[str | None, dict[str, Any]]:
     """Iterations until a stop criterion, a signal or a fatal error: ``(reason, last result)``.
     Every way out saves what it can (a checkpoint, or the state at the interruption)."""
     reason, result = None, {}
     config = algo.config
     title = f"{config.algo} on {config.env_name()}" + (f"  ->  {run_dir}" if run_dir else "")
     try:
-        with ProgressDisplay(title, stop, enabled=progress, best_metric=session.best.metric,
-                             metrics=algo.display_metrics()) as display, signals.stop_on_signals():
+        with (
+            ProgressDisplay(
+                title, stop, enabled=progress, best_metric=session.best.metric, metrics=algo.display_metrics()
+            ) as display,
+            signals.stop_on_signals(),
+        ):
             while not reason:
                 with deadline.limit(None if stop.time_s is None else stop.time_s - algo.counters["time_total_s"]):
                     result = algo.train()
@@ -477,8 +538,14 @@ def _iterate(algo, session: "_Session", run_dir: Path | None, stop: Stop, checkp
     return reason, result
 
 
-def resume(run_dir: str | Path, stop: Stop | dict | None = None, overrides: dict[str, Any] | None = None,
-           progress: bool = True, trust: bool = False, changes: dict[str, Any] | None = None) -> TrainSummary:
+def resume(
+    run_dir: str | Path,
+    stop: Stop | dict | None = None,
+    overrides: dict[str, Any] | None = None,
+    progress: bool = True,
+    trust: bool = False,
+    changes: dict[str, Any] | None = None,
+) -> TrainSummary:
     """Continue a run from its latest intact checkpoint, with its counters, appending to its files.
 
     ``overrides`` rebuild the run with other settings (e.g. ``{"resources": {"num_workers": 4}}``);
@@ -496,8 +563,14 @@ def resume(run_dir: str | Path, stop: Stop | dict | None = None, overrides: dict
         return _resume_locked(run_dir, stop, overrides, progress, trust, changes or {})
 
 
-def _resume_locked(run_dir: Path, stop: Stop | dict | None, overrides: dict[str, Any] | None, progress: bool,
-                   trust: bool, changes: dict[str, Any]) -> TrainSummary:
+def _resume_locked(
+    run_dir: Path,
+    stop: Stop | dict | None,
+    overrides: dict[str, Any] | None,
+    progress: bool,
+    trust: bool,
+    changes: dict[str, Any],
+) -> TrainSummary:
     from shoal.algorithms.base import Algorithm
 
     settings = _run_settings(run_dir)
@@ -510,7 +583,9 @@ def _resume_locked(run_dir: Path, stop: Stop | dict | None, overrides: dict[str,
     for note in ckpt.remove_leftovers(checkpoints):  # puts back a checkpoint a killed save had moved aside
         log.warning("%s: %s (left by a save that was killed)", checkpoints, note)
     if not ckpt.list_checkpoints(checkpoints):
-        raise CheckpointError(f"'{run_dir}' has no checkpoints/checkpoint_* to resume from; is it a shoal run directory?")
+        raise CheckpointError(
+            f"'{run_dir}' has no checkpoints/checkpoint_* to resume from; is it a shoal run directory?"
+        )
     start = newest_intact_checkpoint(checkpoints)
     saved_stop = _as_stop(settings.get("stop"))
     if stop is not None:
@@ -520,16 +595,32 @@ def _resume_locked(run_dir: Path, stop: Stop | dict | None, overrides: dict[str,
     reason = saved_stop.reached(at)
     if reason:  # nothing to do: say so, without building the algorithm or starting actors
         best = run_dir / "checkpoints" / "best"
-        return TrainSummary(run_dir=run_dir, result=at, stop_reason=reason, solved=reason == "reward",
-                            best_return=math.nan, wall_s=0.0, last_checkpoint=start,
-                            best_checkpoint=best if best.is_dir() else None, stop_detail=saved_stop.explain(at))
+        return TrainSummary(
+            run_dir=run_dir,
+            result=at,
+            stop_reason=reason,
+            solved=reason == "reward",
+            best_return=math.nan,
+            wall_s=0.0,
+            last_checkpoint=start,
+            best_checkpoint=best if best.is_dir() else None,
+            stop_detail=saved_stop.explain(at),
+        )
     algo = Algorithm.from_checkpoint(start, overrides=overrides, trust=trust)
     try:
         if changes:  # after the restore, which put back the optimizer's saved lr
             algo.update_config(changes)
         truncate_results(run_dir, algo.iteration)
-        return train(algo.config, saved_stop, out=None, checkpoint_every=settings.get("checkpoint_every", 10),
-                     keep_checkpoints=settings.get("keep_checkpoints", 3), progress=progress, _algo=algo, _run_dir=run_dir)
+        return train(
+            algo.config,
+            saved_stop,
+            out=None,
+            checkpoint_every=settings.get("checkpoint_every", 10),
+            keep_checkpoints=settings.get("keep_checkpoints", 3),
+            progress=progress,
+            _algo=algo,
+            _run_dir=run_dir,
+        )
     finally:
         algo.stop()
 
@@ -543,18 +634,24 @@ def _run_settings(run_dir: Path) -> dict[str, Any]:
         settings = safe_yaml(run_file.read_text(encoding="utf-8")) or {}
     except (UnicodeDecodeError, yaml.YAMLError) as e:
         detail = "it is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else " ".join(str(e).split())
-        raise CheckpointError(f"'{run_file}' cannot be read ({detail}); it holds the run's stop criteria and "
-                              "checkpoint settings as `shoal train` wrote them. Restore it, or delete it to resume "
-                              "with no stop criterion but the ones you give.") from None
+        raise CheckpointError(
+            f"'{run_file}' cannot be read ({detail}); it holds the run's stop criteria and "
+            "checkpoint settings as `shoal train` wrote them. Restore it, or delete it to resume "
+            "with no stop criterion but the ones you give."
+        ) from None
     if not isinstance(settings, dict):
-        raise CheckpointError(f"'{run_file}' holds {type(settings).__name__}, not the mapping `shoal train` writes; "
-                              "restore it, or delete it to resume with the stop criteria you give.")
+        raise CheckpointError(
+            f"'{run_file}' holds {type(settings).__name__}, not the mapping `shoal train` writes; "
+            "restore it, or delete it to resume with the stop criteria you give."
+        )
     for key in ("checkpoint_every", "keep_checkpoints"):
         value = settings.get(key, 1)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise CheckpointError(f"'{run_file}': {key} is {value!r}, but it must be a whole number of at least 1 "
-                                  f"(`shoal train` wrote one). Fix that line, or delete run.yaml to resume with the "
-                                  "defaults and the stop criteria you give.")
+            raise CheckpointError(
+                f"'{run_file}': {key} is {value!r}, but it must be a whole number of at least 1 "
+                f"(`shoal train` wrote one). Fix that line, or delete run.yaml to resume with the "
+                "defaults and the stop criteria you give."
+            )
     return settings
 
 
@@ -569,7 +666,8 @@ def _check_changes(path: Path, changes: dict[str, Any]) -> None:
         raise ConfigError(
             f"{config_cls.algo} cannot change {', '.join(map(repr, bad))} when a run resumes (it shapes buffers, "
             f"actors or the network); keys that can change: {', '.join(sorted(allowed)) or 'none'}. For the others, "
-            f"start a new run: shoal train {config_cls.algo} -c CONFIG.")
+            f"start a new run: shoal train {config_cls.algo} -c CONFIG."
+        )
 
 
 def _check_overrides(path: Path, overrides: dict[str, Any], trust: bool) -> None:
@@ -608,11 +706,18 @@ def checkpoint_progress(path: Path) -> dict[str, Any]:
         state, meta = ckpt.load_checkpoint(path)
         window = EpisodeWindow()
         window.set_state(state["episodes"])
-        meta = {**meta, "time_total_s": state["counters"]["time_total_s"],
-                "episode_return_mean": window.metrics()["episode_return_mean"]}
+        meta = {
+            **meta,
+            "time_total_s": state["counters"]["time_total_s"],
+            "episode_return_mean": window.metrics()["episode_return_mean"],
+        }
     ret = meta.get("episode_return_mean")
-    return {"iteration": meta["iteration"], "env_steps_sampled": meta["env_steps_sampled"],
-            "time_total_s": meta["time_total_s"], "episode_return_mean": math.nan if ret is None else ret}
+    return {
+        "iteration": meta["iteration"],
+        "env_steps_sampled": meta["env_steps_sampled"],
+        "time_total_s": meta["time_total_s"],
+        "episode_return_mean": math.nan if ret is None else ret,
+    }
 
 
 def load(path: str | Path, **kwargs: Any):

@@ -32,18 +32,26 @@ class _Strict(BaseModel):
 class SearchSpec(_Strict):
     """One key's search space: exactly one of the fields."""
 
-    grid: Optional[list[Any]] = Field(None, min_length=1, description="Every value, each in its own trials (x num_samples).")
-    choice: Optional[list[Any]] = Field(None, min_length=1, description="A value drawn uniformly from the list per trial.")
+    grid: Optional[list[Any]] = Field(
+        None, min_length=1, description="Every value, each in its own trials (x num_samples)."
+    )
+    choice: Optional[list[Any]] = Field(
+        None, min_length=1, description="A value drawn uniformly from the list per trial."
+    )
     uniform: Optional[tuple[float, float]] = Field(None, description="[lo, hi]: a float drawn uniformly.")
-    loguniform: Optional[tuple[float, float]] = Field(None, description="[lo, hi] (> 0): a float drawn uniformly in log space.")
+    loguniform: Optional[tuple[float, float]] = Field(
+        None, description="[lo, hi] (> 0): a float drawn uniformly in log space."
+    )
     randint: Optional[tuple[int, int]] = Field(None, description="[lo, hi): an integer drawn uniformly.")
 
     @model_validator(mode="after")
     def _one_kind(self) -> "SearchSpec":
         given = [k for k in SEARCH_KINDS if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"a search space is exactly one of {', '.join(SEARCH_KINDS)}, e.g. {{loguniform: [1e-4, 1e-2]}}; "
-                             f"got {given or 'none'}")
+            raise ValueError(
+                f"a search space is exactly one of {', '.join(SEARCH_KINDS)}, e.g. {{loguniform: [1e-4, 1e-2]}}; "
+                f"got {given or 'none'}"
+            )
         kind = given[0]
         lo_hi = getattr(self, kind) if kind in ("uniform", "loguniform", "randint") else None
         if lo_hi is not None and not lo_hi[0] < lo_hi[1]:
@@ -64,8 +72,9 @@ class SearchSpec(_Strict):
         kind, value = self.kind, getattr(self, self.kind)
         if kind == "grid":
             return tune.grid_search(list(value))
-        return {"choice": tune.choice, "uniform": tune.uniform, "loguniform": tune.loguniform,
-                "randint": tune.randint}[kind](*((list(value),) if kind == "choice" else value))
+        return {"choice": tune.choice, "uniform": tune.uniform, "loguniform": tune.loguniform, "randint": tune.randint}[
+            kind
+        ](*((list(value),) if kind == "choice" else value))
 
 
 class AshaSpec(_Strict):
@@ -80,12 +89,18 @@ class PbtSpec(_Strict):
     type: Literal["pbt"] = Field(description="Population Based Training: copy better trials' checkpoints, perturb.")
     perturbation_interval: int = Field(4, ge=1, description="time_attr units between exploit/explore steps.")
     quantile_fraction: float = Field(0.25, ge=0, le=0.5, description="The bottom fraction copies the top fraction.")
-    resample_probability: float = Field(0.25, ge=0, le=1, description="Chance that explore redraws a value from its space instead of scaling it.")
+    resample_probability: float = Field(
+        0.25, ge=0, le=1, description="Chance that explore redraws a value from its space instead of scaling it."
+    )
     hyperparam_mutations: Optional[dict[str, SearchSpec]] = Field(
-        None, description="Dotted key -> space that explore draws from; None: the search section's spaces.")
+        None, description="Dotted key -> space that explore draws from; None: the search section's spaces."
+    )
     time_attr: str = Field("training_iteration", description="The result key that measures a trial's progress.")
-    synch: bool = Field(False, description="Perturb once every trial has reached the interval, all at once (steady "
-                                           "with few trials or uneven speeds); false: each trial on its own clock.")
+    synch: bool = Field(
+        False,
+        description="Perturb once every trial has reached the interval, all at once (steady "
+        "with few trials or uneven speeds); false: each trial on its own clock.",
+    )
 
 
 class TuneStop(_Strict):
@@ -95,8 +110,12 @@ class TuneStop(_Strict):
     iterations: Optional[int] = Field(None, ge=1, description="Stop a trial after this many iterations.")
 
     def to_tune(self) -> dict[str, float]:
-        keys = {"reward": "episode_return_mean", "env_steps": "env_steps_sampled", "time_s": "time_total_s",
-                "iterations": "training_iteration"}
+        keys = {
+            "reward": "episode_return_mean",
+            "env_steps": "env_steps_sampled",
+            "time_s": "time_total_s",
+            "iterations": "training_iteration",
+        }
         return {keys[k]: v for k, v in self.model_dump().items() if v is not None}
 
 
@@ -104,14 +123,24 @@ class TuneSpec(_Strict):
     """A ``shoal tune`` file."""
 
     algo: str = Field(description="The algorithm, e.g. ppo (see `shoal algos`).")
-    config: dict[str, Any] = Field(default_factory=dict, description="The algorithm's config keys, as for `shoal train -c`.")
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="The algorithm's config keys, as for `shoal train -c`."
+    )
     search: dict[str, SearchSpec] = Field(default_factory=dict, description="Dotted config key -> its search space.")
     num_samples: int = Field(1, ge=1, description="Trials per grid point (random spaces are drawn anew for each).")
-    scheduler: Optional[Union[AshaSpec, PbtSpec]] = Field(None, discriminator="type", description="asha, pbt, or none (run every trial to its stop).")
-    metric: Optional[str] = Field(None, description="The result key to optimize; default the algorithm's headline (episode_return_mean).")
+    scheduler: Optional[Union[AshaSpec, PbtSpec]] = Field(
+        None, discriminator="type", description="asha, pbt, or none (run every trial to its stop)."
+    )
+    metric: Optional[str] = Field(
+        None, description="The result key to optimize; default the algorithm's headline (episode_return_mean)."
+    )
     mode: Optional[Literal["max", "min"]] = Field(None, description="max or min; default the algorithm's.")
-    stop: TuneStop = Field(default_factory=TuneStop, description="When each trial stops: reward, env_steps, time_s, iterations.")
-    max_concurrent_trials: Optional[int] = Field(None, ge=1, description="Trials running at once; None: as many as fit.")
+    stop: TuneStop = Field(
+        default_factory=TuneStop, description="When each trial stops: reward, env_steps, time_s, iterations."
+    )
+    max_concurrent_trials: Optional[int] = Field(
+        None, ge=1, description="Trials running at once; None: as many as fit."
+    )
     name: Optional[str] = Field(None, description="The run's directory name under --out; default tune_<algo>_<time>.")
 
     @classmethod
@@ -130,11 +159,15 @@ class TuneSpec(_Strict):
         for key in self.search:
             if key not in keys:
                 close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
-                raise ConfigError(f"search key '{key}' is not a {self.algo} config key."
-                                  + (f" Did you mean '{close[0]}'?" if close else " See `shoal config " + self.algo + "`."))
+                raise ConfigError(
+                    f"search key '{key}' is not a {self.algo} config key."
+                    + (f" Did you mean '{close[0]}'?" if close else " See `shoal config " + self.algo + "`.")
+                )
         if not any(self.stop.model_dump().values()) and not isinstance(self.scheduler, AshaSpec):
-            raise ConfigError("tune needs a stop criterion for its trials: set stop.iterations, stop.env_steps, "
-                              "stop.time_s or stop.reward (or an asha scheduler's max_t).")
+            raise ConfigError(
+                "tune needs a stop criterion for its trials: set stop.iterations, stop.env_steps, "
+                "stop.time_s or stop.reward (or an asha scheduler's max_t)."
+            )
         if isinstance(self.scheduler, PbtSpec):
             self._check_pbt(cfg_cls)
         self._check_every_value()
@@ -153,8 +186,9 @@ class TuneSpec(_Strict):
                 try:
                     cfg_cls.from_dict(deep_merge(base, _nest({key: value})))
                 except ConfigError as e:
-                    raise ConfigError(f"search key '{key}': its {space.kind} value {value!r} (number {n}) is not "
-                                      f"valid: {e}") from None
+                    raise ConfigError(
+                        f"search key '{key}': its {space.kind} value {value!r} (number {n}) is not valid: {e}"
+                    ) from None
 
     def _check_pbt(self, cfg_cls) -> None:
         mutations = self.pbt_mutations()
@@ -163,11 +197,15 @@ class TuneSpec(_Strict):
         allowed = cfg_cls.mutable_keys
         for key, space in mutations.items():
             if key not in allowed:
-                raise ConfigError(f"pbt cannot perturb '{key}': {self.algo} cannot change it mid-run. Keys that can "
-                                  f"change mid-run: {', '.join(sorted(allowed)) or 'none'}.")
+                raise ConfigError(
+                    f"pbt cannot perturb '{key}': {self.algo} cannot change it mid-run. Keys that can "
+                    f"change mid-run: {', '.join(sorted(allowed)) or 'none'}."
+                )
             if space.kind == "grid":
-                raise ConfigError(f"pbt explores by perturbing and redrawing values, which a grid cannot do ('{key}': "
-                                  "grid); use choice, uniform, loguniform or randint.")
+                raise ConfigError(
+                    f"pbt explores by perturbing and redrawing values, which a grid cannot do ('{key}': "
+                    "grid); use choice, uniform, loguniform or randint."
+                )
 
     def pbt_mutations(self) -> dict[str, SearchSpec]:
         if not isinstance(self.scheduler, PbtSpec):
@@ -194,8 +232,10 @@ def _check_scheduler(data: Any) -> None:
         return
     kinds = {"asha": AshaSpec, "pbt": PbtSpec}
     if data.get("type") not in kinds:
-        raise ConfigError(f"scheduler.type must be 'asha' or 'pbt' (got {data.get('type')!r}); leave out the "
-                          "scheduler section to run every trial to its stop criterion.")
+        raise ConfigError(
+            f"scheduler.type must be 'asha' or 'pbt' (got {data.get('type')!r}); leave out the "
+            "scheduler section to run every trial to its stop criterion."
+        )
     _validated(kinds[data["type"]], data, f"scheduler ({data['type']})")
 
 
@@ -212,9 +252,11 @@ def _nest(dotted: dict[str, Any]) -> dict[str, Any]:
 
 def _sample_point(search: dict[str, SearchSpec]) -> dict[str, Any]:
     """One value from each space (its first or lower value): validates the search against the config."""
+
     def first(s: SearchSpec):
         v = getattr(s, s.kind)
         return v[0]
+
     return _nest({k: first(s) for k, s in search.items()})
 
 
@@ -250,14 +292,21 @@ def _scheduler(spec: TuneSpec):
     ASHAScheduler, PopulationBasedTraining = schedulers.ASHAScheduler, schedulers.PopulationBasedTraining
     s = spec.scheduler
     if isinstance(s, AshaSpec):
-        return ASHAScheduler(time_attr=s.time_attr, max_t=s.max_t, grace_period=s.grace_period,
-                             reduction_factor=s.reduction_factor)
+        return ASHAScheduler(
+            time_attr=s.time_attr, max_t=s.max_t, grace_period=s.grace_period, reduction_factor=s.reduction_factor
+        )
     if isinstance(s, PbtSpec):
-        mutations = _nest({k: (list(v.choice) if v.kind == "choice" else v.domain())
-                           for k, v in spec.pbt_mutations().items()})
-        return PopulationBasedTraining(time_attr=s.time_attr, perturbation_interval=s.perturbation_interval,
-                                       quantile_fraction=s.quantile_fraction, resample_probability=s.resample_probability,
-                                       hyperparam_mutations=mutations, synch=s.synch)
+        mutations = _nest(
+            {k: (list(v.choice) if v.kind == "choice" else v.domain()) for k, v in spec.pbt_mutations().items()}
+        )
+        return PopulationBasedTraining(
+            time_attr=s.time_attr,
+            perturbation_interval=s.perturbation_interval,
+            quantile_fraction=s.quantile_fraction,
+            resample_probability=s.resample_probability,
+            hyperparam_mutations=mutations,
+            synch=s.synch,
+        )
     return None
 
 
@@ -282,17 +331,36 @@ def run_tune(spec: TuneSpec, out: Path = Path("runs"), address: str | None = Non
     name = spec.name or f"tune_{spec.algo}_{time.strftime('%Y%m%d_%H%M%S')}"
     storage = Path(out).resolve()
     pbt = isinstance(spec.scheduler, PbtSpec)
-    checkpoints = tune.CheckpointConfig(num_to_keep=4 if pbt else 2, checkpoint_at_end=True,
-                                        checkpoint_frequency=spec.scheduler.perturbation_interval if pbt else 0)
-    reporter = tune.CLIReporter(metric_columns={metric: metric, "training_iteration": "iter",
-                                                "env_steps_sampled": "env_steps"},
-                                parameter_columns=list(spec.search), max_report_frequency=15, print_intermediate_tables=False)
+    checkpoints = tune.CheckpointConfig(
+        num_to_keep=4 if pbt else 2,
+        checkpoint_at_end=True,
+        checkpoint_frequency=spec.scheduler.perturbation_interval if pbt else 0,
+    )
+    reporter = tune.CLIReporter(
+        metric_columns={metric: metric, "training_iteration": "iter", "env_steps_sampled": "env_steps"},
+        parameter_columns=list(spec.search),
+        max_report_frequency=15,
+        print_intermediate_tables=False,
+    )
     tuner = tune.Tuner(
-        trainable(), param_space=_param_space(spec),
-        tune_config=tune.TuneConfig(metric=metric, mode=mode, num_samples=spec.num_samples, scheduler=_scheduler(spec),
-                                    max_concurrent_trials=spec.max_concurrent_trials, reuse_actors=pbt),
-        run_config=tune.RunConfig(name=name, storage_path=str(storage), stop=spec.stop.to_tune() or None,
-                                  checkpoint_config=checkpoints, verbose=verbose, progress_reporter=reporter),
+        trainable(),
+        param_space=_param_space(spec),
+        tune_config=tune.TuneConfig(
+            metric=metric,
+            mode=mode,
+            num_samples=spec.num_samples,
+            scheduler=_scheduler(spec),
+            max_concurrent_trials=spec.max_concurrent_trials,
+            reuse_actors=pbt,
+        ),
+        run_config=tune.RunConfig(
+            name=name,
+            storage_path=str(storage),
+            stop=spec.stop.to_tune() or None,
+            checkpoint_config=checkpoints,
+            verbose=verbose,
+            progress_reporter=reporter,
+        ),
     )
     results = tuner.fit()
     return _summarize(results, spec, storage / name, metric, mode)
@@ -304,8 +372,15 @@ def _summarize(results, spec: TuneSpec, run_dir: Path, metric: str, mode: str) -
         m = r.metrics or {}
         params = {k: _get(r.config or {}, k) for k in spec.search}
         status = "ERROR" if r.error else "TERMINATED"
-        rows.append({"trial": m.get("trial_id", "?"), "params": params, "iterations": m.get("training_iteration", 0),
-                     "metric": m.get(metric), "status": status})
+        rows.append(
+            {
+                "trial": m.get("trial_id", "?"),
+                "params": params,
+                "iterations": m.get("training_iteration", 0),
+                "metric": m.get(metric),
+                "status": status,
+            }
+        )
     best_cfg = best_value = path = None
     finite = [r for r in results if r.metrics and _finite(r.metrics.get(metric))]
     if finite:
@@ -314,8 +389,9 @@ def _summarize(results, spec: TuneSpec, run_dir: Path, metric: str, mode: str) -
         cfg = spec.config_cls().from_dict({k: v for k, v in best.config.items() if k != "algo"})
         best_cfg = {"algo": spec.algo, **cfg.to_dict()}
         path = run_dir / "best_config.yaml"
-        path.write_text(f"# best trial of {run_dir.name}: {metric} = {best_value:g}\n"
-                        + yaml.safe_dump(best_cfg, sort_keys=False))
+        path.write_text(
+            f"# best trial of {run_dir.name}: {metric} = {best_value:g}\n" + yaml.safe_dump(best_cfg, sort_keys=False)
+        )
     return TuneSummary(run_dir, metric, mode, rows, best_cfg, best_value, path)
 
 

@@ -43,8 +43,10 @@ def check_preprocessing_applies(env: Any, preprocessing) -> None:
     changed = sorted(k for k in type(preprocessing).model_fields if getattr(preprocessing, k) != getattr(defaults, k))
     if changed and not is_ale_id(env):  # a checkpoint's config lists every key: only changed ones count
         keys = ", ".join(f"env_preprocessing.{k}" for k in changed)
-        raise ConfigError(f"{keys} set, but env {env!r} is not an Atari (ALE) game: env_preprocessing applies "
-                          "only to ALE ids such as 'ALE/Pong-v5'.")
+        raise ConfigError(
+            f"{keys} set, but env {env!r} is not an Atari (ALE) game: env_preprocessing applies "
+            "only to ALE ids such as 'ALE/Pong-v5'."
+        )
 
 
 def _spec_kwargs(env_id: str, preprocessing, env_config: dict[str, Any]) -> dict[str, Any]:
@@ -67,8 +69,15 @@ def make_atari_env(env_id: str, preprocessing, env_config: dict[str, Any] | None
     kw["frameskip"] = 1  # the wrapper skips, and max-pools the last two frames of each skip
     try:
         env = gym.make(env_id, **{**kw, **make_kwargs})
-        env = AtariPreprocessing(env, noop_max=p.noop_max, frame_skip=p.frame_skip, screen_size=p.screen_size,
-                                 terminal_on_life_loss=False, grayscale_obs=True, scale_obs=False)
+        env = AtariPreprocessing(
+            env,
+            noop_max=p.noop_max,
+            frame_skip=p.frame_skip,
+            screen_size=p.screen_size,
+            terminal_on_life_loss=False,
+            grayscale_obs=True,
+            scale_obs=False,
+        )
     except gym.error.DependencyNotInstalled as e:
         raise EnvError(f"{e}. {INSTALL_HINT}") from None
     if fire_reset_on(env_id, p.fire_reset, env.action_space, env.unwrapped.get_action_meanings()):
@@ -76,8 +85,9 @@ def make_atari_env(env_id: str, preprocessing, env_config: dict[str, Any] | None
     return FrameStackObservation(env, p.frame_stack)
 
 
-def make_atari_vec_env(env_id: str, num_envs: int, preprocessing, env_config: dict[str, Any] | None = None
-                       ) -> gym.vector.VectorEnv:
+def make_atari_vec_env(
+    env_id: str, num_envs: int, preprocessing, env_config: dict[str, Any] | None = None
+) -> gym.vector.VectorEnv:
     """``num_envs`` preprocessed envs from the configured back end, with next-step autoreset."""
     p = preprocessing
     if p.resolved_backend() == "gymnasium":
@@ -89,15 +99,29 @@ def make_atari_vec_env(env_id: str, num_envs: int, preprocessing, env_config: di
     kw = _spec_kwargs(env_id, p, dict(env_config or {}))
     game = kw.pop("game")
     if kw.pop("frameskip", 1) not in (1, 4) or kw.pop("obs_type", "rgb") != "rgb":
-        raise EnvError(f"env_config for {env_id!r}: the ale_vector back end sets frame skip and observation type "
-                       "from env_preprocessing; use backend gymnasium for other settings")
+        raise EnvError(
+            f"env_config for {env_id!r}: the ale_vector back end sets frame skip and observation type "
+            "from env_preprocessing; use backend gymnasium for other settings"
+        )
     kw.pop("mode", None), kw.pop("difficulty", None)
     try:  # ale-py's own use_fire_reset presses FIRE for one frame at resets only: VectorFireReset does it here
         vec = AtariVectorEnv(
-            game, num_envs, num_threads=p.num_threads, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
-            img_height=p.screen_size, img_width=p.screen_size, grayscale=True, stack_num=p.frame_stack,
-            frameskip=p.frame_skip, maxpool=p.max_pool, noop_max=p.noop_max, episodic_life=False,
-            reward_clipping=False, use_fire_reset=False, **kw)
+            game,
+            num_envs,
+            num_threads=p.num_threads,
+            autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
+            img_height=p.screen_size,
+            img_width=p.screen_size,
+            grayscale=True,
+            stack_num=p.frame_stack,
+            frameskip=p.frame_skip,
+            maxpool=p.max_pool,
+            noop_max=p.noop_max,
+            episodic_life=False,
+            reward_clipping=False,
+            use_fire_reset=False,
+            **kw,
+        )
     except TypeError as e:
         raise EnvError(f"Cannot build {env_id!r} with env_config {env_config or {}}: {e}") from None
     meanings = [a.name for a in vec.ale.get_action_set()]
@@ -115,8 +139,10 @@ def fire_reset_on(env_id: str, setting: Any, action_space: gym.Space, meanings: 
     """
     fires = isinstance(action_space, gym.spaces.Discrete) and len(meanings) >= 3 and meanings[1] == "FIRE"
     if setting is True and not fires:
-        raise EnvError(f"env_preprocessing.fire_reset is true, but action 1 of {env_id!r} is not FIRE (its actions: "
-                       f"{', '.join(meanings)}); set fire_reset to auto or false")
+        raise EnvError(
+            f"env_preprocessing.fire_reset is true, but action 1 of {env_id!r} is not FIRE (its actions: "
+            f"{', '.join(meanings)}); set fire_reset to auto or false"
+        )
     return fires if setting == "auto" else bool(setting)
 
 
@@ -214,8 +240,9 @@ class LearningSignal:
         """Remember the lives after a reset."""
         self._lives = np.asarray(info["lives"]).copy() if "lives" in info else None
 
-    def apply(self, rewards: np.ndarray, terminateds: np.ndarray, info: dict[str, Any]
-              ) -> tuple[np.ndarray, np.ndarray]:
+    def apply(
+        self, rewards: np.ndarray, terminateds: np.ndarray, info: dict[str, Any]
+    ) -> tuple[np.ndarray, np.ndarray]:
         if self.clip_rewards:
             rewards = np.sign(rewards)
         if self.episodic_life and "lives" in info:

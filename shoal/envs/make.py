@@ -49,8 +49,10 @@ def resolve_env_creator(env: EnvSpec, env_config: dict[str, Any] | None = None) 
     if ":" in env:
         mod, _, attr = env.partition(":")
         if not mod.strip() or not attr.strip():
-            raise EnvError(f"Env '{env}' is not an import path: 'package.module:make_env' needs a module before the "
-                           "colon and a name after it (or give a registered Gymnasium id such as 'CartPole-v1').")
+            raise EnvError(
+                f"Env '{env}' is not an import path: 'package.module:make_env' needs a module before the "
+                "colon and a name after it (or give a registered Gymnasium id such as 'CartPole-v1')."
+            )
         try:
             obj = import_path(env)
         except (ImportError, AttributeError) as e:
@@ -67,16 +69,23 @@ def resolve_env_creator(env: EnvSpec, env_config: dict[str, Any] | None = None) 
             raise EnvError(f"Cannot import env '{env}': {e}.") from None
         if not callable(obj):
             if any(callable(getattr(obj, f, None)) for f in ("env", "parallel_env")):
-                raise EnvError(f"Env '{env}' is a PettingZoo (multi-agent) env, not a Gymnasium one: a single-agent "
-                               "algorithm cannot train it. Give ppo, impala or appo a multi_agent section (see "
-                               "docs/guide/multi-agent.md), or train alpha_star on a two-player game.")
+                raise EnvError(
+                    f"Env '{env}' is a PettingZoo (multi-agent) env, not a Gymnasium one: a single-agent "
+                    "algorithm cannot train it. Give ppo, impala or appo a multi_agent section (see "
+                    "docs/guide/multi-agent.md), or train alpha_star on a two-player game."
+                )
             raise EnvError(f"Env import path '{env}' names {type(obj).__name__}, which is not callable.")
         return lambda **kw: obj(**{**env_config, **kw})
     raise _unknown_env(env)
 
 
-def make_env(env: EnvSpec, env_config: dict[str, Any] | None = None, seed: int | None = None,
-             preprocessing: EnvPreprocessingConfig | None = None, **kwargs) -> gym.Env:
+def make_env(
+    env: EnvSpec,
+    env_config: dict[str, Any] | None = None,
+    seed: int | None = None,
+    preprocessing: EnvPreprocessingConfig | None = None,
+    **kwargs,
+) -> gym.Env:
     """One env; an ALE id gets the Atari preprocessing (``preprocessing``, or the defaults)."""
     if is_ale_id(env):
         creator = lambda **kw: make_atari_env(env, preprocessing or EnvPreprocessingConfig(), env_config, **kw)  # noqa: E731
@@ -88,13 +97,17 @@ def make_env(env: EnvSpec, env_config: dict[str, Any] | None = None, seed: int |
         raise EnvError(f"Cannot build env {env!r}: {err}") from None
     except TypeError as err:
         # Almost always a keyword in env_config that the constructor does not take.
-        raise EnvError(f"Cannot build env {env!r} with env_config {env_config or {}}: {err}. "
-                       "Check the env_config keys against the env's constructor.") from err
+        raise EnvError(
+            f"Cannot build env {env!r} with env_config {env_config or {}}: {err}. "
+            "Check the env_config keys against the env's constructor."
+        ) from err
     except Exception as err:  # noqa: BLE001 - the user's factory failed: report its own error, no traceback
         if isinstance(err, EnvError):
             raise
-        raise EnvError(f"Cannot build env {env!r}: creating it raised {type(err).__name__}: {err}. The env (or the "
-                       "factory `env` names) must build with the given env_config; fix it, or check env_config.") from err
+        raise EnvError(
+            f"Cannot build env {env!r}: creating it raised {type(err).__name__}: {err}. The env (or the "
+            "factory `env` names) must build with the given env_config; fix it, or check env_config."
+        ) from err
     if not isinstance(e, gym.Env):
         raise EnvError(f"The env creator for {env!r} returned {type(e).__name__}, not a gymnasium.Env.")
     if seed is not None:
@@ -103,8 +116,13 @@ def make_env(env: EnvSpec, env_config: dict[str, Any] | None = None, seed: int |
     return e
 
 
-def make_vec_env(env: EnvSpec, num_envs: int, env_config: dict[str, Any] | None = None, seed: int | None = None,
-                 preprocessing: EnvPreprocessingConfig | None = None) -> gym.vector.VectorEnv:
+def make_vec_env(
+    env: EnvSpec,
+    num_envs: int,
+    env_config: dict[str, Any] | None = None,
+    seed: int | None = None,
+    preprocessing: EnvPreprocessingConfig | None = None,
+) -> gym.vector.VectorEnv:
     """A vector env with next-step autoreset, seeded with ``seed`` (sub-env i gets ``seed + i``).
 
     A registered id with a vectorized entry point (CartPole, ...) uses it: far faster than N
@@ -120,7 +138,9 @@ def make_vec_env(env: EnvSpec, num_envs: int, env_config: dict[str, Any] | None 
     else:
         creator = resolve_env_creator(env, env_config)
         make_env(env, env_config)  # build one now so a bad env fails here, with a clear error
-        vec = gym.vector.SyncVectorEnv([creator for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+        vec = gym.vector.SyncVectorEnv(
+            [creator for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
+        )
     mode = vec.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
     if mode != gym.vector.AutoresetMode.NEXT_STEP:
         raise EnvError(f"Env {env!r} vectorizes with autoreset mode {mode}; shoal needs next-step autoreset.")
@@ -149,21 +169,31 @@ def check_env_memory(config: Any, obs_space: gym.Space | None) -> None:
     frag = config.fragment_length() if hasattr(config, "fragment_length") else 1
     batch = f"train_batch_size={getattr(config, 'train_batch_size', 0)}"
     # an 'auto' fragment length is derived from train_batch_size: that is the key to name
-    frag_key = (f"rollout_fragment_length={frag}" if isinstance(getattr(config, "rollout_fragment_length", None), int)
-                else batch)
-    asks = {f"resources.num_envs_per_worker={res.num_envs_per_worker}":
-            processes * res.num_envs_per_worker * ENV_OVERHEAD_BYTES, frag_key: 0, batch: 0}
+    frag_key = (
+        f"rollout_fragment_length={frag}"
+        if isinstance(getattr(config, "rollout_fragment_length", None), int)
+        else batch
+    )
+    asks = {
+        f"resources.num_envs_per_worker={res.num_envs_per_worker}": processes
+        * res.num_envs_per_worker
+        * ENV_OVERHEAD_BYTES,
+        frag_key: 0,
+        batch: 0,
+    }
     asks[frag_key] += processes * res.num_envs_per_worker * (frag + 1) * row
     asks[batch] += getattr(config, "train_batch_size", 0) * row
     needed, avail = sum(asks.values()), process.available_memory_bytes()
     if avail is None or needed <= avail:
         return
     culprit = max(asks, key=asks.get)
-    raise ConfigError(f"{culprit} is too large for this machine: the run needs about {needed / GB:,.1f} GB for its "
-                      f"envs and batches ({processes} rollout process{'es' if processes > 1 else ''} of "
-                      f"{res.num_envs_per_worker} envs, {row:,} bytes per step), and this machine has {avail / GB:.1f} GB "
-                      "available. Lower it (typical: 1 to 64 envs per worker, batches of thousands of steps); "
-                      "nothing was built.")
+    raise ConfigError(
+        f"{culprit} is too large for this machine: the run needs about {needed / GB:,.1f} GB for its "
+        f"envs and batches ({processes} rollout process{'es' if processes > 1 else ''} of "
+        f"{res.num_envs_per_worker} envs, {row:,} bytes per step), and this machine has {avail / GB:.1f} GB "
+        "available. Lower it (typical: 1 to 64 envs per worker, batches of thousands of steps); "
+        "nothing was built."
+    )
 
 
 @dataclass(frozen=True)
@@ -174,8 +204,9 @@ class EnvInfo:
     max_episode_steps: int | None
 
 
-def env_info(env: EnvSpec, env_config: dict[str, Any] | None = None,
-             preprocessing: EnvPreprocessingConfig | None = None) -> EnvInfo:
+def env_info(
+    env: EnvSpec, env_config: dict[str, Any] | None = None, preprocessing: EnvPreprocessingConfig | None = None
+) -> EnvInfo:
     """Spaces and spec facts, from one throwaway env (validates the env spec)."""
     if is_ale_id(env):
         vec = make_vec_env(env, 1, env_config, preprocessing=preprocessing)
@@ -205,7 +236,9 @@ def _check_reset_api(e: gym.Env, env: EnvSpec) -> None:
     except Exception:  # noqa: BLE001 - the runner reports and handles an env that fails
         return
     if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
-        raise EnvError(f"Env {env!r} follows the old gym API (before 0.26): its reset() returned "
-                       f"{type(out).__name__}, not (observation, info). shoal needs Gymnasium's API: reset(seed=None, "
-                       "options=None) -> (obs, info) and step(action) -> (obs, reward, terminated, truncated, info). "
-                       "Port the env, or wrap it with shimmy's GymV21CompatibilityV0.")
+        raise EnvError(
+            f"Env {env!r} follows the old gym API (before 0.26): its reset() returned "
+            f"{type(out).__name__}, not (observation, info). shoal needs Gymnasium's API: reset(seed=None, "
+            "options=None) -> (obs, info) and step(action) -> (obs, reward, terminated, truncated, info). "
+            "Port the env, or wrap it with shimmy's GymV21CompatibilityV0."
+        )

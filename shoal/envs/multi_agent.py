@@ -52,22 +52,28 @@ def resolve_multi_agent_env(env: Any, env_config: dict[str, Any] | None = None) 
         if env.startswith("openspiel:"):  # an OpenSpiel game by name: no user code to import
             from shoal.envs.openspiel import OpenSpielEnv
 
-            game = env[len("openspiel:"):]
+            game = env[len("openspiel:") :]
             return lambda: OpenSpielEnv(game, **env_config)
         if env in gym.envs.registry:
-            raise EnvError(f"'{env}' is a single-agent Gymnasium env; a multi-agent algorithm (alpha_star, or a "
-                           "multi_agent section) needs a PettingZoo env, e.g. 'pettingzoo.classic:tictactoe_v3'. "
-                           "Train a Gymnasium env with ppo, dqn, impala or appo and no multi_agent section.")
+            raise EnvError(
+                f"'{env}' is a single-agent Gymnasium env; a multi-agent algorithm (alpha_star, or a "
+                "multi_agent section) needs a PettingZoo env, e.g. 'pettingzoo.classic:tictactoe_v3'. "
+                "Train a Gymnasium env with ppo, dqn, impala or appo and no multi_agent section."
+            )
         try:
             check_import(env)
             obj = import_path(env) if ":" in env else importlib.import_module(env)
         except (ImportError, AttributeError, ValueError) as e:
-            raise EnvError(f"Cannot import multi-agent env '{env}': {e}. `env` must be an import path to a PettingZoo "
-                           "env module ('pettingzoo.classic:tictactoe_v3') or to a callable returning an env.") from None
+            raise EnvError(
+                f"Cannot import multi-agent env '{env}': {e}. `env` must be an import path to a PettingZoo "
+                "env module ('pettingzoo.classic:tictactoe_v3') or to a callable returning an env."
+            ) from None
     if isinstance(obj, types.ModuleType):
         maker = getattr(obj, "parallel_env", None) or getattr(obj, "env", None)
         if maker is None:
-            raise EnvError(f"Module {obj.__name__} has neither parallel_env() nor env(); it is not a PettingZoo env module.")
+            raise EnvError(
+                f"Module {obj.__name__} has neither parallel_env() nor env(); it is not a PettingZoo env module."
+            )
         return lambda: maker(**env_config)
     if callable(obj):
         return lambda: obj(**env_config)
@@ -86,7 +92,9 @@ def make_multi_agent_env(env: Any, env_config: dict[str, Any] | None = None) -> 
         return ParallelAdapter(raw)
     if isinstance(raw, AECEnv):
         return AECAdapter(raw)
-    raise EnvError(f"The env creator for {env!r} returned {type(raw).__name__}, not a PettingZoo AECEnv or ParallelEnv.")
+    raise EnvError(
+        f"The env creator for {env!r} returned {type(raw).__name__}, not a PettingZoo AECEnv or ParallelEnv."
+    )
 
 
 # ---- observations ---------------------------------------------------------------------------
@@ -194,7 +202,9 @@ class AECAdapter(MultiAgentEnvAdapter):
             raise EnvError(f"It is {agent}'s turn but actions were given for {sorted(actions)}.")
         action = _to_python(actions[agent])
         if self._mask is not None and not (0 <= action < len(self._mask) and self._mask[action]):
-            raise EnvError(f"Illegal action {action} for {agent}: legal actions are {np.flatnonzero(self._mask).tolist()}.")
+            raise EnvError(
+                f"Illegal action {action} for {agent}: legal actions are {np.flatnonzero(self._mask).tolist()}."
+            )
         self.env.step(action)
         return self._advance()
 
@@ -295,7 +305,9 @@ def board_for(obs_space: gym.Space) -> BoardGame:
     for game in (CONNECT_FOUR, TIC_TAC_TOE):
         if shape == (game.rows, game.cols, 2):
             return game
-    raise EnvError(f"The lookahead heuristic knows connect four (6, 7, 2) and tic-tac-toe (3, 3, 2) boards, not {shape}.")
+    raise EnvError(
+        f"The lookahead heuristic knows connect four (6, 7, 2) and tic-tac-toe (3, 3, 2) boards, not {shape}."
+    )
 
 
 def wins_at(board: np.ndarray, r: int, c: int, k: int) -> bool:
@@ -346,8 +358,9 @@ def _hands_a_win(game: BoardGame, opp: np.ndarray, occupied: np.ndarray, action:
     return any(True for _ in _winning_moves(game, opp, after, every_move))
 
 
-def lookahead_action(game: BoardGame, planes: np.ndarray, legal: np.ndarray, rng: np.random.Generator,
-                     depth: int = 1) -> int:
+def lookahead_action(
+    game: BoardGame, planes: np.ndarray, legal: np.ndarray, rng: np.random.Generator, depth: int = 1
+) -> int:
     """Win now if a legal move wins; else block a move that would win for the opponent; else
     random, with ``depth`` 2 among the moves that do not let the opponent win on its reply
     (all legal moves when every one does)."""
@@ -376,15 +389,18 @@ class LookaheadPlayer(ScriptedPlayer):
     def act(self, obs: np.ndarray, explore: bool = True, masks: np.ndarray | None = None):
         planes = np.asarray(obs).reshape(len(obs), self.game.rows, self.game.cols, 2)
         legal = masks if masks is not None else np.ones((len(obs), self.n), dtype=bool)
-        return np.array([lookahead_action(self.game, planes[i], legal[i], self.rng, self.depth)
-                         for i in range(len(obs))]), {}
+        return np.array(
+            [lookahead_action(self.game, planes[i], legal[i], self.rng, self.depth) for i in range(len(obs))]
+        ), {}
 
 
 LOOKAHEAD_DEPTHS = {"heuristic": 1, "heuristic2": 2}  # the scripted lookahead players by name
 SCRIPTED_PLAYERS = ("random", *LOOKAHEAD_DEPTHS)
 
 
-def make_scripted_player(name: str, obs_space: gym.Space, action_space: gym.Space, seed: int | None = None) -> ScriptedPlayer:
+def make_scripted_player(
+    name: str, obs_space: gym.Space, action_space: gym.Space, seed: int | None = None
+) -> ScriptedPlayer:
     if name == "random":
         return RandomPlayer(action_space, seed)
     if name in LOOKAHEAD_DEPTHS:
@@ -392,7 +408,26 @@ def make_scripted_player(name: str, obs_space: gym.Space, action_space: gym.Spac
     raise EnvError(f"Unknown scripted player {name!r}; choose one of {SCRIPTED_PLAYERS}.")
 
 
-__all__ = ["AECAdapter", "BoardGame", "CONNECT_FOUR", "LOOKAHEAD_DEPTHS", "LookaheadPlayer", "MAStep", "MultiAgentEnvAdapter",
-           "ParallelAdapter", "RandomPlayer", "SCRIPTED_PLAYERS", "ScriptedPlayer", "TIC_TAC_TOE", "board_for",
-           "lookahead_action", "make_multi_agent_env", "make_scripted_player", "observation_part",
-           "peel_checking_wrappers", "resolve_multi_agent_env", "split_observation", "wins_at"]
+__all__ = [
+    "AECAdapter",
+    "BoardGame",
+    "CONNECT_FOUR",
+    "LOOKAHEAD_DEPTHS",
+    "LookaheadPlayer",
+    "MAStep",
+    "MultiAgentEnvAdapter",
+    "ParallelAdapter",
+    "RandomPlayer",
+    "SCRIPTED_PLAYERS",
+    "ScriptedPlayer",
+    "TIC_TAC_TOE",
+    "board_for",
+    "lookahead_action",
+    "make_multi_agent_env",
+    "make_scripted_player",
+    "observation_part",
+    "peel_checking_wrappers",
+    "resolve_multi_agent_env",
+    "split_observation",
+    "wins_at",
+]

@@ -84,9 +84,16 @@ class RunningStats:
         return rewards if self.ret is None else _scale(rewards, self.ret.var, clip, epsilon)
 
     def get_state(self) -> dict[str, Any]:
-        return {k: None if s is None else {"mean": np.asarray(s.mean, dtype=np.float64).tolist(),
-                                           "var": np.asarray(s.var, dtype=np.float64).tolist(), "count": float(s.count)}
-                for k, s in (("obs", self.obs), ("ret", self.ret))}
+        return {
+            k: None
+            if s is None
+            else {
+                "mean": np.asarray(s.mean, dtype=np.float64).tolist(),
+                "var": np.asarray(s.var, dtype=np.float64).tolist(),
+                "count": float(s.count),
+            }
+            for k, s in (("obs", self.obs), ("ret", self.ret))
+        }
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> "RunningStats":
@@ -95,7 +102,11 @@ class RunningStats:
             s = state.get(key)
             if s is not None:
                 rms = _empty(np.shape(s["mean"]))
-                rms.mean, rms.var, rms.count = np.asarray(s["mean"], np.float64), np.asarray(s["var"], np.float64), s["count"]
+                rms.mean, rms.var, rms.count = (
+                    np.asarray(s["mean"], np.float64),
+                    np.asarray(s["var"], np.float64),
+                    s["count"],
+                )
                 setattr(out, key, rms)
         return out
 
@@ -114,14 +125,18 @@ def check_normalize_applies(config, observation_space: gym.Space) -> None:
         return
     space = observation_space
     if not isinstance(space, gym.spaces.Box):
-        raise ConfigError(f"normalize.obs needs Box observations of floats, but env {config.env_name()!r} observes "
-                          f"{space}: a discrete observation is one-hot encoded, and its mean and std mean nothing. "
-                          "Leave normalize.obs false.")
+        raise ConfigError(
+            f"normalize.obs needs Box observations of floats, but env {config.env_name()!r} observes "
+            f"{space}: a discrete observation is one-hot encoded, and its mean and std mean nothing. "
+            "Leave normalize.obs false."
+        )
     if space.dtype == np.uint8:
-        raise ConfigError(f"normalize.obs is not for uint8 pixel observations (env {config.env_name()!r}, shape "
-                          f"{space.shape}): the network already scales frames to [0, 1], and a per-pixel mean and std "
-                          "would erase the static background the policy reads positions against. Leave "
-                          "normalize.obs false (normalize.reward is fine).")
+        raise ConfigError(
+            f"normalize.obs is not for uint8 pixel observations (env {config.env_name()!r}, shape "
+            f"{space.shape}): the network already scales frames to [0, 1], and a per-pixel mean and std "
+            "would erase the static background the policy reads positions against. Leave "
+            "normalize.obs false (normalize.reward is fine)."
+        )
 
 
 class Normalizer:

@@ -50,8 +50,10 @@ def load_game(name: str, params: dict[str, Any] | None = None):
         close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
         first = str(e).strip().splitlines()[0].split(" Available games are")[0].rstrip(".")
-        raise EnvError(f"OpenSpiel cannot load game {name!r} with parameters {dict(params or {})}: {first}.{hint} "
-                       "(pyspiel.registered_names() lists them all)") from None
+        raise EnvError(
+            f"OpenSpiel cannot load game {name!r} with parameters {dict(params or {})}: {first}.{hint} "
+            "(pyspiel.registered_names() lists them all)"
+        ) from None
 
 
 class OpenSpielEnv(AECEnv):
@@ -66,26 +68,45 @@ class OpenSpielEnv(AECEnv):
         kind = self.game.get_type()
         name = kind.short_name
         if kind.dynamics != pyspiel.GameType.Dynamics.SEQUENTIAL:
-            raise EnvError(f"OpenSpiel game {name!r} has simultaneous moves; shoal plays sequential (turn-based) games.")
+            raise EnvError(
+                f"OpenSpiel game {name!r} has simultaneous moves; shoal plays sequential (turn-based) games."
+            )
         if self.game.num_players() < 2:
-            raise EnvError(f"OpenSpiel game {name!r} has {self.game.num_players()} player(s); shoal's multi-agent "
-                           "training needs two or more.")
+            raise EnvError(
+                f"OpenSpiel game {name!r} has {self.game.num_players()} player(s); shoal's multi-agent "
+                "training needs two or more."
+            )
         if observation not in OBSERVATIONS:
             raise EnvError(f"observation={observation!r}: choose one of {', '.join(OBSERVATIONS)}.")
-        provides = kind.provides_information_state_tensor if observation == "information_state" \
+        provides = (
+            kind.provides_information_state_tensor
+            if observation == "information_state"
             else kind.provides_observation_tensor
+        )
         if not provides:
-            raise EnvError(f"OpenSpiel game {name!r} provides no {observation} tensor; try observation="
-                           f"{[o for o in OBSERVATIONS if o != observation][0]!r}.")
+            raise EnvError(
+                f"OpenSpiel game {name!r} provides no {observation} tensor; try observation="
+                f"{[o for o in OBSERVATIONS if o != observation][0]!r}."
+            )
         self.observation_kind = observation
-        shape = (self.game.information_state_tensor_size() if observation == "information_state"
-                 else self.game.observation_tensor_size(),)
+        shape = (
+            self.game.information_state_tensor_size()
+            if observation == "information_state"
+            else self.game.observation_tensor_size(),
+        )
         n = self.game.num_distinct_actions()
         self.possible_agents = [f"player_{i}" for i in range(self.game.num_players())]
-        self.metadata = {**self.metadata, "name": f"openspiel_{name}",
-                         "zero_sum": kind.utility == pyspiel.GameType.Utility.ZERO_SUM}
-        self._obs_space = gym.spaces.Dict({"observation": gym.spaces.Box(-np.inf, np.inf, shape, np.float32),
-                                           "action_mask": gym.spaces.Box(0, 1, (n,), np.int8)})
+        self.metadata = {
+            **self.metadata,
+            "name": f"openspiel_{name}",
+            "zero_sum": kind.utility == pyspiel.GameType.Utility.ZERO_SUM,
+        }
+        self._obs_space = gym.spaces.Dict(
+            {
+                "observation": gym.spaces.Box(-np.inf, np.inf, shape, np.float32),
+                "action_mask": gym.spaces.Box(0, 1, (n,), np.int8),
+            }
+        )
         self._act_space = gym.spaces.Discrete(n)
         self._rng = np.random.default_rng()
         self.state: Any = None
@@ -118,8 +139,9 @@ class OpenSpielEnv(AECEnv):
         action = int(action)
         legal = self.state.legal_actions()
         if action not in legal:
-            raise EnvError(f"Illegal action {action} for {agent} in {self.game.get_type().short_name}: legal actions "
-                           f"are {legal}.")
+            raise EnvError(
+                f"Illegal action {action} for {agent} in {self.game.get_type().short_name}: legal actions are {legal}."
+            )
         self._cumulative_rewards[agent] = 0.0
         self.state.apply_action(action)
         self._resolve_chance()
@@ -134,8 +156,11 @@ class OpenSpielEnv(AECEnv):
 
     def observe(self, agent: str) -> dict[str, np.ndarray]:
         player = self.possible_agents.index(agent)
-        tensor = (self.state.information_state_tensor(player) if self.observation_kind == "information_state"
-                  else self.state.observation_tensor(player))
+        tensor = (
+            self.state.information_state_tensor(player)
+            if self.observation_kind == "information_state"
+            else self.state.observation_tensor(player)
+        )
         mask = np.zeros(self._act_space.n, np.int8)
         if not self.state.is_terminal() and self.state.current_player() == player:
             mask[self.state.legal_actions(player)] = 1

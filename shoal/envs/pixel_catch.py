@@ -35,7 +35,7 @@ class PixelCatch(gym.Env):
     def _frame(self) -> np.ndarray:
         frame = np.zeros((1, self.size, self.size), np.uint8)
         frame[0, self.ball_row, self.ball_col] = 255
-        frame[0, -1, max(self.paddle - 1, 0):self.paddle + 2] = 255
+        frame[0, -1, max(self.paddle - 1, 0) : self.paddle + 2] = 255
         return frame
 
     def render(self) -> np.ndarray | None:

@@ -25,10 +25,14 @@ from pettingzoo import ParallelEnv
 class SignalMatch(ParallelEnv):
     metadata = {"name": "signal_match_v0", "render_modes": []}
 
-    def __init__(self, num_agents: int = 3, num_signals: int = 3, episode_len: int = 10, show_index: bool = True) -> None:
+    def __init__(
+        self, num_agents: int = 3, num_signals: int = 3, episode_len: int = 10, show_index: bool = True
+    ) -> None:
         if num_agents < 1 or num_signals < 2 or episode_len < 1:
-            raise ValueError(f"SignalMatch needs num_agents >= 1, num_signals >= 2 and episode_len >= 1; got "
-                             f"{num_agents}, {num_signals}, {episode_len}")
+            raise ValueError(
+                f"SignalMatch needs num_agents >= 1, num_signals >= 2 and episode_len >= 1; got "
+                f"{num_agents}, {num_signals}, {episode_len}"
+            )
         self.n, self.k, self.episode_len, self.show_index = num_agents, num_signals, episode_len, show_index
         self.possible_agents = [f"agent_{i}" for i in range(num_agents)]
         self.agents: list[str] = []
@@ -64,8 +68,9 @@ class SignalMatch(ParallelEnv):
         return self._obs(), {a: {} for a in self.agents}
 
     def step(self, actions: dict):
-        rewards = {a: float(int(actions[a]) == self._signals[(i + 1) % self.n])
-                   for i, a in enumerate(self.possible_agents)}
+        rewards = {
+            a: float(int(actions[a]) == self._signals[(i + 1) % self.n]) for i, a in enumerate(self.possible_agents)
+        }
         self._t += 1
         self._signals = self._rng.integers(self.k, size=self.n)
         done = self._t >= self.episode_len

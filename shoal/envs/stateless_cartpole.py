@@ -66,5 +66,10 @@ class StatelessCartPoleVector(CartPoleVectorEnv):
 def register() -> None:
     """Register :data:`ENV_ID` with Gymnasium (once)."""
     if ENV_ID not in gym.envs.registry:
-        gym.register(ENV_ID, entry_point=StatelessCartPole, vector_entry_point=StatelessCartPoleVector,
-                     max_episode_steps=500, reward_threshold=475.0)
+        gym.register(
+            ENV_ID,
+            entry_point=StatelessCartPole,
+            vector_entry_point=StatelessCartPoleVector,
+            max_episode_steps=500,
+            reward_threshold=475.0,
+        )

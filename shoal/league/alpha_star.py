@@ -60,29 +60,41 @@ class AlphaStarLeagueConfig(Section):
     num_main_exploiters: int = Field(1, ge=0, description="Learning main exploiters at the start.")
     num_league_exploiters: int = Field(1, ge=0, description="Learning league exploiters at the start.")
     num_random_policies: int = Field(1, ge=0, description="Frozen random-weight players at the start.")
-    win_rate_threshold: float = Field(0.9, gt=0, le=1,
-                                      description="Recent win rate at which a learning policy is snapshotted.")
-    win_rate_window: int = Field(100, ge=1,
-                                 description="Recent games (against other policies) the win rate is taken over.")
+    win_rate_threshold: float = Field(
+        0.9, gt=0, le=1, description="Recent win rate at which a learning policy is snapshotted."
+    )
+    win_rate_window: int = Field(
+        100, ge=1, description="Recent games (against other policies) the win rate is taken over."
+    )
     min_games_for_snapshot: int = Field(20, ge=1, description="Recent games needed before a snapshot.")
     main_snapshot_every_games: Optional[int] = Field(
-        None, ge=1, description="Also snapshot main after this many of its games (self-play included) since its "
-                                "last snapshot; None: by win rate only.")
+        None,
+        ge=1,
+        description="Also snapshot main after this many of its games (self-play included) since its "
+        "last snapshot; None: by win rate only.",
+    )
     exploiter_timeout_games: Optional[int] = Field(
-        None, ge=1, description="Also snapshot an exploiter after this many of its games since its last snapshot; "
-                                "None: by win rate only.")
-    keep_training_prob: float = Field(0.0, ge=0, le=1,
-                                      description="Probability that an exploiter's snapshot keeps learning.")
-    reset_exploiter_prob: float = Field(0.0, ge=0, le=1,
-                                        description="Chance a snapshotted exploiter restarts from random weights.")
+        None,
+        ge=1,
+        description="Also snapshot an exploiter after this many of its games since its last snapshot; "
+        "None: by win rate only.",
+    )
+    keep_training_prob: float = Field(
+        0.0, ge=0, le=1, description="Probability that an exploiter's snapshot keeps learning."
+    )
+    reset_exploiter_prob: float = Field(
+        0.0, ge=0, le=1, description="Chance a snapshotted exploiter restarts from random weights."
+    )
     prob_league_exploiter_match: float = Field(0.33, ge=0, le=1)
     prob_main_exploiter_match: float = Field(0.33, ge=0, le=1)
-    main_exploiter_vs_main_prob: float = Field(0.5, ge=0, le=1,
-                                               description="Main exploiter vs learning main (else its snapshots).")
+    main_exploiter_vs_main_prob: float = Field(
+        0.5, ge=0, le=1, description="Main exploiter vs learning main (else its snapshots)."
+    )
     main_self_play_prob: float = Field(0.5, ge=0, le=1, description="Main plays itself (else frozen players by PFSP).")
     pfsp_weighting: str = Field("squared", description="squared, variance, linear, linear_capped or uniform.")
-    payoff_decay: float = Field(0.99, gt=0, le=1,
-                                description="Per-game decay of a pair's running win rate; 1 = plain mean.")
+    payoff_decay: float = Field(
+        0.99, gt=0, le=1, description="Per-game decay of a pair's running win rate; 1 = plain mean."
+    )
     max_learning_policies: Optional[int] = Field(None, ge=1)
     max_frozen_policies: Optional[int] = Field(None, ge=1)
     seed: Optional[int] = Field(None, description="Seed of the builder's own random choices.")
@@ -102,8 +114,9 @@ class AlphaStarLeagueConfig(Section):
             raise ValueError("min_games_for_snapshot must not exceed win_rate_window")
         learning = 1 + self.num_main_exploiters + self.num_league_exploiters
         if self.max_learning_policies is not None and self.max_learning_policies < learning:
-            raise ValueError(f"max_learning_policies must be at least the {learning} learning policies "
-                             "the league starts with")
+            raise ValueError(
+                f"max_learning_policies must be at least the {learning} learning policies the league starts with"
+            )
         return self
 
 
@@ -117,8 +130,11 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
         try:
             self.config = AlphaStarLeagueConfig(**kwargs)
         except ValidationError as e:
-            raise ConfigError(format_validation_error(AlphaStarLeagueConfig, e).replace(
-                "AlphaStarLeagueConfig", "alpha_star league config")) from None
+            raise ConfigError(
+                format_validation_error(AlphaStarLeagueConfig, e).replace(
+                    "AlphaStarLeagueConfig", "alpha_star league config"
+                )
+            ) from None
         super().__init__(payoff_decay=self.config.payoff_decay)
         c = self.config
         self.seed = int(c.seed) if c.seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
@@ -130,9 +146,11 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
     def check_learner_slots(self, max_num_policies_to_train: int) -> None:
         c = self.config
         if c.keep_training_prob > 0 and (c.max_learning_policies or 10**9) > max_num_policies_to_train:
-            raise ValueError("with league.keep_training_prob > 0 exploiter snapshots keep learning: set "
-                             f"league.max_learning_policies to at most max_num_policies_to_train "
-                             f"({max_num_policies_to_train}) so the learner slots never run out")
+            raise ValueError(
+                "with league.keep_training_prob > 0 exploiter snapshots keep learning: set "
+                f"league.max_learning_policies to at most max_num_policies_to_train "
+                f"({max_num_policies_to_train}) so the learner slots never run out"
+            )
 
     # ---- players -------------------------------------------------------------------
     def _initial_players(self) -> dict[str, PlayerSpec]:
@@ -197,22 +215,29 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
         c = self.config
         if c.max_learning_policies is not None:
             snapshots = [p for p in self.learning_policies() if self.players[p].parent is not None]
-            for pid in snapshots[:max(0, len(self.learning_policies()) - c.max_learning_policies)]:
+            for pid in snapshots[: max(0, len(self.learning_policies()) - c.max_learning_policies)]:
                 self.players[pid] = dataclasses.replace(self.players[pid], trainable=False)
                 self.windows.pop(pid, None)
                 changes.freeze.append(pid)
         if c.max_frozen_policies is not None:
             frozen = self.frozen_policies()
-            for pid in frozen[:max(0, len(frozen) - c.max_frozen_policies)]:
+            for pid in frozen[: max(0, len(frozen) - c.max_frozen_policies)]:
                 del self.players[pid]
                 self.payoff.remove_player(pid)
                 changes.remove.append(pid)
         # A policy added in this same build reaches the algorithm in its final form only.
         added = {a.new_id for a in changes.add}
         gone = added & set(changes.remove)
-        changes.add = [AddPolicy(a.new_id, a.from_id, a.trainable and a.new_id not in changes.freeze,
-                                 dataclasses.replace(a.spec, trainable=a.trainable and a.new_id not in changes.freeze))
-                       for a in changes.add if a.new_id not in gone]
+        changes.add = [
+            AddPolicy(
+                a.new_id,
+                a.from_id,
+                a.trainable and a.new_id not in changes.freeze,
+                dataclasses.replace(a.spec, trainable=a.trainable and a.new_id not in changes.freeze),
+            )
+            for a in changes.add
+            if a.new_id not in gone
+        ]
         changes.freeze = [p for p in changes.freeze if p not in added]
         changes.remove = [p for p in changes.remove if p not in gone]
 
@@ -255,8 +280,10 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
 
         live = [t for t in types if t[2] and t[1] > 0] or [t for t in types if t[2]]
         probs = normalized({t[0]: t[1] for t in live})
-        return Matchmaking([MatchType(name, probs[name], normalized({h: 1.0 for h in homes}), opp)
-                            for name, _, homes, opp in live], version=self.version)
+        return Matchmaking(
+            [MatchType(name, probs[name], normalized({h: 1.0 for h in homes}), opp) for name, _, homes, opp in live],
+            version=self.version,
+        )
 
     # ---- reporting and state -------------------------------------------------------
     def metrics(self) -> dict[str, float]:
@@ -272,10 +299,14 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
 
     def get_state(self) -> dict[str, Any]:
         state = super().get_state()
-        state.update(seed=self.seed, windows={p: list(w) for p, w in self.windows.items()},
-                     main_vs_frozen=list(self.main_vs_frozen),
-                     snapshot_counts=dict(self.snapshot_counts),
-                     games_since_snapshot=dict(self.games_since_snapshot), config=self.config.model_dump())
+        state.update(
+            seed=self.seed,
+            windows={p: list(w) for p, w in self.windows.items()},
+            main_vs_frozen=list(self.main_vs_frozen),
+            snapshot_counts=dict(self.snapshot_counts),
+            games_since_snapshot=dict(self.games_since_snapshot),
+            config=self.config.model_dump(),
+        )
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:

@@ -65,8 +65,12 @@ class PlayerSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The plain-dict form (as in checkpoints)."""
-        return {"type": self.type, "trainable": self.trainable, "parent": self.parent,
-                "created_iteration": self.created_iteration}
+        return {
+            "type": self.type,
+            "trainable": self.trainable,
+            "parent": self.parent,
+            "created_iteration": self.created_iteration,
+        }
 
     @classmethod
     def coerce(cls, spec: Any) -> "PlayerSpec":
@@ -75,8 +79,10 @@ class PlayerSpec:
         if isinstance(spec, cls):
             return spec
         if not isinstance(spec, Mapping):
-            raise ValueError(f"a league player spec is a PlayerSpec or a dict with keys {', '.join(_PLAYER_KEYS)}; "
-                             f"got {type(spec).__name__}: {spec!r}")
+            raise ValueError(
+                f"a league player spec is a PlayerSpec or a dict with keys {', '.join(_PLAYER_KEYS)}; "
+                f"got {type(spec).__name__}: {spec!r}"
+            )
         _check_keys("league player spec", spec, required=("type", "trainable"), allowed=_PLAYER_KEYS)
         return cls(spec["type"], spec["trainable"], spec.get("parent"), spec.get("created_iteration", 0))
 
@@ -89,12 +95,13 @@ def _check_keys(what: str, data: Mapping, required: tuple[str, ...], allowed: tu
     unknown = sorted(str(k) for k in data if k not in allowed)
     if missing or unknown:
         problems = ([f"missing keys {missing}"] if missing else []) + ([f"unknown keys {unknown}"] if unknown else [])
-        raise ValueError(f"bad {what} {dict(data)!r}: {' and '.join(problems)}; its keys are {', '.join(allowed)} "
-                         f"({', '.join(required)} required)")
+        raise ValueError(
+            f"bad {what} {dict(data)!r}: {' and '.join(problems)}; its keys are {', '.join(allowed)} "
+            f"({', '.join(required)} required)"
+        )
 
 
-def policy_spec(type_: str, trainable: bool, parent: Optional[str] = None,
-                created_iteration: int = 0) -> PlayerSpec:
+def policy_spec(type_: str, trainable: bool, parent: Optional[str] = None, created_iteration: int = 0) -> PlayerSpec:
     """A :class:`PlayerSpec` (the function custom builders have always called)."""
     return PlayerSpec(type_, trainable, parent, created_iteration)
 
@@ -139,8 +146,10 @@ class MatchResult:
         if isinstance(result, cls):
             return result
         if not isinstance(result, Mapping):
-            raise ValueError(f"a match result is a MatchResult or a dict with keys {', '.join(_RESULT_KEYS)}; "
-                             f"got {type(result).__name__}: {result!r}")
+            raise ValueError(
+                f"a match result is a MatchResult or a dict with keys {', '.join(_RESULT_KEYS)}; "
+                f"got {type(result).__name__}: {result!r}"
+            )
         _check_keys("match result", result, required=("policies",), allowed=(*_RESULT_KEYS, "draw"))
         kwargs = {k: v for k, v in result.items() if k != "draw"}
         kwargs.setdefault("winner", None)
@@ -172,8 +181,10 @@ class AddPolicy:
         if isinstance(add, (tuple, list)) and len(add) == 4:
             new_id, from_id, trainable, spec = add
             return cls(new_id, from_id, trainable, spec)
-        raise ValueError(f"an entry of LeagueChanges.add is an AddPolicy (or a tuple (new_id, from_id, trainable, "
-                         f"spec)); got {add!r}")
+        raise ValueError(
+            f"an entry of LeagueChanges.add is an AddPolicy (or a tuple (new_id, from_id, trainable, "
+            f"spec)); got {add!r}"
+        )
 
 
 @dataclass
@@ -279,10 +290,13 @@ class LeagueBuilder:
 
     def metrics(self) -> dict[str, float]:
         """Scalars for the iteration result (stable names under ``league/``)."""
-        return {"league/players": len(self.players), "league/learning": len(self.learning_policies()),
-                "league/frozen": len(self.frozen_policies()),
-                "league/games_total": sum(self.match_type_counts.values()),
-                "league/dropped_results": self.dropped_results}
+        return {
+            "league/players": len(self.players),
+            "league/learning": len(self.learning_policies()),
+            "league/frozen": len(self.frozen_policies()),
+            "league/games_total": sum(self.match_type_counts.values()),
+            "league/dropped_results": self.dropped_results,
+        }
 
     # ---- state ---------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
@@ -306,8 +320,10 @@ class LeagueBuilder:
         self.players = {pid: PlayerSpec.coerce(s) for pid, s in state["players"].items()}
         self.payoff.set_state(state["payoff"])
         self.match_type_counts = {k: int(v) for k, v in state["match_type_counts"].items()}
-        self.pair_type_counts = {mt: {a: {b: int(n) for b, n in r.items()} for a, r in t.items()}
-                                 for mt, t in state["pair_type_counts"].items()}
+        self.pair_type_counts = {
+            mt: {a: {b: int(n) for b, n in r.items()} for a, r in t.items()}
+            for mt, t in state["pair_type_counts"].items()
+        }
         self.dropped_results = int(state["dropped_results"])
         self.iteration = int(state["iteration"])
         self.version = int(state["version"])
@@ -333,8 +349,9 @@ class NoLeagueBuilder(LeagueBuilder):
 
     def __init__(self, policies: Union[list[str], tuple[str, ...]] = ("main",), payoff_decay: float = 1.0) -> None:
         if not policies or len(set(policies)) != len(policies) or not all(isinstance(p, str) and p for p in policies):
-            raise ConfigError("no_league: 'policies' must be a non-empty list of distinct policy ids, "
-                              f"got {policies!r}.")
+            raise ConfigError(
+                f"no_league: 'policies' must be a non-empty list of distinct policy ids, got {policies!r}."
+            )
         super().__init__(payoff_decay=payoff_decay)
         self._ids = list(policies)
 
@@ -344,8 +361,9 @@ class NoLeagueBuilder(LeagueBuilder):
     def matchmaking(self) -> Matchmaking:
         ids = list(self.initial_policies())
         uniform = normalized({pid: 1.0 for pid in ids})
-        return Matchmaking([MatchType("self_play", 1.0, dict(uniform), {pid: dict(uniform) for pid in ids})],
-                           version=self.version)
+        return Matchmaking(
+            [MatchType("self_play", 1.0, dict(uniform), {pid: dict(uniform) for pid in ids})], version=self.version
+        )
 
 
 # ---- choosing a builder in the config ---------------------------------------------------
@@ -363,13 +381,17 @@ def resolve_league_builder(name: str) -> type[LeagueBuilder]:
     if target is None and ":" not in name and "." not in name:
         close = difflib.get_close_matches(name, list(LEAGUE_BUILDERS), n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise ConfigError(f"Unknown league builder '{name}'.{hint} Use one of {', '.join(LEAGUE_BUILDERS)} "
-                          "or an import path such as 'my_pkg.my_module:MyLeagueBuilder'.")
+        raise ConfigError(
+            f"Unknown league builder '{name}'.{hint} Use one of {', '.join(LEAGUE_BUILDERS)} "
+            "or an import path such as 'my_pkg.my_module:MyLeagueBuilder'."
+        )
     try:
         cls = import_path(target or name)
     except (ImportError, AttributeError, ValueError) as e:
-        raise ConfigError(f"League builder '{name}' cannot be imported ({e}). Use one of {', '.join(LEAGUE_BUILDERS)} "
-                          "or an import path 'package.module:Class'.") from None
+        raise ConfigError(
+            f"League builder '{name}' cannot be imported ({e}). Use one of {', '.join(LEAGUE_BUILDERS)} "
+            "or an import path 'package.module:Class'."
+        ) from None
     if not (isinstance(cls, type) and issubclass(cls, LeagueBuilder)):
         raise ConfigError(f"League builder '{name}' is {cls!r}, not a subclass of shoal.league.LeagueBuilder.")
     return cls
@@ -386,8 +408,10 @@ def make_league_builder(spec: Any = None) -> LeagueBuilder:
     if isinstance(spec, dict):
         kwargs = dict(spec)
         if "type" not in kwargs:
-            raise ConfigError("A league builder given as a mapping needs a 'type' key: a name "
-                              f"({', '.join(LEAGUE_BUILDERS)}) or an import path; the other keys are its arguments.")
+            raise ConfigError(
+                "A league builder given as a mapping needs a 'type' key: a name "
+                f"({', '.join(LEAGUE_BUILDERS)}) or an import path; the other keys are its arguments."
+            )
         spec = kwargs.pop("type")
     if isinstance(spec, type) and issubclass(spec, LeagueBuilder):
         cls, name = spec, spec.__name__
@@ -399,6 +423,7 @@ def make_league_builder(spec: Any = None) -> LeagueBuilder:
         inspect.signature(cls).bind(**kwargs)
     except TypeError as e:
         params = [p for p in inspect.signature(cls).parameters if p not in ("self", "kwargs")]
-        raise ConfigError(f"Bad arguments for league builder '{name}': {e}. "
-                          f"It accepts: {', '.join(params) or 'none'}.") from None
+        raise ConfigError(
+            f"Bad arguments for league builder '{name}': {e}. It accepts: {', '.join(params) or 'none'}."
+        ) from None
     return cls(**kwargs)

@@ -38,8 +38,12 @@ class MatchType:
     opponents: dict[str, dict[str, float]]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "prob": float(self.prob), "homes": {k: float(v) for k, v in self.homes.items()},
-                "opponents": {h: {k: float(v) for k, v in opp.items()} for h, opp in self.opponents.items()}}
+        return {
+            "name": self.name,
+            "prob": float(self.prob),
+            "homes": {k: float(v) for k, v in self.homes.items()},
+            "opponents": {h: {k: float(v) for k, v in opp.items()} for h, opp in self.opponents.items()},
+        }
 
 
 @dataclass
@@ -83,8 +87,11 @@ class Matchmaking:
     def for_policy(self, pid: str) -> dict[str, dict[str, Any]]:
         """Per match type in which ``pid`` plays home: the probability that a match is of
         this type with ``pid`` at home, and its opponent distribution."""
-        return {t.name: {"prob": t.prob * t.homes[pid], "opponents": dict(t.opponents[pid])}
-                for t in self.match_types if pid in t.homes}
+        return {
+            t.name: {"prob": t.prob * t.homes[pid], "opponents": dict(t.opponents[pid])}
+            for t in self.match_types
+            if pid in t.homes
+        }
 
     def policy_ids(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -114,8 +121,10 @@ class Matchmaking:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Matchmaking":
-        types = [MatchType(t["name"], float(t["prob"]), dict(t["homes"]),
-                           {h: dict(o) for h, o in t["opponents"].items()}) for t in data["match_types"]]
+        types = [
+            MatchType(t["name"], float(t["prob"]), dict(t["homes"]), {h: dict(o) for h, o in t["opponents"].items()})
+            for t in data["match_types"]
+        ]
         return cls(types, version=int(data.get("version", 0)), shuffle_seats=bool(data.get("shuffle_seats", True)))
 
 

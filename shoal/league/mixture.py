@@ -79,8 +79,15 @@ def solve_zero_sum(payoff: np.ndarray) -> tuple[np.ndarray, float]:
     cost[-1] = -1.0
     a_ub = np.hstack([-payoff.T, np.ones((m, 1))])  # v - sum_i w_i M[i, j] <= 0 for every column j
     a_eq = np.hstack([np.ones((1, k)), np.zeros((1, 1))])
-    res = linprog(cost, A_ub=a_ub, b_ub=np.zeros(m), A_eq=a_eq, b_eq=[1.0],
-                  bounds=[(0, None)] * k + [(None, None)], method="highs")
+    res = linprog(
+        cost,
+        A_ub=a_ub,
+        b_ub=np.zeros(m),
+        A_eq=a_eq,
+        b_eq=[1.0],
+        bounds=[(0, None)] * k + [(None, None)],
+        method="highs",
+    )
     if not res.success:
         raise RuntimeError(f"the meta-game's linear program failed: {res.message}")
     weights = np.clip(res.x[:k], 0.0, None)

@@ -62,8 +62,9 @@ class MixturePolicy:
     ``exploitability`` describe the mixture. The observation must be one the game produces (an
     information-state tensor): the mixture is a table over the game's information states."""
 
-    def __init__(self, game: Any, mixture: Any, observation: str = "information_state",
-                 seed: Optional[int] = None) -> None:
+    def __init__(
+        self, game: Any, mixture: Any, observation: str = "information_state", seed: Optional[int] = None
+    ) -> None:
         self.policy_ids, self.weights, self.exploitability = mixture.policy_ids, mixture.weights, mixture.exploitability
         self.num_actions = game.num_distinct_actions()
         self.rng = np.random.default_rng(seed)
@@ -71,8 +72,11 @@ class MixturePolicy:
         self._rows: dict[bytes, np.ndarray] = {}
         for state in table.states:
             player = state.current_player()
-            tensor = (state.information_state_tensor(player) if observation == "information_state"
-                      else state.observation_tensor(player))
+            tensor = (
+                state.information_state_tensor(player)
+                if observation == "information_state"
+                else state.observation_tensor(player)
+            )
             key = np.asarray(tensor, np.float32).tobytes()
             self._rows[key] = table.action_probability_array[table.state_index(state)]
 
@@ -82,8 +86,10 @@ class MixturePolicy:
         for row, legal in zip(x, mask):
             probs = self._rows.get(row.tobytes())
             if probs is None:
-                raise ValueError("this observation is not one of the game's information states: the league "
-                                 "mixture is a table over them (pass the tensor the env gives the acting player)")
+                raise ValueError(
+                    "this observation is not one of the game's information states: the league "
+                    "mixture is a table over them (pass the tensor the env gives the acting player)"
+                )
             p = probs * legal
             out.append(p / p.sum() if p.sum() > 0 else legal / legal.sum())
         probs_all = np.asarray(out)

@@ -35,10 +35,18 @@ def league_report(source: Union[LeagueBuilder, dict[str, Any]]) -> dict[str, Any
     payoff.set_state(state["payoff"])
     ids = list(state["players"])
     windows = state.get("windows", {})
-    players = [{"id": pid, "type": s["type"], "learning": bool(s["trainable"]), "parent": s.get("parent"),
-                "created_iteration": int(s.get("created_iteration", 0)), "games_played": payoff.games_played(pid),
-                "recent_win_rate": float(np.mean(windows[pid])) if windows.get(pid) else None}
-               for pid, s in state["players"].items()]
+    players = [
+        {
+            "id": pid,
+            "type": s["type"],
+            "learning": bool(s["trainable"]),
+            "parent": s.get("parent"),
+            "created_iteration": int(s.get("created_iteration", 0)),
+            "games_played": payoff.games_played(pid),
+            "recent_win_rate": float(np.mean(windows[pid])) if windows.get(pid) else None,
+        }
+        for pid, s in state["players"].items()
+    ]
     by_type = state.get("pair_type_counts", {})
     pairs = []
     for i, a in enumerate(ids):
@@ -86,9 +94,14 @@ def exploitability_curve(run_dir: Optional[Path]) -> list[dict[str, Any]]:
         except json.JSONDecodeError:  # a line cut short by a crash: the rest still counts
             continue
         if isinstance(row, dict) and row.get("evaluation/exploitability") is not None:
-            out.append({"iteration": row.get("iteration"), "env_steps": row.get("env_steps_sampled"),
-                        "main": row["evaluation/exploitability"],
-                        "mixture": row.get("evaluation/mixture_exploitability")})
+            out.append(
+                {
+                    "iteration": row.get("iteration"),
+                    "env_steps": row.get("env_steps_sampled"),
+                    "main": row["evaluation/exploitability"],
+                    "mixture": row.get("evaluation/mixture_exploitability"),
+                }
+            )
     return out
 
 
@@ -105,8 +118,12 @@ def exploitability_figure(curve: list[dict[str, Any]]):
     steps = [c["env_steps"] for c in curve]
     ax.plot(steps, [c["main"] for c in curve], marker=".", label="main")
     if any(c["mixture"] is not None for c in curve):
-        ax.plot(steps, [np.nan if c["mixture"] is None else c["mixture"] for c in curve], marker=".",
-                label="Nash mixture of the frozen players")
+        ax.plot(
+            steps,
+            [np.nan if c["mixture"] is None else c["mixture"] for c in curve],
+            marker=".",
+            label="Nash mixture of the frozen players",
+        )
     ax.set_xlabel("env steps")
     ax.set_ylabel("exploitability (NashConv / 2)")
     ax.set_ylim(bottom=0)
@@ -118,27 +135,62 @@ def exploitability_figure(curve: list[dict[str, Any]]):
 
 
 def format_league_report(report: dict[str, Any]) -> str:
-    out = [f"League after iteration {report['iteration']}: {len(report['players'])} players "
-           f"({report['num_learning']} learning, {report['num_frozen']} frozen), {report['games_total']} games"
-           + (f", {report['dropped_results']} results dropped" if report["dropped_results"] else ""), ""]
-    out += ["Players", _table(["id", "type", "state", "parent", "games", "recent win rate"],
-                              [[p["id"], p["type"], "learning" if p["learning"] else "frozen", p["parent"],
-                                p["games_played"], p["recent_win_rate"]] for p in report["players"]]), ""]
-    out += ["Matches per match type",
-            _table(["match type", "games"], [[k, v] for k, v in report["match_type_counts"].items()]), ""]
+    out = [
+        f"League after iteration {report['iteration']}: {len(report['players'])} players "
+        f"({report['num_learning']} learning, {report['num_frozen']} frozen), {report['games_total']} games"
+        + (f", {report['dropped_results']} results dropped" if report["dropped_results"] else ""),
+        "",
+    ]
+    out += [
+        "Players",
+        _table(
+            ["id", "type", "state", "parent", "games", "recent win rate"],
+            [
+                [
+                    p["id"],
+                    p["type"],
+                    "learning" if p["learning"] else "frozen",
+                    p["parent"],
+                    p["games_played"],
+                    p["recent_win_rate"],
+                ]
+                for p in report["players"]
+            ],
+        ),
+        "",
+    ]
+    out += [
+        "Matches per match type",
+        _table(["match type", "games"], [[k, v] for k, v in report["match_type_counts"].items()]),
+        "",
+    ]
     types = list(report["match_type_counts"])
-    out += ["Matches per pair", _table(["policies", "games", *types],
-                                       [[" vs ".join(p["policies"]), p["games"],
-                                         *[p["by_match_type"].get(t, 0) for t in types]]
-                                        for p in report["pair_counts"]]), ""]
+    out += [
+        "Matches per pair",
+        _table(
+            ["policies", "games", *types],
+            [
+                [" vs ".join(p["policies"]), p["games"], *[p["by_match_type"].get(t, 0) for t in types]]
+                for p in report["pair_counts"]
+            ],
+        ),
+        "",
+    ]
     m = report["win_rate_matrix"]
-    out += ["Win rate of row player against column player",
-            _table(["", *m["ids"]], [[pid, *row] for pid, row in zip(m["ids"], m["matrix"])])]
+    out += [
+        "Win rate of row player against column player",
+        _table(["", *m["ids"]], [[pid, *row] for pid, row in zip(m["ids"], m["matrix"])]),
+    ]
     curve = report.get("exploitability") or []
     if curve:
-        out += ["", "Exploitability (lower is better; 0 at a Nash equilibrium)",
-                _table(["iteration", "env steps", "main", "Nash mixture"],
-                       [[c["iteration"], c["env_steps"], c["main"], c["mixture"]] for c in curve])]
+        out += [
+            "",
+            "Exploitability (lower is better; 0 at a Nash equilibrium)",
+            _table(
+                ["iteration", "env steps", "main", "Nash mixture"],
+                [[c["iteration"], c["env_steps"], c["main"], c["mixture"]] for c in curve],
+            ),
+        ]
     return "\n".join(out) + "\n"
 
 
@@ -200,8 +252,9 @@ def _load_state(source: Union[str, Path, dict[str, Any], LeagueBuilder]) -> tupl
     return state, (path if path.is_dir() and (path / "checkpoints").is_dir() else run_dir)
 
 
-def write_league_report(run_dir_or_state: Union[str, Path, dict[str, Any], LeagueBuilder],
-                        out_dir: Union[str, Path, None] = None) -> dict[str, Any]:
+def write_league_report(
+    run_dir_or_state: Union[str, Path, dict[str, Any], LeagueBuilder], out_dir: Union[str, Path, None] = None
+) -> dict[str, Any]:
     """Write the report files for a run directory, checkpoint, state dict or builder.
 
     ``out_dir`` defaults to the run directory (required for a state or a builder). Returns

@@ -76,8 +76,13 @@ def init_process_group(backend: str, address: tuple[str, int], rank: int, world_
     destroy_process_group()
     ip, port = address
     init_method = None if backend == "mpi" else f"tcp://{ip}:{port}"
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
 
 
 def destroy_process_group() -> None:
@@ -100,7 +105,7 @@ def unflatten_grads_(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None
     offset = 0
     for p in params:
         n = p.numel()
-        g = flat[offset: offset + n].view_as(p)
+        g = flat[offset : offset + n].view_as(p)
         if p.grad is None:
             p.grad = g.clone()
         else:

@@ -62,6 +62,8 @@ class ShardPlan:
 
 
 ASSIGNED_GPU = "assigned-gpu"  # a remote policy learner's device: the GPU its Ray actor was given
+
+
 class ReplayLost:
     """What a policy learner's ``learn()`` returns when its shard's replay actor died under it (an
     ActorLostError from the replay proxy): DistributedLearners then recreates the replay actor.
@@ -83,8 +85,10 @@ def resolve_learner_device(spec: str) -> torch.device:
         spec = runtime.assigned_cuda_device()
     device = torch.device(spec)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"a policy learner was given {spec} but torch sees no CUDA device in this process; "
-                          "set resources.num_gpus=0 to learn on the CPU")
+        raise ConfigError(
+            f"a policy learner was given {spec} but torch sees no CUDA device in this process; "
+            "set resources.num_gpus=0 to learn on the CPU"
+        )
     return device
 
 
@@ -103,26 +107,39 @@ def shard_plan(num_gpus: float, max_policies: int, num_shards: int | None = None
     """
     if isinstance(max_policies, bool) or not isinstance(max_policies, int) or max_policies < 1:
         raise ConfigError(f"max_policies={max_policies!r}: the number of trainable policies must be an integer >= 1")
-    if isinstance(num_gpus, bool) or not isinstance(num_gpus, (int, float)) or not math.isfinite(num_gpus) \
-            or num_gpus < 0:
+    if (
+        isinstance(num_gpus, bool)
+        or not isinstance(num_gpus, (int, float))
+        or not math.isfinite(num_gpus)
+        or num_gpus < 0
+    ):
         raise ConfigError(f"num_gpus={num_gpus!r}: the learners' GPUs must be a finite number >= 0")
     if num_shards is None:
         shards = min(max(1, int(num_gpus)) if num_gpus > 0 else max_policies, max_policies)
     elif isinstance(num_shards, bool) or not isinstance(num_shards, int) or not 1 <= num_shards <= max_policies:
-        raise ConfigError(f"num_shards={num_shards!r}: the number of learner shards must be an integer between 1 "
-                          f"and max_policies={max_policies}")
+        raise ConfigError(
+            f"num_shards={num_shards!r}: the number of learner shards must be an integer between 1 "
+            f"and max_policies={max_policies}"
+        )
     else:
         shards = num_shards
     per_shard = float(num_gpus // shards) or num_gpus / shards
     per_policy = per_shard / (max_policies / shards)
     per_policy = float(math.floor(per_policy)) if per_policy > 1 else _ray_fraction(per_policy)
-    return ShardPlan(num_shards=shards, gpus_per_shard=_ray_fraction(per_shard), gpus_per_policy=per_policy,
-                     policies_per_shard=math.ceil(max_policies / shards), max_policies=max_policies)
+    return ShardPlan(
+        num_shards=shards,
+        gpus_per_shard=_ray_fraction(per_shard),
+        gpus_per_policy=per_policy,
+        policies_per_shard=math.ceil(max_policies / shards),
+        max_policies=max_policies,
+    )
 
 
 def shard_sizes(plan: ShardPlan, replay_num_cpus: float, policy_num_cpus: float) -> tuple[tuple[float, float], ...]:
     """``(cpus, gpus)`` per shard when each shard is one bundle: its replay actor plus one learner per slot."""
-    return tuple((replay_num_cpus + cap * policy_num_cpus, cap * plan.gpus_per_policy) for cap in plan.shard_capacities())
+    return tuple(
+        (replay_num_cpus + cap * policy_num_cpus, cap * plan.gpus_per_policy) for cap in plan.shard_capacities()
+    )
 
 
 # ---- the shards ----------------------------------------------------------------------------
@@ -136,16 +153,35 @@ class DistributedLearners:
     on its shard's node.
     """
 
-    def __init__(self, policy_learner_cls: type, replay_cls: type, plan: ShardPlan, *, remote: bool,
-                 replay_kwargs: dict | None = None, replay_num_cpus: float = 0.0, policy_num_cpus: float = 1.0,
-                 max_in_flight: int = 1, max_restarts: int = 100, restart_window_s: float = 600.0,
-                 resource_wait_s: float = 30.0, address: str | None = None, placement: Any = None,
-                 request_timeout_s: float | None = None, start_timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        policy_learner_cls: type,
+        replay_cls: type,
+        plan: ShardPlan,
+        *,
+        remote: bool,
+        replay_kwargs: dict | None = None,
+        replay_num_cpus: float = 0.0,
+        policy_num_cpus: float = 1.0,
+        max_in_flight: int = 1,
+        max_restarts: int = 100,
+        restart_window_s: float = 600.0,
+        resource_wait_s: float = 30.0,
+        address: str | None = None,
+        placement: Any = None,
+        request_timeout_s: float | None = None,
+        start_timeout_s: float | None = None,
+    ) -> None:
         self.policy_learner_cls, self.plan, self.remote = policy_learner_cls, plan, remote
         self.max_in_flight = max_in_flight
-        common = runtime.ActorResources(max_restarts=max_restarts, restart_window_s=restart_window_s,
-                                        resource_wait_s=resource_wait_s, address=address,
-                                        request_timeout_s=request_timeout_s, start_timeout_s=start_timeout_s)
+        common = runtime.ActorResources(
+            max_restarts=max_restarts,
+            restart_window_s=restart_window_s,
+            resource_wait_s=resource_wait_s,
+            address=address,
+            request_timeout_s=request_timeout_s,
+            start_timeout_s=start_timeout_s,
+        )
         self.replay_resources = common.replace(num_cpus=replay_num_cpus, strategy="SPREAD", placement=placement)
         self.policy_resources = common.replace(num_cpus=policy_num_cpus, num_gpus=plan.gpus_per_policy)
         # With the run's placement group: shard s is one bundle (its replay actor plus every slot's
@@ -153,8 +189,14 @@ class DistributedLearners:
         self.shard_bundles: tuple[int, ...] | None = placement[1] if placement is not None else None
         self._pg = placement[0] if placement is not None else None
         self.replays = runtime.make_actor_group(
-            replay_cls, plan.num_shards, lambda i: ((), dict(replay_kwargs or {})), remote=remote,
-            resources=self.replay_resources, name="learner shard replay actor", first_index=0)
+            replay_cls,
+            plan.num_shards,
+            lambda i: ((), dict(replay_kwargs or {})),
+            remote=remote,
+            resources=self.replay_resources,
+            name="learner shard replay actor",
+            first_index=0,
+        )
         self.replay_nodes: dict[int, str] = self.replays.node_ids() if remote else {}
         self._replay_actors = dict(self.replays.actors)  # the replay actor each shard's learners were given
         self.slots: list[list[PolicyId | None]] = [[None] * c for c in plan.shard_capacities()]
@@ -171,8 +213,9 @@ class DistributedLearners:
     def num_free_slots(self) -> int:
         return sum(s.count(None) for s in self.slots)
 
-    def add_policy(self, policy_id: PolicyId, ctor_args: tuple = (), ctor_kwargs: dict | None = None, *,
-                   weights: Any = None) -> tuple[int, int]:
+    def add_policy(
+        self, policy_id: PolicyId, ctor_args: tuple = (), ctor_kwargs: dict | None = None, *, weights: Any = None
+    ) -> tuple[int, int]:
         """Create ``policy_id``'s learner actor in the first free slot; returns (shard, slot).
 
         ``weights``, when given, are set on the new learner (e.g. a snapshot's parent's).
@@ -185,7 +228,8 @@ class DistributedLearners:
                 f"cannot add policy {policy_id!r}: the league is full, all {self.plan.max_policies} learner slots "
                 f"({self.plan.num_shards} shards, capacities {self.plan.shard_capacities()}) hold trainable policies "
                 f"{self.policy_ids}. Remove (or freeze) a policy first, or raise the maximum number of trainable "
-                "policies.")
+                "policies."
+            )
         shard, slot = free
         device = ASSIGNED_GPU if self.remote and self.plan.gpus_per_policy > 0 else self.plan.slot_device(shard, slot)
         group = self._make_group(policy_id, shard, ctor_args, {**(ctor_kwargs or {}), "device": device})
@@ -206,8 +250,15 @@ class DistributedLearners:
         else:
             resources = self.policy_resources.replace(node=self.replay_nodes.get(shard))
         group = runtime.make_actor_group(
-            self.policy_learner_cls, 1, ctor, remote=self.remote, resources=resources,
-            max_in_flight=self.max_in_flight, name=f"policy learner {policy_id!r}", first_index=0)
+            self.policy_learner_cls,
+            1,
+            ctor,
+            remote=self.remote,
+            resources=resources,
+            max_in_flight=self.max_in_flight,
+            name=f"policy learner {policy_id!r}",
+            first_index=0,
+        )
         group.on_restart = lambda: [("set_weights", (self.weights[policy_id],))]
         return group
 
@@ -249,8 +300,10 @@ class DistributedLearners:
             out = group.foreach(method, *args)
             if out:
                 return out[0]
-        raise RuntimeError(f"policy learner {policy_id!r} failed twice on {method}(); last failure: "
-                           f"{getattr(group, 'last_failure', None)}")
+        raise RuntimeError(
+            f"policy learner {policy_id!r} failed twice on {method}(); last failure: "
+            f"{getattr(group, 'last_failure', None)}"
+        )
 
     def call(self, policy_id: PolicyId, method: str, *args: Any) -> Any:
         """Call ``method`` on ``policy_id``'s learner and wait for the result."""
@@ -303,15 +356,16 @@ class DistributedLearners:
         out: list[dict[str, float]] = []
         for cap in self.plan.shard_capacities():
             out.append({"CPU": self.replay_resources.num_cpus, "GPU": 0.0})
-            out.extend({"CPU": self.policy_resources.num_cpus, "GPU": self.policy_resources.num_gpus} for _ in range(cap))
+            out.extend(
+                {"CPU": self.policy_resources.num_cpus, "GPU": self.policy_resources.num_gpus} for _ in range(cap)
+            )
         return out
 
     def node_ids(self) -> dict[str, dict]:
         """Where the actors run (Ray node ids; empty in-process): {"replay": {shard: node}, "policies": {id: node}}."""
         if not self.remote:
             return {"replay": {}, "policies": {}}
-        return {"replay": self.replays.node_ids(),
-                "policies": {pid: g.node_ids()[0] for pid, g in self.groups.items()}}
+        return {"replay": self.replays.node_ids(), "policies": {pid: g.node_ids()[0] for pid, g in self.groups.items()}}
 
     def replay_stats(self) -> dict[PolicyId, dict[str, int]]:
         """Per-policy replay counters from every shard (a replay actor that died is recreated, empty)."""

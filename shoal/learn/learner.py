@@ -23,8 +23,9 @@ from shoal.models.weights import load_numpy_weights, weights_to_numpy
 from shoal.schedule import PiecewiseSchedule
 
 
-def minibatch_indices(n: int, minibatch_size: int, rng: np.random.Generator, num_minibatches: int | None = None,
-                      sequence_length: int = 1) -> list[torch.Tensor | None]:
+def minibatch_indices(
+    n: int, minibatch_size: int, rng: np.random.Generator, num_minibatches: int | None = None, sequence_length: int = 1
+) -> list[torch.Tensor | None]:
     """One epoch's minibatches over ``n`` rows: index tensors in a fresh random order.
 
     With ``sequence_length`` L > 1 the rows are sequences of L laid out one after another
@@ -43,9 +44,9 @@ def minibatch_indices(n: int, minibatch_size: int, rng: np.random.Generator, num
     if num_minibatches is None:
         return [order[start : start + minibatch_size] for start in range(0, n, minibatch_size)]
     # fewer rows than minibatches (a pathological batch) repeats rows rather than leave one empty
-    return list(torch.tensor_split(order.repeat(-(-num_minibatches // n)) if n < num_minibatches else order,
-                                   num_minibatches))
-
+    return list(
+        torch.tensor_split(order.repeat(-(-num_minibatches // n)) if n < num_minibatches else order, num_minibatches)
+    )
 
 
 def resolve_device(num_gpus: float) -> torch.device:
@@ -83,9 +84,17 @@ LossFn = Callable[[torch.nn.Module, dict, "Learner"], tuple[torch.Tensor, dict]]
 
 
 class Learner:
-    def __init__(self, module: torch.nn.Module, loss_fn: LossFn, lr: float, grad_clip: float | None = None,
-                 lr_schedule: list[tuple[int, float]] | None = None, device: torch.device | str = "cpu",
-                 adam_eps: float = 1e-5, max_nonfinite_updates: int = 20) -> None:
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        loss_fn: LossFn,
+        lr: float,
+        grad_clip: float | None = None,
+        lr_schedule: list[tuple[int, float]] | None = None,
+        device: torch.device | str = "cpu",
+        adam_eps: float = 1e-5,
+        max_nonfinite_updates: int = 20,
+    ) -> None:
         self.device = torch.device(device)
         self.module = module.to(self.device)
         self.loss_fn = loss_fn
@@ -162,7 +171,8 @@ class Learner:
             raise DivergenceError(
                 f"the weights hold NaN or inf after learner update {self.num_updates}: an update overflowed "
                 f"(learning rate {self.lr:g}). Likely causes: a learning rate far too high, or rewards or "
-                "observations of a huge scale; lower lr (or set grad_clip) and check the env's values.")
+                "observations of a huge scale; lower lr (or set grad_clip) and check the env's values."
+            )
         self.num_nonfinite_skipped += 1
         self._nonfinite_in_a_row += 1
         if self._nonfinite_in_a_row >= self.max_nonfinite_updates:
@@ -171,7 +181,8 @@ class Learner:
                 f"({describe_nonfinite(self._last_stats, norm)}) and were skipped, so the weights are those of "
                 f"learner update {self.num_updates}, the last finite one. Likely causes: a learning rate too high "
                 f"(lr {self.lr:g}), NaN or inf in observations or rewards, or a loss that divides by zero. "
-                f"max_nonfinite_updates={self.max_nonfinite_updates} sets how many in a row stop the run.")
+                f"max_nonfinite_updates={self.max_nonfinite_updates} sets how many in a row stop the run."
+            )
 
     @property
     def last_stats(self) -> dict:
@@ -191,9 +202,16 @@ class Learner:
             stats["grad_norm"] = norm
         return stats
 
-    def update(self, batch: Batch, num_epochs: int, minibatch_size: int, rng: np.random.Generator,
-               num_minibatches: int | None = None, sequence_length: int = 1,
-               on_epoch: Callable[[dict[str, float]], Any] | None = None) -> dict[str, float]:
+    def update(
+        self,
+        batch: Batch,
+        num_epochs: int,
+        minibatch_size: int,
+        rng: np.random.Generator,
+        num_minibatches: int | None = None,
+        sequence_length: int = 1,
+        on_epoch: Callable[[dict[str, float]], Any] | None = None,
+    ) -> dict[str, float]:
         """``num_epochs`` passes of shuffled minibatch SGD over ``batch``; mean stats.
 
         ``num_minibatches`` fixes how many (near-equal) minibatches each epoch has, whatever

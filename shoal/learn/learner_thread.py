@@ -62,9 +62,16 @@ class _Slot:
 
 
 class LearnerThread(LearnerThreadBase):
-    def __init__(self, learner: Learner | Mapping[str, Learner], *, learner_queue_size: int = 16,
-                 minibatch_buffer_size: int = 1, num_sgd_iter: int = 1, learner_queue_timeout: float = 300.0,
-                 name: str = "shoal-learner") -> None:
+    def __init__(
+        self,
+        learner: Learner | Mapping[str, Learner],
+        *,
+        learner_queue_size: int = 16,
+        minibatch_buffer_size: int = 1,
+        num_sgd_iter: int = 1,
+        learner_queue_timeout: float = 300.0,
+        name: str = "shoal-learner",
+    ) -> None:
         _positive("learner_queue_size", learner_queue_size)
         _positive("minibatch_buffer_size", minibatch_buffer_size)
         _positive("num_sgd_iter", num_sgd_iter)
@@ -156,8 +163,10 @@ class LearnerThread(LearnerThreadBase):
         items = batch.items() if self.multi_agent else [(None, batch)]
         for pid, b in items:
             if pid not in self.learners:
-                raise KeyError(f"the batch holds policy '{pid}' but the learner thread has learners only for "
-                               f"{sorted(map(str, self.learners))}")
+                raise KeyError(
+                    f"the batch holds policy '{pid}' but the learner thread has learners only for "
+                    f"{sorted(map(str, self.learners))}"
+                )
             yield pid, b
 
     def _prefix(self, pid) -> str:

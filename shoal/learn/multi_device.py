@@ -92,7 +92,9 @@ class _Towers:
         self.params = [[p for p in m.parameters() if p.requires_grad] for m in self.modules]
         # A compute stream per CUDA replica (the master computes on its device's current stream).
         self.streams: list[torch.cuda.Stream | None] = [
-            None, *(torch.cuda.Stream(device=d) if d.type == "cuda" else None for d in devices[1:])]
+            None,
+            *(torch.cuda.Stream(device=d) if d.type == "cuda" else None for d in devices[1:]),
+        ]
 
     def update(self, shards: list[dict], weights: Sequence[float], stats: StatsMean, prefix: str = "") -> None:
         """One SGD step on the shards (one per device, ``weights`` their shares of the batch);
@@ -105,8 +107,9 @@ class _Towers:
         dev0 = self.devices[0]
         loss_fn = self.learner.loss_fn  # read once: a loss swapped in by update_config meets every tower next step
         combined: dict[str, torch.Tensor] = {}
-        for module, view, params, shard, w, stream in zip(self.modules, self.views, self.params, shards, weights,
-                                                          self.streams):
+        for module, view, params, shard, w, stream in zip(
+            self.modules, self.views, self.params, shards, weights, self.streams
+        ):
             with _on_stream(stream, view.device):
                 for p in params:
                     p.grad = None
@@ -202,12 +205,27 @@ class _Loader(BackgroundThread):
 
 
 class MultiDeviceLearnerThread(LearnerThread):
-    def __init__(self, learner: Learner | Mapping[str, Learner], devices: Sequence[torch.device | str], *,
-                 num_multi_gpu_tower_stacks: int = 1, num_data_load_threads: int = 1, num_sgd_iter: int = 1,
-                 learner_queue_size: int = 16, learner_queue_timeout: float = 300.0, rows_per_unit: int = 1,
-                 split_fn: SplitFn | None = None, name: str = "shoal-multi-device-learner") -> None:
-        super().__init__(learner, learner_queue_size=learner_queue_size, num_sgd_iter=num_sgd_iter,
-                         learner_queue_timeout=learner_queue_timeout, name=name)
+    def __init__(
+        self,
+        learner: Learner | Mapping[str, Learner],
+        devices: Sequence[torch.device | str],
+        *,
+        num_multi_gpu_tower_stacks: int = 1,
+        num_data_load_threads: int = 1,
+        num_sgd_iter: int = 1,
+        learner_queue_size: int = 16,
+        learner_queue_timeout: float = 300.0,
+        rows_per_unit: int = 1,
+        split_fn: SplitFn | None = None,
+        name: str = "shoal-multi-device-learner",
+    ) -> None:
+        super().__init__(
+            learner,
+            learner_queue_size=learner_queue_size,
+            num_sgd_iter=num_sgd_iter,
+            learner_queue_timeout=learner_queue_timeout,
+            name=name,
+        )
         _positive("num_multi_gpu_tower_stacks", num_multi_gpu_tower_stacks)
         _positive("num_data_load_threads", num_data_load_threads)
         _positive("rows_per_unit", rows_per_unit)

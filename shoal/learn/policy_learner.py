@@ -40,19 +40,37 @@ class PolicyLearner:
     config's ``use_kl_loss`` is. ``learner_cls`` (with ``learner_kwargs``) is the Learner kind,
     e.g. DD-PPO's all-reducing :class:`~shoal.learn.distributed.DistributedLearner`."""
 
-    def __init__(self, module: torch.nn.Module, config, make_loss: MakeLoss, *, device: Any = "cpu",
-                 target_period: Optional[int] = None, learner_cls: type[Learner] = Learner,
-                 **learner_kwargs: Any) -> None:
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        config,
+        make_loss: MakeLoss,
+        *,
+        device: Any = "cpu",
+        target_period: Optional[int] = None,
+        learner_cls: type[Learner] = Learner,
+        **learner_kwargs: Any,
+    ) -> None:
         self.config = config
-        self.kl = AdaptiveKL(getattr(config, "kl_coeff", 0.0), getattr(config, "kl_target", 0.01),
-                             enabled=getattr(config, "use_kl_loss", False))
+        self.kl = AdaptiveKL(
+            getattr(config, "kl_coeff", 0.0),
+            getattr(config, "kl_target", 0.01),
+            enabled=getattr(config, "use_kl_loss", False),
+        )
         module = module.to(device)  # on its device before the target copies it
         self.target: Optional[TargetNetwork] = None
         if target_period is not None:
             self.target = TargetNetwork(module, target_period, unit="updates")
-        self.learner = learner_cls(module, make_loss(config, target=self.target, kl=self.kl), lr=config.lr,
-                                   grad_clip=config.grad_clip, lr_schedule=config.lr_schedule,
-                                   max_nonfinite_updates=config.max_nonfinite_updates, device=device, **learner_kwargs)
+        self.learner = learner_cls(
+            module,
+            make_loss(config, target=self.target, kl=self.kl),
+            lr=config.lr,
+            grad_clip=config.grad_clip,
+            lr_schedule=config.lr_schedule,
+            max_nonfinite_updates=config.max_nonfinite_updates,
+            device=device,
+            **learner_kwargs,
+        )
         # KL(target || policy) measured by the loss at each update that completes a target period:
         # appended by the learning thread, consumed by ``after_update``
         self._period_kls: deque[float] = deque()
@@ -62,8 +80,9 @@ class PolicyLearner:
                 self.learner.add_post_update_hook(self._record_period_kl)
             self.learner.add_post_update_hook(self.target.post_update)
 
-    def update(self, batch: Batch, num_epochs: int, minibatch_size: int, rng: np.random.Generator, *,
-               sequence_length: int = 1) -> dict[str, Any]:
+    def update(
+        self, batch: Batch, num_epochs: int, minibatch_size: int, rng: np.random.Generator, *, sequence_length: int = 1
+    ) -> dict[str, Any]:
         """Learn on ``batch`` (``num_epochs`` passes), then the after-update phase; the stats."""
         stats = self.learner.update(batch, num_epochs, minibatch_size, rng, sequence_length=sequence_length)
         self.after_update(stats)

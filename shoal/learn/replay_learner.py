@@ -22,8 +22,12 @@ from shoal.learn.threads import LearnerResult, LearnerThreadBase, ReplayTag, wai
 
 
 class ReplayLearnerThread(LearnerThreadBase):
-    def __init__(self, learn_fn: Callable[[Batch], tuple[np.ndarray | None, dict]], get_weights_fn: Callable[[], dict],
-                 queue_size: int = 16) -> None:
+    def __init__(
+        self,
+        learn_fn: Callable[[Batch], tuple[np.ndarray | None, dict]],
+        get_weights_fn: Callable[[], dict],
+        queue_size: int = 16,
+    ) -> None:
         super().__init__(queue_size, name="shoal-replay-learner")
         self.learn_fn = learn_fn
         self.get_weights_fn = get_weights_fn

@@ -79,9 +79,17 @@ class VTraceParams:
 
 def vtrace_for(u: Unroll, target_logp: torch.Tensor, params: VTraceParams) -> VTraceReturns:
     """V-trace with ``target_logp`` as the target policy (the current network for IMPALA)."""
-    return vtrace(target_logp.detach() - u.behaviour_logp, u.discounts, u.rewards, u.values.detach(), u.bootstrap.detach(),
-                  u.valid, clip_rho_threshold=params.clip_rho_threshold,
-                  clip_pg_rho_threshold=params.clip_pg_rho_threshold, lambda_=params.lambda_)
+    return vtrace(
+        target_logp.detach() - u.behaviour_logp,
+        u.discounts,
+        u.rewards,
+        u.values.detach(),
+        u.bootstrap.detach(),
+        u.valid,
+        clip_rho_threshold=params.clip_rho_threshold,
+        clip_pg_rho_threshold=params.clip_pg_rho_threshold,
+        lambda_=params.lambda_,
+    )
 
 
 def value_and_entropy(values, vs, entropy, valid) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,8 +25,15 @@ Unit = Literal["updates", "env_steps"]
 class TargetNetwork:
     """A frozen copy of ``online``, refreshed every ``period`` updates or trained env steps."""
 
-    def __init__(self, online: torch.nn.Module, period: int, *, unit: Unit = "updates", tau: float = 1.0,
-                 net: torch.nn.Module | None = None) -> None:
+    def __init__(
+        self,
+        online: torch.nn.Module,
+        period: int,
+        *,
+        unit: Unit = "updates",
+        tau: float = 1.0,
+        net: torch.nn.Module | None = None,
+    ) -> None:
         """``net``: an existing copy to keep refreshed (e.g. a submodule of the learner's
         module, so it is saved with it); by default a new deep copy."""
         if unit not in ("updates", "env_steps"):
@@ -88,8 +95,11 @@ class TargetNetwork:
     # ---- state ----------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
         with self._lock:
-            return {"module": {k: v.detach().cpu().clone() for k, v in self.net.state_dict().items()},
-                    "since_update": self.since_update, "num_updates": self.num_updates}
+            return {
+                "module": {k: v.detach().cpu().clone() for k, v in self.net.state_dict().items()},
+                "since_update": self.since_update,
+                "num_updates": self.num_updates,
+            }
 
     def set_state(self, state: dict[str, Any]) -> None:
         with self._lock:

@@ -49,8 +49,7 @@ _POLL_S = 0.5  # a waiting thread re-checks its stop flag this often (no CPU in 
 _STOP = object()  # put on a queue by stop() to wake a waiting thread at once
 
 
-def wait_get(q: queue.Queue, stopped: threading.Event, timeout_s: float | None = None,
-             what: str = "the learner queue"):
+def wait_get(q: queue.Queue, stopped: threading.Event, timeout_s: float | None = None, what: str = "the learner queue"):
     """Block on ``q.get`` until an item comes; None once ``stopped`` is set.
 
     Raises :class:`LearnerQueueTimeout` when ``timeout_s`` passes with nothing arriving.

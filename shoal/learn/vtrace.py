@@ -35,10 +35,18 @@ class VTraceReturns:
     rhos: torch.Tensor  # (T, B) unclipped importance ratios pi / mu
 
 
-def vtrace(log_rhos: torch.Tensor, discounts: torch.Tensor, rewards: torch.Tensor, values: torch.Tensor,
-           bootstrap_value: torch.Tensor, valid: torch.Tensor | None = None, *,
-           clip_rho_threshold: float | None = 1.0, clip_pg_rho_threshold: float | None = 1.0,
-           lambda_: float = 1.0) -> VTraceReturns:
+def vtrace(
+    log_rhos: torch.Tensor,
+    discounts: torch.Tensor,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+    valid: torch.Tensor | None = None,
+    *,
+    clip_rho_threshold: float | None = 1.0,
+    clip_pg_rho_threshold: float | None = 1.0,
+    lambda_: float = 1.0,
+) -> VTraceReturns:
     """V-trace targets and advantages; no gradient flows through them.
 
     Args:
@@ -73,15 +81,26 @@ def vtrace(log_rhos: torch.Tensor, discounts: torch.Tensor, rewards: torch.Tenso
     return VTraceReturns(vs=vs, pg_advantages=pg_advantages, rhos=rhos)
 
 
-def vtrace_reference(log_rhos, discounts, rewards, values, bootstrap_value, valid=None, *,
-                     clip_rho_threshold: float | None = 1.0,
-                     clip_pg_rho_threshold: float | None = 1.0, lambda_: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def vtrace_reference(
+    log_rhos,
+    discounts,
+    rewards,
+    values,
+    bootstrap_value,
+    valid=None,
+    *,
+    clip_rho_threshold: float | None = 1.0,
+    clip_pg_rho_threshold: float | None = 1.0,
+    lambda_: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray]:
     """The same quantities from the paper's sum form, one step at a time in plain Python (for tests).
 
     vs_t = V(x_t) + sum_{k >= t} (prod_{i=t}^{k-1} d_i c_i) * delta_k
     Returns ``(vs, pg_advantages)`` as float64 arrays of shape (T, B).
     """
-    log_rhos, discounts, rewards, values = (np.asarray(x, dtype=np.float64) for x in (log_rhos, discounts, rewards, values))
+    log_rhos, discounts, rewards, values = (
+        np.asarray(x, dtype=np.float64) for x in (log_rhos, discounts, rewards, values)
+    )
     bootstrap_value = np.asarray(bootstrap_value, dtype=np.float64)
     T, B = values.shape
     mask = np.ones((T, B)) if valid is None else np.asarray(valid, dtype=np.float64)

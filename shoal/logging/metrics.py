@@ -28,8 +28,13 @@ class EpisodeWindow:
     def metrics(self) -> dict[str, float]:
         if not self.returns:
             nan = math.nan
-            return {"episode_return_mean": nan, "episode_return_min": nan, "episode_return_max": nan,
-                    "episode_len_mean": nan, "episodes_total": self.total}
+            return {
+                "episode_return_mean": nan,
+                "episode_return_min": nan,
+                "episode_return_max": nan,
+                "episode_len_mean": nan,
+                "episodes_total": self.total,
+            }
         r = np.fromiter(self.returns, dtype=np.float64)
         return {
             "episode_return_mean": float(r.mean()),
@@ -107,8 +112,11 @@ class Timers:
 
     def report(self) -> dict[str, float]:
         with self._lock:
-            out = {f"timers/{k}_ms": 1000.0 * float(np.mean(v)) if v else 0.0 for k, v in self._times.items()
-                   if v or self.window is not None}
+            out = {
+                f"timers/{k}_ms": 1000.0 * float(np.mean(v)) if v else 0.0
+                for k, v in self._times.items()
+                if v or self.window is not None
+            }
             if self.window is None:
                 self._times.clear()
         return out

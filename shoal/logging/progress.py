@@ -82,8 +82,9 @@ class RecentRates:
         self.points: deque[tuple[float, float, float]] = deque(maxlen=window + 1)
 
     def add(self, r: dict[str, Any]) -> None:
-        self.points.append((float(r.get("time_total_s", 0.0)), float(r.get("env_steps_sampled", 0)),
-                            float(r.get("iteration", 0))))
+        self.points.append(
+            (float(r.get("time_total_s", 0.0)), float(r.get("env_steps_sampled", 0)), float(r.get("iteration", 0)))
+        )
 
     def steps_per_s(self, r: dict[str, Any]) -> Optional[float]:
         if len(self.points) >= 2:
@@ -118,8 +119,16 @@ class ProgressDisplay:
     figures (``Algorithm.display_metrics()``).
     """
 
-    def __init__(self, title: str, stop, console: Console | None = None, enabled: bool = True, plain_every_s: float = 5.0,
-                 best_metric: str = "episode_return_mean", metrics: Sequence[tuple[str, str]] = ()) -> None:
+    def __init__(
+        self,
+        title: str,
+        stop,
+        console: Console | None = None,
+        enabled: bool = True,
+        plain_every_s: float = 5.0,
+        best_metric: str = "episode_return_mean",
+        metrics: Sequence[tuple[str, str]] = (),
+    ) -> None:
         self.console = console or Console(stderr=True)
         self.stop = stop
         self.best_metric = best_metric
@@ -136,7 +145,9 @@ class ProgressDisplay:
 
     def __enter__(self):
         if self.live_mode:
-            self._live = Live(Text(self.title, style="bold"), console=self.console, refresh_per_second=4, transient=False)
+            self._live = Live(
+                Text(self.title, style="bold"), console=self.console, refresh_per_second=4, transient=False
+            )
             self._live.__enter__()
         elif self.enabled:
             self.console.print(self.title, soft_wrap=True, highlight=False, markup=False)
@@ -165,31 +176,58 @@ class ProgressDisplay:
             ret = r.get("episode_return_mean")
             ok = isinstance(ret, (int, float)) and math.isfinite(ret)
             start = self.first_return if self.first_return is not None else 0.0
-            out.append(CriterionProgress("reward", ret if ok else None, stop.reward,
-                                         _fraction(ret, start, stop.reward) if ok else 0.0, None, ",.1f"))
+            out.append(
+                CriterionProgress(
+                    "reward",
+                    ret if ok else None,
+                    stop.reward,
+                    _fraction(ret, start, stop.reward) if ok else 0.0,
+                    None,
+                    ",.1f",
+                )
+            )
         if stop.env_steps is not None:
             steps = r.get("env_steps_sampled", 0)
-            out.append(CriterionProgress("env steps", steps, stop.env_steps, _fraction(steps, 0, stop.env_steps),
-                                         _eta(stop.env_steps - steps, self.rates.steps_per_s(r))))
+            out.append(
+                CriterionProgress(
+                    "env steps",
+                    steps,
+                    stop.env_steps,
+                    _fraction(steps, 0, stop.env_steps),
+                    _eta(stop.env_steps - steps, self.rates.steps_per_s(r)),
+                )
+            )
         if stop.time_s is not None:
             t = r.get("time_total_s", 0.0)
-            out.append(CriterionProgress("time", t, stop.time_s, _fraction(t, 0, stop.time_s),
-                                         max(0.0, stop.time_s - t), ",.1f"))
+            out.append(
+                CriterionProgress(
+                    "time", t, stop.time_s, _fraction(t, 0, stop.time_s), max(0.0, stop.time_s - t), ",.1f"
+                )
+            )
         if stop.iterations is not None:
             it = r.get("iteration", 0)
             per_it = self.rates.s_per_iteration(r)
-            out.append(CriterionProgress("iterations", it, stop.iterations, _fraction(it, 0, stop.iterations),
-                                         _eta(stop.iterations - it, 1 / per_it if per_it else None)))
+            out.append(
+                CriterionProgress(
+                    "iterations",
+                    it,
+                    stop.iterations,
+                    _fraction(it, 0, stop.iterations),
+                    _eta(stop.iterations - it, 1 / per_it if per_it else None),
+                )
+            )
         return out
 
     def figures(self, r: dict[str, Any], best: Optional[float]) -> list[tuple[str, str]]:
         """``(label, value)`` pairs of the status: iteration, headline, its best, steps/s, episodes."""
         headline = metric_label(self.best_metric)
-        out = [("iter", _fmt(r.get("iteration", 0))),
-               (headline, _fmt(r.get(self.best_metric), ".4g")),
-               (f"best {headline}", _fmt(best, ".4g")),
-               ("steps/s", _fmt(self.rates.steps_per_s(r) or r.get("env_steps_per_s"))),
-               ("episodes", _fmt(r.get("episodes_total", 0)))]
+        out = [
+            ("iter", _fmt(r.get("iteration", 0))),
+            (headline, _fmt(r.get(self.best_metric), ".4g")),
+            (f"best {headline}", _fmt(best, ".4g")),
+            ("steps/s", _fmt(self.rates.steps_per_s(r) or r.get("env_steps_per_s"))),
+            ("episodes", _fmt(r.get("episodes_total", 0))),
+        ]
         if r.get("num_worker_restarts"):
             out.append(("restarts", _fmt(r["num_worker_restarts"])))
         if r.get("num_worker_timeouts"):  # of those restarts, the actors that hung
@@ -212,7 +250,9 @@ class ProgressDisplay:
         if crit:
             table = Table.grid(padding=(0, 1))
             for c in crit:
-                table.add_row(Text(f"{c.name:>10}"), ProgressBar(total=1.0, completed=c.fraction, width=36), Text(c.text()))
+                table.add_row(
+                    Text(f"{c.name:>10}"), ProgressBar(total=1.0, completed=c.fraction, width=36), Text(c.text())
+                )
             rows.append(table)
         for figures in (self.figures(r, best), self.learner_figures(r)):
             if figures:

@@ -45,9 +45,19 @@ class WandbWriter:
         import wandb
 
         run_id = read_run_id(run_dir, "wandb_run_id") or uuid.uuid4().hex[:12]
-        self.run = wandb.init(project=settings.project, entity=settings.entity, group=settings.group,
-                              tags=list(settings.tags) or None, mode=settings.mode, dir=str(run_dir),
-                              name=run_dir.name, id=run_id, resume="allow", config=config, reinit="create_new")
+        self.run = wandb.init(
+            project=settings.project,
+            entity=settings.entity,
+            group=settings.group,
+            tags=list(settings.tags) or None,
+            mode=settings.mode,
+            dir=str(run_dir),
+            name=run_dir.name,
+            id=run_id,
+            resume="allow",
+            config=config,
+            reinit="create_new",
+        )
         store_run_id(run_dir, "wandb_run_id", run_id)
         self.run.define_metric("env_steps_sampled")
         self.run.define_metric("*", step_metric="env_steps_sampled")
@@ -106,7 +116,7 @@ class MlflowWriter:
 
         params = [Param(mlflow_key(k), str(v)[:MAX_PARAM_VAL_LENGTH]) for k, v in flatten_config(config).items()]
         for i in range(0, len(params), MAX_PARAMS_TAGS_PER_BATCH):
-            self.client.log_batch(self.run_id, params=params[i:i + MAX_PARAMS_TAGS_PER_BATCH])
+            self.client.log_batch(self.run_id, params=params[i : i + MAX_PARAMS_TAGS_PER_BATCH])
 
     def write(self, result: dict[str, Any]) -> None:
         from mlflow.entities import Metric
@@ -115,7 +125,7 @@ class MlflowWriter:
         step, now = int(result.get("env_steps_sampled", result.get("iteration", 0))), int(time.time() * 1000)
         metrics = [Metric(mlflow_key(k), v, now, step) for k, v in scalar_items(result)]
         for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
-            self.client.log_batch(self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + MAX_METRICS_PER_BATCH])
 
     def checkpoint(self, path: Path, kind: str) -> None:
         self.client.set_tag(self.run_id, f"shoal.checkpoint.{kind}", str(Path(path).resolve()))

@@ -48,8 +48,11 @@ class JsonlWriter:
 
     def write(self, result: dict[str, Any]) -> None:
         if not _same_file(self.f, self.path):
-            log.warning("%s was deleted or replaced during the run; writing a new one from iteration %s on",
-                        self.path, result.get("iteration", "?"))
+            log.warning(
+                "%s was deleted or replaced during the run; writing a new one from iteration %s on",
+                self.path,
+                result.get("iteration", "?"),
+            )
             self.f.close()
             self.f = open(self.path, "a", buffering=1)
         self.f.write(json.dumps({k: _clean(v) for k, v in result.items()}, default=str) + "\n")
@@ -76,8 +79,11 @@ class CsvWriter:
         self.w = csv.writer(self.f)
 
     def write(self, result: dict[str, Any]) -> None:
-        new = [k for k, v in result.items()
-               if k not in self.columns and (isinstance(v, (int, float, str, bool)) or v is None)]
+        new = [
+            k
+            for k, v in result.items()
+            if k not in self.columns and (isinstance(v, (int, float, str, bool)) or v is None)
+        ]
         if new:
             self._extend(new)
         self.w.writerow(["" if _clean(result.get(c)) is None else result.get(c) for c in self.columns])
@@ -107,7 +113,9 @@ class TensorBoardWriter:
     """Scalars against env_steps_sampled; with ``config``, the resolved config as YAML text and as
     hparams (flattened keys) under the ``headline`` metric. Missing tensorboard only warns."""
 
-    def __init__(self, logdir: Path, config: dict[str, Any] | None = None, headline: str = "episode_return_mean") -> None:
+    def __init__(
+        self, logdir: Path, config: dict[str, Any] | None = None, headline: str = "episode_return_mean"
+    ) -> None:
         self.w = None
         try:
             with warnings.catch_warnings():
@@ -170,8 +178,9 @@ def _row_iteration(path: Path, line: str) -> float:
     try:
         return json.loads(line).get("iteration", 0)
     except (json.JSONDecodeError, AttributeError):
-        logging.getLogger("shoal.app.trainer").warning("%s: dropped a torn row (%d characters) left by a killed run",
-                                                   path, len(line))
+        logging.getLogger("shoal.app.trainer").warning(
+            "%s: dropped a torn row (%d characters) left by a killed run", path, len(line)
+        )
         return math.inf
 
 

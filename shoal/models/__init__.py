@@ -3,4 +3,13 @@
 from shoal.models.catalog import ActorCritic, QNetwork, build_actor_critic, build_q_network, preprocess_obs
 from shoal.models.distributions import Categorical, DiagGaussian, dist_class_for
 
-__all__ = ["ActorCritic", "QNetwork", "build_actor_critic", "build_q_network", "preprocess_obs", "Categorical", "DiagGaussian", "dist_class_for"]
+__all__ = [
+    "ActorCritic",
+    "QNetwork",
+    "build_actor_critic",
+    "build_q_network",
+    "preprocess_obs",
+    "Categorical",
+    "DiagGaussian",
+    "dist_class_for",
+]

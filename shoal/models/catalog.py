@@ -30,7 +30,9 @@ TORSOS = ("mlp", "nature_cnn", "impala_cnn", "conv")
 MAX_CHANNELS = 16  # the longest axis frame_layout takes for channels
 
 
-def mlp(in_dim: int, hiddens: list[int], activation: str, out_dim: int | None = None, out_gain: float = 1.0) -> nn.Sequential:
+def mlp(
+    in_dim: int, hiddens: list[int], activation: str, out_dim: int | None = None, out_gain: float = 1.0
+) -> nn.Sequential:
     """Orthogonally initialised MLP; the output layer (if any) gets ``out_gain``."""
     layers: list[nn.Module] = []
     d = in_dim
@@ -83,10 +85,12 @@ def frame_layout(shape: tuple[int, ...], layout: str = "auto") -> str:
         return "channels_first"
     if shape[2] <= MAX_CHANNELS and shape[2] < min(shape[0], shape[1]):
         return "channels_last"
-    raise ConfigError(f"Cannot tell the channel axis of image observations of shape {tuple(shape)}: neither the "
-                      f"first nor the last axis is at most {MAX_CHANNELS} long and shorter than the other two. "
-                      "Set model.frame_layout: channels_first for (C, H, W) frames or channels_last for (H, W, C) "
-                      "frames.")
+    raise ConfigError(
+        f"Cannot tell the channel axis of image observations of shape {tuple(shape)}: neither the "
+        f"first nor the last axis is at most {MAX_CHANNELS} long and shorter than the other two. "
+        "Set model.frame_layout: channels_first for (C, H, W) frames or channels_last for (H, W, C) "
+        "frames."
+    )
 
 
 def _uint8_image(space: gym.Space) -> bool:
@@ -98,11 +102,15 @@ def resolve_torso(obs_space: gym.Space, torso: str = "auto", conv_filters: list[
     is set, ``nature_cnn`` for a 3-d uint8 Box whose frames the Nature network fits (at least 36x36,
     judged by the two longest axes), ``mlp`` otherwise."""
     if conv_filters and torso not in ("auto", "conv"):
-        raise ConfigError(f"model.conv_filters is set, but model.torso is '{torso}': conv_filters are the layers of "
-                          "the 'conv' torso. Set model.torso to conv (or auto), or leave model.conv_filters empty.")
+        raise ConfigError(
+            f"model.conv_filters is set, but model.torso is '{torso}': conv_filters are the layers of "
+            "the 'conv' torso. Set model.torso to conv (or auto), or leave model.conv_filters empty."
+        )
     if torso == "conv" and not conv_filters:
-        raise ConfigError("model.torso 'conv' needs its layers in model.conv_filters ([[out_channels, kernel, stride], "
-                          "...]); for a ready-made network use torso nature_cnn or impala_cnn.")
+        raise ConfigError(
+            "model.torso 'conv' needs its layers in model.conv_filters ([[out_channels, kernel, stride], "
+            "...]); for a ready-made network use torso nature_cnn or impala_cnn."
+        )
     if torso != "auto":
         if torso not in TORSOS:
             raise ConfigError(f"model.torso must be auto or one of {', '.join(TORSOS)}; got '{torso}'.")
@@ -128,8 +136,10 @@ class ImageTorso(nn.Module):
         super().__init__()
         shape = getattr(obs_space, "shape", None)
         if not isinstance(obs_space, gym.spaces.Box) or shape is None or len(shape) != 3:
-            raise ConfigError(f"{self.name} needs an image-like Box observation of shape (H, W, C) or (C, H, W); "
-                              f"got {obs_space}. {self._other_observations}")
+            raise ConfigError(
+                f"{self.name} needs an image-like Box observation of shape (H, W, C) or (C, H, W); "
+                f"got {obs_space}. {self._other_observations}"
+            )
         self.shape = tuple(int(d) for d in shape)
         self.layout = frame_layout(self.shape, layout)
         self.channels_last = self.layout == "channels_last"
@@ -161,8 +171,10 @@ class ImageTorso(nn.Module):
 
     def _fits(self, kernel: int, stride: int, padding: int, h: int, w: int, what: str) -> tuple[int, int]:
         if kernel > h + 2 * padding or kernel > w + 2 * padding:
-            raise ConfigError(f"{what}: a {kernel}x{kernel} kernel does not fit the {h}x{w} feature map of "
-                              f"observation shape {self.shape} ({self.layout}). {self._too_small}")
+            raise ConfigError(
+                f"{what}: a {kernel}x{kernel} kernel does not fit the {h}x{w} feature map of "
+                f"observation shape {self.shape} ({self.layout}). {self._too_small}"
+            )
         return (h + 2 * padding - kernel) // stride + 1, (w + 2 * padding - kernel) // stride + 1
 
 
@@ -254,8 +266,13 @@ class ImpalaCNN(ImageTorso):
         return torch.relu_(F.linear(x, self.fc.weight, self.fc.bias))
 
 
-def build_torso(obs_space: gym.Space, torso: str = "auto", conv_filters: list[list[int]] | None = None,
-                activation: str = "relu", layout: str = "auto") -> tuple[ImageTorso | None, int]:
+def build_torso(
+    obs_space: gym.Space,
+    torso: str = "auto",
+    conv_filters: list[list[int]] | None = None,
+    activation: str = "relu",
+    layout: str = "auto",
+) -> tuple[ImageTorso | None, int]:
     """The torso module (None for ``mlp``) and the width of what the MLPs after it see."""
     kind = resolve_torso(obs_space, torso, conv_filters)
     if kind == "mlp":
@@ -287,10 +304,20 @@ class ActorCritic(nn.Module):
     ``value_step`` take the state (``state_size`` floats per env) instead of ``forward``/``value``.
     """
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, hiddens: list[int], activation: str = "tanh",
-                 vf_share_layers: bool = False, init_log_std: float = 0.0,
-                 conv_filters: list[list[int]] | None = None, torso: str = "auto", frame_layout: str = "auto",
-                 use_lstm: bool = False, lstm_cell_size: int = 256) -> None:
+    def __init__(
+        self,
+        obs_space: gym.Space,
+        action_space: gym.Space,
+        hiddens: list[int],
+        activation: str = "tanh",
+        vf_share_layers: bool = False,
+        init_log_std: float = 0.0,
+        conv_filters: list[list[int]] | None = None,
+        torso: str = "auto",
+        frame_layout: str = "auto",
+        use_lstm: bool = False,
+        lstm_cell_size: int = 256,
+    ) -> None:
         super().__init__()
         self.obs_space, self.action_space = obs_space, action_space
         self.recurrent = use_lstm
@@ -298,8 +325,9 @@ class ActorCritic(nn.Module):
         self.torso = resolve_torso(obs_space, torso, conv_filters)
         # One torso in front of the shared encoder, or one per network when they are separate.
         self.pi_conv, in_dim = build_torso(obs_space, self.torso, conv_filters, activation, frame_layout)
-        self.vf_conv = None if vf_share_layers else build_torso(obs_space, self.torso, conv_filters, activation,
-                                                                frame_layout)[0]
+        self.vf_conv = (
+            None if vf_share_layers else build_torso(obs_space, self.torso, conv_filters, activation, frame_layout)[0]
+        )
         self.gaussian = self.dist_cls is DiagGaussian
         n_out = int(action_space.shape[0]) if self.gaussian else self.dist_cls.num_inputs(action_space)
         last = hiddens[-1] if hiddens else in_dim
@@ -326,8 +354,10 @@ class ActorCritic(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.recurrent:
-            raise TypeError("a recurrent ActorCritic (model.use_lstm) takes its state: call unroll(obs, state, starts, "
-                            "seq_len) or step(obs, state)")
+            raise TypeError(
+                "a recurrent ActorCritic (model.use_lstm) takes its state: call unroll(obs, state, starts, "
+                "seq_len) or step(obs, state)"
+            )
         pi_in = _features(self.pi_conv, obs)
         if self.vf_share_layers:
             h = run_mlp(self.encoder, pi_in)
@@ -350,8 +380,9 @@ class ActorCritic(nn.Module):
         """``(n, state_size)`` zeros: the state before an episode's first step."""
         return torch.zeros(n, self.state_size, device=device)
 
-    def unroll(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor | None,
-               seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def unroll(
+        self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor | None, seq_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The network over sequences: ``obs`` rows are ``B`` sequences of ``seq_len`` steps laid out
         one after another, ``state`` ``(B, state_size)`` the state at each sequence's start, and
         ``starts`` (rows, bool, or None) the rows before which the state is zeroed. Returns
@@ -361,8 +392,9 @@ class ActorCritic(nn.Module):
         if self.vf_share_layers:
             values = run_mlp(self.vf_head, out)
         else:
-            vf_out, vf_final = self._branch(self.vf_conv, self.vf_encoder, self.vf_core, obs, state[:, cell:], starts,
-                                            seq_len)
+            vf_out, vf_final = self._branch(
+                self.vf_conv, self.vf_encoder, self.vf_core, obs, state[:, cell:], starts, seq_len
+            )
             values = run_mlp(self.vf_head, vf_out)
             final = torch.cat([final, vf_final], dim=1)
         inputs = run_mlp(self.pi_head, out)
@@ -392,7 +424,9 @@ class ActorCritic(nn.Module):
 
 
 def _torso_kwargs(model_config) -> dict:
-    return dict(conv_filters=model_config.conv_filters, torso=model_config.torso, frame_layout=model_config.frame_layout)
+    return dict(
+        conv_filters=model_config.conv_filters, torso=model_config.torso, frame_layout=model_config.frame_layout
+    )
 
 
 BYTES_PER_PARAMETER = 16  # float32 weights, their gradients and Adam's two moments
@@ -415,10 +449,14 @@ def check_model_size(model_config: Any, obs_space: gym.Space | None) -> None:
     needed, avail = 2 * params * BYTES_PER_PARAMETER, process.available_memory_bytes()
     if avail is None or needed <= avail:
         return
-    lstm = f" and model.lstm_cell_size={model_config.lstm_cell_size}" if getattr(model_config, "use_lstm", False) else ""
-    raise ConfigError(f"model.hiddens={list(model_config.hiddens)}{lstm} describe networks of about {params:,} "
-                      f"parameters each: about {needed / GB:,.1f} GB with gradients and optimizer state, and this machine "
-                      f"has {avail / GB:.1f} GB available. Typical layer sizes are 64 to 1024; nothing was built.")
+    lstm = (
+        f" and model.lstm_cell_size={model_config.lstm_cell_size}" if getattr(model_config, "use_lstm", False) else ""
+    )
+    raise ConfigError(
+        f"model.hiddens={list(model_config.hiddens)}{lstm} describe networks of about {params:,} "
+        f"parameters each: about {needed / GB:,.1f} GB with gradients and optimizer state, and this machine "
+        f"has {avail / GB:.1f} GB available. Typical layer sizes are 64 to 1024; nothing was built."
+    )
 
 
 def build_actor_critic(obs_space: gym.Space, action_space: gym.Space, model_config) -> nn.Module:
@@ -444,9 +482,17 @@ class QNetwork(nn.Module):
     """Q(s, .) for Discrete actions: a torso (``conv``, None for ``mlp``), an encoder MLP, and a head;
     ``dueling`` splits the head into V(s) + A(s, a) - mean_a A(s, a)."""
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, hiddens: list[int], activation: str = "relu",
-                 dueling: bool = True, conv_filters: list[list[int]] | None = None, torso: str = "auto",
-                 frame_layout: str = "auto") -> None:
+    def __init__(
+        self,
+        obs_space: gym.Space,
+        action_space: gym.Space,
+        hiddens: list[int],
+        activation: str = "relu",
+        dueling: bool = True,
+        conv_filters: list[list[int]] | None = None,
+        torso: str = "auto",
+        frame_layout: str = "auto",
+    ) -> None:
         super().__init__()
         if not isinstance(action_space, gym.spaces.Discrete):
             raise TypeError(f"Q-learning needs a Discrete action space, got {action_space}")
@@ -473,5 +519,11 @@ def build_q_network(obs_space: gym.Space, action_space: gym.Space, model_config,
         from shoal.models.custom import CustomQNetwork
 
         return CustomQNetwork(obs_space, action_space, model_config)
-    return QNetwork(obs_space, action_space, list(model_config.hiddens), model_config.activation, dueling,
-                    **_torso_kwargs(model_config))
+    return QNetwork(
+        obs_space,
+        action_space,
+        list(model_config.hiddens),
+        model_config.activation,
+        dueling,
+        **_torso_kwargs(model_config),
+    )

@@ -52,21 +52,26 @@ def load_custom_class(path: str) -> type:
     try:
         cls = import_path(path)
     except (ImportError, AttributeError, ValueError) as e:
-        raise ConfigError(f"model.custom '{path}' cannot be imported: {e}. It must be 'package.module:ClassName' "
-                          "for a module importable in every shoal process.") from None
+        raise ConfigError(
+            f"model.custom '{path}' cannot be imported: {e}. It must be 'package.module:ClassName' "
+            "for a module importable in every shoal process."
+        ) from None
     if not isinstance(cls, type) or not issubclass(cls, nn.Module):
         raise ConfigError(f"model.custom '{path}' names {cls!r}, not a torch.nn.Module subclass.")
     return cls
 
 
-def _construct(path: str, obs_space: gym.Space, action_space: gym.Space, num_outputs: int,
-               kwargs: dict[str, Any]) -> nn.Module:
+def _construct(
+    path: str, obs_space: gym.Space, action_space: gym.Space, num_outputs: int, kwargs: dict[str, Any]
+) -> nn.Module:
     cls = load_custom_class(path)
     try:
         return cls(obs_space, action_space, num_outputs, **kwargs)
     except TypeError as e:
-        raise ConfigError(f"model.custom '{path}' could not be constructed as {cls.__name__}(obs_space, "
-                          f"action_space, num_outputs, **model.custom_kwargs) with custom_kwargs {kwargs}: {e}") from None
+        raise ConfigError(
+            f"model.custom '{path}' could not be constructed as {cls.__name__}(obs_space, "
+            f"action_space, num_outputs, **model.custom_kwargs) with custom_kwargs {kwargs}: {e}"
+        ) from None
 
 
 def _sample_obs(obs_space: gym.Space) -> torch.Tensor:
@@ -98,7 +103,9 @@ class CustomActorCritic(_Adapter):
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, model_config) -> None:
         self.dist_cls = dist_class_for(action_space)
         self.num_outputs = int(self.dist_cls.num_inputs(action_space))
-        net = _construct(model_config.custom, obs_space, action_space, self.num_outputs, dict(model_config.custom_kwargs))
+        net = _construct(
+            model_config.custom, obs_space, action_space, self.num_outputs, dict(model_config.custom_kwargs)
+        )
         super().__init__(net, obs_space, model_config.custom)
         self.obs_space, self.action_space = obs_space, action_space
         self.recurrent = bool(getattr(net, "recurrent", False))
@@ -106,17 +113,22 @@ class CustomActorCritic(_Adapter):
         if self.recurrent:
             size = getattr(net, "state_size", None)
             if not isinstance(size, int) or size < 1:
-                raise self._fail(f"a recurrent model (recurrent = True) needs an integer state_size >= 1; got {size!r}.")
+                raise self._fail(
+                    f"a recurrent model (recurrent = True) needs an integer state_size >= 1; got {size!r}."
+                )
             if not callable(getattr(net, "unroll", None)):
-                raise self._fail("a recurrent model (recurrent = True) needs unroll(obs, state, starts, seq_len) -> "
-                                 "(action_dist_inputs, values, final_state).")
+                raise self._fail(
+                    "a recurrent model (recurrent = True) needs unroll(obs, state, starts, seq_len) -> "
+                    "(action_dist_inputs, values, final_state)."
+                )
             self.state_size = size
         self._check(obs_space)
 
     def _check(self, obs_space: gym.Space) -> None:
         obs = _sample_obs(obs_space)
-        expect = (f"(action_dist_inputs of shape (B, {self.num_outputs}), values of shape (B,))"
-                  + (" and the final state (B, state_size)" if self.recurrent else ""))
+        expect = f"(action_dist_inputs of shape (B, {self.num_outputs}), values of shape (B,))" + (
+            " and the final state (B, state_size)" if self.recurrent else ""
+        )
         try:
             with torch.no_grad():
                 if self.recurrent:
@@ -124,20 +136,26 @@ class CustomActorCritic(_Adapter):
                 else:
                     out = self.net(self._obs(obs))
         except Exception as e:  # the user's code: report it as a build error with the model's name
-            raise self._fail(f"{'unroll' if self.recurrent else 'forward'} failed on a batch of 2 sampled "
-                             f"observations: {type(e).__name__}: {e}") from e
+            raise self._fail(
+                f"{'unroll' if self.recurrent else 'forward'} failed on a batch of 2 sampled "
+                f"observations: {type(e).__name__}: {e}"
+            ) from e
         n = 3 if self.recurrent else 2
         if not isinstance(out, (tuple, list)) or len(out) != n or not all(isinstance(t, torch.Tensor) for t in out):
             raise self._fail(f"must return {n} tensors {expect}; got {type(out).__name__}.")
         inputs, values = out[0], out[1]
         if tuple(inputs.shape) != (2, self.num_outputs):
-            raise self._fail(f"action_dist_inputs for a batch of 2 must have shape (2, {self.num_outputs}) "
-                             f"({self._outputs_meaning()}); got {tuple(inputs.shape)}.")
+            raise self._fail(
+                f"action_dist_inputs for a batch of 2 must have shape (2, {self.num_outputs}) "
+                f"({self._outputs_meaning()}); got {tuple(inputs.shape)}."
+            )
         if values.numel() != 2 or values.shape[0] != 2:
             raise self._fail(f"values for a batch of 2 must have shape (2,) or (2, 1); got {tuple(values.shape)}.")
         if self.recurrent and tuple(out[2].shape) != (2, self.state_size):
-            raise self._fail(f"the final state for a batch of 2 must have shape (2, {self.state_size}) (state_size); "
-                             f"got {tuple(out[2].shape)}.")
+            raise self._fail(
+                f"the final state for a batch of 2 must have shape (2, {self.state_size}) (state_size); "
+                f"got {tuple(out[2].shape)}."
+            )
 
     def _outputs_meaning(self) -> str:
         if isinstance(self.action_space, gym.spaces.Discrete):
@@ -146,7 +164,9 @@ class CustomActorCritic(_Adapter):
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.recurrent:
-            raise TypeError("a recurrent model takes its state: call unroll(obs, state, starts, seq_len) or step(obs, state)")
+            raise TypeError(
+                "a recurrent model takes its state: call unroll(obs, state, starts, seq_len) or step(obs, state)"
+            )
         inputs, values = self.net(self._obs(obs))
         return inputs, values.reshape(-1)
 
@@ -160,8 +180,9 @@ class CustomActorCritic(_Adapter):
             return torch.as_tensor(self.net.initial_state(n), dtype=torch.float32, device=device)
         return torch.zeros(n, self.state_size, device=device)
 
-    def unroll(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor | None,
-               seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def unroll(
+        self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor | None, seq_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         inputs, values, final = self.net.unroll(self._obs(obs), state, starts, seq_len)
         return inputs, values.reshape(-1), final
 
@@ -179,7 +200,9 @@ class CustomQNetwork(_Adapter):
         if not isinstance(action_space, gym.spaces.Discrete):
             raise TypeError(f"Q-learning needs a Discrete action space, got {action_space}")
         self.num_outputs = int(action_space.n)
-        net = _construct(model_config.custom, obs_space, action_space, self.num_outputs, dict(model_config.custom_kwargs))
+        net = _construct(
+            model_config.custom, obs_space, action_space, self.num_outputs, dict(model_config.custom_kwargs)
+        )
         super().__init__(net, obs_space, model_config.custom)
         obs = _sample_obs(obs_space)
         try:
@@ -189,8 +212,10 @@ class CustomQNetwork(_Adapter):
             raise self._fail(f"forward failed on a batch of 2 sampled observations: {type(e).__name__}: {e}") from e
         if not isinstance(q, torch.Tensor) or tuple(q.shape) != (2, self.num_outputs):
             got = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
-            raise self._fail(f"a Q model's forward must return Q-values of shape (B, {self.num_outputs}), one per "
-                             f"action; for a batch of 2 it returned {got}.")
+            raise self._fail(
+                f"a Q model's forward must return Q-values of shape (B, {self.num_outputs}), one per "
+                f"action; for a batch of 2 it returned {got}."
+            )
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(self._obs(obs))

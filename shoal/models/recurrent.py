@@ -48,10 +48,11 @@ class LSTMCore(nn.Module):
         with torch.no_grad():
             for bias in (self.lstm.bias_ih_l0, self.lstm.bias_hh_l0):
                 bias.zero_()
-            self.lstm.bias_ih_l0[cell_size:2 * cell_size].fill_(1.0)
+            self.lstm.bias_ih_l0[cell_size : 2 * cell_size].fill_(1.0)
 
-    def forward(self, x: torch.Tensor, state: torch.Tensor,
-                starts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, state: torch.Tensor, starts: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         h, c = state.split(self.cell_size, dim=1)
         if starts is None or not bool(starts.any()):
             out, (h, c) = self.lstm(x, (h[None].contiguous(), c[None].contiguous()))

@@ -41,8 +41,9 @@ class BatchReplay:
         if capacity < 1:
             raise ConfigError(f"replay capacity={capacity}: the replay buffer must hold at least 1 batch")
         if not 0.0 <= replay_ratio <= 1.0:
-            raise ConfigError(f"replay_ratio={replay_ratio}: must be between 0 (only new batches) "
-                              "and 1 (only replayed ones)")
+            raise ConfigError(
+                f"replay_ratio={replay_ratio}: must be between 0 (only new batches) and 1 (only replayed ones)"
+            )
         self.capacity, self.replay_ratio = capacity, replay_ratio
         self.rng = np.random.default_rng(seed)
         self.new: dict[PolicyId, deque[Batch]] = {}
@@ -91,8 +92,10 @@ class BatchReplay:
             d.pop(policy_id, None)
 
     def stats(self) -> dict[PolicyId, dict[str, int]]:
-        return {pid: {**c, "waiting": len(self.new.get(pid, ())), "stored": len(self.stored.get(pid, ()))}
-                for pid, c in self.counts.items()}
+        return {
+            pid: {**c, "waiting": len(self.new.get(pid, ())), "stored": len(self.stored.get(pid, ()))}
+            for pid, c in self.counts.items()
+        }
 
 
 __all__ = ["BatchReplay", "num_to_replay"]

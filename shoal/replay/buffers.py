@@ -65,14 +65,17 @@ def _to_tensor(name: str, array: np.ndarray):
     try:
         return torch.from_numpy(np.ascontiguousarray(array).copy())
     except TypeError as e:
-        raise TypeError(f"replay column '{name}' (dtype {array.dtype}) cannot be saved as a torch tensor: {e}") from None
+        raise TypeError(
+            f"replay column '{name}' (dtype {array.dtype}) cannot be saved as a torch tensor: {e}"
+        ) from None
 
 
 class ReplayBuffer:
     """Fixed-capacity FIFO ring of transitions, sampled uniformly with replacement."""
 
-    def __init__(self, capacity: int, seed: int | None = None, compression: str = "none",
-                 memory_share: float = 1.0) -> None:
+    def __init__(
+        self, capacity: int, seed: int | None = None, compression: str = "none", memory_share: float = 1.0
+    ) -> None:
         self.capacity = _positive_int("capacity", capacity)
         self.compression = storage.check_compression(compression)
         if self.compression == "lz4":
@@ -123,16 +126,24 @@ class ReplayBuffer:
                 raise ValueError(f"column '{k}' has dtype {v.dtype}, which cannot be stored as {col.dtype}")
         return data
 
-    def _allocate(self, specs: dict[str, tuple[tuple[int, ...], np.dtype]],
-                  rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _allocate(
+        self, specs: dict[str, tuple[tuple[int, ...], np.dtype]], rows: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
         """Choose each column's storage, check that the full ring fits in memory, then allocate;
         returns ``rows`` prepared for writing (compressed where the column is)."""
-        packed = {k: storage.pack_rows(rows[k]) if rows[k].dtype != object else rows[k]
-                  for k in storage.compressed_names(specs, self.compression)}
-        storage.check_fits(self.capacity, storage.estimate_bytes(self.capacity, specs, packed), bool(packed),
-                           self.memory_share)
-        self._columns = {k: storage.Lz4Column(self.capacity, shape) if k in packed
-                         else storage.PlainColumn(self.capacity, shape, dtype) for k, (shape, dtype) in specs.items()}
+        packed = {
+            k: storage.pack_rows(rows[k]) if rows[k].dtype != object else rows[k]
+            for k in storage.compressed_names(specs, self.compression)
+        }
+        storage.check_fits(
+            self.capacity, storage.estimate_bytes(self.capacity, specs, packed), bool(packed), self.memory_share
+        )
+        self._columns = {
+            k: storage.Lz4Column(self.capacity, shape)
+            if k in packed
+            else storage.PlainColumn(self.capacity, shape, dtype)
+            for k, (shape, dtype) in specs.items()
+        }
         return {k: packed.get(k, v) for k, v in rows.items()}
 
     def _write(self, data: dict[str, np.ndarray], n: int) -> np.ndarray:
@@ -163,7 +174,7 @@ class ReplayBuffer:
         data = self._rows(batch)
         n = len(batch)
         if n > self.capacity:
-            data = {k: v[n - self.capacity:] for k, v in data.items()}
+            data = {k: v[n - self.capacity :] for k, v in data.items()}
         slots = self._write(data, min(n, self.capacity))
         self.added += n  # after the write: a refused first add (memory) changes nothing
         return slots
@@ -199,8 +210,10 @@ class ReplayBuffer:
             "pos": self._pos,
             "size": self._size,
             "added": self.added,
-            "columns": {k: v.state(self._size) if v.compressed else _to_tensor(k, v.rows(self._size))
-                        for k, v in self._columns.items()},
+            "columns": {
+                k: v.state(self._size) if v.compressed else _to_tensor(k, v.rows(self._size))
+                for k, v in self._columns.items()
+            },
             "rng": self._rng.bit_generator.state,
         }
 
@@ -239,8 +252,16 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     ``n`` equal segments of the total mass.
     """
 
-    def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6,
-                 seed: int | None = None, compression: str = "none", memory_share: float = 1.0) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        eps: float = 1e-6,
+        seed: int | None = None,
+        compression: str = "none",
+        memory_share: float = 1.0,
+    ) -> None:
         super().__init__(capacity, seed, compression, memory_share)
         self.alpha = _non_negative("alpha", alpha)
         self.beta = _non_negative("beta", beta)
@@ -267,17 +288,20 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         slots = super().add(batch)
         if not len(slots):
             return slots
-        p = np.full(len(slots), self.max_priority) if p is None else p[n - len(slots):]
+        p = np.full(len(slots), self.max_priority) if p is None else p[n - len(slots) :]
         self._set_priorities(slots, p)
         return slots
 
     def _set_priorities(self, idx: np.ndarray, p: np.ndarray, row_ids: np.ndarray = _NO_ROW_IDS) -> int:
         t = self._tree
-        bad, max_raw, written = st.per_update(t.tree, t.base, self._size, idx, p, self.alpha, self.eps, row_ids,
-                                              self._pos, self.added, self.capacity)
+        bad, max_raw, written = st.per_update(
+            t.tree, t.base, self._size, idx, p, self.alpha, self.eps, row_ids, self._pos, self.added, self.capacity
+        )
         if bad >= 0:
             what = f"slot {idx[bad]} (the buffer holds {self._size})" if 0 <= p[bad] < np.inf else f"priority {p[bad]}"
-            raise ValueError(f"invalid {what} at position {bad}: slots must be in [0, size), priorities finite and >= 0")
+            raise ValueError(
+                f"invalid {what} at position {bad}: slots must be in [0, size), priorities finite and >= 0"
+            )
         if max_raw > self.max_priority:
             self.max_priority = max_raw
         return written
@@ -319,8 +343,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def get_state(self) -> dict[str, Any]:
         state = super().get_state()
-        state.update(priorities=_to_tensor("priorities", self.priorities()), max_priority=self.max_priority,
-                     alpha=self.alpha, beta=self.beta, eps=self.eps)
+        state.update(
+            priorities=_to_tensor("priorities", self.priorities()),
+            max_priority=self.max_priority,
+            alpha=self.alpha,
+            beta=self.beta,
+            eps=self.eps,
+        )
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:

@@ -34,9 +34,18 @@ class ReplayShard:
     read as a crash and recreate the shard).
     """
 
-    def __init__(self, capacity: int, prioritized: bool = True, alpha: float = 0.6, beta: float = 0.4,
-                 eps: float = 1e-6, seed: int | None = None, compression: str = "none",
-                 memory_share: float = 1.0, retain_freed_memory: bool = False) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        prioritized: bool = True,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        eps: float = 1e-6,
+        seed: int | None = None,
+        compression: str = "none",
+        memory_share: float = 1.0,
+        retain_freed_memory: bool = False,
+    ) -> None:
         if retain_freed_memory:
             from shoal.process import retain_freed_memory as retain
 
@@ -117,8 +126,10 @@ class ReplayShard:
 
     def set_state(self, state: dict[str, Any]) -> None:
         if bool(state["prioritized"]) != self.prioritized:
-            raise ValueError(f"replay state is {'' if state['prioritized'] else 'not '}prioritized, this shard is "
-                             f"{'' if self.prioritized else 'not '}prioritized")
+            raise ValueError(
+                f"replay state is {'' if state['prioritized'] else 'not '}prioritized, this shard is "
+                f"{'' if self.prioritized else 'not '}prioritized"
+            )
         with self._lock:
             self.buffer.set_state(state["buffer"])
             self.counts = {k: int(state["counts"].get(k, 0)) for k in self.counts}

@@ -56,8 +56,10 @@ def lz4_block():
     try:
         import lz4.block
     except ImportError:
-        raise ConfigError("replay_compression stores uint8 observations compressed with lz4, which is not installed: "
-                          "pip install shoal[atari] (or pip install lz4), or set replay_compression: none") from None
+        raise ConfigError(
+            "replay_compression stores uint8 observations compressed with lz4, which is not installed: "
+            "pip install shoal[atari] (or pip install lz4), or set replay_compression: none"
+        ) from None
     return lz4.block
 
 
@@ -69,12 +71,21 @@ def compressed_names(specs: dict[str, tuple[tuple[int, ...], np.dtype]], mode: s
     """The columns of ``specs`` (name -> (row shape, dtype)) that ``mode`` stores compressed."""
     if mode == "none":
         return []
-    names = [k for k in OBSERVATION_COLUMNS if k in specs and np.dtype(specs[k][1]) == np.uint8
-             and (mode == "lz4" or row_nbytes(*specs[k]) >= AUTO_MIN_ROW_BYTES)]
+    names = [
+        k
+        for k in OBSERVATION_COLUMNS
+        if k in specs
+        and np.dtype(specs[k][1]) == np.uint8
+        and (mode == "lz4" or row_nbytes(*specs[k]) >= AUTO_MIN_ROW_BYTES)
+    ]
     if mode == "lz4" and not names:
-        found = ", ".join(f"{k} {np.dtype(specs[k][1])} {tuple(specs[k][0])}" for k in OBSERVATION_COLUMNS if k in specs)
-        raise ConfigError(f"replay_compression lz4 compresses uint8 observation columns, and these rows have none "
-                          f"({found or 'no obs or next_obs column'}): set replay_compression to auto or none")
+        found = ", ".join(
+            f"{k} {np.dtype(specs[k][1])} {tuple(specs[k][0])}" for k in OBSERVATION_COLUMNS if k in specs
+        )
+        raise ConfigError(
+            f"replay_compression lz4 compresses uint8 observation columns, and these rows have none "
+            f"({found or 'no obs or next_obs column'}): set replay_compression to auto or none"
+        )
     if names:
         lz4_block()
     return names
@@ -98,7 +109,7 @@ def unpack_rows(blocks: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         row = decompress(block, uncompressed_size=n)
         if len(row) != n:
             raise ValueError(f"a compressed replay row holds {len(row)} bytes, expected {n}")
-        flat[j * n:(j + 1) * n] = row
+        flat[j * n : (j + 1) * n] = row
     return out
 
 
@@ -106,8 +117,9 @@ def block_lengths(blocks: np.ndarray) -> np.ndarray:
     return np.fromiter(map(len, blocks), dtype=np.int64, count=len(blocks))
 
 
-def estimate_bytes(capacity: int, specs: dict[str, tuple[tuple[int, ...], np.dtype]],
-                   packed: dict[str, np.ndarray]) -> int:
+def estimate_bytes(
+    capacity: int, specs: dict[str, tuple[tuple[int, ...], np.dtype]], packed: dict[str, np.ndarray]
+) -> int:
     """Bytes a full ring will hold: plain columns exactly; a compressed column from the mean
     block size of ``packed`` (rows at hand) times :data:`ESTIMATE_SAFETY`, plus the per-row overhead."""
     total = 0.0
@@ -129,13 +141,24 @@ def check_fits(capacity: int, needed: int, compressed: bool, share: float = 1.0)
     allowed = avail * share
     if needed <= allowed:
         return
-    whose = "" if share >= 1 else (f" to it ({share:.0%} of the {avail / process.GB:.1f} GB available: the replay shards of a "
-                                   "run share the machine equally)")
-    remedy = ("lower replay_capacity" if compressed else
-              "lower replay_capacity, or set replay_compression to auto or lz4 (uint8 observations stored compressed)")
-    raise ConfigError(f"replay_capacity is too large for this machine's memory: a replay buffer of {capacity:,} rows "
-                      f"needs about {needed / process.GB:.1f} GB ({needed / capacity:,.0f} bytes per row), and "
-                      f"{allowed / process.GB:.1f} GB is available{whose}. To fit, {remedy}. Nothing was allocated.")
+    whose = (
+        ""
+        if share >= 1
+        else (
+            f" to it ({share:.0%} of the {avail / process.GB:.1f} GB available: the replay shards of a "
+            "run share the machine equally)"
+        )
+    )
+    remedy = (
+        "lower replay_capacity"
+        if compressed
+        else "lower replay_capacity, or set replay_compression to auto or lz4 (uint8 observations stored compressed)"
+    )
+    raise ConfigError(
+        f"replay_capacity is too large for this machine's memory: a replay buffer of {capacity:,} rows "
+        f"needs about {needed / process.GB:.1f} GB ({needed / capacity:,.0f} bytes per row), and "
+        f"{allowed / process.GB:.1f} GB is available{whose}. To fit, {remedy}. Nothing was allocated."
+    )
 
 
 # ---- columns ----------------------------------------------------------------------------
@@ -164,9 +187,9 @@ class PlainColumn:
 
     def write(self, start: int, first: int, rows: np.ndarray) -> None:
         """Rows ``[:first]`` into slots ``start...``, the rest (the ring wrapped) into slots ``0...``."""
-        self.array[start:start + first] = rows[:first]
+        self.array[start : start + first] = rows[:first]
         if first < len(rows):
-            self.array[:len(rows) - first] = rows[first:]
+            self.array[: len(rows) - first] = rows[first:]
 
     def take(self, idx: np.ndarray) -> np.ndarray:
         return np.take(self.array, idx, axis=0)  # faster than array[idx]
@@ -190,16 +213,22 @@ class Lz4Column:
     @property
     def nbytes(self) -> int:
         """Bytes held: the blocks, their per-row overhead, and the slot and length arrays."""
-        return self.stored_bytes + int(np.count_nonzero(self.lengths)) * (ROW_OVERHEAD_BYTES - 16) \
-            + self.blocks.nbytes + self.lengths.nbytes
+        return (
+            self.stored_bytes
+            + int(np.count_nonzero(self.lengths)) * (ROW_OVERHEAD_BYTES - 16)
+            + self.blocks.nbytes
+            + self.lengths.nbytes
+        )
 
     def prepare(self, rows: np.ndarray) -> np.ndarray:
         return pack_rows(rows.astype(np.uint8, copy=False))  # what a plain uint8 ring's assignment would store
 
     def write(self, start: int, first: int, blocks: np.ndarray) -> None:
         lengths = block_lengths(blocks)
-        for s, b, ln in ((slice(start, start + first), blocks[:first], lengths[:first]),
-                         (slice(0, len(blocks) - first), blocks[first:], lengths[first:])):
+        for s, b, ln in (
+            (slice(start, start + first), blocks[:first], lengths[:first]),
+            (slice(0, len(blocks) - first), blocks[first:], lengths[first:]),
+        ):
             self.stored_bytes += int(ln.sum()) - int(self.lengths[s].sum())
             self.blocks[s] = b
             self.lengths[s] = ln
@@ -214,15 +243,22 @@ class Lz4Column:
         offsets = np.zeros(size + 1, dtype=np.int64)
         np.cumsum(self.lengths[:size], out=offsets[1:])
         data = np.frombuffer(bytearray().join(self.blocks[:size].tolist()), dtype=np.uint8)
-        return {"codec": "lz4", "row_shape": list(self.shape), "dtype": "uint8",
-                "data": torch.from_numpy(data), "offsets": torch.from_numpy(offsets)}
+        return {
+            "codec": "lz4",
+            "row_shape": list(self.shape),
+            "dtype": "uint8",
+            "data": torch.from_numpy(data),
+            "offsets": torch.from_numpy(offsets),
+        }
 
 
 def unpack_state(name: str, state: dict[str, Any], size: int) -> tuple[tuple[int, ...], np.ndarray]:
     """(row shape, object array of blocks) from :meth:`Lz4Column.state`."""
     if state.get("codec") != "lz4" or state.get("dtype") != "uint8":
-        raise ValueError(f"replay state column '{name}' is stored with codec {state.get('codec')!r} "
-                         f"({state.get('dtype')!r}); this version reads lz4 (uint8)")
+        raise ValueError(
+            f"replay state column '{name}' is stored with codec {state.get('codec')!r} "
+            f"({state.get('dtype')!r}); this version reads lz4 (uint8)"
+        )
     offsets = state["offsets"].numpy()
     if len(offsets) != size + 1:
         raise ValueError(f"replay state column '{name}' has {len(offsets) - 1} rows, expected {size}")

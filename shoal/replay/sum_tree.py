@@ -229,11 +229,11 @@ class SumTree:
         values = np.ascontiguousarray(values, dtype=np.float64).reshape(-1)
         if values.size > self.capacity or first_invalid(values) >= 0:
             raise ValueError(f"load takes at most {self.capacity} finite values >= 0")
-        leaves = self.tree[self.base:]
+        leaves = self.tree[self.base :]
         leaves[:, 0] = 0.0
         leaves[:, 1] = np.inf
-        leaves[:values.size, 0] = values
-        leaves[:values.size, 1] = values
+        leaves[: values.size, 0] = values
+        leaves[: values.size, 1] = values
         tree_rebuild(self.tree, self.base)
 
     def find(self, targets) -> np.ndarray:

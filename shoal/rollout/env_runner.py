@@ -64,7 +64,9 @@ class RolloutMetrics:
     episode_envs: list[int] = field(default_factory=list)  # the env (index in the vector) of each finished episode
     sample_time_s: float = 0.0
     worker_index: int = 0
-    normalizer_new: RunningStats | None = None  # normalization statistics gathered since the last sample, for the driver
+    normalizer_new: RunningStats | None = (
+        None  # normalization statistics gathered since the last sample, for the driver
+    )
     custom_metrics: list[dict[str, float]] = field(default_factory=list)  # on_episode_end's, one dict per episode
     env_failures: int = 0  # times the env raised in step/reset and was recreated (its fragment dropped)
 
@@ -158,8 +160,15 @@ class EnvRunner:
         num_envs: envs in the vector; defaults to ``config.resources.num_envs_per_worker``.
     """
 
-    def __init__(self, config, worker_index: int, policy_cls, postprocess: Callable[[Fragment], Batch] = fragment_to_batch,
-                 rollout_fragment_length: int = 64, num_envs: int | None = None) -> None:
+    def __init__(
+        self,
+        config,
+        worker_index: int,
+        policy_cls,
+        postprocess: Callable[[Fragment], Batch] = fragment_to_batch,
+        rollout_fragment_length: int = 64,
+        num_envs: int | None = None,
+    ) -> None:
         configure_process(config.resources)
         self.config = config
         self.worker_index = worker_index
@@ -215,8 +224,15 @@ class EnvRunner:
                 self.env.close()
             except Exception:  # noqa: BLE001 - it is broken already
                 pass
-        self.env = env_call("construction", make_vec_env, self.config.env, self.num_envs, self.config.env_config,
-                            seed=seed, preprocessing=self.config.env_preprocessing)
+        self.env = env_call(
+            "construction",
+            make_vec_env,
+            self.config.env,
+            self.num_envs,
+            self.config.env_config,
+            seed=seed,
+            preprocessing=self.config.env_preprocessing,
+        )
 
     def _recreate_env(self) -> None:
         """After the env raised: build it anew, with a fresh seed, and start fresh episodes (those in progress are dropped)."""
@@ -277,11 +293,13 @@ class EnvRunner:
         self._obs, self._prev_done = obs, prev_done
         buf.rewards *= buf.valid
         metrics.env_steps = int(buf.valid.sum())
-        return Fragment(buf.obs, buf.actions, buf.rewards, buf.terms, buf.truncs, buf.valid, buf.extras, last_extras,
-                        buf.state), metrics
+        return Fragment(
+            buf.obs, buf.actions, buf.rewards, buf.terms, buf.truncs, buf.valid, buf.extras, last_extras, buf.state
+        ), metrics
 
-    def _record_step(self, buf: "_FragmentBuffers", t: int, raw, r, term, trunc, info, live: np.ndarray,
-                     metrics: RolloutMetrics) -> np.ndarray:
+    def _record_step(
+        self, buf: "_FragmentBuffers", t: int, raw, r, term, trunc, info, live: np.ndarray, metrics: RolloutMetrics
+    ) -> np.ndarray:
         """Step ``t``'s rewards and flags into the buffers, and the episode bookkeeping (returns and
         lengths stay raw: the learner sees shaped or normalized rewards); where episodes ended."""
         buf.valid[t] = live
@@ -337,9 +355,13 @@ class EnvRunner:
                 k = min(num_episodes - len(returns), 32)
                 env = self._eval_envs.get(k)
                 if env is None:
-                    env = self._eval_envs[k] = make_vec_env(self.config.env, k, self.config.env_config,
-                                                            seed=evaluation_seed(self.seed),
-                                                            preprocessing=self.config.env_preprocessing)
+                    env = self._eval_envs[k] = make_vec_env(
+                        self.config.env,
+                        k,
+                        self.config.env_config,
+                        seed=evaluation_seed(self.seed),
+                        preprocessing=self.config.env_preprocessing,
+                    )
                 raw, _ = env.reset()
                 ret, length = np.zeros(k), np.zeros(k, dtype=np.int64)
                 finished = np.zeros(k, dtype=bool)
@@ -356,8 +378,9 @@ class EnvRunner:
         return episode_summary(returns, lengths)
 
     def _evaluate_rendered(self, num_episodes: int) -> dict[str, float]:
-        env = make_env(self.config.env, self.config.env_config, preprocessing=self.config.env_preprocessing,
-                       render_mode="human")
+        env = make_env(
+            self.config.env, self.config.env_config, preprocessing=self.config.env_preprocessing, render_mode="human"
+        )
         returns, lengths = [], []
         with torch.inference_mode():
             for _ in range(num_episodes):

@@ -69,8 +69,14 @@ class EnvFaults:
         self.in_a_row += 1
         self._new += 1
         if self.in_a_row < self.limit:
-            log.warning("env '%s' (%s) raised in %s (%s: %s); recreating it and dropping its episodes in progress",
-                        self.env_name, self.where, e.where, type(e.error).__name__, str(e.error)[:200])
+            log.warning(
+                "env '%s' (%s) raised in %s (%s: %s); recreating it and dropping its episodes in progress",
+                self.env_name,
+                self.where,
+                e.where,
+                type(e.error).__name__,
+                str(e.error)[:200],
+            )
             return
         last = f"in {e.where}: {type(e.error).__name__}: {e.error}"
         raise EnvFailureError(
@@ -101,7 +107,8 @@ class EnvFaults:
                     f"The env '{self.env_name}' ({self.where}, sub-env {i}) returned a {field} holding NaN or inf "
                     f"at its step {max(step, 0)}; shoal does not learn from it, and stops. Check the env's step() "
                     "(a division by zero, a state that grows without bound), or clean the values with a Gymnasium "
-                    "wrapper (gymnasium.wrappers.TransformObservation or TransformReward).")
+                    "wrapper (gymnasium.wrappers.TransformObservation or TransformReward)."
+                )
 
 
 def check_batch_finite(batches: dict, env_name: str, worker_index: int) -> None:
@@ -119,4 +126,5 @@ def check_batch_finite(batches: dict, env_name: str, worker_index: int) -> None:
                 raise NonFiniteEnvError(
                     f"The env '{env_name}' ({where}) returned a {field} holding NaN or inf to an agent of policy "
                     f"'{pid}' ({int(bad.sum())} of the {len(arr)} rows sampled); shoal does not learn from it, and "
-                    "stops. Check the env's step(), or clean the values with a PettingZoo or Gymnasium wrapper.")
+                    "stops. Check the env's step(), or clean the values with a PettingZoo or Gymnasium wrapper."
+                )

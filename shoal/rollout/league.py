@@ -33,8 +33,13 @@ class SyncMessage:
             return msg
         if not isinstance(msg, Mapping):
             raise ValueError(f"a league sync message is a SyncMessage or a dict, got {type(msg).__name__}")
-        return cls(weights=msg["weights"], matchmaking=msg["matchmaking"], train=list(msg["train"]),
-                   replay=msg["replay"], remove=list(msg.get("remove", ())))
+        return cls(
+            weights=msg["weights"],
+            matchmaking=msg["matchmaking"],
+            train=list(msg["train"]),
+            replay=msg["replay"],
+            remove=list(msg.get("remove", ())),
+        )
 
 
 def store_batches(batches: dict[str, Batch], replay: dict[str, Any]) -> None:

@@ -52,7 +52,16 @@ from shoal.seeding import evaluation_seed, policy_seed, worker_seed
 DEFAULT_SEQUENCE_LENGTH = 50
 _SPEC_KEYS = {"weights", "model", "agent", "trainable"}
 _LEAGUE_SPEC_KEYS = {"type", "parent", "created_iteration"}  # a league player's spec: metadata, ignored here
-_COLUMNS = (Col.OBS, Col.NEXT_OBS, Col.ACTIONS, Col.ACTION_LOGP, Col.REWARDS, Col.TERMINATEDS, Col.VALID, Col.ACTION_MASK)
+_COLUMNS = (
+    Col.OBS,
+    Col.NEXT_OBS,
+    Col.ACTIONS,
+    Col.ACTION_LOGP,
+    Col.REWARDS,
+    Col.TERMINATEDS,
+    Col.VALID,
+    Col.ACTION_MASK,
+)
 
 
 # ---- policies -------------------------------------------------------------------------------
@@ -62,8 +71,9 @@ class MaskedActorCriticPolicy(ActorCriticPolicy):
     trainable = True
 
     @torch.inference_mode()
-    def act(self, obs: np.ndarray, explore: bool = True, masks: np.ndarray | None = None,
-            state: np.ndarray | None = None):
+    def act(
+        self, obs: np.ndarray, explore: bool = True, masks: np.ndarray | None = None, state: np.ndarray | None = None
+    ):
         state_out = None
         if self.recurrent:
             inputs, values, state_out = self.module.step(torch.from_numpy(obs), torch.from_numpy(state))
@@ -114,8 +124,9 @@ def _reset_row(last: _Row, state: np.ndarray | None = None) -> _Row:
     """The masked row that ends a stream's episode without termination (like a single-agent reset
     row): it holds ``last``'s next observation, which V-trace bootstraps from (a recurrent policy
     from ``state``, its state after ``last``'s decision)."""
-    return _Row(last.next_obs, last.next_obs, np.zeros_like(last.action), 0.0, 0.0, False, False,
-                np.ones_like(last.mask), state)
+    return _Row(
+        last.next_obs, last.next_obs, np.zeros_like(last.action), 0.0, 0.0, False, False, np.ones_like(last.mask), state
+    )
 
 
 class _ActRequest(NamedTuple):
@@ -175,7 +186,9 @@ class MatchSampler:
         probs = []
         for e in entries:
             if not isinstance(e, Mapping) or "policies" not in e:
-                raise ConfigError(f"each matchmaking entry needs 'policies' (and optional 'prob', 'match_type'), got {e!r}")
+                raise ConfigError(
+                    f"each matchmaking entry needs 'policies' (and optional 'prob', 'match_type'), got {e!r}"
+                )
             pol = e["policies"]
             pol = dict(pol) if isinstance(pol, Mapping) else ([pol] if isinstance(pol, str) else list(pol))
             self.entries.append((pol, e.get("match_type")))
@@ -197,8 +210,10 @@ class MatchSampler:
                 if set(pol) != set(agents):
                     raise ConfigError(f"matchmaking seats {sorted(pol)} are not the env's agents {agents}")
             elif len(pol) not in (1, len(agents)):
-                raise ConfigError(f"matchmaking entry {pol} names {len(pol)} policies for {len(agents)} agents "
-                                  "(give one per agent, or one for all)")
+                raise ConfigError(
+                    f"matchmaking entry {pol} names {len(pol)} policies for {len(agents)} agents "
+                    "(give one per agent, or one for all)"
+                )
 
     def assign(self, episode: EpisodeInfo, rng: np.random.Generator) -> tuple[dict[str, str], str | None]:
         pol, match_type = self.entries[int(rng.choice(len(self.entries), p=self.probs))]
@@ -258,12 +273,18 @@ class _EvalTally:
         wins, draws, losses = sum(self.wins), sum(self.draws), sum(self.losses)
         n = wins + draws + losses
         return {
-            "games": n, "wins": wins, "draws": draws, "losses": losses,
-            "win_rate": wins / n, "draw_rate": draws / n, "loss_rate": losses / n,
+            "games": n,
+            "wins": wins,
+            "draws": draws,
+            "losses": losses,
+            "win_rate": wins / n,
+            "draw_rate": draws / n,
+            "loss_rate": losses / n,
             "win_rate_first": self.wins[0] / max(1, self._games(0)),
             "win_rate_second": self.wins[1] / max(1, self._games(1)),
             "mean_length": float(np.mean(self.lengths)),
-            "returns": list(self.returns), "lengths": list(self.lengths),
+            "returns": list(self.returns),
+            "lengths": list(self.lengths),
         }
 
 
@@ -336,11 +357,20 @@ class MultiAgentEnvRunner:
         num_envs: env copies (default ``config.resources.num_envs_per_worker``).
     """
 
-    def __init__(self, config, worker_index: int, policies: Mapping[str, Any],
-                 policy_mapping_fn: Callable[[str, EpisodeInfo], str] | None = None, *, matchmaking: Any = None,
-                 policies_to_train: list[str] | None = None, collect_all_policies: bool = False,
-                 rollout_fragment_length: int | None = None, ticks_per_sample: int | None = None,
-                 num_envs: int | None = None) -> None:
+    def __init__(
+        self,
+        config,
+        worker_index: int,
+        policies: Mapping[str, Any],
+        policy_mapping_fn: Callable[[str, EpisodeInfo], str] | None = None,
+        *,
+        matchmaking: Any = None,
+        policies_to_train: list[str] | None = None,
+        collect_all_policies: bool = False,
+        rollout_fragment_length: int | None = None,
+        ticks_per_sample: int | None = None,
+        num_envs: int | None = None,
+    ) -> None:
         configure_process(config.resources)
         self.config, self.worker_index = config, worker_index
         frag = config.rollout_fragment_length
@@ -359,7 +389,9 @@ class MultiAgentEnvRunner:
             self.add_policy(pid, spec, trainable=None if policies_to_train is None else pid in policies_to_train)
         unknown = set(policies_to_train or ()) - set(self.policies)
         if unknown:
-            raise ConfigError(f"policies_to_train names unknown policies {sorted(unknown)}; known: {sorted(self.policies)}")
+            raise ConfigError(
+                f"policies_to_train names unknown policies {sorted(unknown)}; known: {sorted(self.policies)}"
+            )
         if matchmaking is not None:
             self.set_matchmaking(matchmaking)
         elif policy_mapping_fn is not None:
@@ -374,15 +406,17 @@ class MultiAgentEnvRunner:
         self._open: list[dict[str, _OpenStep]] = [{} for _ in self.envs]  # agent -> decision waiting for its next obs
         self._states: dict[tuple[int, str], np.ndarray] = {}  # (env, agent) -> a recurrent policy's state this episode
         self._metrics = MultiAgentRolloutMetrics(worker_index=worker_index)
-        self._to_act: list[dict] = [env.reset(seed=None if self.seed is None else self.seed + i)
-                                    for i, env in enumerate(self.envs)]
+        self._to_act: list[dict] = [
+            env.reset(seed=None if self.seed is None else self.seed + i) for i, env in enumerate(self.envs)
+        ]
         self._episodes: list[EpisodeInfo] = [self._new_episode(i) for i in range(self.num_envs)]
         self._eval_envs: list[MultiAgentEnvAdapter] = []
         self.callbacks = build_callbacks(config.callbacks)  # on_episode_end only: no per-step hook here
 
     # ---- policies -----------------------------------------------------------------------------
-    def add_policy(self, policy_id: str, spec: Any = None, *, trainable: bool | None = None,
-                   weights: Mapping | None = None) -> None:
+    def add_policy(
+        self, policy_id: str, spec: Any = None, *, trainable: bool | None = None, weights: Mapping | None = None
+    ) -> None:
         """Add (or replace) a policy; ``trainable`` None: network policies train, scripted ones do not."""
         if isinstance(spec, PlayerSpec):  # a league player: its trainable flag counts, the rest is metadata
             spec = spec.to_dict()
@@ -426,22 +460,29 @@ class MultiAgentEnvRunner:
         weights, model = None, None
         if isinstance(spec, str):
             if spec not in SCRIPTED_PLAYERS:
-                raise ConfigError(f"policy {policy_id!r}: unknown scripted player {spec!r}; choose one of {SCRIPTED_PLAYERS}")
+                raise ConfigError(
+                    f"policy {policy_id!r}: unknown scripted player {spec!r}; choose one of {SCRIPTED_PLAYERS}"
+                )
             env = self.envs[0]
-            return make_scripted_player(spec, env.observation_space(agent), env.action_space(agent),
-                                        self._policy_seed(policy_id))
+            return make_scripted_player(
+                spec, env.observation_space(agent), env.action_space(agent), self._policy_seed(policy_id)
+            )
         if isinstance(spec, Mapping):
             if _is_weights(spec):
                 weights = spec
             else:
                 unknown = set(spec) - _SPEC_KEYS - _LEAGUE_SPEC_KEYS
                 if unknown:
-                    raise ConfigError(f"policy {policy_id!r}: unknown spec keys {sorted(unknown)}; "
-                                      f"allowed: {sorted(_SPEC_KEYS | _LEAGUE_SPEC_KEYS)}")
+                    raise ConfigError(
+                        f"policy {policy_id!r}: unknown spec keys {sorted(unknown)}; "
+                        f"allowed: {sorted(_SPEC_KEYS | _LEAGUE_SPEC_KEYS)}"
+                    )
                 weights, model, agent = spec.get("weights"), spec.get("model"), spec.get("agent", agent)
         elif spec is not None:
-            raise ConfigError(f"policy {policy_id!r}: a spec is None, weights, a dict, 'random'/'heuristic' or a policy, "
-                              f"got {type(spec).__name__}")
+            raise ConfigError(
+                f"policy {policy_id!r}: a spec is None, weights, a dict, 'random'/'heuristic' or a policy, "
+                f"got {type(spec).__name__}"
+            )
         cfg = self.config
         if model:
             cfg = SimpleNamespace(model=type(cfg.model)(**{**cfg.model.model_dump(), **model}))
@@ -475,12 +516,18 @@ class MultiAgentEnvRunner:
 
     def _new_episode(self, i: int) -> EpisodeInfo:
         self._episode_count += 1
-        ep = EpisodeInfo(id=(self.worker_index << 40) + self._episode_count, env_index=i, worker_index=self.worker_index,
-                         agents=list(self.agents))
+        ep = EpisodeInfo(
+            id=(self.worker_index << 40) + self._episode_count,
+            env_index=i,
+            worker_index=self.worker_index,
+            agents=list(self.agents),
+        )
         ep.policies, ep.match_type = self._mapping.assign(ep, self.rng)
         for a, pid in ep.policies.items():
             if pid not in self.policies:
-                raise KeyError(f"the policy mapping sent agent {a!r} to unknown policy {pid!r}; known: {sorted(self.policies)}")
+                raise KeyError(
+                    f"the policy mapping sent agent {a!r} to unknown policy {pid!r}; known: {sorted(self.policies)}"
+                )
         ep.returns = dict.fromkeys(self.agents, 0.0)
         return ep
 
@@ -499,11 +546,14 @@ class MultiAgentEnvRunner:
         return batches, metrics
 
     def _collects(self, pid: str) -> bool:
-        return pid in self.policies_to_train or (self.collect_all_policies and getattr(self.policies[pid], "trainable", True))
+        return pid in self.policies_to_train or (
+            self.collect_all_policies and getattr(self.policies[pid], "trainable", True)
+        )
 
     def _tick(self, explore: bool) -> None:
-        actions = self._act([(i, self._episodes[i].policies, to_act) for i, to_act in enumerate(self._to_act)],
-                            explore, record=True)
+        actions = self._act(
+            [(i, self._episodes[i].policies, to_act) for i, to_act in enumerate(self._to_act)], explore, record=True
+        )
         m = self._metrics
         for i, env in enumerate(self.envs):
             if not actions[i]:
@@ -529,8 +579,9 @@ class MultiAgentEnvRunner:
             else:
                 self._to_act[i] = out.to_act
 
-    def _act(self, requests, explore: bool, record: bool,
-             states: dict[tuple[int, str], np.ndarray] | None = None) -> list[dict[str, Any]]:
+    def _act(
+        self, requests, explore: bool, record: bool, states: dict[tuple[int, str], np.ndarray] | None = None
+    ) -> list[dict[str, Any]]:
         """One forward per policy over every (env, agent) that must act; ``requests``: (env, mapping, to_act).
         A recurrent policy's state per (env, agent) lives in ``states`` (the training games' by default):
         missing means a new episode (zeros), and each act stores the next one."""
@@ -560,8 +611,9 @@ class MultiAgentEnvRunner:
             for j, r in enumerate(reqs):
                 actions[r.env][r.agent] = acts[j]
                 if keep:
-                    self._open[r.env][r.agent] = _OpenStep(r.obs, r.mask, acts[j], extras[Col.ACTION_LOGP][j],
-                                                           state=None if before is None else before[j])
+                    self._open[r.env][r.agent] = _OpenStep(
+                        r.obs, r.mask, acts[j], extras[Col.ACTION_LOGP][j], state=None if before is None else before[j]
+                    )
         return actions
 
     def _close(self, i: int, agent: str, next_obs: np.ndarray, terminated: bool, truncated: bool) -> None:
@@ -573,7 +625,9 @@ class MultiAgentEnvRunner:
         mask = step.mask
         if mask is None:
             space = self.envs[i].action_space(agent)
-            mask = np.ones(int(space.n), dtype=bool) if isinstance(space, gym.spaces.Discrete) else np.ones(1, dtype=bool)
+            mask = (
+                np.ones(int(space.n), dtype=bool) if isinstance(space, gym.spaces.Discrete) else np.ones(1, dtype=bool)
+            )
         stream = self._streams[(i, agent, pid)]
         stream.append(_Row(step.obs, next_obs, step.action, step.logp, step.reward, terminated, True, mask, step.state))
         if truncated:
@@ -582,8 +636,8 @@ class MultiAgentEnvRunner:
 
     def _cut_sequences(self, stream: list[_Row], pid: str) -> None:
         while len(stream) >= self.T:
-            self._ready[pid].append(stream[:self.T])
-            del stream[:self.T]
+            self._ready[pid].append(stream[: self.T])
+            del stream[: self.T]
 
     def _abandon_episode(self, i: int) -> None:
         """End env copy ``i``'s game unreported and start a new one; for every player's stream the
@@ -618,8 +672,14 @@ class MultiAgentEnvRunner:
             m.policy_returns[pid].append(float(ep.returns.get(a, 0.0)))
         m.matches.append(match_outcome(ep))
         if overrides(self.callbacks, "on_episode_end"):
-            record = Episode(i, self.worker_index, total_return=m.episode_returns[-1], length=ep.length,
-                             agent_returns={a: float(r) for a, r in ep.returns.items()}, agent_policies=dict(ep.policies))
+            record = Episode(
+                i,
+                self.worker_index,
+                total_return=m.episode_returns[-1],
+                length=ep.length,
+                agent_returns={a: float(r) for a, r in ep.returns.items()},
+                agent_policies=dict(ep.policies),
+            )
             m.custom_metrics.append(call_episode_end(self.callbacks, record))
         self._to_act[i] = self.envs[i].reset()
         self._episodes[i] = self._new_episode(i)
@@ -628,8 +688,12 @@ class MultiAgentEnvRunner:
         rows = [row for seq in seqs for row in seq]
         cols = list(zip(*rows))
         dtypes = (np.float32, np.float32, None, np.float32, np.float32, bool, bool, bool)
-        batch = Batch({name: np.asarray(np.stack(col) if np.ndim(col[0]) else col, dtype=dt)
-                       for name, col, dt in zip(_COLUMNS, cols, dtypes)})
+        batch = Batch(
+            {
+                name: np.asarray(np.stack(col) if np.ndim(col[0]) else col, dtype=dt)
+                for name, col, dt in zip(_COLUMNS, cols, dtypes)
+            }
+        )
         T = len(seqs[0])
         if seqs[0][0].state is not None:  # a recurrent policy: each sequence's start state (shoal.models.recurrent)
             batch[Col.STATE_IN] = pack_state(np.stack([seq[0].state for seq in seqs]), T)
@@ -638,8 +702,15 @@ class MultiAgentEnvRunner:
         return batch
 
     # ---- evaluation ----------------------------------------------------------------------------
-    def evaluate_vs(self, policy_id: str, opponent: str = "random", num_games: int = 100, *, explore: bool = False,
-                    num_envs: int | None = None) -> dict[str, float]:
+    def evaluate_vs(
+        self,
+        policy_id: str,
+        opponent: str = "random",
+        num_games: int = 100,
+        *,
+        explore: bool = False,
+        num_envs: int | None = None,
+    ) -> dict[str, float]:
         """Win rate of ``policy_id`` against ``opponent`` ("random", "heuristic" or a policy id).
 
         Two-player games on separate env copies (training games keep their state); ``policy_id``
@@ -662,8 +733,12 @@ class MultiAgentEnvRunner:
         if opponent in self.policies:
             return self.policies[opponent]
         env = self.envs[0]
-        return make_scripted_player(opponent, env.observation_space(self.agents[0]), env.action_space(self.agents[0]),
-                                    evaluation_seed(self.seed))
+        return make_scripted_player(
+            opponent,
+            env.observation_space(self.agents[0]),
+            env.action_space(self.agents[0]),
+            evaluation_seed(self.seed),
+        )
 
     def _play_eval_games(self, player, opp, num_games: int, k: int, explore: bool) -> _EvalTally:
         """``num_games`` games on the first ``k`` evaluation env copies, a new one starting on a
@@ -674,8 +749,9 @@ class MultiAgentEnvRunner:
         states: dict[tuple[int, str], np.ndarray] = {}  # recurrent players' states, per evaluation game
         while any(g is not None for g in games):
             live = [j for j in range(k) if games[j] is not None]
-            actions = self._act([(j, games[j].mapping, games[j].to_act) for j in live], explore, record=False,
-                                states=states)
+            actions = self._act(
+                [(j, games[j].mapping, games[j].to_act) for j in live], explore, record=False, states=states
+            )
             for j in live:
                 if not self._step_eval_game(j, games[j], actions[j]):
                     continue
@@ -734,5 +810,12 @@ class MultiAgentEnvRunner:
             env.close()
 
 
-__all__ = ["EpisodeInfo", "MaskedActorCriticPolicy", "MatchSampler", "MultiAgentEnvRunner", "MultiAgentRolloutMetrics",
-           "PolicyReturnWindows", "match_outcome"]
+__all__ = [
+    "EpisodeInfo",
+    "MaskedActorCriticPolicy",
+    "MatchSampler",
+    "MultiAgentEnvRunner",
+    "MultiAgentRolloutMetrics",
+    "PolicyReturnWindows",
+    "match_outcome",
+]

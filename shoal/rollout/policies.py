@@ -64,8 +64,9 @@ class ActorCriticPolicy(InferencePolicy):
     def initial_state(self, n: int) -> np.ndarray | None:
         return self.module.initial_state(n).numpy() if self.recurrent else None
 
-    def act(self, obs: np.ndarray, explore: bool = True,
-            state: np.ndarray | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def act(
+        self, obs: np.ndarray, explore: bool = True, state: np.ndarray | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         if self.recurrent:
             inputs, values, state_out = self.module.step(torch.from_numpy(obs), torch.from_numpy(state))
         else:
@@ -112,8 +113,14 @@ class EpsilonGreedyQPolicy(InferencePolicy):
     (env steps -> epsilon), ``on_global_vars({"env_steps": t})`` moves it along.
     """
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, config, seed: int | None = None,
-                 epsilon: float | np.ndarray = 0.0) -> None:
+    def __init__(
+        self,
+        obs_space: gym.Space,
+        action_space: gym.Space,
+        config,
+        seed: int | None = None,
+        epsilon: float | np.ndarray = 0.0,
+    ) -> None:
         from shoal.models import build_q_network
 
         with torch.random.fork_rng(devices=[]):
@@ -158,8 +165,16 @@ class EpsilonGreedyQPolicy(InferencePolicy):
         load_numpy_weights(self.module, weights)
 
 
-def predict_actions(policy, space, obs, state: np.ndarray | None, episode_start: np.ndarray | None,
-                    deterministic: bool, norm_stats=None, normalize=None) -> tuple[np.ndarray, np.ndarray | None]:
+def predict_actions(
+    policy,
+    space,
+    obs,
+    state: np.ndarray | None,
+    episode_start: np.ndarray | None,
+    deterministic: bool,
+    norm_stats=None,
+    normalize=None,
+) -> tuple[np.ndarray, np.ndarray | None]:
     """``(actions, state)`` of inference policy ``policy`` for one observation or a batch of
     ``space``'s; observations are normalized by ``norm_stats`` (frozen) when given. A recurrent
     policy starts from its initial state where ``state`` is None or ``episode_start`` is True."""

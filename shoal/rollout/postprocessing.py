@@ -66,8 +66,9 @@ def flatten_valid(columns: dict[str, np.ndarray], valid: np.ndarray) -> dict[str
     return out
 
 
-def n_step_targets(rewards: np.ndarray, terminateds: np.ndarray, dones: np.ndarray, valid: np.ndarray, n: int,
-                   gamma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def n_step_targets(
+    rewards: np.ndarray, terminateds: np.ndarray, dones: np.ndarray, valid: np.ndarray, n: int, gamma: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """n-step returns over time-major ``(T, N)`` arrays, never across an episode end.
 
     For each step t the return sums ``gamma**k * r[t+k]`` for k < n, stopping after the
@@ -92,7 +93,7 @@ def n_step_targets(rewards: np.ndarray, terminateds: np.ndarray, dones: np.ndarr
         src = np.minimum(src, T - 1)
         cols = np.arange(N)[None, :]
         add = alive & in_range
-        ret += np.where(add, (gamma ** k) * rewards[src, cols], 0.0).astype(np.float32)
+        ret += np.where(add, (gamma**k) * rewards[src, cols], 0.0).astype(np.float32)
         next_idx = np.where(add, src + 1, next_idx)
         disc = np.where(add, np.float32(gamma ** (k + 1)), disc)
         term |= add & terminateds[src, cols]
@@ -100,8 +101,9 @@ def n_step_targets(rewards: np.ndarray, terminateds: np.ndarray, dones: np.ndarr
     return ret, disc, term, next_idx
 
 
-def q_td_errors(q_sa: np.ndarray, q_next: np.ndarray, returns: np.ndarray, discounts: np.ndarray,
-                terminateds: np.ndarray) -> np.ndarray:
+def q_td_errors(
+    q_sa: np.ndarray, q_next: np.ndarray, returns: np.ndarray, discounts: np.ndarray, terminateds: np.ndarray
+) -> np.ndarray:
     """``|returns + discounts * (1 - terminated) * max_a q_next - q_sa|``: initial replay priorities."""
     target = returns + discounts * (1.0 - terminateds.astype(np.float32)) * q_next.max(axis=-1)
     return np.abs(target - q_sa)
@@ -116,13 +118,15 @@ def sequence_postprocess(fragment: Fragment) -> Batch:
     state = {}
     if fragment.state_in is not None:
         state[Col.STATE_IN] = pack_state(fragment.state_in[0], len(fragment.rewards))
-    return Batch({
-        **state,
-        Col.OBS: seq(fragment.obs[:-1]),
-        Col.BOOTSTRAP_OBS: pack_per_sequence(fragment.obs[-1], len(fragment.rewards)),  # each env's last next obs
-        Col.ACTIONS: seq(fragment.actions),
-        Col.ACTION_LOGP: seq(fragment.extras[Col.ACTION_LOGP]),
-        Col.REWARDS: seq(fragment.rewards),
-        Col.TERMINATEDS: seq(fragment.terminateds),
-        Col.VALID: seq(fragment.valid),
-    })
+    return Batch(
+        {
+            **state,
+            Col.OBS: seq(fragment.obs[:-1]),
+            Col.BOOTSTRAP_OBS: pack_per_sequence(fragment.obs[-1], len(fragment.rewards)),  # each env's last next obs
+            Col.ACTIONS: seq(fragment.actions),
+            Col.ACTION_LOGP: seq(fragment.extras[Col.ACTION_LOGP]),
+            Col.REWARDS: seq(fragment.rewards),
+            Col.TERMINATEDS: seq(fragment.terminateds),
+            Col.VALID: seq(fragment.valid),
+        }
+    )

@@ -22,9 +22,19 @@ from shoal.runtime.local import ActorGroupBase, LocalActorGroup
 from shoal.runtime.resources import ActorResources
 
 
-def make_actor_group(cls: type, num_actors: int, ctor: Callable[[int], tuple[tuple, dict]], *, remote: bool,
-                     resources: ActorResources | None = None, max_in_flight: int = 1, name: str = "actor",
-                     first_index: int = 1, about: str = "", **resource_changes: Any) -> ActorGroupBase:
+def make_actor_group(
+    cls: type,
+    num_actors: int,
+    ctor: Callable[[int], tuple[tuple, dict]],
+    *,
+    remote: bool,
+    resources: ActorResources | None = None,
+    max_in_flight: int = 1,
+    name: str = "actor",
+    first_index: int = 1,
+    about: str = "",
+    **resource_changes: Any,
+) -> ActorGroupBase:
     """Create ``num_actors`` instances of ``cls``; actor i gets ``cls(*args, **kwargs)`` from ``ctor(i)``.
 
     Indices start at ``first_index`` (rollout actors are 1..N; the driver's own runner is 0).
@@ -40,8 +50,9 @@ def make_actor_group(cls: type, num_actors: int, ctor: Callable[[int], tuple[tup
     from shoal.runtime.ray_group import RayActorGroup
 
     start(resources.address)
-    return RayActorGroup(cls, num_actors, ctor, resources, max_in_flight=max_in_flight, name=name,
-                         first_index=first_index, about=about)
+    return RayActorGroup(
+        cls, num_actors, ctor, resources, max_in_flight=max_in_flight, name=name, first_index=first_index, about=about
+    )
 
 
 def start(address: str | None = None, **kwargs: Any) -> None:
@@ -85,5 +96,14 @@ def shutdown() -> None:
         _shutdown()
 
 
-__all__ = ["make_actor_group", "ActorResources", "start", "shutdown", "cuda_index", "assigned_cuda_device", "ActorGroupBase",
-           "LocalActorGroup", "LazyActorGroup"]
+__all__ = [
+    "make_actor_group",
+    "ActorResources",
+    "start",
+    "shutdown",
+    "cuda_index",
+    "assigned_cuda_device",
+    "ActorGroupBase",
+    "LocalActorGroup",
+    "LazyActorGroup",
+]

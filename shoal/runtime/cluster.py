@@ -76,8 +76,11 @@ def start(address: str | None = None, num_cpus: int | None = None, **kwargs) -> 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     # Workers inherit this: one torch/BLAS thread each unless the config says otherwise.
-    env_vars = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "RAY_USAGE_STATS_ENABLED": "0",
-                WORKING_DIR_VAR: os.getcwd()}
+    env_vars = {
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        WORKING_DIR_VAR: os.getcwd(),
+    }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         init_kwargs = dict(
@@ -193,15 +196,18 @@ def check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
         return
     host, sep, port = address.removeprefix("ray://").rpartition(":")
     if not sep or not port.isdigit() or not host:
-        raise ResourceError(f"Ray address '{address}' is not 'auto', 'host:port' or 'ray://host:port' (resources.address, "
-                            "--address).")
+        raise ResourceError(
+            f"Ray address '{address}' is not 'auto', 'host:port' or 'ray://host:port' (resources.address, --address)."
+        )
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as e:
-        raise ResourceError(f"Cannot connect to the Ray cluster at '{address}': nothing accepts connections at "
-                            f"{host}:{port} ({e.strerror or e}). Start the cluster (`ray start --head` prints its "
-                            "address), check the host and port, or leave resources.address out to start a local "
-                            "Ray instance.") from None
+        raise ResourceError(
+            f"Cannot connect to the Ray cluster at '{address}': nothing accepts connections at "
+            f"{host}:{port} ({e.strerror or e}). Start the cluster (`ray start --head` prints its "
+            "address), check the host and port, or leave resources.address out to start a local "
+            "Ray instance."
+        ) from None
 
 
 def shutdown() -> None:
@@ -220,9 +226,17 @@ def shutdown() -> None:
             pass
 
 
-def reserve(bundles: list[dict[str, float]], *, what: str, wait_s: float, strategy: str = "PACK",
-            node_id: str | None = None, parts: str = "", selectors: list[dict[str, str]] | None = None,
-            cpu_hint: str = ""):
+def reserve(
+    bundles: list[dict[str, float]],
+    *,
+    what: str,
+    wait_s: float,
+    strategy: str = "PACK",
+    node_id: str | None = None,
+    parts: str = "",
+    selectors: list[dict[str, str]] | None = None,
+    cpu_hint: str = "",
+):
     """One placement group for ``bundles``; fails at once, with a clear message, if it cannot fit.
 
     Raises ResourceError when the cluster's total resources are too small (no waiting) or
@@ -260,12 +274,17 @@ def _check_total_fits(bundles: list[dict[str, float]], what: str, parts: str, cp
         have = total.get(res, 0.0)
         if need > have + 1e-9:
             hint = (
-                " " + (cpu_hint or "Lower resources.num_workers, or share cores with e.g. "
-                       "--set resources.num_cpus_per_worker=0.5.")
+                " "
+                + (
+                    cpu_hint
+                    or "Lower resources.num_workers, or share cores with e.g. --set resources.num_cpus_per_worker=0.5."
+                )
                 if res == "CPU"
                 else " Lower resources.num_gpus."
             )
-            listed = f"{parts}" if parts else f"{len(bundles)} bundles: {bundles[:4]}{' ...' if len(bundles) > 4 else ''}"
+            listed = (
+                f"{parts}" if parts else f"{len(bundles)} bundles: {bundles[:4]}{' ...' if len(bundles) > 4 else ''}"
+            )
             raise ResourceError(
                 f"{what} needs {need:g} {res}s but the Ray cluster has {have:g} in total ({listed}).{hint}"
             )
@@ -280,8 +299,10 @@ def _check_node_fits(bundles: list[dict[str, float]], what: str, node_id: str) -
     for res in ("CPU", "GPU"):
         need = sum(b.get(res, 0.0) for b in bundles)
         if need > total.get(res, 0.0) + 1e-9:
-            raise NodeResourceError(f"{what} need {need:g} {res}s on node {node_id}, where they are pinned, but that node "
-                                f"has {total.get(res, 0.0):g} in total.")
+            raise NodeResourceError(
+                f"{what} need {need:g} {res}s on node {node_id}, where they are pinned, but that node "
+                f"has {total.get(res, 0.0):g} in total."
+            )
 
 
 def release(pg) -> None:

@@ -23,8 +23,9 @@ from shoal.runtime.local import ActorGroupBase
 
 
 class LazyActorGroup(ActorGroupBase):
-    def __init__(self, create: Callable[[], ActorGroupBase], num_actors: int, *, first_index: int = 1,
-                 max_in_flight: int = 1) -> None:
+    def __init__(
+        self, create: Callable[[], ActorGroupBase], num_actors: int, *, first_index: int = 1, max_in_flight: int = 1
+    ) -> None:
         self.group: ActorGroupBase | None = None
         super().__init__()
         self._create = create
@@ -92,8 +93,9 @@ class LazyActorGroup(ActorGroupBase):
     def num_in_flight(self, actor_id: int | None = None) -> int:
         return self.group.num_in_flight(actor_id) if self.group is not None else 0
 
-    def foreach(self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, wait: bool = True,
-                **kwargs: Any) -> list[Any]:
+    def foreach(
+        self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, wait: bool = True, **kwargs: Any
+    ) -> list[Any]:
         if self.group is None and not wait:
             key = (method, tuple(actor_ids) if actor_ids is not None else None)
             self._recorded.pop(key, None)  # re-insert: replayed in the order of the latest calls

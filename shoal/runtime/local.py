@@ -50,8 +50,9 @@ class ActorGroupBase:
         """Where each actor runs (Ray node ids); only a Ray group has nodes."""
         raise NotImplementedError
 
-    def foreach(self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, wait: bool = True,
-                **kwargs: Any) -> list[Any]:
+    def foreach(
+        self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, wait: bool = True, **kwargs: Any
+    ) -> list[Any]:
         raise NotImplementedError
 
     def call(self, actor_id: int, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -74,8 +75,14 @@ class ActorGroupBase:
 
 
 class LocalActorGroup(ActorGroupBase):
-    def __init__(self, cls: type, num_actors: int, ctor: Callable[[int], tuple[tuple, dict]], max_in_flight: int = 1,
-                 first_index: int = 1) -> None:
+    def __init__(
+        self,
+        cls: type,
+        num_actors: int,
+        ctor: Callable[[int], tuple[tuple, dict]],
+        max_in_flight: int = 1,
+        first_index: int = 1,
+    ) -> None:
         super().__init__()
         self.cls, self.ctor = cls, ctor
         self.actors: dict[int, Any] = {}
@@ -94,7 +101,9 @@ class LocalActorGroup(ActorGroupBase):
         """In-process, the objects themselves stand in for proxies (their calls always return)."""
         return dict(self.actors)
 
-    def foreach(self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, wait: bool = True, **kwargs: Any) -> list[Any]:
+    def foreach(
+        self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, wait: bool = True, **kwargs: Any
+    ) -> list[Any]:
         ids = list(actor_ids) if actor_ids is not None else list(self.actors)
         results = [getattr(self.actors[i], method)(*args, **kwargs) for i in ids]
         return results if wait else []
@@ -136,7 +145,7 @@ class LocalActorGroup(ActorGroupBase):
         self.actors[i] = actor = self.cls(*args, **kwargs)
         self.num_restarts += 1
         self.generations[i] = self.generation(i) + 1
-        for method, margs in (self.on_restart() if self.on_restart else []):
+        for method, margs in self.on_restart() if self.on_restart else []:
             getattr(actor, method)(*margs)
 
     def stop(self) -> None:

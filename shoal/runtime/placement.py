@@ -48,8 +48,10 @@ class BundleGroup:
 
     def describe(self) -> str:
         sizes = self.sizes if self.sizes is not None else [(self.cpus, self.gpus)]
-        need = " / ".join(" + ".join(f"{v:g} {k}" for k, v in (("CPU", c), ("GPU", g)) if v > 0) or "nothing"
-                          for c, g in dict.fromkeys(sizes))
+        need = " / ".join(
+            " + ".join(f"{v:g} {k}" for k, v in (("CPU", c), ("GPU", g)) if v > 0) or "nothing"
+            for c, g in dict.fromkeys(sizes)
+        )
         return f"{self.count} {self.name}{'s' if self.count != 1 else ''} x {need}"
 
 
@@ -107,9 +109,15 @@ class RunPlacement:
         for g in self.actor_groups():
             bundles += g.bundles()
             selectors += [{"ray.io/node-id": node} if g.node == DRIVER else {}] * g.count
-        self.pg = reserve(bundles, what=self.what, wait_s=self.wait_s, strategy=plan_strategy(self.groups),
-                          parts=", ".join(g.describe() for g in self.actor_groups()), selectors=selectors,
-                          cpu_hint=self.cpu_hint())
+        self.pg = reserve(
+            bundles,
+            what=self.what,
+            wait_s=self.wait_s,
+            strategy=plan_strategy(self.groups),
+            parts=", ".join(g.describe() for g in self.actor_groups()),
+            selectors=selectors,
+            cpu_hint=self.cpu_hint(),
+        )
         self.owned = True
         self._assign(0)
         return self
@@ -120,15 +128,19 @@ class RunPlacement:
         want = tune_bundles(self.groups)
         have = pg.bundle_specs
         if len(have) < len(want):
-            raise ResourceError(f"{self.what} runs inside a placement group of {len(have)} bundles but needs {len(want)} "
-                                f"({self.describe()}): ask for shoal.app.tune's resources (ShoalTrainable does).")
+            raise ResourceError(
+                f"{self.what} runs inside a placement group of {len(have)} bundles but needs {len(want)} "
+                f"({self.describe()}): ask for shoal.app.tune's resources (ShoalTrainable does)."
+            )
         self.pg, self.owned = pg, False
         self._assign(1)  # bundle 0 is the trial's head: the driver
 
     def cpu_hint(self) -> str:
         keys = list(dict.fromkeys(g.cpu_key for g in self.actor_groups() if g.cpus > 0))
-        return (f"Lower resources.num_workers, or what the parts reserve ({', '.join(keys)}; fractions share "
-                "cores, e.g. --set resources.num_cpus_per_worker=0.5).")
+        return (
+            f"Lower resources.num_workers, or what the parts reserve ({', '.join(keys)}; fractions share "
+            "cores, e.g. --set resources.num_cpus_per_worker=0.5)."
+        )
 
     def describe(self) -> str:
         return ", ".join(g.describe() for g in self.groups if g.count > 0)

@@ -58,8 +58,18 @@ class RayActorGroup(ActorGroupBase):
     recreated the same way, and ``num_timeouts`` counts it.
     """
 
-    def __init__(self, cls: type, num_actors: int, ctor: Callable[[int], tuple[tuple, dict]], resources: ActorResources,
-                 *, max_in_flight: int = 1, name: str = "actor", first_index: int = 1, about: str = "") -> None:
+    def __init__(
+        self,
+        cls: type,
+        num_actors: int,
+        ctor: Callable[[int], tuple[tuple, dict]],
+        resources: ActorResources,
+        *,
+        max_in_flight: int = 1,
+        name: str = "actor",
+        first_index: int = 1,
+        about: str = "",
+    ) -> None:
         super().__init__()
         self.cls_name = cls.__name__
         self.remote_cls = ray.remote(cls)
@@ -82,9 +92,13 @@ class RayActorGroup(ActorGroupBase):
             if len(self.bundle_indices) != num_actors:
                 raise ValueError(f"{num_actors} {name}s were given {len(self.bundle_indices)} bundles")
         else:
-            self.pg = reserve([{"CPU": self.num_cpus, "GPU": self.num_gpus} for _ in self.ids],
-                              what=f"{num_actors} {name}s", wait_s=resources.resource_wait_s, node_id=self.node_id,
-                              strategy=resources.strategy)
+            self.pg = reserve(
+                [{"CPU": self.num_cpus, "GPU": self.num_gpus} for _ in self.ids],
+                what=f"{num_actors} {name}s",
+                wait_s=resources.resource_wait_s,
+                node_id=self.node_id,
+                strategy=resources.strategy,
+            )
             self.bundle_indices, self.owns_pg = tuple(range(num_actors)), True
         self._probes: dict[int, Any] = {}  # actor id -> ref of its __ray_ready__ call
         self._up_at: dict[int, float] = {}  # actor id -> when it was first seen constructed
@@ -104,7 +118,8 @@ class RayActorGroup(ActorGroupBase):
         opts: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus, "max_restarts": 0}
         if self.pg is not None:
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                placement_group=self.pg, placement_group_bundle_index=self.bundle_indices[self.ids.index(i)])
+                placement_group=self.pg, placement_group_bundle_index=self.bundle_indices[self.ids.index(i)]
+            )
         elif self.node_id is not None:
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=self.node_id, soft=False)
         actor = self.remote_cls.options(**opts).remote(*args, **kwargs)
@@ -133,8 +148,17 @@ class RayActorGroup(ActorGroupBase):
 
     def node_ids(self) -> dict[int, str]:
         """Where each actor runs (Ray node ids)."""
-        return dict(zip(self.actors, ray.get([h.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id())
-                                               for h in self.actors.values()])))
+        return dict(
+            zip(
+                self.actors,
+                ray.get(
+                    [
+                        h.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id())
+                        for h in self.actors.values()
+                    ]
+                ),
+            )
+        )
 
     # ---- failures -------------------------------------------------------------------
     def _failed(self, i: int, handle: Any, err: BaseException) -> None:
@@ -171,7 +195,7 @@ class RayActorGroup(ActorGroupBase):
         self.generations[i] = self.generation(i) + 1
         self._await_bundle(i)
         actor = self._create(i)
-        for method, args in (self.on_restart() if self.on_restart else []):
+        for method, args in self.on_restart() if self.on_restart else []:
             getattr(actor, method).remote(*args)
         self.actors[i] = actor
 
@@ -250,17 +274,32 @@ class RayActorGroup(ActorGroupBase):
             self.num_timeouts += 1
             where = f" ({self.about})" if self.about else ""
             if self._up_since(i) is None:
-                self.last_failure = (f"the actor did not start within resources.actor_start_timeout_s="
-                                     f"{self.start_timeout_s:g} s")
-                log.warning("%s %d%s has not started %.1f s after its creation (resources.actor_start_timeout_s=%g): "
-                            "an env constructor that hangs?; killing and recreating it", self.name, i, where,
-                            now - self._created_at.get(i, now), self.start_timeout_s)
+                self.last_failure = (
+                    f"the actor did not start within resources.actor_start_timeout_s={self.start_timeout_s:g} s"
+                )
+                log.warning(
+                    "%s %d%s has not started %.1f s after its creation (resources.actor_start_timeout_s=%g): "
+                    "an env constructor that hangs?; killing and recreating it",
+                    self.name,
+                    i,
+                    where,
+                    now - self._created_at.get(i, now),
+                    self.start_timeout_s,
+                )
             else:
-                self.last_failure = (f"{method}() did not return within resources.request_timeout_s="
-                                     f"{self.request_timeout_s:g} s")
-                log.warning("%s %d%s: %s() has not returned after %.1f s (resources.request_timeout_s=%g): a hung env "
-                            "or actor; killing and recreating it", self.name, i, where, method,
-                            now - max(sent, self._up_since(i) or sent), self.request_timeout_s)
+                self.last_failure = (
+                    f"{method}() did not return within resources.request_timeout_s={self.request_timeout_s:g} s"
+                )
+                log.warning(
+                    "%s %d%s: %s() has not returned after %.1f s (resources.request_timeout_s=%g): a hung env "
+                    "or actor; killing and recreating it",
+                    self.name,
+                    i,
+                    where,
+                    method,
+                    now - max(sent, self._up_since(i) or sent),
+                    self.request_timeout_s,
+                )
             self.restart(i)
 
     def _wait(self, refs: list[Any], timeout_s: float | None) -> None:
@@ -279,7 +318,9 @@ class RayActorGroup(ActorGroupBase):
             deadline.check()
 
     # ---- synchronous --------------------------------------------------------------------
-    def foreach(self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, wait: bool = True, **kwargs: Any) -> list[Any]:
+    def foreach(
+        self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, wait: bool = True, **kwargs: Any
+    ) -> list[Any]:
         """Call ``method`` on each actor. Failed (or timed-out) actors are restarted and left out of the results."""
         ids = list(actor_ids) if actor_ids is not None else list(self.actors)
         if not wait:
@@ -381,10 +422,12 @@ class ActorProxy:
             raise AttributeError(method)
         remote_method = getattr(self.handle, method)
         if self.wait:
+
             def call(*args, **kwargs):
                 try:
                     return ray.get(remote_method.remote(*args, **kwargs))
                 except ray.exceptions.RayActorError as e:
                     raise ActorLostError(f"{method}() on a dead actor: {type(e).__name__}") from None
+
             return call
         return lambda *args, **kwargs: remote_method.remote(*args, **kwargs) and None

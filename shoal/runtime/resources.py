@@ -58,9 +58,14 @@ class ActorResources:
     @classmethod
     def of_workers(cls, resources: Any, **changes: Any) -> "ActorResources":
         """What a run's ``resources`` config section gives each rollout actor, with ``changes``."""
-        base = cls(num_cpus=resources.num_cpus_per_worker, max_restarts=resources.max_worker_restarts,
-                   restart_window_s=resources.worker_restart_window_s, request_timeout_s=resources.request_timeout_s,
-                   start_timeout_s=getattr(resources, "actor_start_timeout_s", None),
-                   resource_wait_s=resources.resource_wait_s, address=resources.address,
-                   strategy=resources.worker_placement)
+        base = cls(
+            num_cpus=resources.num_cpus_per_worker,
+            max_restarts=resources.max_worker_restarts,
+            restart_window_s=resources.worker_restart_window_s,
+            request_timeout_s=resources.request_timeout_s,
+            start_timeout_s=getattr(resources, "actor_start_timeout_s", None),
+            resource_wait_s=resources.resource_wait_s,
+            address=resources.address,
+            strategy=resources.worker_placement,
+        )
         return base.replace(**changes)

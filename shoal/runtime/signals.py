@@ -76,10 +76,13 @@ def stop_on_signals() -> Iterator[None]:
                 _held_off["pending"] = _held_off["pending"] or exc
                 return
             raise exc()
+
         return on_signal
 
-    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, handler(Terminated)),
-                signal.SIGINT: signal.signal(signal.SIGINT, handler(KeyboardInterrupt))}
+    previous = {
+        signal.SIGTERM: signal.signal(signal.SIGTERM, handler(Terminated)),
+        signal.SIGINT: signal.signal(signal.SIGINT, handler(KeyboardInterrupt)),
+    }
     try:
         yield
     finally:
@@ -102,8 +105,12 @@ def saving(what: str = "a checkpoint") -> Iterator[None]:
         pressed += 1
         if pressed >= 2:
             raise SaveAborted()
-        print(f"shoal: saving {what} before stopping; press Ctrl-C again to abort the save "
-              "(the previous checkpoint then stays the newest).", file=sys.stderr, flush=True)
+        print(
+            f"shoal: saving {what} before stopping; press Ctrl-C again to abort the save "
+            "(the previous checkpoint then stays the newest).",
+            file=sys.stderr,
+            flush=True,
+        )
 
     previous: dict[int, Optional[object]] = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:

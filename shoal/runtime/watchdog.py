@@ -36,8 +36,14 @@ def start_watchdog() -> subprocess.Popen:
     from now until :func:`adoption_done`, except those it has already."""
     me = psutil.Process()
     args = [f"{me.pid}:{me.create_time()!r}", *(f"{c.pid}:{c.create_time()!r}" for c in me.children())]
-    return subprocess.Popen([sys.executable, __file__, *args], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    return subprocess.Popen(
+        [sys.executable, __file__, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
 
 
 def adoption_done(watchdog: subprocess.Popen) -> None:
@@ -53,7 +59,9 @@ def _process(pid: int, create_time: float | None = None) -> psutil.Process | Non
     """The live (not zombie) process ``pid``, if it is the one created at ``create_time``."""
     try:
         p = psutil.Process(pid)
-        if (create_time is not None and abs(p.create_time() - create_time) > 1e-3) or p.status() == psutil.STATUS_ZOMBIE:
+        if (
+            create_time is not None and abs(p.create_time() - create_time) > 1e-3
+        ) or p.status() == psutil.STATUS_ZOMBIE:
             return None
         return p
     except psutil.Error:
