@@ -15,7 +15,7 @@ learners are not APPO's learner thread; DD-PPO has no KL penalty), the config li
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 from pydantic import Field, model_validator
 
@@ -293,6 +293,46 @@ class MultiAgentConfig(Section):
 
     def trained(self) -> list[str]:
         return list(self.policies_to_train) if self.policies_to_train is not None else list(self.policies)
+
+
+class ReplayKeys(Section):
+    """A replay buffer of single transitions, uniform or prioritized (DQN, Ape-X, SAC)."""
+
+    replay_capacity: int = Field(50_000, ge=1, description="Transitions the replay buffer holds.")
+    replay_compression: Literal["auto", "lz4", "none"] = Field(
+        "auto",
+        description="auto compresses uint8 observation columns of at least 1 KiB per row with lz4 (e.g. "
+        "stacked Atari frames; needs pip install shoal[atari]); lz4 compresses every uint8 observation column; "
+        "none keeps raw rows.",
+    )
+    prioritized_replay: bool = Field(True, description="Sample by TD-error priority; false: uniformly.")
+    prioritized_replay_alpha: float = Field(0.6, ge=0, description="Priority exponent: 0 is uniform.")
+    prioritized_replay_beta: float = Field(0.4, ge=0, le=1, description="Initial importance-weight exponent.")
+    final_prioritized_replay_beta: float = Field(
+        1.0, ge=0, le=1, description="Importance-weight exponent reached at the end of its annealing."
+    )
+    beta_annealing_steps: int = Field(
+        100_000, ge=1, description="Sampled env steps over which beta goes to its final value."
+    )
+    prioritized_replay_eps: float = Field(1e-6, gt=0, description="Added to |TD error| so no priority is 0.")
+    learning_starts: int = Field(1000, ge=0, description="Sampled env steps before learning begins.")
+    checkpoint_replay: bool = Field(False, description="Save the replay contents with each checkpoint (can be large).")
+
+    def beta(self, env_steps: float) -> float:
+        """The importance-weight exponent after ``env_steps`` sampled steps (annealed linearly)."""
+        from shoal.schedule import linear_schedule
+
+        return linear_schedule(
+            self.prioritized_replay_beta, self.final_prioritized_replay_beta, self.beta_annealing_steps
+        )(env_steps)
+
+
+def check_replay_start(config) -> None:
+    """Learning cannot wait for more transitions than the replay holds."""
+    if config.learning_starts > config.replay_capacity:
+        raise ValueError(
+            f"learning_starts ({config.learning_starts}) exceeds replay_capacity ({config.replay_capacity})"
+        )
 
 
 class MultiAgentKeys(Section):

@@ -29,6 +29,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from shoal.algorithms.base import Algorithm
+from shoal.algorithms.config_groups import ReplayKeys, check_replay_start
 from shoal.algorithms.policies import build_policy_module
 from shoal.batch import Batch, Col
 from shoal.config import AlgorithmConfig, ModelConfig
@@ -43,7 +44,7 @@ from shoal.models.weights import weights_to_numpy
 from shoal.rollout import Fragment, flatten_valid
 from shoal.rollout.policies import EpsilonGreedyQPolicy
 from shoal.rollout.postprocessing import n_step_targets, q_td_errors
-from shoal.schedule import PiecewiseSchedule, linear_schedule
+from shoal.schedule import PiecewiseSchedule
 
 
 # ---- config -----------------------------------------------------------------------------
@@ -56,7 +57,7 @@ class QModelConfig(ModelConfig):
     }
 
 
-class DQNConfig(AlgorithmConfig):
+class DQNConfig(ReplayKeys, AlgorithmConfig):
     """AlgorithmConfig plus replay, n-step targets, the target network and the epsilon schedule."""
 
     algo = "dqn"
@@ -91,37 +92,15 @@ class DQNConfig(AlgorithmConfig):
     tau: float = Field(
         1.0, gt=0, le=1, description="Target update: 1 copies, < 1 blends tau * online + (1 - tau) * target."
     )
-    replay_capacity: int = Field(50_000, ge=1, description="Transitions the replay buffer holds.")
-    replay_compression: Literal["auto", "lz4", "none"] = Field(
-        "auto",
-        description="auto compresses uint8 observation columns of at least 1 KiB per row with lz4 (e.g. "
-        "stacked Atari frames; needs pip install shoal[atari]); lz4 compresses every uint8 observation column; "
-        "none keeps raw rows.",
-    )
-    prioritized_replay: bool = Field(True, description="Sample by TD-error priority; false: uniformly.")
-    prioritized_replay_alpha: float = Field(0.6, ge=0, description="Priority exponent: 0 is uniform.")
-    prioritized_replay_beta: float = Field(0.4, ge=0, le=1, description="Initial importance-weight exponent.")
-    final_prioritized_replay_beta: float = Field(
-        1.0, ge=0, le=1, description="Importance-weight exponent reached at the end of its annealing."
-    )
-    beta_annealing_steps: int = Field(
-        100_000, ge=1, description="Sampled env steps over which beta goes to its final value."
-    )
-    prioritized_replay_eps: float = Field(1e-6, gt=0, description="Added to |TD error| so no priority is 0.")
-    learning_starts: int = Field(1000, ge=0, description="Sampled env steps before learning begins.")
     training_intensity: float = Field(8.0, gt=0, description="Trained env steps per sampled env step (replay ratio).")
     exploration_initial_eps: float = Field(1.0, ge=0, le=1, description="Epsilon-greedy epsilon at the start.")
     exploration_final_eps: float = Field(0.02, ge=0, le=1, description="Epsilon after exploration_timesteps.")
     exploration_timesteps: int = Field(10_000, ge=1, description="Sampled env steps over which epsilon is annealed.")
     worker_side_prioritization: bool = Field(False, description="Rollout workers compute initial priorities (|TD|).")
-    checkpoint_replay: bool = Field(False, description="Save the replay contents with each checkpoint (can be large).")
 
     @model_validator(mode="after")
-    def _check(self):
-        if self.learning_starts > self.replay_capacity:
-            raise ValueError(
-                f"learning_starts ({self.learning_starts}) exceeds replay_capacity ({self.replay_capacity})"
-            )
+    def _check_dqn(self):
+        check_replay_start(self)
         return self
 
     def fragment_length(self) -> int:
@@ -129,12 +108,6 @@ class DQNConfig(AlgorithmConfig):
 
     def epsilon_schedule(self) -> Optional[list[tuple[int, float]]]:
         return [(0, self.exploration_initial_eps), (self.exploration_timesteps, self.exploration_final_eps)]
-
-    def beta(self, env_steps: float) -> float:
-        """The importance-weight exponent after ``env_steps`` sampled steps (annealed linearly)."""
-        return linear_schedule(
-            self.prioritized_replay_beta, self.final_prioritized_replay_beta, self.beta_annealing_steps
-        )(env_steps)
 
 
 # ---- loss -------------------------------------------------------------------------------
@@ -245,7 +218,8 @@ def check_discrete(action_space: gym.Space, algo: str) -> None:
     if not isinstance(action_space, gym.spaces.Discrete):
         raise ConfigError(
             f"{algo} needs a Discrete action space; this env's is {action_space}. "
-            "For continuous actions use ppo, appo or impala."
+            "For continuous (Box) actions use sac, ppo, appo or impala; for MultiDiscrete or MultiBinary ones "
+            "ppo, appo or impala."
         )
 
 
