@@ -68,8 +68,8 @@ def normalization_stats(config: AlgorithmConfig, info: Any, multi_agent: bool) -
             f"normalize is not supported with a multi_agent section ({config.algo}): each "
             "policy sees its own observations. Leave normalize.obs and normalize.reward false."
         )
-    from shoal.spaces import preprocess_obs
+    from shoal.spaces import preprocess_obs, stack_obs
 
     space = info.observation_space
     check_normalize_applies(config, space)
-    return RunningStats.for_config(config, preprocess_obs(space, space.sample()[None]).shape[1:])
+    return RunningStats.for_config(config, preprocess_obs(space, stack_obs([space.sample()])).shape[1:])

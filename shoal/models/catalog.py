@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, EnvError
 from shoal.models.distributions import DiagGaussian, dist_class_for
 from shoal.models.recurrent import LSTMCore
 from shoal.spaces import flat_obs_dim, preprocess_obs  # noqa: F401  (preprocess_obs re-exported)
@@ -440,7 +440,10 @@ def check_model_size(model_config: Any, obs_space: gym.Space | None) -> None:
 
     if model_config is None or getattr(model_config, "custom", None):
         return
-    in_dim = flat_obs_dim(obs_space) if isinstance(obs_space, (gym.spaces.Box, gym.spaces.Discrete)) else 1
+    try:
+        in_dim = flat_obs_dim(obs_space) if obs_space is not None else 1
+    except EnvError:  # a space no network takes is reported where the network is built
+        in_dim = 1
     dims = [in_dim, *model_config.hiddens]
     params = sum(a * b for a, b in zip(dims, dims[1:]))
     if getattr(model_config, "use_lstm", False):

@@ -75,9 +75,9 @@ def _construct(
 
 
 def _sample_obs(obs_space: gym.Space) -> torch.Tensor:
-    from shoal.spaces import preprocess_obs
+    from shoal.spaces import preprocess_obs, stack_obs
 
-    rows = preprocess_obs(obs_space, np.stack([obs_space.sample(), obs_space.sample()]))
+    rows = preprocess_obs(obs_space, stack_obs([obs_space.sample(), obs_space.sample()]))
     return torch.from_numpy(np.ascontiguousarray(rows))
 
 

@@ -6,10 +6,13 @@ sampling loop calls them once per vector step.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import gymnasium as gym
+import numpy as np
 import torch
+from torch.nn import functional as F
 
 from shoal.errors import EnvError
 
@@ -75,12 +78,102 @@ class DiagGaussian:
         return 0.5 * (var_ratio + t1 - 1 - var_ratio.log()).sum(-1)
 
 
+class MultiCategorical:
+    """MultiDiscrete actions: one categorical per component, each over its own slice of the
+    logits (``nvec``, a class attribute: :func:`dist_class_for` makes one subclass per space);
+    log-probabilities, entropies and KLs sum over the components. Actions are ``(B, k)``
+    indices from 0 (the rollout policy adds the space's ``start``)."""
+
+    nvec: tuple[int, ...] = ()
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.parts = [Categorical(part) for part in logits.split(self.nvec, dim=-1)]
+
+    @classmethod
+    def num_inputs(cls, space: gym.Space) -> int:
+        return int(sum(cls.nvec))
+
+    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
+        return torch.stack([p.sample(generator) for p in self.parts], -1)
+
+    def deterministic(self) -> torch.Tensor:
+        return torch.stack([p.deterministic() for p in self.parts], -1)
+
+    def logp(self, actions: torch.Tensor) -> torch.Tensor:
+        return sum(p.logp(actions[..., i]) for i, p in enumerate(self.parts))  # type: ignore[return-value]
+
+    def entropy(self) -> torch.Tensor:
+        return sum(p.entropy() for p in self.parts)  # type: ignore[return-value]
+
+    def kl(self, other: "MultiCategorical") -> torch.Tensor:
+        return sum(p.kl(q) for p, q in zip(self.parts, other.parts))  # type: ignore[return-value]
+
+
+class Bernoulli:
+    """MultiBinary actions: independent 0/1 components, ``P(1) = sigmoid(logit)``; actions are
+    float 0/1 of shape ``(B, n)``."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits
+
+    @staticmethod
+    def num_inputs(space: gym.spaces.MultiBinary) -> int:
+        return int(np.prod(space.shape))
+
+    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
+        u = torch.rand(self.logits.shape, generator=generator, dtype=self.logits.dtype)
+        return (u < torch.sigmoid(self.logits)).to(self.logits.dtype)
+
+    def deterministic(self) -> torch.Tensor:
+        return (self.logits > 0).to(self.logits.dtype)
+
+    def logp(self, actions: torch.Tensor) -> torch.Tensor:
+        # a log s(l) + (1 - a) log(1 - s(l)) = a l - softplus(l)
+        return (actions * self.logits - F.softplus(self.logits)).sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        return (F.softplus(self.logits) - self.logits * torch.sigmoid(self.logits)).sum(-1)
+
+    def kl(self, other: "Bernoulli") -> torch.Tensor:
+        p = torch.sigmoid(self.logits)
+        # log p - log q = (l_p - softplus(l_p)) - (l_q - softplus(l_q)); log(1-p) = -softplus(l_p)
+        log_p, log_q = -F.softplus(-self.logits), -F.softplus(-other.logits)
+        log_1p, log_1q = -F.softplus(self.logits), -F.softplus(other.logits)
+        return (p * (log_p - log_q) + (1 - p) * (log_1p - log_1q)).sum(-1)
+
+
+@functools.lru_cache(maxsize=None)
+def _multi_categorical(nvec: tuple[int, ...]) -> type[MultiCategorical]:
+    return type(f"MultiCategorical{list(nvec)}", (MultiCategorical,), {"nvec": nvec})
+
+
 def dist_class_for(space: gym.Space):
+    """The distribution class of an action space: Discrete, 1-D Box, 1-D MultiDiscrete, 1-D MultiBinary."""
     if isinstance(space, gym.spaces.Discrete):
         return Categorical
     if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
         return DiagGaussian
-    raise EnvError(f"Action space {space} is not supported yet; use Discrete or a 1-D Box.")
+    if isinstance(space, gym.spaces.MultiDiscrete) and len(space.nvec.shape) == 1:
+        return _multi_categorical(tuple(int(n) for n in space.nvec))
+    if isinstance(space, gym.spaces.MultiBinary) and len(space.shape) == 1:
+        return Bernoulli
+    raise EnvError(
+        f"Action space {space} is not supported; use Discrete, a 1-D Box, a 1-D MultiDiscrete or a 1-D "
+        "MultiBinary (flatten other shapes with a wrapper)."
+    )
+
+
+def to_env_actions(space: gym.Space, actions: np.ndarray) -> np.ndarray:
+    """What the env takes for the sampled ``actions``: Box actions clipped to the bounds, Discrete
+    and MultiDiscrete indices shifted by the space's ``start``, MultiBinary as int8 0/1."""
+    if isinstance(space, gym.spaces.Box):
+        return np.clip(actions, space.low, space.high)
+    if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+        start = np.asarray(space.start)
+        return actions + start if np.any(start) else actions
+    if isinstance(space, gym.spaces.MultiBinary):
+        return actions.astype(np.int8)
+    return actions
 
 
 def masked_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -88,4 +181,12 @@ def masked_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~mask.bool(), torch.finfo(logits.dtype).min)
 
 
-__all__ = ["Categorical", "DiagGaussian", "dist_class_for", "masked_logits"]
+__all__ = [
+    "Bernoulli",
+    "Categorical",
+    "DiagGaussian",
+    "MultiCategorical",
+    "dist_class_for",
+    "masked_logits",
+    "to_env_actions",
+]

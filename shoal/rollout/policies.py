@@ -18,9 +18,10 @@ import torch
 
 from shoal.batch import Col
 from shoal.models import build_actor_critic
+from shoal.models.distributions import to_env_actions
 from shoal.models.weights import load_numpy_weights, weights_to_numpy
 from shoal.schedule import PiecewiseSchedule
-from shoal.spaces import preprocess_obs
+from shoal.spaces import is_single_obs, preprocess_obs, stack_obs
 
 STATE_OUT = "state_out"  # a recurrent policy's extras key for the state after the step (not a Batch column)
 
@@ -58,7 +59,6 @@ class ActorCriticPolicy(InferencePolicy):
         else:
             self.generator.seed()
         self.action_space = action_space
-        self._box = isinstance(action_space, gym.spaces.Box)
         self.recurrent = bool(getattr(self.module, "recurrent", False))
 
     def initial_state(self, n: int) -> np.ndarray | None:
@@ -88,9 +88,7 @@ class ActorCriticPolicy(InferencePolicy):
         return {Col.VF_PREDS: self.module.value(torch.from_numpy(obs)).numpy()}
 
     def to_env_actions(self, actions: np.ndarray) -> np.ndarray:
-        if self._box:
-            return np.clip(actions, self.action_space.low, self.action_space.high)
-        return actions
+        return to_env_actions(self.action_space, actions)
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return weights_to_numpy(self.module)
@@ -128,6 +126,7 @@ class EpsilonGreedyQPolicy(InferencePolicy):
                 torch.manual_seed(seed)
             self.module = build_q_network(obs_space, action_space, config.model, config.dueling)
         self.module.eval()
+        self.action_space = action_space
         self.num_actions = int(action_space.n)
         self.rng = np.random.default_rng(seed)
         self.epsilon = epsilon
@@ -156,7 +155,7 @@ class EpsilonGreedyQPolicy(InferencePolicy):
         return {Col.Q_VALUES: self.module(torch.from_numpy(obs)).numpy()}
 
     def to_env_actions(self, actions: np.ndarray) -> np.ndarray:
-        return actions
+        return to_env_actions(self.action_space, actions)
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return weights_to_numpy(self.module)
@@ -178,9 +177,8 @@ def predict_actions(
     """``(actions, state)`` of inference policy ``policy`` for one observation or a batch of
     ``space``'s; observations are normalized by ``norm_stats`` (frozen) when given. A recurrent
     policy starts from its initial state where ``state`` is None or ``episode_start`` is True."""
-    obs = np.asarray(obs)
-    single = obs.shape == tuple(space.shape or ())
-    rows = preprocess_obs(space, obs[None] if single else obs)
+    single = is_single_obs(space, obs)
+    rows = preprocess_obs(space, stack_obs([obs]) if single else obs)
     if norm_stats is not None:  # the saved statistics, frozen
         rows = norm_stats.normalize_obs(rows, normalize.clip_obs, normalize.epsilon)
     with torch.inference_mode():

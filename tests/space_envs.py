@@ -1,0 +1,99 @@
+"""Small Gymnasium envs with MultiDiscrete and MultiBinary actions, for the action-space tests.
+
+Each step shows a random target (one-hot per component, or the bits themselves) and pays one
+point per component the action gets right; episodes are cut after ``episode_len`` steps.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+
+class MultiSignal(gym.Env):
+    """Two components of 3 choices each, numbered from ``start`` (the env checks the range)."""
+
+    def __init__(self, episode_len: int = 10, start: int = 1) -> None:
+        self.k, self.start, self.episode_len = 3, start, episode_len
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (2 * self.k,), np.float32)
+        self.action_space = gym.spaces.MultiDiscrete([self.k, self.k], start=[start, start])
+        self._rng = np.random.default_rng()
+
+    def _obs(self) -> np.ndarray:
+        obs = np.zeros(2 * self.k, np.float32)
+        obs[self.target[0]] = obs[self.k + self.target[1]] = 1.0
+        return obs
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        self.t, self.target = 0, self._rng.integers(0, self.k, 2)
+        return self._obs(), {}
+
+    def step(self, action):
+        action = np.asarray(action)
+        assert self.action_space.contains(action.astype(np.int64)), action  # start applied by the policy
+        reward = float(np.sum(action - self.start == self.target))
+        self.t += 1
+        self.target = self._rng.integers(0, self.k, 2)
+        return self._obs(), reward, False, self.t >= self.episode_len, {}
+
+
+class BitSignal(gym.Env):
+    """Four bits to copy from the observation."""
+
+    def __init__(self, episode_len: int = 10) -> None:
+        self.n, self.episode_len = 4, episode_len
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (self.n,), np.float32)
+        self.action_space = gym.spaces.MultiBinary(self.n)
+        self._rng = np.random.default_rng()
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        self.t, self.bits = 0, self._rng.integers(0, 2, self.n)
+        return self.bits.astype(np.float32), {}
+
+    def step(self, action):
+        action = np.asarray(action)
+        assert self.action_space.contains(action.astype(np.int8)), action
+        reward = float(np.sum(action == self.bits))
+        self.t += 1
+        self.bits = self._rng.integers(0, 2, self.n)
+        return self.bits.astype(np.float32), reward, False, self.t >= self.episode_len, {}
+
+
+class DictSignal(gym.Env):
+    """A Dict observation: the signal to name (Discrete), a distractor vector (Box) and a flag
+    pair (MultiBinary); Discrete(3) actions pay 1 for naming the signal."""
+
+    def __init__(self, episode_len: int = 10) -> None:
+        self.episode_len = episode_len
+        self.observation_space = gym.spaces.Dict(
+            {
+                "signal": gym.spaces.Discrete(3),
+                "noise": gym.spaces.Box(-1.0, 1.0, (2, 2), np.float32),
+                "flags": gym.spaces.MultiBinary(2),
+            }
+        )
+        self.action_space = gym.spaces.Discrete(3)
+        self._rng = np.random.default_rng()
+
+    def _obs(self) -> dict:
+        return {
+            "signal": int(self.signal),
+            "noise": self._rng.uniform(-1, 1, (2, 2)).astype(np.float32),
+            "flags": self._rng.integers(0, 2, 2).astype(np.int8),
+        }
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        self.t, self.signal = 0, self._rng.integers(0, 3)
+        return self._obs(), {}
+
+    def step(self, action):
+        reward = float(int(action) == self.signal)
+        self.t += 1
+        self.signal = self._rng.integers(0, 3)
+        return self._obs(), reward, False, self.t >= self.episode_len, {}
