@@ -38,6 +38,8 @@ _LAZY = {
     "APPO": ("shoal.algorithms.appo", "APPO"),
     "DDPPOConfig": ("shoal.algorithms.ddppo", "DDPPOConfig"),
     "DDPPO": ("shoal.algorithms.ddppo", "DDPPO"),
+    "SACConfig": ("shoal.algorithms.sac", "SACConfig"),
+    "SAC": ("shoal.algorithms.sac", "SAC"),
     "AlphaStarConfig": ("shoal.algorithms.alpha_star", "AlphaStarConfig"),
     "AlphaStar": ("shoal.algorithms.alpha_star", "AlphaStar"),
     "Algorithm": ("shoal.algorithms.base", "Algorithm"),

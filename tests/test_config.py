@@ -330,6 +330,16 @@ UNUSED = {
     "impala": set(),
     "appo": set(),
     "ddppo": {"train_batch_size", "use_kl_loss", "kl_coeff", "kl_target", "resources.num_gpus", "normalize"},
+    "sac": {
+        "model.vf_share_layers",
+        "model.init_log_std",
+        "model.conv_filters",
+        "model.torso",
+        "model.frame_layout",
+        "model.custom",
+        "model.custom_kwargs",
+        "normalize",
+    },
     "alpha_star": {
         "num_learner_devices",
         "fake_devices",

@@ -11,7 +11,7 @@ import torch
 from helpers import invoke
 
 import shoal
-from shoal import DQNConfig, PPOConfig
+from shoal import DQNConfig, PPOConfig, SACConfig
 from shoal.app.export import export_policy, sidecar_path
 from shoal.batch import Col
 from shoal.models.catalog import preprocess_obs
@@ -30,6 +30,9 @@ CASES = {  # name -> (config class, config): MLP, Q network, CNN on uint8 frames
         DQNConfig,
         {"env": "CartPole-v1", "model": {"custom": "custom_models:SmallQ"}},
     ),  # a model.custom class
+    "sac": (SACConfig, {"env": "Pendulum-v1", "model": {"hiddens": [32]}}),  # a squashed Gaussian actor
+    "ppo_multi_discrete": (PPOConfig, {"env": "space_envs:MultiSignal"}),  # per-component argmax + start
+    "ppo_multi_binary": (PPOConfig, {"env": "space_envs:BitSignal"}),
 }
 FORMATS = ("torchscript", "onnx")
 
@@ -80,6 +83,8 @@ def run_exported(path, fmt: str, *inputs: np.ndarray) -> list[np.ndarray]:
 
 
 def check_outputs(outs: list[np.ndarray], ref: dict[str, np.ndarray], q_network: bool) -> None:
+    if Col.ACTION_DIST_INPUTS not in ref and not q_network:  # SAC's actor records no extras
+        return
     if q_network:
         np.testing.assert_allclose(outs[1], ref[Col.Q_VALUES], atol=1e-5, rtol=1e-5)
     else:
@@ -88,7 +93,20 @@ def check_outputs(outs: list[np.ndarray], ref: dict[str, np.ndarray], q_network:
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("case", ["ppo_mlp", "dqn", "ppo_cnn", "ppo_box", "ppo_discrete_obs", "dqn_custom"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "ppo_mlp",
+        "dqn",
+        "ppo_cnn",
+        "ppo_box",
+        "ppo_discrete_obs",
+        "dqn_custom",
+        "sac",
+        "ppo_multi_discrete",
+        "ppo_multi_binary",
+    ],
+)
 def test_exported_model_matches_the_in_process_policy(checkpoints, tmp_path, case, fmt):
     path = checkpoints[case]
     out = export_policy(path, fmt, tmp_path / f"policy.{fmt}")
@@ -99,11 +117,15 @@ def test_exported_model_matches_the_in_process_policy(checkpoints, tmp_path, cas
     check_outputs(outs, ref, q_network=case.startswith("dqn"))
     with shoal.load_policy(path) as policy:
         greedy, _ = policy.predict(obs)
-    if case == "ppo_box":
+    if case in ("ppo_box", "sac"):
         np.testing.assert_allclose(outs[0], greedy, atol=1e-5)
-        assert np.all(np.abs(outs[0]) <= 2.0)  # clipped to Pendulum's bounds
+        assert np.all(np.abs(outs[0]) <= 2.0)  # clipped (PPO) or squashed (SAC) into Pendulum's bounds
     else:
         assert np.array_equal(outs[0], greedy)
+    if case == "sac":  # the pre-squash mean and log std, as the actor computes them
+        mu, log_std = algo.learner.module.actor(torch.from_numpy(obs))
+        np.testing.assert_allclose(outs[1], torch.cat([mu, log_std], -1).detach().numpy(), atol=1e-5)
+        np.testing.assert_allclose(outs[0], 2.0 * np.tanh(mu.detach().numpy()), atol=1e-5)
     algo.stop()
 
 

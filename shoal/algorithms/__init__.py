@@ -44,6 +44,12 @@ REGISTRY: dict[str, tuple[str, str, str, str]] = {
         "DDPPOConfig",
         "Decentralized distributed PPO: every worker samples and trains; gradients all-reduced with torch.distributed.",
     ),
+    "sac": (
+        "shoal.algorithms.sac",
+        "SAC",
+        "SACConfig",
+        "Soft actor-critic for continuous actions: squashed Gaussian actor, twin critics, tuned entropy, replay.",
+    ),
     "alpha_star": (
         "shoal.algorithms.alpha_star",
         "AlphaStar",

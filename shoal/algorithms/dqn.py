@@ -223,7 +223,7 @@ def check_discrete(action_space: gym.Space, algo: str) -> None:
         )
 
 
-def check_replay_fits(config: DQNConfig, obs_space: gym.Space, num_shards: int = 1) -> None:
+def check_replay_fits(config: ReplayKeys, obs_space: gym.Space, num_shards: int = 1) -> None:
     """ConfigError before any replay is built when one shard's priority tree and plain rows cannot fit in
     its share of the available memory (compressed rows are sized later, from the first rows stored)."""
     from shoal.replay import storage
@@ -237,7 +237,7 @@ def check_replay_fits(config: DQNConfig, obs_space: gym.Space, num_shards: int =
     storage.check_fits(per_shard, needed, compressed, 1.0 / num_shards)
 
 
-def replay_kwargs(config: DQNConfig, seed: int | None, num_shards: int = 1) -> dict[str, Any]:
+def replay_kwargs(config: Any, seed: int | None, num_shards: int = 1) -> dict[str, Any]:
     """:class:`~shoal.replay.ReplayShard` keyword arguments of one of ``num_shards`` shards
     (each may plan to use an equal part of the machine's available memory)."""
     return {
@@ -252,7 +252,7 @@ def replay_kwargs(config: DQNConfig, seed: int | None, num_shards: int = 1) -> d
     }
 
 
-def make_replay(config: DQNConfig, capacity: int, seed: int | None):
+def make_replay(config: Any, capacity: int, seed: int | None):
     from shoal.replay import ReplayShard
 
     return ReplayShard(capacity, **replay_kwargs(config, seed))
@@ -313,7 +313,53 @@ Q_DISPLAY_METRICS = [("learner/loss", "loss"), ("learner/mean_q", "mean_q"), ("l
 """What the live display shows of a Q-learner (DQN, Ape-X): its loss, mean Q and mean |TD error|."""
 
 
-class DQN(Algorithm):
+class ReplayAlgorithm(Algorithm):
+    """What DQN and SAC share around their losses: one replay buffer in the driver (``self.replay``,
+    saved with checkpoints when ``checkpoint_replay``), learned from by credit (a fraction of an
+    update carries over to the next step), and rollout actors that follow the sampled env-step
+    count (epsilon schedules, random warm-up actions) through global variables."""
+
+    replay: Any
+    learner: Learner
+    config: Any  # a config with ReplayKeys and train_batch_size (DQNConfig, SACConfig)
+    _update_credit = 0.0
+
+    def learn_on_replay(self, updates: float) -> dict[str, float]:
+        """``updates`` more SGD steps' credit: as many whole steps as it buys, each on a replayed
+        ``train_batch_size`` batch whose |TD| become its rows' new priorities. The last step's stats."""
+        cfg = self.config
+        sampled = self.counters["env_steps_sampled"]
+        self.learner.set_env_steps(sampled)
+        self._update_credit += updates
+        beta = cfg.beta(sampled)
+        stats: dict[str, float] = {}
+        while self._update_credit >= 1.0:
+            self._update_credit -= 1.0
+            replayed = self.replay.sample(cfg.train_batch_size, beta)
+            td, stats = learn_on_replay_batch(self.learner, replayed)
+            if td is not None:
+                self.replay.update_priorities(replayed[Col.INDICES], td)
+            self.counters["env_steps_trained"] += len(replayed)
+        return stats
+
+    def restart_calls(self):
+        return [("set_global_vars", ({"env_steps": self.counters["env_steps_sampled"]},))]
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()  # the policy's learner and target, at the top as before
+        if self.config.checkpoint_replay:
+            state["replay"] = self.replay.get_state()
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        if "replay" in state:
+            self.replay.set_state(state["replay"])
+        self.env_runners.foreach("set_global_vars", {"env_steps": self.counters["env_steps_sampled"]}, wait=False)
+        self.broadcast_weights()
+
+
+class DQN(ReplayAlgorithm):
     config_cls = DQNConfig
     config: DQNConfig
     policy_cls = EpsilonGreedyQPolicy
@@ -327,7 +373,6 @@ class DQN(Algorithm):
         points = cfg.epsilon_schedule()
         assert points is not None, "DQN anneals one epsilon"
         self.epsilon = PiecewiseSchedule(points)  # what the rollout actors explore with, by env steps sampled
-        self._update_credit = 0.0
         postprocess = functools.partial(
             n_step_postprocess,
             n_step=cfg.n_step,
@@ -344,9 +389,6 @@ class DQN(Algorithm):
     def policy_weights(cls, state: dict[str, Any]) -> dict[str, np.ndarray]:
         return q_network_weights(state)
 
-    def restart_calls(self):
-        return [("set_global_vars", ({"env_steps": self.counters["env_steps_sampled"]},))]
-
     def training_step(self) -> dict[str, Any]:
         cfg: DQNConfig = self.config
         with self.timers.time(Phase.SAMPLE):
@@ -359,16 +401,7 @@ class DQN(Algorithm):
         sampled = self.counters["env_steps_sampled"]
         if sampled >= cfg.learning_starts:
             with self.timers.time(Phase.LEARN):
-                self.learner.set_env_steps(sampled)
-                self._update_credit += steps * cfg.training_intensity / cfg.train_batch_size
-                beta = cfg.beta(sampled)
-                while self._update_credit >= 1.0:
-                    self._update_credit -= 1.0
-                    replayed = self.replay.sample(cfg.train_batch_size, beta)
-                    td, stats = learn_on_replay_batch(self.learner, replayed)
-                    if td is not None:
-                        self.replay.update_priorities(replayed[Col.INDICES], td)
-                    self.counters["env_steps_trained"] += len(replayed)
+                stats = self.learn_on_replay(steps * cfg.training_intensity / cfg.train_batch_size)
         with self.timers.time(Phase.SYNC):
             self.env_runners.foreach("set_global_vars", {"env_steps": sampled}, wait=False)
             self.broadcast_weights()
@@ -378,16 +411,3 @@ class DQN(Algorithm):
             "num_target_updates": self.target.num_updates,
             "epsilon": float(self.epsilon(sampled)),
         }
-
-    def get_state(self) -> dict[str, Any]:
-        state = super().get_state()  # the policy's learner and target, at the top as before
-        if self.config.checkpoint_replay:
-            state["replay"] = self.replay.get_state()
-        return state
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        super().set_state(state)
-        if "replay" in state:
-            self.replay.set_state(state["replay"])
-        self.env_runners.foreach("set_global_vars", {"env_steps": self.counters["env_steps_sampled"]}, wait=False)
-        self.broadcast_weights()

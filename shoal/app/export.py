@@ -12,9 +12,13 @@ the preprocessing shoal does in front of the network itself:
 Its outputs, in order (names as in the sidecar JSON):
 
 - actor-critic models (PPO, IMPALA, APPO, DD-PPO): ``action`` (the greedy one: argmax of
-  the logits, or the Gaussian mean clipped to the action bounds), ``dist_inputs`` (logits;
-  mean and log std for Box actions), ``value``, then ``state_out`` when recurrent;
-- Q networks (DQN, Ape-X): ``action`` (argmax), ``q_values``.
+  the logits, per component for MultiDiscrete, logits > 0 for MultiBinary, or the Gaussian
+  mean clipped to the action bounds; Discrete and MultiDiscrete indices shifted by the space's
+  ``start``), ``dist_inputs`` (logits; mean and log std for Box actions), ``value``, then
+  ``state_out`` when recurrent;
+- Q networks (DQN, Ape-X): ``action`` (argmax), ``q_values``;
+- SAC's squashed Gaussian actor: ``action`` (``tanh`` of the mean, scaled to the action
+  bounds), ``dist_inputs`` (the pre-squash mean and log std).
 
 Next to the file, ``<file>.json`` records the format, the input and output names, the
 observation shape and dtype, the action space and the state size.
@@ -46,13 +50,20 @@ class ExportedPolicy(nn.Module):
     def __init__(self, module: nn.Module, obs_space: gym.Space, action_space: gym.Space) -> None:
         super().__init__()
         self.module = module
-        self.q_network = not hasattr(module, "dist_cls")
+        self.squashed = bool(getattr(module, "squashed_gaussian", False))
+        self.q_network = not hasattr(module, "dist_cls") and not self.squashed
         self.recurrent = bool(getattr(module, "recurrent", False))
         self.discrete_obs = isinstance(obs_space, gym.spaces.Discrete)
         self.obs_n = int(obs_space.n) if self.discrete_obs else 0
         self.obs_start = int(obs_space.start) if self.discrete_obs else 0
         self.uint8 = not self.discrete_obs and obs_space.dtype == np.uint8
         self.box_actions = isinstance(action_space, gym.spaces.Box)
+        self.binary_actions = isinstance(action_space, gym.spaces.MultiBinary)
+        self.nvec = [int(n) for n in action_space.nvec] if isinstance(action_space, gym.spaces.MultiDiscrete) else []
+        start = getattr(action_space, "start", None)
+        self.register_buffer(
+            "action_start", torch.as_tensor(np.asarray(0 if start is None else start), dtype=torch.int64)
+        )
         if self.box_actions:
             self.register_buffer("low", torch.as_tensor(action_space.low, dtype=torch.float32))
             self.register_buffer("high", torch.as_tensor(action_space.high, dtype=torch.float32))
@@ -68,7 +79,11 @@ class ExportedPolicy(nn.Module):
         rows = self.rows(obs)
         if self.q_network:
             q = self.module(rows)
-            return q.argmax(-1), q
+            return q.argmax(-1) + self.action_start, q
+        if self.squashed:
+            mu, log_std = self.module(rows)
+            action = self.low + (torch.tanh(mu) + 1.0) * 0.5 * (self.high - self.low)
+            return action, torch.cat([mu, log_std], dim=-1)
         if self.recurrent:
             inputs, values, state_out = self.module.step(rows, state)
         else:
@@ -76,8 +91,12 @@ class ExportedPolicy(nn.Module):
         if self.box_actions:
             mean = inputs[:, : inputs.shape[-1] // 2]
             action = torch.maximum(torch.minimum(mean, self.high), self.low)
+        elif self.binary_actions:
+            action = (inputs > 0).to(torch.int8)
+        elif self.nvec:
+            action = torch.stack([part.argmax(-1) for part in inputs.split(self.nvec, dim=-1)], -1) + self.action_start
         else:
-            action = inputs.argmax(-1)
+            action = inputs.argmax(-1) + self.action_start
         if self.recurrent:
             return action, inputs, values, state_out
         return action, inputs, values
@@ -88,6 +107,8 @@ def exported_signature(model: ExportedPolicy) -> tuple[list[str], list[str]]:
     inputs = ["obs", "state"] if model.recurrent else ["obs"]
     if model.q_network:
         return inputs, ["action", "q_values"]
+    if model.squashed:
+        return inputs, ["action", "dist_inputs"]
     return inputs, ["action", "dist_inputs", "value"] + (["state_out"] if model.recurrent else [])
 
 
