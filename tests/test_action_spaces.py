@@ -62,7 +62,9 @@ def test_env_actions_shift_by_start_and_cast():
 
 
 def test_unsupported_action_space_names_what_is():
-    with pytest.raises(EnvError, match="(?s)MultiDiscrete.*is not supported; use Discrete, a 1-D Box, a 1-D MultiDiscrete"):
+    with pytest.raises(
+        EnvError, match="(?s)MultiDiscrete.*is not supported; use Discrete, a 1-D Box, a 1-D MultiDiscrete"
+    ):
         dist_class_for(gym.spaces.MultiDiscrete([[2, 2], [2, 2]]))
     with pytest.raises(EnvError, match="MultiBinary"):
         dist_class_for(gym.spaces.MultiBinary([2, 2]))
