@@ -25,3 +25,16 @@ class OldGymApiEnv(gym.Env):
 
     def step(self, action):
         return np.zeros(4, np.float32), 1.0, False, {}
+
+
+class TextObsEnv(gym.Env):
+    """An env whose observations are text, which no network of shoal's takes."""
+
+    observation_space = gym.spaces.Text(8)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        return "hello", {}
+
+    def step(self, action):
+        return "hello", 0.0, False, True, {}

@@ -338,7 +338,11 @@ ROWS = [
         ("bad_envs:raising_env", "maze.txt is missing"),
     ),
     Row("env-factory-not-env", ["train", "ppo", "--env", "bad_envs:not_an_env"], ("bad_envs:not_an_env", "int")),
-    Row("env-unsupported-obs-space", ["train", "ppo", "--env", "Blackjack-v1"], ("Blackjack-v1", "Tuple")),
+    Row(
+        "env-unsupported-obs-space",
+        ["train", "ppo", "--env", "bad_envs:TextObsEnv", "--stop-iters", "1"],
+        ("bad_envs:TextObsEnv", "Text", "Dict or Tuple"),
+    ),
     Row("env-import-empty-module", ["train", "ppo", "--env", ":make"], ("':make'", "module before the colon")),
     Row(
         "env-old-gym-api",
