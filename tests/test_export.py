@@ -184,3 +184,30 @@ def test_export_errors_exit_2(checkpoints, tmp_path):
     algo.stop()
     r = invoke("export", str(game))
     assert r.exit_code == 2 and "single-agent" in r.output and "Traceback" not in r.output
+
+
+def test_onnx_export_logs_nothing_on_stderr(checkpoints, tmp_path):
+    """torch's exporter logs (not warns) that torchvision's operators are skipped when torchvision is
+    absent; a user's terminal gets the one result line, nothing of the exporter."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shoal",
+            "export",
+            str(checkpoints["ppo_mlp"]),
+            "--format",
+            "onnx",
+            "--out",
+            str(tmp_path / "p.onnx"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "torchvision" not in out.stderr and "torch.onnx" not in out.stderr, out.stderr
+    assert "Wrote" in out.stdout + out.stderr

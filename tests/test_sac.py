@@ -308,3 +308,11 @@ def test_sac_with_two_rollout_actors_survives_a_killed_one(ray_cluster):
             np.testing.assert_array_equal(algo.env_runners.call(1, "get_weights")[k], v)
     finally:
         algo.stop()
+
+
+def test_a_partial_model_section_keeps_sacs_defaults():
+    assert SACConfig(env="Pendulum-v1").model.hiddens == [256, 256]
+    m = SACConfig(env="Pendulum-v1", model={"activation": "tanh"}).model
+    assert (m.hiddens, m.activation) == ([256, 256], "tanh")
+    m = SACConfig(env="Pendulum-v1", model={"hiddens": [32]}).model
+    assert (m.hiddens, m.activation) == ([32], "relu")

@@ -50,7 +50,13 @@ LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # the actor's log std is clamped here (th
 
 # ---- config -----------------------------------------------------------------------------
 class SACModelConfig(ModelConfig):
-    """The actor's and each critic's MLP."""
+    """The actor's and each critic's MLP ([256, 256] with ReLU, as the SAC references use, also when a
+    config gives only some of the section's keys)."""
+
+    hiddens: list[int] = Field(
+        default_factory=lambda: [256, 256], description="Hidden layer sizes of the actor and of each critic."
+    )
+    activation: str = Field("relu", description="tanh, relu or elu.")
 
     unused_keys = {
         "vf_share_layers": "SAC's actor and critics are separate networks",
@@ -76,8 +82,7 @@ class SACConfig(ReplayKeys, AlgorithmConfig):
     lr: float = Field(3e-4, gt=0, description="Adam learning rate of the actor, the critics and alpha.")
     grad_clip: Optional[float] = Field(None, gt=0, description="Global gradient-norm clip; None disables.")
     model: SACModelConfig = Field(
-        default_factory=lambda: SACModelConfig(hiddens=[256, 256], activation="relu"),
-        description="The actor's and each critic's hidden layers and activation.",
+        default_factory=SACModelConfig, description="The actor's and each critic's hidden layers and activation."
     )
     replay_capacity: int = Field(1_000_000, ge=1, description="Transitions the replay buffer holds.")
     prioritized_replay: bool = Field(False, description="Sample by TD-error priority; false: uniformly.")

@@ -155,6 +155,20 @@ def _to_torchscript(model: ExportedPolicy, inputs: tuple[torch.Tensor, ...], out
         torch.jit.save(traced, str(out))
 
 
+@contextlib.contextmanager
+def _quiet_logger(name: str):
+    """``logging.getLogger(name)`` passes only errors while the block runs."""
+    import logging
+
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _to_onnx(model: ExportedPolicy, inputs: tuple[torch.Tensor, ...], out: Path) -> None:
     try:
         import onnx  # noqa: F401
@@ -164,9 +178,15 @@ def _to_onnx(model: ExportedPolicy, inputs: tuple[torch.Tensor, ...], out: Path)
     names_in, names_out = exported_signature(model)
     batch = torch.export.Dim("batch", min=1)
     dynamic = {name: {0: batch} for name in names_in}
-    # The exporter narrates its passes on stdout and warns about its own internals (deprecations in
-    # torch._dynamo, LSTM weights assigned while tracing): none of it is the user's to act on.
-    with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+    # The exporter narrates its passes on stdout, warns about its own internals (deprecations in
+    # torch._dynamo, LSTM weights assigned while tracing) and logs that torchvision's operators
+    # are skipped when torchvision is absent: none of it is the user's to act on.
+    with (
+        torch.no_grad(),
+        warnings.catch_warnings(),
+        contextlib.redirect_stdout(io.StringIO()),
+        _quiet_logger("torch.onnx._internal.exporter._registration"),
+    ):
         for category in (DeprecationWarning, FutureWarning, UserWarning):
             warnings.simplefilter("ignore", category)
         program = torch.onnx.export(
