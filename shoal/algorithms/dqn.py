@@ -324,6 +324,16 @@ class ReplayAlgorithm(Algorithm):
     config: Any  # a config with ReplayKeys and train_batch_size (DQNConfig, SACConfig)
     _update_credit = 0.0
 
+    def store(self, results) -> None:
+        """The sampled batches into the replay, with the initial priorities the actors computed (if any)."""
+        for batch, _ in results:
+            self.replay.add(batch, batch.data.pop(Col.PRIORITIES, None))
+
+    def sync_actors(self) -> None:
+        """The sampled env-step count and the current weights to every rollout actor."""
+        self.env_runners.foreach("set_global_vars", {"env_steps": self.counters["env_steps_sampled"]}, wait=False)
+        self.broadcast_weights()
+
     def learn_on_replay(self, updates: float) -> dict[str, float]:
         """``updates`` more SGD steps' credit: as many whole steps as it buys, each on a replayed
         ``train_batch_size`` batch whose |TD| become its rows' new priorities. The last step's stats."""
@@ -355,8 +365,7 @@ class ReplayAlgorithm(Algorithm):
         super().set_state(state)
         if "replay" in state:
             self.replay.set_state(state["replay"])
-        self.env_runners.foreach("set_global_vars", {"env_steps": self.counters["env_steps_sampled"]}, wait=False)
-        self.broadcast_weights()
+        self.sync_actors()
 
 
 class DQN(ReplayAlgorithm):
@@ -395,16 +404,14 @@ class DQN(ReplayAlgorithm):
             results = self.env_runners.foreach("sample")
             steps = self.record_rollouts([m for _, m in results])
         with self.timers.time(Phase.STORE):
-            for batch, _ in results:
-                self.replay.add(batch, batch.data.pop(Col.PRIORITIES, None))
+            self.store(results)
         stats: dict[str, float] = {}
         sampled = self.counters["env_steps_sampled"]
         if sampled >= cfg.learning_starts:
             with self.timers.time(Phase.LEARN):
                 stats = self.learn_on_replay(steps * cfg.training_intensity / cfg.train_batch_size)
         with self.timers.time(Phase.SYNC):
-            self.env_runners.foreach("set_global_vars", {"env_steps": sampled}, wait=False)
-            self.broadcast_weights()
+            self.sync_actors()
         return {
             **{f"learner/{k}": v for k, v in stats.items()},
             "replay_size": self.replay.stats()["size"],

@@ -41,6 +41,7 @@ from shoal.learn.losses import LossRecord
 from shoal.learn.policy_learner import PolicyLearner
 from shoal.learn.target import TargetNetwork
 from shoal.logging.metrics import Phase
+from shoal.models.catalog import _ACTIVATIONS, _FUNCTIONAL
 from shoal.models.weights import load_numpy_weights, weights_to_numpy
 from shoal.rollout.policies import InferencePolicy
 from shoal.spaces import flat_obs_dim
@@ -119,16 +120,16 @@ class SACConfig(ReplayKeys, AlgorithmConfig):
 
 
 # ---- networks ---------------------------------------------------------------------------
-_ACT = {"relu": torch.relu, "tanh": torch.tanh, "elu": F.elu}
+_ACT = {name: _FUNCTIONAL[layer] for name, layer in _ACTIVATIONS.items()}  # catalog's activations, as functions
 
 
 def check_sac_spaces(obs_space: gym.Space, action_space: gym.Space) -> None:
-    if not isinstance(action_space, gym.spaces.Box) or not np.all(np.isfinite(action_space.low)):
+    if not isinstance(action_space, gym.spaces.Box):
         raise ConfigError(
             f"sac needs a bounded Box action space (it squashes actions into [low, high]); this env's is "
             f"{action_space}. For Discrete actions use dqn, ppo, impala or appo."
         )
-    if not np.all(np.isfinite(action_space.high)):
+    if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
         raise ConfigError(f"sac needs finite action bounds; this env's Box is {action_space}.")
     if isinstance(obs_space, gym.spaces.Box) and obs_space.dtype == np.uint8:
         raise ConfigError(
@@ -397,14 +398,12 @@ class SAC(ReplayAlgorithm):
             results = self.env_runners.foreach("sample")
             steps = self.record_rollouts([m for _, m in results])
         with self.timers.time(Phase.STORE):
-            for batch, _ in results:
-                self.replay.add(batch)
+            self.store(results)
         stats: dict[str, float] = {}
         sampled = self.counters["env_steps_sampled"]
         if sampled >= cfg.learning_starts:
             with self.timers.time(Phase.LEARN):
                 stats = self.learn_on_replay(steps * cfg.updates_per_env_step)
         with self.timers.time(Phase.SYNC):
-            self.env_runners.foreach("set_global_vars", {"env_steps": sampled}, wait=False)
-            self.broadcast_weights()
+            self.sync_actors()
         return {**{f"learner/{k}": v for k, v in stats.items()}, "replay_size": self.replay.stats()["size"]}

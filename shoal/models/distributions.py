@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -163,17 +164,39 @@ def dist_class_for(space: gym.Space):
     )
 
 
-def to_env_actions(space: gym.Space, actions: np.ndarray) -> np.ndarray:
-    """What the env takes for the sampled ``actions``: Box actions clipped to the bounds, Discrete
-    and MultiDiscrete indices shifted by the space's ``start``, MultiBinary as int8 0/1."""
+def env_action_converter(space: gym.Space) -> Callable[[np.ndarray], np.ndarray]:
+    """What turns sampled actions into what the env takes, decided once per space (the sampling
+    loop calls it every step): Box actions clipped to the bounds, Discrete and MultiDiscrete
+    indices shifted by the space's ``start``, MultiBinary as int8 0/1, anything else as it is."""
     if isinstance(space, gym.spaces.Box):
-        return np.clip(actions, space.low, space.high)
-    if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
-        start = np.asarray(space.start)
-        return actions + start if np.any(start) else actions
+        return functools.partial(_clip, low=space.low, high=space.high)
+    if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and np.any(space.start):
+        return functools.partial(_shift, start=np.asarray(space.start))
     if isinstance(space, gym.spaces.MultiBinary):
-        return actions.astype(np.int8)
+        return _as_bits
+    return _unchanged
+
+
+# module-level (not lambdas), so a policy holding one still pickles
+def _clip(actions: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    return np.clip(actions, low, high)
+
+
+def _shift(actions: np.ndarray, start: np.ndarray) -> np.ndarray:
+    return actions + start
+
+
+def _as_bits(actions: np.ndarray) -> np.ndarray:
+    return actions.astype(np.int8)
+
+
+def _unchanged(actions: np.ndarray) -> np.ndarray:
     return actions
+
+
+def to_env_actions(space: gym.Space, actions: np.ndarray) -> np.ndarray:
+    """``env_action_converter(space)(actions)``, for a one-off conversion."""
+    return env_action_converter(space)(actions)
 
 
 def masked_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

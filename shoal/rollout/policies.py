@@ -18,7 +18,7 @@ import torch
 
 from shoal.batch import Col
 from shoal.models import build_actor_critic
-from shoal.models.distributions import to_env_actions
+from shoal.models.distributions import env_action_converter
 from shoal.models.weights import load_numpy_weights, weights_to_numpy
 from shoal.schedule import PiecewiseSchedule
 from shoal.spaces import is_single_obs, preprocess_obs, stack_obs
@@ -59,6 +59,7 @@ class ActorCriticPolicy(InferencePolicy):
         else:
             self.generator.seed()
         self.action_space = action_space
+        self._env_actions = env_action_converter(action_space)
         self.recurrent = bool(getattr(self.module, "recurrent", False))
 
     def initial_state(self, n: int) -> np.ndarray | None:
@@ -88,7 +89,7 @@ class ActorCriticPolicy(InferencePolicy):
         return {Col.VF_PREDS: self.module.value(torch.from_numpy(obs)).numpy()}
 
     def to_env_actions(self, actions: np.ndarray) -> np.ndarray:
-        return to_env_actions(self.action_space, actions)
+        return self._env_actions(actions)
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return weights_to_numpy(self.module)
@@ -127,6 +128,7 @@ class EpsilonGreedyQPolicy(InferencePolicy):
             self.module = build_q_network(obs_space, action_space, config.model, config.dueling)
         self.module.eval()
         self.action_space = action_space
+        self._env_actions = env_action_converter(action_space)
         self.num_actions = int(action_space.n)
         self.rng = np.random.default_rng(seed)
         self.epsilon = epsilon
@@ -155,7 +157,7 @@ class EpsilonGreedyQPolicy(InferencePolicy):
         return {Col.Q_VALUES: self.module(torch.from_numpy(obs)).numpy()}
 
     def to_env_actions(self, actions: np.ndarray) -> np.ndarray:
-        return to_env_actions(self.action_space, actions)
+        return self._env_actions(actions)
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return weights_to_numpy(self.module)
