@@ -34,6 +34,7 @@ class Col:
     DISCOUNTS = "discounts"  # gamma ** k for a k-step transition (0 after termination is not folded in)
     VALID = "valid"  # False on next-step autoreset rows kept in time-major sequences (IMPALA / APPO)
     ACTION_MASK = "action_mask"  # bool per action: legal actions when it was sampled (the learner masks the same)
+    NEXT_ACTION_MASK = "next_action_mask"  # bool per action: legal actions at NEXT_OBS (Q-learning's target max)
     STATE_IN = "state_in"  # recurrent state at each sequence's start, packed over its rows (shoal.models.recurrent)
     BOOTSTRAP_OBS = (
         "bootstrap_obs"  # the observation after each sequence's last row, packed over its rows (IMPALA / APPO)

@@ -11,18 +11,32 @@ import numpy as np
 
 from shoal.errors import EnvError
 
+ACTION_MASK_KEY = "action_mask"  # a Dict observation's entry (or an info key) of the legal actions
 
-def _entries(space: gym.Space) -> list[tuple[str, gym.Space]]:
-    """A Dict's or Tuple's entries in order (a Dict's in its key order), named for errors."""
+
+def has_mask_entry(space: gym.Space) -> bool:
+    """Whether ``space`` is a Dict observation carrying the legal actions under ``"action_mask"``
+    (an entry the policy does not see as a feature: it masks the action logits instead)."""
+    return isinstance(space, gym.spaces.Dict) and ACTION_MASK_KEY in space.spaces
+
+
+def _entries(space: gym.Space, top: bool = False) -> list[tuple[str, gym.Space]]:
+    """A Dict's or Tuple's entries in order (a Dict's in its key order), named for errors; at the
+    top level a Dict's ``"action_mask"`` entry is left out (it is not a feature)."""
     if isinstance(space, gym.spaces.Dict):
-        return list(space.spaces.items())
+        return [(k, sub) for k, sub in space.spaces.items() if not (top and k == ACTION_MASK_KEY)]
     return [(str(i), sub) for i, sub in enumerate(space.spaces)]
 
 
 def _check_structured(space: gym.Space, where: str = "") -> None:
     """Dict and Tuple observations are concatenated into one float row: their entries must be
     vectors (float Box of any shape, Discrete, MultiBinary) or nested Dicts and Tuples of them."""
-    for name, sub in _entries(space):
+    entries = _entries(space, top=not where)
+    if not entries:
+        raise EnvError(
+            f"Observation space {space} has no entries besides the action mask: the policy would see nothing."
+        )
+    for name, sub in entries:
         path = f"{where}[{name!r}]" if where else f"[{name!r}]"
         if isinstance(sub, (gym.spaces.Dict, gym.spaces.Tuple)):
             _check_structured(sub, path)
@@ -41,7 +55,7 @@ def _check_structured(space: gym.Space, where: str = "") -> None:
 
 def flat_obs_dim(space: gym.Space) -> int:
     """The width of one observation's row: a Box's elements, a Discrete's one-hot, a Dict's or
-    Tuple's entries concatenated."""
+    Tuple's entries concatenated (but a top-level ``"action_mask"`` entry)."""
     if isinstance(space, gym.spaces.Box):
         return int(np.prod(space.shape))
     if isinstance(space, gym.spaces.Discrete):
@@ -50,11 +64,17 @@ def flat_obs_dim(space: gym.Space) -> int:
         return int(np.prod(space.shape))
     if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
         _check_structured(space)
-        return sum(flat_obs_dim(sub) for _, sub in _entries(space))
+        return sum(_flat_dim(sub) for _, sub in _entries(space, top=True))
     raise EnvError(
         f"Observation space {space} is not supported; use Box, Discrete, or a Dict or Tuple of Box, "
         "Discrete and MultiBinary entries."
     )
+
+
+def _flat_dim(space: gym.Space) -> int:
+    if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
+        return sum(_flat_dim(sub) for _, sub in _entries(space))
+    return flat_obs_dim(space)
 
 
 def obs_nbytes(space: gym.Space | None) -> int:
@@ -69,7 +89,7 @@ def obs_nbytes(space: gym.Space | None) -> int:
 def is_single_obs(space: gym.Space, obs) -> bool:
     """Whether ``obs`` is one observation of ``space`` rather than a batch of them."""
     if isinstance(space, gym.spaces.Dict):
-        key, sub = next(iter(space.spaces.items()))
+        key, sub = _entries(space, top=True)[0]
         return is_single_obs(sub, obs[key])
     if isinstance(space, gym.spaces.Tuple):
         return is_single_obs(space.spaces[0], obs[0])
@@ -86,19 +106,68 @@ def stack_obs(observations: list):
     return np.stack([np.asarray(o) for o in observations])
 
 
-def preprocess_obs(space: gym.Space, obs) -> np.ndarray:
+def preprocess_obs(space: gym.Space, obs, top: bool = True) -> np.ndarray:
     """A batch of observations as rows: Box ones flattened (uint8 ones, frames, stay uint8; the
     module scales them on its device; any other dtype becomes float32); Discrete ones one-hot;
     Dict and Tuple ones (a dict or tuple of batched arrays, as vector envs return them) their
-    entries' rows concatenated in order, as float32."""
+    entries' rows concatenated in order, as float32 (a top-level ``"action_mask"`` entry left out)."""
     if isinstance(space, gym.spaces.Discrete):
         return np.eye(space.n, dtype=np.float32)[np.asarray(obs, dtype=np.int64) - space.start]
     if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
-        keys = list(space.spaces) if isinstance(space, gym.spaces.Dict) else range(len(space.spaces))
-        parts = [preprocess_obs(space[k], obs[k]) for k in keys]
+        if isinstance(space, gym.spaces.Dict):
+            keys: list = [k for k in space.spaces if not (top and k == ACTION_MASK_KEY)]
+        else:
+            keys = list(range(len(space.spaces)))
+        parts = [preprocess_obs(space[k], obs[k], top=False) for k in keys]
         return np.concatenate([p.astype(np.float32, copy=False).reshape(len(p), -1) for p in parts], axis=1)
     if isinstance(space, gym.spaces.MultiBinary):
         obs = np.asarray(obs, dtype=np.float32)
         return obs.reshape(obs.shape[0], -1)
     obs = np.asarray(obs, dtype=np.uint8 if space.dtype == np.uint8 else np.float32)
     return obs.reshape(obs.shape[0], -1) if obs.ndim > 2 else obs
+
+
+def mask_width(action_space: gym.Space) -> int | None:
+    """The length of an action mask for ``action_space``: a Discrete's n, a MultiDiscrete's
+    components' sizes summed (one block per component); None where masks do not apply."""
+    if isinstance(action_space, gym.spaces.Discrete):
+        return int(action_space.n)
+    if isinstance(action_space, gym.spaces.MultiDiscrete) and action_space.nvec.ndim == 1:
+        return int(action_space.nvec.sum())
+    return None
+
+
+def check_maskable(action_space: gym.Space, source: str) -> int:
+    """The mask width of ``action_space``, or an EnvError naming the space when masks cannot apply."""
+    width = mask_width(action_space)
+    if width is None:
+        raise EnvError(
+            f"The env gives action masks ({source}) but its action space is {action_space}; masks apply to "
+            "Discrete and MultiDiscrete actions only. Drop the mask from the env for this action space."
+        )
+    return width
+
+
+def action_masks(obs_space: gym.Space, raw_obs, info: dict, n: int, width: int) -> np.ndarray:
+    """``(n, width)`` bool: each env's legal actions, from the observation's ``"action_mask"`` entry
+    (a Dict observation) or from ``info["action_mask"]`` (a vector env's info: rows its
+    ``"_action_mask"`` marks absent are all legal). A row with no legal action (a game's final
+    position, seen on the reset step) is all legal: no action of it is ever learned from."""
+    if has_mask_entry(obs_space):
+        mask = np.asarray(raw_obs[ACTION_MASK_KEY])
+        present = None
+    elif ACTION_MASK_KEY in info:
+        mask = np.asarray(info[ACTION_MASK_KEY])
+        present = info.get("_" + ACTION_MASK_KEY)
+    else:
+        return np.ones((n, width), dtype=bool)
+    if mask.shape != (n, width):
+        raise EnvError(
+            f"The env's action mask has shape {mask.shape[1:]} per env; its action space needs ({width},): "
+            "one entry per action (a MultiDiscrete's components' actions one block after another)."
+        )
+    mask = mask.astype(bool)
+    if present is not None:
+        mask[~np.asarray(present, dtype=bool)] = True
+    mask[~mask.any(axis=1)] = True
+    return mask

@@ -97,3 +97,50 @@ class DictSignal(gym.Env):
         self.t += 1
         self.signal = self._rng.integers(0, 3)
         return self._obs(), reward, False, self.t >= self.episode_len, {}
+
+
+class MaskedSignal(gym.Env):
+    """Four actions, two of them legal each step: the target the one-hot observation shows and
+    one other, drawn at random. The legal ones come in ``info["action_mask"]`` or, with
+    ``in_obs``, as the ``"action_mask"`` entry of a Dict observation. The target pays 1, the
+    other legal action 0, an illegal one -1 and is counted in ``MaskedSignal.illegal`` (shared by
+    the instances of a process). A policy that ignores the mask picks an illegal action half the
+    time at the start; one that honours it, never."""
+
+    illegal = 0
+
+    def __init__(self, episode_len: int = 16, in_obs: bool = False) -> None:
+        self.episode_len, self.in_obs = episode_len, in_obs
+        signal = gym.spaces.Box(0.0, 1.0, (4,), np.float32)
+        self.observation_space = (
+            gym.spaces.Dict({"signal": signal, "action_mask": gym.spaces.MultiBinary(4)}) if in_obs else signal
+        )
+        self.action_space = gym.spaces.Discrete(4)
+        self._rng = np.random.default_rng()
+
+    def _draw(self):
+        self.target = int(self._rng.integers(4))
+        self.mask = np.zeros(4, np.int8)
+        self.mask[self.target] = 1
+        self.mask[(self.target + 1 + self._rng.integers(3)) % 4] = 1
+        signal = np.eye(4, dtype=np.float32)[self.target]
+        if self.in_obs:
+            return {"signal": signal, "action_mask": self.mask.copy()}, {}
+        return signal, {"action_mask": self.mask.copy()}
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        self.t = 0
+        return self._draw()
+
+    def step(self, action):
+        action = int(action)
+        if not self.mask[action]:
+            type(self).illegal += 1
+            reward = -1.0
+        else:
+            reward = float(action == self.target)
+        self.t += 1
+        obs, info = self._draw()
+        return obs, reward, False, self.t >= self.episode_len, info

@@ -21,7 +21,8 @@ from shoal.envs.multi_agent import (
     resolve_multi_agent_env,
 )
 from shoal.errors import ConfigError, EnvError
-from shoal.rollout.multi_agent import MaskedActorCriticPolicy, MatchSampler, MultiAgentEnvRunner, PolicyReturnWindows
+from shoal.rollout.multi_agent import MatchSampler, MultiAgentEnvRunner, PolicyReturnWindows
+from shoal.rollout.policies import ActorCriticPolicy
 
 TTT = "pettingzoo.classic:tictactoe_v3"
 C4 = "pettingzoo.classic:connect_four_v3"
@@ -86,9 +87,7 @@ def test_adapter_checks_illegal_moves_itself():
 # ---- masks --------------------------------------------------------------------------------------
 def test_masked_policy_gives_illegal_actions_zero_probability():
     env = make_multi_agent_env(C4)
-    policy = MaskedActorCriticPolicy(
-        env.observation_space("player_0"), env.action_space("player_0"), config(C4), seed=0
-    )
+    policy = ActorCriticPolicy(env.observation_space("player_0"), env.action_space("player_0"), config(C4), seed=0)
     with torch.no_grad():
         policy.module.pi[-1].bias[:] = torch.tensor([50.0, 0, 0, 0, 0, 0, 40.0])  # unmasked, action 0 would win always
     obs = np.zeros((500, 84), np.float32)
@@ -545,10 +544,10 @@ def test_sequences_feed_the_impala_loss_and_the_stored_masks_reproduce_the_behav
     cfg = IMPALAConfig(env=TTT, rollout_fragment_length=T, train_batch_size=len(batch))
     tensors = batch.to_torch()
     module = runner.policies["a"].module
-    loss, stats = IMPALALoss.from_config(cfg, masked=True)(module, tensors)
+    loss, stats = IMPALALoss.from_config(cfg)(module, tensors)
     assert torch.isfinite(loss)
     loss.backward()
     assert all(p.grad is not None for p in module.parameters())
     assert float(stats["mean_rho"]) == pytest.approx(1.0, abs=1e-5)  # same weights, same masks: on-policy
-    _, unmasked = IMPALALoss.from_config(cfg)(module, tensors)
+    _, unmasked = IMPALALoss.from_config(cfg)(module, {k: v for k, v in tensors.items() if k != Col.ACTION_MASK})
     assert float(unmasked["mean_rho"]) < 0.95  # without the masks the learner would see another policy

@@ -10,7 +10,6 @@ hook, like APPO's.
 
 from __future__ import annotations
 
-import functools
 import time
 from typing import Any, Optional, Union
 
@@ -48,7 +47,7 @@ class APPOPolicyLearner(PolicyLearner):
         super().__init__(
             module,
             config,
-            functools.partial(APPOLoss.from_config, masked=True),
+            APPOLoss.from_config,
             device=resolve_learner_device(device),
             target_period=config.target_update_frequency,
         )

@@ -126,7 +126,8 @@ class APPOLoss(LossRecord):
     """APPO's loss (:func:`appo_loss_terms`: the clipped surrogate against the target network,
     V-trace with the target as its target policy) from the keys it reads; a Learner's
     ``loss_fn``. ``target``: the learner's target network; ``kl``: the KL penalty's coefficient
-    when ``use_kl_loss`` is on; ``masked``: both networks' logits masked by ``ACTION_MASK``."""
+    when ``use_kl_loss`` is on. A batch with ``ACTION_MASK`` (an env or game with action masks) has
+    both networks' logits masked by it."""
 
     seq_len: int  # T, the rollout fragment length: rows per sequence
     gamma: float
@@ -137,7 +138,6 @@ class APPOLoss(LossRecord):
     entropy_coeff: float
     target: TargetNetwork = dataclasses.field(compare=False)
     kl: Optional[AdaptiveKL] = dataclasses.field(default=None, compare=False)
-    masked: bool = False
 
     @classmethod
     def config_values(cls, cfg) -> dict[str, Any]:
@@ -153,12 +153,12 @@ class APPOLoss(LossRecord):
 
     def _target_net(self, module, batch: dict):
         """The target network beside ``module`` (a per-device copy on a multi-device learner)."""
-        if self.masked:  # ``module`` is the masked view: the target's logits get the same mask
+        if Col.ACTION_MASK in batch:  # ``module`` is the masked view: the target's logits get the same mask
             return ActionMasked(self.target.for_module(module.module), batch[Col.ACTION_MASK])
         return self.target.for_module(module)
 
     def __call__(self, module, batch: dict, learner=None) -> tuple[torch.Tensor, dict]:
-        if self.masked:
+        if Col.ACTION_MASK in batch:
             module = ActionMasked(module, batch[Col.ACTION_MASK])
         T = self.seq_len
         u = unroll(module, batch, T, self.gamma)
@@ -208,13 +208,12 @@ class APPO(AsyncAlgorithm):
     def _policy_learner(self, cfg, obs_space, action_space, seed: Optional[int] = None):
         """One policy's learner, with its target network: refreshed by the learner's post-update hook
         every ``target_update_frequency`` updates."""
-        masked = self.is_multi_agent  # both networks' logits under the recorded action masks
         return make_async_policy_learner(
             cfg,
             obs_space,
             action_space,
             seed,
-            lambda c, target, kl: APPOLoss.from_config(c, target=target, kl=kl, masked=masked),
+            lambda c, target, kl: APPOLoss.from_config(c, target=target, kl=kl),
             target_period=cfg.target_update_frequency,
         )
 

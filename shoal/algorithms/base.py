@@ -359,7 +359,12 @@ class Algorithm:
 
     # ---- inference ----------------------------------------------------------------------
     def predict(
-        self, obs, state: np.ndarray | None = None, episode_start: np.ndarray | None = None, deterministic: bool = True
+        self,
+        obs,
+        state: np.ndarray | None = None,
+        episode_start: np.ndarray | None = None,
+        deterministic: bool = True,
+        action_mask: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Actions for observations, in the driver, with the current weights: ``(actions, state)``.
 
@@ -368,9 +373,11 @@ class Algorithm:
         the next observation; rows where ``episode_start`` is True start from the initial state.
         Without recurrence the returned state is None. ``deterministic=False`` samples the way
         training does at the current step: from the action distribution, or epsilon-greedy with
-        the epsilon a DQN schedule gives after the env steps sampled so far.
+        the epsilon a DQN schedule gives after the env steps sampled so far. ``action_mask`` (bool
+        or 0/1, one row per observation, as the env's ``info["action_mask"]``) keeps the actions
+        among the legal ones; a Dict observation's own ``"action_mask"`` entry is read without it.
         """
-        return self._predictor(obs, state, episode_start, deterministic)
+        return self._predictor(obs, state, episode_start, deterministic, action_mask)
 
     @classmethod
     def policy_weights(cls, state: dict[str, Any]) -> dict[str, np.ndarray]:

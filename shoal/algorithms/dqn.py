@@ -40,6 +40,7 @@ from shoal.learn.policy_learner import PolicyLearner
 from shoal.learn.target import TargetNetwork
 from shoal.logging.metrics import Phase
 from shoal.models import build_q_network
+from shoal.models.distributions import masked_logits
 from shoal.models.weights import weights_to_numpy
 from shoal.rollout import Fragment, flatten_valid
 from shoal.rollout.policies import EpsilonGreedyQPolicy
@@ -117,8 +118,14 @@ def q_targets(
     terminateds: torch.Tensor,
     q_next_target: torch.Tensor,
     q_next_online: torch.Tensor | None = None,
+    next_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``R + discount * (1 - terminated) * Q_target(s', a*)``; a* from the online net (double Q) or the target's max."""
+    """``R + discount * (1 - terminated) * Q_target(s', a*)``; a* from the online net (double Q) or
+    the target's max, over the legal actions of s' when ``next_mask`` is given."""
+    if next_mask is not None:
+        q_next_target = masked_logits(q_next_target, next_mask)
+        if q_next_online is not None:
+            q_next_online = masked_logits(q_next_online, next_mask)
     if q_next_online is not None:
         best = q_next_online.argmax(dim=-1, keepdim=True)
         q_next = q_next_target.gather(-1, best).squeeze(-1)
@@ -163,7 +170,12 @@ class DQNLoss(LossRecord):
         q_sa = q.gather(1, batch[Col.ACTIONS].long().unsqueeze(1)).squeeze(1)
         with torch.no_grad():
             target = q_targets(
-                batch[Col.REWARDS], batch[Col.DISCOUNTS], batch[Col.TERMINATEDS], module.target(next_obs), q_next_online
+                batch[Col.REWARDS],
+                batch[Col.DISCOUNTS],
+                batch[Col.TERMINATEDS],
+                module.target(next_obs),
+                q_next_online,
+                batch.get(Col.NEXT_ACTION_MASK),
             )
         if self.td_loss == "huber":
             per_sample = F.huber_loss(q_sa, target, reduction="none", delta=self.huber_delta)
@@ -195,12 +207,17 @@ def n_step_postprocess(fragment: Fragment, n_step: int, gamma: float, priorities
         Col.TERMINATEDS: terminated,
         Col.DISCOUNTS: discounts,
     }
+    if fragment.masks is not None:  # the target's max runs over the legal actions of the next observation
+        cols[Col.NEXT_ACTION_MASK] = fragment.masks[nxt, env_col]
     if priorities:
         # Q(s, .) was recorded while acting, including on each reset step's input (the final
         # observation of the episode before): every bootstrap Q is at hand without a forward pass.
         q_all = np.concatenate([fragment.extras[Col.Q_VALUES], fragment.last_extras[Col.Q_VALUES][None]])
         q_sa = np.take_along_axis(q_all[:-1], fragment.actions[..., None].astype(np.int64), axis=-1)[..., 0]
-        cols[Col.PRIORITIES] = q_td_errors(q_sa, q_all[nxt, env_col], returns, discounts, terminated)
+        q_next = q_all[nxt, env_col]
+        if fragment.masks is not None:
+            q_next = np.where(cols[Col.NEXT_ACTION_MASK], q_next, -np.inf)
+        cols[Col.PRIORITIES] = q_td_errors(q_sa, q_next, returns, discounts, terminated)
     return Batch(flatten_valid(cols, fragment.valid))
 
 

@@ -76,7 +76,7 @@ def impala_loss_terms(
 @dataclass(frozen=True)
 class IMPALALoss(LossRecord):
     """IMPALA's loss (:func:`impala_loss_terms` on V-trace over whole sequences) from the keys it
-    reads; a Learner's ``loss_fn``. ``masked``: logits masked by the batch's ``ACTION_MASK``."""
+    reads; a Learner's ``loss_fn``. A batch with ``ACTION_MASK`` has the logits masked by it."""
 
     seq_len: int  # T, the rollout fragment length: rows per sequence
     gamma: float
@@ -84,7 +84,6 @@ class IMPALALoss(LossRecord):
     normalize_advantages: bool
     vf_loss_coeff: float
     entropy_coeff: float
-    masked: bool = False
 
     @classmethod
     def config_values(cls, cfg) -> dict[str, Any]:
@@ -98,7 +97,7 @@ class IMPALALoss(LossRecord):
         }
 
     def __call__(self, module, batch: dict, learner=None) -> tuple[torch.Tensor, dict]:
-        if self.masked:
+        if Col.ACTION_MASK in batch:
             module = ActionMasked(module, batch[Col.ACTION_MASK])
         u = unroll(module, batch, self.seq_len, self.gamma)
         vt = vtrace_for(u, u.logp, self.vtrace)
@@ -125,9 +124,8 @@ class IMPALA(AsyncAlgorithm):
     config: IMPALAConfig
 
     def _policy_learner(self, cfg, obs_space, action_space, seed: Optional[int] = None):
-        masked = self.is_multi_agent  # logits under the recorded action masks
         return make_async_policy_learner(
-            cfg, obs_space, action_space, seed, lambda c, target, kl: IMPALALoss.from_config(c, masked=masked)
+            cfg, obs_space, action_space, seed, lambda c, target, kl: IMPALALoss.from_config(c)
         )
 
     def training_step(self) -> dict[str, Any]:

@@ -22,7 +22,12 @@ class DriverPredictor:
         self.policy: Any = None
 
     def __call__(
-        self, obs, state: np.ndarray | None, episode_start: np.ndarray | None, deterministic: bool
+        self,
+        obs,
+        state: np.ndarray | None,
+        episode_start: np.ndarray | None,
+        deterministic: bool,
+        action_mask: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         algo = self.algo
         if algo.policy_cls is None or algo.is_multi_agent:
@@ -36,5 +41,13 @@ class DriverPredictor:
         self.policy.on_global_vars({"env_steps": int(algo.counters["env_steps_sampled"])})
         self.policy.set_weights(algo.get_weights())
         return predict_actions(
-            self.policy, space, obs, state, episode_start, deterministic, algo.norm_stats, algo.config.normalize
+            self.policy,
+            space,
+            obs,
+            state,
+            episode_start,
+            deterministic,
+            algo.norm_stats,
+            algo.config.normalize,
+            action_mask,
         )

@@ -175,8 +175,8 @@ def ppo_loss_terms(
 class PPOLoss(LossRecord):
     """PPO's loss (:func:`ppo_loss_terms`) from the keys it reads; a Learner's ``loss_fn``.
 
-    ``kl``: the adaptive KL penalty's coefficient, when ``use_kl_loss`` is on; ``masked``: the
-    logits are masked by the batch's ``ACTION_MASK`` (multi-agent games)."""
+    ``kl``: the adaptive KL penalty's coefficient, when ``use_kl_loss`` is on. A batch with
+    ``ACTION_MASK`` (an env or game with action masks) has the logits masked by it."""
 
     clip_param: float
     vf_clip_param: Optional[float]
@@ -185,7 +185,6 @@ class PPOLoss(LossRecord):
     normalize_advantages: bool
     max_seq_len: int  # rows per training sequence of a recurrent model
     kl: Optional[AdaptiveKL] = dataclasses.field(default=None, compare=False)
-    masked: bool = False
 
     @classmethod
     def config_values(cls, cfg) -> dict[str, Any]:
@@ -199,7 +198,7 @@ class PPOLoss(LossRecord):
         }
 
     def __call__(self, module, batch: dict, learner=None) -> tuple[torch.Tensor, dict]:
-        if self.masked:
+        if Col.ACTION_MASK in batch:
             module = ActionMasked(module, batch[Col.ACTION_MASK])
         valid = batch.get(Col.VALID)  # sequences keep their reset rows (recurrent, multi-agent): mask them
         if getattr(module, "recurrent", False):  # whole sequences, from the state recorded at each one's start
@@ -248,6 +247,8 @@ def gae_postprocess(fragment: Fragment, gamma: float, gae_lambda: float) -> Batc
         Col.ADVANTAGES: adv,
         Col.VALUE_TARGETS: adv + values,
     }
+    if fragment.masks is not None:
+        cols[Col.ACTION_MASK] = fragment.masks[:-1]
     if fragment.state_in is not None:
         return sequence_rows(cols, fragment)
     return Batch(flatten_valid(cols, fragment.valid))
@@ -300,7 +301,7 @@ class PPO(Algorithm):
         return PolicyLearner(
             module,
             cfg,
-            lambda c, target, kl: PPOLoss.from_config(c, kl=kl, masked=self.is_multi_agent),
+            lambda c, target, kl: PPOLoss.from_config(c, kl=kl),
             device=resolve_device(cfg.resources.num_gpus),
         )
 

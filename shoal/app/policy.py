@@ -32,9 +32,16 @@ class Policy:
         self._policy, self._norm_stats = policy, norm_stats
 
     def predict(
-        self, obs, state: np.ndarray | None = None, episode_start: np.ndarray | None = None, deterministic: bool = True
+        self,
+        obs,
+        state: np.ndarray | None = None,
+        episode_start: np.ndarray | None = None,
+        deterministic: bool = True,
+        action_mask: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """``(actions, state)`` for one observation or a batch; pass the state back with the next one."""
+        """``(actions, state)`` for one observation or a batch; pass the state back with the next one.
+        ``action_mask`` (one row per observation, as the env's ``info["action_mask"]``) keeps the
+        actions among the legal ones; a Dict observation's ``"action_mask"`` entry is read without it."""
         return predict_actions(
             self._policy,
             self.observation_space,
@@ -44,6 +51,7 @@ class Policy:
             deterministic,
             self._norm_stats,
             self.config.normalize,
+            action_mask,
         )
 
     def close(self) -> None:

@@ -216,7 +216,8 @@ def env_info(
             vec.close()
     e = make_env(env, env_config)
     try:
-        _check_reset_api(e, env)
+        info = _check_reset_api(e, env)
+        _check_masks(e, info)
         spec = e.spec
         return EnvInfo(
             observation_space=e.observation_space,
@@ -228,13 +229,24 @@ def env_info(
         e.close()
 
 
-def _check_reset_api(e: gym.Env, env: EnvSpec) -> None:
-    """An EnvError when ``e.reset()`` answers in the old gym API (before 0.26: the observation
-    alone). A reset that raises is left to the runners, which recreate failing envs."""
+def _check_masks(e: gym.Env, info: dict) -> None:
+    """An EnvError naming the action space when the env gives action masks (an ``"action_mask"``
+    entry of a Dict observation, or of the reset's info) for actions they cannot apply to."""
+    from shoal.spaces import ACTION_MASK_KEY, check_maskable, has_mask_entry
+
+    if has_mask_entry(e.observation_space):
+        check_maskable(e.action_space, f"an {ACTION_MASK_KEY!r} entry of its observation")
+    elif ACTION_MASK_KEY in info:
+        check_maskable(e.action_space, f"info[{ACTION_MASK_KEY!r}]")
+
+
+def _check_reset_api(e: gym.Env, env: EnvSpec) -> dict:
+    """The first reset's info; an EnvError when ``e.reset()`` answers in the old gym API (before
+    0.26: the observation alone). A reset that raises is left to the runners, which recreate failing envs."""
     try:
         out = e.reset()
     except Exception:  # noqa: BLE001 - the runner reports and handles an env that fails
-        return
+        return {}
     if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
         raise EnvError(
             f"Env {env!r} follows the old gym API (before 0.26): its reset() returned "
@@ -242,3 +254,4 @@ def _check_reset_api(e: gym.Env, env: EnvSpec) -> None:
             "options=None) -> (obs, info) and step(action) -> (obs, reward, terminated, truncated, info). "
             "Port the env, or wrap it with shimmy's GymV21CompatibilityV0."
         )
+    return out[1]

@@ -7,7 +7,7 @@ and a change (``Algorithm.update_config``, Tune's PBT) builds a new record with
 attribute store, never a half-changed loss.
 
 A subclass lists the fields it takes from a config in ``config_values(cfg)``; the others
-(the KL coefficient object, the target network, whether logits are masked) are objects of the
+(the KL coefficient object, the target network) are objects of the
 learner it belongs to, carried over by ``with_config``.
 """
 
@@ -29,7 +29,7 @@ class LossRecord:
 
     @classmethod
     def from_config(cls, cfg, **objects: Any):
-        """The loss for ``cfg``, with the learner's ``objects`` (e.g. ``kl=``, ``target=``, ``masked=``)."""
+        """The loss for ``cfg``, with the learner's ``objects`` (e.g. ``kl=``, ``target=``)."""
         return cls(**cls.config_values(cfg), **objects)
 
     def with_config(self, cfg):

@@ -10,10 +10,10 @@ from shoal.models.distributions import masked_logits
 class ActionMasked:
     """``module`` with a batch's ``ACTION_MASK`` applied to its action logits (learner side).
 
-    Wrapping the module for one batch lets an unchanged single-agent loss learn under the masks
-    the actions were sampled with: a loss record built with ``masked=True`` (e.g.
-    ``IMPALALoss.from_config(cfg, masked=True)``) calls itself on
-    ``ActionMasked(module, batch[Col.ACTION_MASK])``.
+    Wrapping the module for one batch lets an unchanged loss learn under the masks the actions
+    were sampled with: PPO's, IMPALA's and APPO's loss records call themselves on
+    ``ActionMasked(module, batch[Col.ACTION_MASK])`` when the batch has that column (an env or a
+    game with action masks).
     """
 
     def __init__(self, module, mask: torch.Tensor) -> None:

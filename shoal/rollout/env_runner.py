@@ -38,7 +38,7 @@ from shoal.process import configure_process
 from shoal.rollout.faults import EnvFaults, env_call
 from shoal.rollout.policies import STATE_OUT
 from shoal.seeding import evaluation_seed, worker_seed
-from shoal.spaces import preprocess_obs
+from shoal.spaces import ACTION_MASK_KEY, action_masks, check_maskable, has_mask_entry, preprocess_obs, stack_obs
 
 
 @dataclass
@@ -54,6 +54,7 @@ class Fragment:
     extras: dict[str, np.ndarray]  # (T, N, ...) per-step policy outputs
     last_extras: dict[str, np.ndarray]  # (N, ...) policy outputs on obs[T]
     state_in: np.ndarray | None = None  # recurrent policies: (T // L, N, state_size), the state at each sequence start
+    masks: np.ndarray | None = None  # an env with action masks: (T + 1, N, width) bool, the legal actions at obs[t]
 
 
 @dataclass
@@ -93,6 +94,8 @@ def fragment_to_batch(fragment: Fragment) -> Batch:
         Col.TRUNCATEDS: fragment.truncateds,
         **fragment.extras,
     }
+    if fragment.masks is not None:
+        cols[Col.ACTION_MASK] = fragment.masks[:-1]
     return Batch(flatten_valid(cols, fragment.valid))
 
 
@@ -126,9 +129,11 @@ class _FragmentBuffers:
     per step rewards, flags, actions and the policy's extras (allocated at the first step, whose
     shapes they take), and a recurrent policy's state at the start of each training sequence."""
 
-    __slots__ = ("obs", "rewards", "terms", "truncs", "valid", "actions", "extras", "state")
+    __slots__ = ("obs", "rewards", "terms", "truncs", "valid", "actions", "extras", "state", "masks")
 
-    def __init__(self, T: int, N: int, obs: np.ndarray, state: np.ndarray | None, seq_len: int) -> None:
+    def __init__(
+        self, T: int, N: int, obs: np.ndarray, state: np.ndarray | None, seq_len: int, mask: np.ndarray | None
+    ) -> None:
         self.obs = np.empty((T + 1, *obs.shape), dtype=obs.dtype)
         self.rewards = np.empty((T, N), dtype=np.float32)
         self.terms = np.empty((T, N), dtype=bool)
@@ -137,6 +142,7 @@ class _FragmentBuffers:
         self.actions: np.ndarray | None = None
         self.extras: dict[str, np.ndarray] | None = None
         self.state = None if state is None else np.empty((T // seq_len, *state.shape), dtype=np.float32)
+        self.masks = None if mask is None else np.empty((T + 1, *mask.shape), dtype=bool)
 
     def put_actions(self, t: int, actions: np.ndarray, extras: dict[str, np.ndarray]) -> None:
         if self.actions is None:
@@ -188,6 +194,9 @@ class EnvRunner:
         if self.recurrent:
             self.seq_len = config.state_sequence_length()
         self.normalizer: Normalizer | None = None  # built at the first reset, kept across env rebuilds
+        self.mask_width: int | None = None  # the action masks' length, once the env is seen to give them
+        if has_mask_entry(self.obs_space):
+            self.mask_width = check_maskable(self.action_space, f"an {ACTION_MASK_KEY!r} entry of its observation")
         self.callbacks = build_callbacks(config.callbacks)
         self._step_hook = overrides(self.callbacks, "on_episode_step")
         self._end_hook = overrides(self.callbacks, "on_episode_end")
@@ -203,6 +212,9 @@ class EnvRunner:
         if self.signal is not None:
             self.signal.start(info)
         self._obs = preprocess_obs(self.obs_space, raw)
+        if self.mask_width is None and ACTION_MASK_KEY in info:
+            self.mask_width = check_maskable(self.action_space, f"info[{ACTION_MASK_KEY!r}]")
+        self._mask = self._masks(raw, info, self.num_envs)
         if self.normalizer is None:
             stats = RunningStats.for_config(self.config, self._obs.shape[1:])
             self.normalizer = Normalizer(self.config, stats, self.num_envs) if stats is not None else None
@@ -264,19 +276,23 @@ class EnvRunner:
             state, new_episode, L = self._state, self._new_episode, self.seq_len
             if T % L:
                 raise ValueError(f"rollout fragments of {T} steps do not split into training sequences of {L}")
-        buf = _FragmentBuffers(T, self.num_envs, obs, state, L)
+        mask = self._mask
+        buf = _FragmentBuffers(T, self.num_envs, obs, state, L, mask)
         with torch.inference_mode():
             for t in range(T):
                 buf.obs[t] = obs
+                kw = {} if mask is None else {"masks": mask}
+                if mask is not None:
+                    buf.masks[t] = mask
                 if recurrent:
                     if new_episode.any():
                         state[new_episode] = 0.0
                     if t % L == 0:
                         buf.state[t // L] = state
-                    actions, extras = policy.act(obs, explore, state)
+                    actions, extras = policy.act(obs, explore, state, **kw)
                     state = extras.pop(STATE_OUT)
                 else:
-                    actions, extras = policy.act(obs, explore)
+                    actions, extras = policy.act(obs, explore, **kw)
                 buf.put_actions(t, actions, extras)
                 raw, r, term, trunc, info = env_call("step", self.env.step, policy.to_env_actions(actions))
                 live = ~prev_done
@@ -284,18 +300,36 @@ class EnvRunner:
                 if recurrent:  # zero after a terminal step and after a reset step (its obs starts an episode)
                     new_episode = ~live | buf.terms[t]
                 obs = self._policy_input(raw)
+                mask = self._masks(raw, info, self.num_envs)
             buf.obs[T] = obs
+            if mask is not None:
+                buf.masks[T] = mask
             if recurrent:
                 last_extras = policy.bootstrap(obs, state)
                 self._state, self._new_episode = state, new_episode
             else:
                 last_extras = policy.bootstrap(obs)
-        self._obs, self._prev_done = obs, prev_done
+        self._obs, self._prev_done, self._mask = obs, prev_done, mask
         buf.rewards *= buf.valid
         metrics.env_steps = int(buf.valid.sum())
         return Fragment(
-            buf.obs, buf.actions, buf.rewards, buf.terms, buf.truncs, buf.valid, buf.extras, last_extras, buf.state
+            buf.obs,
+            buf.actions,
+            buf.rewards,
+            buf.terms,
+            buf.truncs,
+            buf.valid,
+            buf.extras,
+            last_extras,
+            buf.state,
+            buf.masks,
         ), metrics
+
+    def _masks(self, raw, info: dict, n: int) -> np.ndarray | None:
+        """Each env's legal actions (None for an env without action masks)."""
+        if self.mask_width is None:
+            return None
+        return action_masks(self.obs_space, raw, info, n, self.mask_width)
 
     def _record_step(
         self, buf: "_FragmentBuffers", t: int, raw, r, term, trunc, info, live: np.ndarray, metrics: RolloutMetrics
@@ -362,14 +396,14 @@ class EnvRunner:
                         seed=evaluation_seed(self.seed),
                         preprocessing=self.config.env_preprocessing,
                     )
-                raw, _ = env.reset()
+                raw, info = env.reset()
                 ret, length = np.zeros(k), np.zeros(k, dtype=np.int64)
                 finished = np.zeros(k, dtype=bool)
                 state = self.policy.initial_state(k)  # only each env's first episode counts: no resets
                 while not finished.all():
                     obs = self._policy_input(raw, update=False)
-                    actions, state = self._act_greedy(obs, state)
-                    raw, r, term, trunc, _ = env.step(self.policy.to_env_actions(actions))
+                    actions, state = self._act_greedy(obs, state, self._masks(raw, info, k))
+                    raw, r, term, trunc, info = env.step(self.policy.to_env_actions(actions))
                     ret += r * ~finished
                     length += ~finished
                     finished |= term | trunc
@@ -384,13 +418,17 @@ class EnvRunner:
         returns, lengths = [], []
         with torch.inference_mode():
             for _ in range(num_episodes):
-                raw, _ = env.reset()
+                raw, info = env.reset()
                 done, ret, n = False, 0.0, 0
                 state = self.policy.initial_state(1)
                 while not done:
-                    obs = self._policy_input(np.asarray(raw)[None], update=False)
-                    actions, state = self._act_greedy(obs, state)
-                    raw, r, term, trunc, _ = env.step(self.policy.to_env_actions(actions)[0])
+                    batched = stack_obs([raw])
+                    obs = self._policy_input(batched, update=False)
+                    mask = self._masks(
+                        batched, {k: np.asarray(v)[None] for k, v in info.items() if k == ACTION_MASK_KEY}, 1
+                    )
+                    actions, state = self._act_greedy(obs, state, mask)
+                    raw, r, term, trunc, info = env.step(self.policy.to_env_actions(actions)[0])
                     ret, n, done = ret + float(r), n + 1, term or trunc
                 returns.append(ret)
                 lengths.append(n)
@@ -403,11 +441,14 @@ class EnvRunner:
         rows = preprocess_obs(self.obs_space, raw)
         return rows if self.normalizer is None else self.normalizer.observations(rows, update)
 
-    def _act_greedy(self, obs: np.ndarray, state: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
-        """Greedy actions, and the next state for a recurrent policy."""
+    def _act_greedy(
+        self, obs: np.ndarray, state: np.ndarray | None, mask: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Greedy actions (the legal ones under ``mask``), and the next state for a recurrent policy."""
+        kw = {} if mask is None else {"masks": mask}
         if not self.recurrent:
-            return self.policy.act(obs, explore=False)[0], None
-        actions, extras = self.policy.act(obs, False, state)
+            return self.policy.act(obs, False, **kw)[0], None
+        actions, extras = self.policy.act(obs, False, state, **kw)
         return actions, extras[STATE_OUT]
 
     # ---- weights ------------------------------------------------------------------------

@@ -41,7 +41,6 @@ from shoal.callbacks import Episode, build_callbacks, call_episode_end, override
 from shoal.envs.multi_agent import SCRIPTED_PLAYERS, MultiAgentEnvAdapter, make_multi_agent_env, make_scripted_player
 from shoal.errors import ConfigError
 from shoal.league.builder import MatchResult, PlayerSpec
-from shoal.models.distributions import masked_logits
 from shoal.models.recurrent import pack_state
 from shoal.process import configure_process
 from shoal.rollout.env_runner import RolloutMetrics
@@ -62,31 +61,6 @@ _COLUMNS = (
     Col.VALID,
     Col.ACTION_MASK,
 )
-
-
-# ---- policies -------------------------------------------------------------------------------
-class MaskedActorCriticPolicy(ActorCriticPolicy):
-    """The actor-critic policy with an optional action mask: masked actions are never sampled."""
-
-    trainable = True
-
-    @torch.inference_mode()
-    def act(
-        self, obs: np.ndarray, explore: bool = True, masks: np.ndarray | None = None, state: np.ndarray | None = None
-    ):
-        state_out = None
-        if self.recurrent:
-            inputs, values, state_out = self.module.step(torch.from_numpy(obs), torch.from_numpy(state))
-        else:
-            inputs, values = self.module(torch.from_numpy(obs))
-        if masks is not None:
-            inputs = masked_logits(inputs, torch.from_numpy(masks))
-        dist = self.dist_cls(inputs)
-        actions = dist.sample(self.generator) if explore else dist.deterministic()
-        extras = {Col.ACTION_LOGP: dist.logp(actions).numpy(), Col.VF_PREDS: values.numpy()}
-        if state_out is not None:
-            extras[STATE_OUT] = state_out.numpy()
-        return actions.numpy(), extras
 
 
 def _is_weights(spec: Mapping) -> bool:
@@ -488,7 +462,7 @@ class MultiAgentEnvRunner:
             cfg = SimpleNamespace(model=type(cfg.model)(**{**cfg.model.model_dump(), **model}))
         seed = policy_seed(self.config.seed, policy_id)
         env = self.envs[0]
-        policy = MaskedActorCriticPolicy(env.observation_space(agent), env.action_space(agent), cfg, seed)
+        policy = ActorCriticPolicy(env.observation_space(agent), env.action_space(agent), cfg, seed)
         if self.seed is not None:  # same initial weights on every worker, different sampling noise
             policy.generator.manual_seed(self._policy_seed(policy_id))
         if weights:
@@ -812,7 +786,6 @@ class MultiAgentEnvRunner:
 
 __all__ = [
     "EpisodeInfo",
-    "MaskedActorCriticPolicy",
     "MatchSampler",
     "MultiAgentEnvRunner",
     "MultiAgentRolloutMetrics",

@@ -18,10 +18,18 @@ import torch
 
 from shoal.batch import Col
 from shoal.models import build_actor_critic
-from shoal.models.distributions import env_action_converter
+from shoal.models.distributions import env_action_converter, masked_logits
 from shoal.models.weights import load_numpy_weights, weights_to_numpy
 from shoal.schedule import PiecewiseSchedule
-from shoal.spaces import is_single_obs, preprocess_obs, stack_obs
+from shoal.spaces import (
+    ACTION_MASK_KEY,
+    action_masks,
+    check_maskable,
+    has_mask_entry,
+    is_single_obs,
+    preprocess_obs,
+    stack_obs,
+)
 
 STATE_OUT = "state_out"  # a recurrent policy's extras key for the state after the step (not a Batch column)
 
@@ -65,13 +73,18 @@ class ActorCriticPolicy(InferencePolicy):
     def initial_state(self, n: int) -> np.ndarray | None:
         return self.module.initial_state(n).numpy() if self.recurrent else None
 
+    @torch.inference_mode()
     def act(
-        self, obs: np.ndarray, explore: bool = True, state: np.ndarray | None = None
+        self, obs: np.ndarray, explore: bool = True, state: np.ndarray | None = None, masks: np.ndarray | None = None
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Actions for a batch of rows, and the extras; ``masks`` (bool, one row per observation):
+        the legal actions, the others never sampled (their logits at the lowest float, recorded so)."""
         if self.recurrent:
             inputs, values, state_out = self.module.step(torch.from_numpy(obs), torch.from_numpy(state))
         else:
             inputs, values = self.module(torch.from_numpy(obs))
+        if masks is not None:
+            inputs = masked_logits(inputs, torch.from_numpy(masks))
         dist = self.dist_cls(inputs)
         actions = dist.sample(self.generator) if explore else dist.deterministic()
         extras = {
@@ -143,14 +156,23 @@ class EpsilonGreedyQPolicy(InferencePolicy):
         if self.epsilon_schedule is not None and "env_steps" in global_vars:
             self.epsilon = self.epsilon_schedule(global_vars["env_steps"])
 
-    def act(self, obs: np.ndarray, explore: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    @torch.inference_mode()
+    def act(
+        self, obs: np.ndarray, explore: bool = True, masks: np.ndarray | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Epsilon-greedy actions; with ``masks`` (bool, one row per observation) greedy and random
+        ones both among the legal actions."""
         q = self.module(torch.from_numpy(obs)).numpy()
-        actions = q.argmax(axis=1)
+        actions = (q if masks is None else np.where(masks, q, -np.inf)).argmax(axis=1)
         if explore:
             n = len(obs)
             rand = self.rng.random(n) < self.epsilon
             if rand.any():
-                actions = np.where(rand, self.rng.integers(0, self.num_actions, n), actions)
+                if masks is None:
+                    random_actions = self.rng.integers(0, self.num_actions, n)
+                else:  # uniform among the legal ones: the largest of uniform keys, illegal ones at -1
+                    random_actions = np.where(masks, self.rng.random(masks.shape), -1.0).argmax(axis=1)
+                actions = np.where(rand, random_actions, actions)
         return actions, {Col.Q_VALUES: q}
 
     def bootstrap(self, obs: np.ndarray) -> dict[str, np.ndarray]:
@@ -175,24 +197,33 @@ def predict_actions(
     deterministic: bool,
     norm_stats=None,
     normalize=None,
+    action_mask=None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """``(actions, state)`` of inference policy ``policy`` for one observation or a batch of
     ``space``'s; observations are normalized by ``norm_stats`` (frozen) when given. A recurrent
-    policy starts from its initial state where ``state`` is None or ``episode_start`` is True."""
+    policy starts from its initial state where ``state`` is None or ``episode_start`` is True.
+    Actions are among the legal ones of ``action_mask`` (one row per observation, as the env's
+    ``info["action_mask"]`` gives it) or of the observation's own ``"action_mask"`` entry."""
     single = is_single_obs(space, obs)
-    rows = preprocess_obs(space, stack_obs([obs]) if single else obs)
+    batch = stack_obs([obs]) if single else obs
+    rows = preprocess_obs(space, batch)
     if norm_stats is not None:  # the saved statistics, frozen
         rows = norm_stats.normalize_obs(rows, normalize.clip_obs, normalize.epsilon)
+    kw = {}
+    if action_mask is not None or has_mask_entry(space):
+        info = {} if action_mask is None else {ACTION_MASK_KEY: np.asarray(action_mask).reshape(len(rows), -1)}
+        width = check_maskable(policy.action_space, "an action mask")
+        kw["masks"] = action_masks(space, batch, info, len(rows), width)
     with torch.inference_mode():
         if not getattr(policy, "recurrent", False):
-            actions, _ = policy.act(rows, explore=not deterministic)
+            actions, _ = policy.act(rows, not deterministic, **kw)
             out_state = None
         else:
             n = len(rows)
             state = policy.initial_state(n) if state is None else np.array(state, dtype=np.float32).reshape(n, -1)
             if episode_start is not None:
                 state[np.asarray(episode_start, dtype=bool).reshape(n)] = 0.0
-            actions, extras = policy.act(rows, not deterministic, state)
+            actions, extras = policy.act(rows, not deterministic, state, **kw)
             out_state = extras[STATE_OUT]
     actions = policy.to_env_actions(actions)
     if single:

@@ -118,6 +118,8 @@ def sequence_postprocess(fragment: Fragment) -> Batch:
     state = {}
     if fragment.state_in is not None:
         state[Col.STATE_IN] = pack_state(fragment.state_in[0], len(fragment.rewards))
+    if fragment.masks is not None:  # the legal actions each step was sampled under
+        state[Col.ACTION_MASK] = seq(fragment.masks[:-1])
     return Batch(
         {
             **state,
