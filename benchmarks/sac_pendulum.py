@@ -34,20 +34,16 @@ TARGET = -200.0
 WINDOW = 20
 
 
-def log(msg: str) -> None:
-    print(f"[sac_pendulum] {msg}", file=sys.stderr, flush=True)
-
-
 def last_mean(returns) -> float | None:
     returns = list(returns)
     return sum(returns[-WINDOW:]) / WINDOW if len(returns) >= WINDOW else None
 
 
 # ---- children: one run in this (fresh) process ----------------------------------------------
-def child_shoal(seed: int, spawn_time: float, max_seconds: float, threads: int, config: str) -> dict:
+def train_shoal(config_cls, seed: int, spawn_time: float, max_seconds: float, threads: int, config: str) -> dict:
+    """One shoal run of ``config`` (a preset file) until the target, the time limit or the end."""
     import torch
 
-    from shoal.algorithms.sac import SACConfig
     from shoal.config import load_yaml
 
     torch.set_num_threads(threads)
@@ -56,7 +52,7 @@ def child_shoal(seed: int, spawn_time: float, max_seconds: float, threads: int, 
     data.pop("algo", None)
     data["seed"] = seed
     data.setdefault("resources", {})["torch_threads"] = threads
-    algo = SACConfig(**data).build()
+    algo = config_cls(**data).build()
     out = {"lib": "shoal", "seed": seed, "solved": False, "seconds": None, "env_steps": None}
     try:
         while time.time() - spawn_time < max_seconds:
@@ -71,13 +67,9 @@ def child_shoal(seed: int, spawn_time: float, max_seconds: float, threads: int, 
     return out
 
 
-def child_sb3(seed: int, spawn_time: float, max_seconds: float, threads: int, config: str) -> dict:
-    import torch
-    from stable_baselines3 import SAC
+def sb3_until_target(out: dict, spawn_time: float, max_seconds: float):
+    """An SB3 callback that records the 20-episode mean in ``out`` and stops at the target or the time limit."""
     from stable_baselines3.common.callbacks import BaseCallback
-
-    torch.set_num_threads(threads)
-    out = {"lib": "sb3", "seed": seed, "solved": False, "seconds": None, "env_steps": None}
 
     class UntilTarget(BaseCallback):
         def _on_step(self) -> bool:
@@ -88,8 +80,23 @@ def child_sb3(seed: int, spawn_time: float, max_seconds: float, threads: int, co
                 return False
             return time.time() - spawn_time < max_seconds
 
+    return UntilTarget()
+
+
+def child_shoal(seed: int, spawn_time: float, max_seconds: float, threads: int, config: str) -> dict:
+    from shoal.algorithms.sac import SACConfig
+
+    return train_shoal(SACConfig, seed, spawn_time, max_seconds, threads, config)
+
+
+def child_sb3(seed: int, spawn_time: float, max_seconds: float, threads: int, config: str) -> dict:
+    import torch
+    from stable_baselines3 import SAC
+
+    torch.set_num_threads(threads)
+    out = {"lib": "sb3", "seed": seed, "solved": False, "seconds": None, "env_steps": None}
     model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, seed=seed, device="cpu", verbose=0)
-    model.learn(total_timesteps=10**7, callback=UntilTarget())
+    model.learn(total_timesteps=10**7, callback=sb3_until_target(out, spawn_time, max_seconds))
     return out
 
 
@@ -99,19 +106,21 @@ def median_of(runs: list[dict], key: str):
     return statistics.median(vals) if vals else None
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def compare(name: str, doc: str, children: dict, default_config: Path, script: str) -> None:
+    """The benchmark's command line: in child mode one run of ``children[lib]``; otherwise the
+    seeds of each library, alternated, and the summary JSON line (``name`` in its ``benchmark``)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--max-seconds", type=float, default=180.0)
     p.add_argument("--threads", type=int, default=1, help="torch threads in each run")
-    p.add_argument("--only", default="shoal,sb3", help="comma-separated: shoal, sb3")
-    p.add_argument("--config", default=str(CONFIG), help="shoal's config file")
-    p.add_argument("--child", choices=["shoal", "sb3"], help=argparse.SUPPRESS)
+    p.add_argument("--only", default=",".join(children), help="comma-separated: " + ", ".join(children))
+    p.add_argument("--config", default=str(default_config), help="shoal's config file")
+    p.add_argument("--child", choices=list(children), help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--spawn-time", type=float, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        fn = child_shoal if args.child == "shoal" else child_sb3
+        fn = children[args.child]
         print(json.dumps(fn(args.seed, args.spawn_time, args.max_seconds, args.threads, args.config)), flush=True)
         return
     libs = [x.strip() for x in args.only.split(",") if x.strip()]
@@ -128,12 +137,12 @@ def main() -> None:
                 "--config",
                 args.config,
             ]
-            r = run_child(__file__, [*child_args, "--threads", str(args.threads)], args.max_seconds + 120)
+            r = run_child(script, [*child_args, "--threads", str(args.threads)], args.max_seconds + 120)
             r.setdefault("lib", lib)
             r.setdefault("seed", seed)
             runs[lib].append(r)
-            log(json.dumps(r))
-    out: dict = {"benchmark": "sac_pendulum", "target": TARGET, "window": WINDOW, "threads": args.threads}
+            print(f"[{name}] {json.dumps(r)}", file=sys.stderr, flush=True)
+    out: dict = {"benchmark": name, "target": TARGET, "window": WINDOW, "threads": args.threads}
     out["config"] = (
         str(Path(args.config).resolve().relative_to(REPO))
         if Path(args.config).resolve().is_relative_to(REPO)
@@ -147,6 +156,10 @@ def main() -> None:
         out["speedup"] = out["sb3_median_seconds"] / out["shoal_median_seconds"]
     out["runs"] = runs
     print(json.dumps(out))
+
+
+def main() -> None:
+    compare("sac_pendulum", __doc__, {"shoal": child_shoal, "sb3": child_sb3}, CONFIG, __file__)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ _LAZY = {
     "DDPPO": ("shoal.algorithms.ddppo", "DDPPO"),
     "SACConfig": ("shoal.algorithms.sac", "SACConfig"),
     "SAC": ("shoal.algorithms.sac", "SAC"),
+    "ApeXTD3Config": ("shoal.algorithms.apex_td3", "ApeXTD3Config"),
+    "ApeXTD3": ("shoal.algorithms.apex_td3", "ApeXTD3"),
     "AlphaStarConfig": ("shoal.algorithms.alpha_star", "AlphaStarConfig"),
     "AlphaStar": ("shoal.algorithms.alpha_star", "AlphaStar"),
     "Algorithm": ("shoal.algorithms.base", "Algorithm"),

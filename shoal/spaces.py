@@ -28,9 +28,30 @@ def _entries(space: gym.Space, top: bool = False) -> list[tuple[str, gym.Space]]
     return [(str(i), sub) for i, sub in enumerate(space.spaces)]
 
 
+def is_image(space: gym.Space) -> bool:
+    """A uint8 Box of three axes: frames, (H, W, C) or (C, H, W)."""
+    return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
+
+
+def image_entries(space: gym.Space) -> list[tuple[str | int, gym.Box]]:
+    """The image entries (:func:`is_image`) of a Dict or Tuple observation's top level, in order."""
+    if not isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
+        return []
+    keys = _keys(space)
+    return [(k, space[k]) for k in keys if is_image(space[k])]
+
+
+def _keys(space: gym.Space, top: bool = True) -> list:
+    """A Dict's keys (less a top-level ``"action_mask"``) or a Tuple's indices, in order."""
+    if isinstance(space, gym.spaces.Dict):
+        return [k for k in space.spaces if not (top and k == ACTION_MASK_KEY)]
+    return list(range(len(space.spaces)))
+
+
 def _check_structured(space: gym.Space, where: str = "") -> None:
-    """Dict and Tuple observations are concatenated into one float row: their entries must be
-    vectors (float Box of any shape, Discrete, MultiBinary) or nested Dicts and Tuples of them."""
+    """Dict and Tuple observations become one row: their entries must be vectors (float Box of
+    any shape, Discrete, MultiBinary) or nested Dicts and Tuples of them, and at the top level
+    also images (uint8 Box of shape (H, W, C) or (C, H, W))."""
     entries = _entries(space, top=not where)
     if not entries:
         raise EnvError(
@@ -40,11 +61,16 @@ def _check_structured(space: gym.Space, where: str = "") -> None:
         path = f"{where}[{name!r}]" if where else f"[{name!r}]"
         if isinstance(sub, (gym.spaces.Dict, gym.spaces.Tuple)):
             _check_structured(sub, path)
-        elif isinstance(sub, gym.spaces.Box) and sub.dtype == np.uint8 and len(sub.shape) >= 2:
+        elif is_image(sub) and where:
             raise EnvError(
-                f"Observation entry {path} is an image ({sub}); a Dict or Tuple observation is concatenated "
-                "into one vector for an MLP here, so image entries are not supported in it yet. Give the image "
-                "as the whole (Box) observation, or flatten the entry with a wrapper."
+                f"Observation entry {path} is an image ({sub}) inside a nested Dict or Tuple; image entries "
+                "are taken at the top level of the observation only. Move it up with a wrapper."
+            )
+        elif isinstance(sub, gym.spaces.Box) and sub.dtype == np.uint8 and len(sub.shape) not in (1, 3):
+            raise EnvError(
+                f"Observation entry {path} is a uint8 array of shape {sub.shape}; an image entry needs three "
+                "axes, (H, W, C) or (C, H, W) (add a channel axis with a wrapper, e.g. Gymnasium's "
+                "ReshapeObservation), and a vector entry one."
             )
         elif not isinstance(sub, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiBinary)):
             raise EnvError(
@@ -64,11 +90,19 @@ def flat_obs_dim(space: gym.Space) -> int:
         return int(np.prod(space.shape))
     if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
         _check_structured(space)
+        images = image_entries(space)
+        if images:  # a packed uint8 row: the images' bytes, then the vector entries' float32 bytes
+            return sum(int(np.prod(s.shape)) for _, s in images) + 4 * vector_dim(space)
         return sum(_flat_dim(sub) for _, sub in _entries(space, top=True))
     raise EnvError(
         f"Observation space {space} is not supported; use Box, Discrete, or a Dict or Tuple of Box, "
         "Discrete and MultiBinary entries."
     )
+
+
+def vector_dim(space: gym.Space) -> int:
+    """The float features of a Dict or Tuple observation's entries that are not images."""
+    return sum(_flat_dim(space[k]) for k in _keys(space) if not is_image(space[k]))
 
 
 def _flat_dim(space: gym.Space) -> int:
@@ -82,7 +116,7 @@ def obs_nbytes(space: gym.Space | None) -> int:
     if isinstance(space, gym.spaces.Box):
         return int(np.prod(space.shape)) * space.dtype.itemsize
     if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
-        return 4 * flat_obs_dim(space)
+        return flat_obs_dim(space) if image_entries(space) else 4 * flat_obs_dim(space)
     return 8
 
 
@@ -110,14 +144,21 @@ def preprocess_obs(space: gym.Space, obs, top: bool = True) -> np.ndarray:
     """A batch of observations as rows: Box ones flattened (uint8 ones, frames, stay uint8; the
     module scales them on its device; any other dtype becomes float32); Discrete ones one-hot;
     Dict and Tuple ones (a dict or tuple of batched arrays, as vector envs return them) their
-    entries' rows concatenated in order, as float32 (a top-level ``"action_mask"`` entry left out)."""
+    entries' rows concatenated in order, as float32 (a top-level ``"action_mask"`` entry left out).
+    A Dict or Tuple with image entries becomes one uint8 row instead (:func:`image_entries`):
+    each image's bytes in order, then the other entries' float32 row as bytes; the model's
+    ``DictTorso`` unpacks it, so frames stay uint8 up to the learner."""
     if isinstance(space, gym.spaces.Discrete):
         return np.eye(space.n, dtype=np.float32)[np.asarray(obs, dtype=np.int64) - space.start]
     if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
-        if isinstance(space, gym.spaces.Dict):
-            keys: list = [k for k in space.spaces if not (top and k == ACTION_MASK_KEY)]
-        else:
-            keys = list(range(len(space.spaces)))
+        keys = _keys(space, top)
+        if top and image_entries(space):
+            n = len(np.asarray(obs[keys[0]]))
+            images = [np.asarray(obs[k], dtype=np.uint8).reshape(n, -1) for k in keys if is_image(space[k])]
+            vectors = [preprocess_obs(space[k], obs[k], top=False) for k in keys if not is_image(space[k])]
+            vec = np.concatenate([p.astype(np.float32).reshape(n, -1) for p in vectors], axis=1) if vectors else None
+            tail = [] if vec is None else [np.ascontiguousarray(vec).view(np.uint8)]
+            return np.concatenate([*images, *tail], axis=1)
         parts = [preprocess_obs(space[k], obs[k], top=False) for k in keys]
         return np.concatenate([p.astype(np.float32, copy=False).reshape(len(p), -1) for p in parts], axis=1)
     if isinstance(space, gym.spaces.MultiBinary):
@@ -171,3 +212,37 @@ def action_masks(obs_space: gym.Space, raw_obs, info: dict, n: int, width: int) 
         mask[~np.asarray(present, dtype=bool)] = True
     mask[~mask.any(axis=1)] = True
     return mask
+
+
+def row_layout(space: gym.Space) -> list[dict]:
+    """Where each entry of a Dict or Tuple observation sits in its row (what :func:`preprocess_obs`
+    makes): ``{"entry", "encoding", "offset", "width"}`` in row order, offsets and widths in the
+    row's elements (bytes for a packed uint8 row: images first, then the float32 entries' bytes).
+    Encodings: ``image`` (the uint8 array flattened), ``one_hot`` (a Discrete, from its ``start``),
+    ``float32`` (a Box or MultiBinary flattened)."""
+    out: list[dict] = []
+    packed = bool(image_entries(space))
+    per_float = 4 if packed else 1
+    offset = 0
+    if packed:
+        for key, sub in image_entries(space):
+            size = int(np.prod(sub.shape))
+            out.append({"entry": f"[{key!r}]", "encoding": "image", "offset": offset, "width": size})
+            offset += size
+
+    def walk(sp: gym.Space, where: str, top: bool) -> None:
+        nonlocal offset
+        for k in _keys(sp, top):
+            sub, path = sp[k], f"{where}[{k!r}]"
+            if packed and top and is_image(sub):
+                continue
+            if isinstance(sub, (gym.spaces.Dict, gym.spaces.Tuple)):
+                walk(sub, path, False)
+                continue
+            width = _flat_dim(sub) * per_float
+            encoding = "one_hot" if isinstance(sub, gym.spaces.Discrete) else "float32"
+            out.append({"entry": path, "encoding": encoding, "offset": offset, "width": width})
+            offset += width
+
+    walk(space, "", True)
+    return out

@@ -144,3 +144,37 @@ class MaskedSignal(gym.Env):
         self.t += 1
         obs, info = self._draw()
         return obs, reward, False, self.t >= self.episode_len, info
+
+
+class PixelPair(gym.Env):
+    """A Dict observation of an image and a vector that only together tell the right action: the
+    ``"frame"`` (uint8, 8x8x1) lights one pixel in its left or right half, the ``"flip"`` entry
+    (one float, 0 or 1) is a second bit; the right action of the four is ``2 * side + flip``.
+    One point per right answer, episodes of 16 steps: 4 by guessing, 8 reading one entry alone,
+    16 reading both."""
+
+    def __init__(self, episode_len: int = 16) -> None:
+        self.episode_len = episode_len
+        self.observation_space = gym.spaces.Dict(
+            {"frame": gym.spaces.Box(0, 255, (8, 8, 1), np.uint8), "flip": gym.spaces.Box(0.0, 1.0, (1,), np.float32)}
+        )
+        self.action_space = gym.spaces.Discrete(4)
+        self._rng = np.random.default_rng()
+
+    def _obs(self):
+        side, flip = int(self._rng.integers(2)), int(self._rng.integers(2))
+        frame = np.zeros((8, 8, 1), np.uint8)
+        frame[self._rng.integers(8), 4 * side + self._rng.integers(4), 0] = 255
+        self.answer = 2 * side + flip
+        return {"frame": frame, "flip": np.array([flip], np.float32)}
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        reward = float(int(action) == self.answer)
+        self.t += 1
+        return self._obs(), reward, False, self.t >= self.episode_len, {}

@@ -316,6 +316,16 @@ def test_every_example_config_validates():
 # ---- inherited keys an algorithm does not use ----------------------------------------------
 # Every declared unused key, by algorithm (dotted into sections). An accepted key must have an
 # effect: these are the inherited ones that have none in that algorithm.
+ACTOR_CRITIC_MLP_UNUSED = {  # SAC's and Ape-X TD3's own actor and critic MLPs; no normalize on replay
+    "model.vf_share_layers",
+    "model.init_log_std",
+    "model.conv_filters",
+    "model.torso",
+    "model.frame_layout",
+    "model.custom",
+    "model.custom_kwargs",
+    "normalize",
+}
 UNUSED = {
     "ppo": set(),
     "dqn": {"model.vf_share_layers", "model.init_log_std"},
@@ -330,16 +340,8 @@ UNUSED = {
     "impala": set(),
     "appo": set(),
     "ddppo": {"train_batch_size", "use_kl_loss", "kl_coeff", "kl_target", "resources.num_gpus", "normalize"},
-    "sac": {
-        "model.vf_share_layers",
-        "model.init_log_std",
-        "model.conv_filters",
-        "model.torso",
-        "model.frame_layout",
-        "model.custom",
-        "model.custom_kwargs",
-        "normalize",
-    },
+    "sac": ACTOR_CRITIC_MLP_UNUSED,
+    "apex_td3": ACTOR_CRITIC_MLP_UNUSED,
     "alpha_star": {
         "num_learner_devices",
         "fake_devices",

@@ -5,17 +5,19 @@ from __future__ import annotations
 import json
 import warnings
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 from helpers import invoke
 
 import shoal
-from shoal import DQNConfig, PPOConfig, SACConfig
+from shoal import ApeXTD3Config, DQNConfig, PPOConfig, SACConfig
 from shoal.app.export import export_policy, sidecar_path
 from shoal.batch import Col
 from shoal.models.catalog import preprocess_obs
 from shoal.rollout.policies import STATE_OUT
+from shoal.spaces import stack_obs
 
 SMALL_CNN = {"torso": "conv", "conv_filters": [[8, 3, 2]], "hiddens": [32], "activation": "relu"}
 LSTM = {"use_lstm": True, "lstm_cell_size": 8, "hiddens": [16]}
@@ -33,6 +35,9 @@ CASES = {  # name -> (config class, config): MLP, Q network, CNN on uint8 frames
     "sac": (SACConfig, {"env": "Pendulum-v1", "model": {"hiddens": [32]}}),  # a squashed Gaussian actor
     "ppo_multi_discrete": (PPOConfig, {"env": "space_envs:MultiSignal"}),  # per-component argmax + start
     "ppo_multi_binary": (PPOConfig, {"env": "space_envs:BitSignal"}),
+    "apex_td3": (ApeXTD3Config, {"env": "Pendulum-v1", "model": {"hiddens": [32]}, "replay_capacity": 1000}),
+    "ppo_dict": (PPOConfig, {"env": "space_envs:DictSignal"}),  # a float row of the entries
+    "dqn_image_dict": (DQNConfig, {"env": "space_envs:PixelPair", "model": SMALL_CNN}),  # a packed uint8 row
 }
 FORMATS = ("torchscript", "onnx")
 
@@ -54,9 +59,14 @@ def checkpoints(tmp_path_factory):
     return out
 
 
-def random_obs(space, n: int, seed: int = 0) -> np.ndarray:
+def random_obs(space, n: int, seed: int = 0):
     space.seed(seed)
-    return np.stack([space.sample() for _ in range(n)])
+    return stack_obs([space.sample() for _ in range(n)])
+
+
+def exported_input(space, obs):
+    """What the exported model takes: the observations themselves, or a Dict's or Tuple's rows."""
+    return preprocess_obs(space, obs) if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)) else obs
 
 
 def reference(algo, obs: np.ndarray, state=None) -> dict[str, np.ndarray]:
@@ -105,6 +115,9 @@ def check_outputs(outs: list[np.ndarray], ref: dict[str, np.ndarray], q_network:
         "sac",
         "ppo_multi_discrete",
         "ppo_multi_binary",
+        "apex_td3",
+        "ppo_dict",
+        "dqn_image_dict",
     ],
 )
 def test_exported_model_matches_the_in_process_policy(checkpoints, tmp_path, case, fmt):
@@ -113,13 +126,13 @@ def test_exported_model_matches_the_in_process_policy(checkpoints, tmp_path, cas
     algo = shoal.load(path)
     obs = random_obs(algo.env_info.observation_space, 7)  # not the batch size the export traced with
     ref = reference(algo, obs)
-    outs = run_exported(out, fmt, obs)
+    outs = run_exported(out, fmt, exported_input(algo.env_info.observation_space, obs))
     check_outputs(outs, ref, q_network=case.startswith("dqn"))
     with shoal.load_policy(path) as policy:
         greedy, _ = policy.predict(obs)
-    if case in ("ppo_box", "sac"):
+    if case in ("ppo_box", "sac", "apex_td3"):
         np.testing.assert_allclose(outs[0], greedy, atol=1e-5)
-        assert np.all(np.abs(outs[0]) <= 2.0)  # clipped (PPO) or squashed (SAC) into Pendulum's bounds
+        assert np.all(np.abs(outs[0]) <= 2.0)  # clipped (PPO) or squashed (SAC, TD3) into Pendulum's bounds
     else:
         assert np.array_equal(outs[0], greedy)
     if case == "sac":  # the pre-squash mean and log std, as the actor computes them
@@ -172,6 +185,13 @@ def test_sidecar_and_cli(checkpoints, tmp_path):
     assert r.exit_code == 0 and (checkpoints["dqn"] / "policy.pt").is_file()
     meta = json.loads((checkpoints["dqn"] / "policy.pt.json").read_text())
     assert meta["outputs"] == ["action", "q_values"] and meta["observation"]["dtype"] == "float32"
+    out = export_policy(checkpoints["dqn_image_dict"], "torchscript", tmp_path / "pair.pt")
+    obs = json.loads(sidecar_path(out).read_text())["observation"]
+    assert obs["shape"] == [64 + 4] and obs["dtype"] == "uint8"  # the 8x8 frame's bytes, then flip as float32 bytes
+    assert obs["row_layout"] == [
+        {"entry": "['frame']", "encoding": "image", "offset": 0, "width": 64},
+        {"entry": "['flip']", "encoding": "float32", "offset": 64, "width": 4},
+    ]
 
 
 def test_export_errors_exit_2(checkpoints, tmp_path):

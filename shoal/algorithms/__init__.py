@@ -26,6 +26,12 @@ REGISTRY: dict[str, tuple[str, str, str, str]] = {
         "ApeXConfig",
         "Ape-X DQN: many epsilon-greedy rollout actors, sharded prioritized replay actors, a background learner thread.",
     ),
+    "apex_td3": (
+        "shoal.algorithms.apex_td3",
+        "ApeXTD3",
+        "ApeXTD3Config",
+        "Ape-X for continuous actions: per-actor Gaussian noise, sharded prioritized replay, a TD3 learner thread.",
+    ),
     "impala": (
         "shoal.algorithms.impala",
         "IMPALA",

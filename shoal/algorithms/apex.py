@@ -46,7 +46,7 @@ from shoal.algorithms.dqn import (
     replay_kwargs,
 )
 from shoal.batch import Col
-from shoal.config import AlgorithmConfig, ResourcesConfig
+from shoal.config import AlgorithmConfig, ResourcesConfig, Section
 from shoal.errors import ConfigError, NodeResourceError
 from shoal.learn.replay_learner import ReplayLearnerThread
 from shoal.learn.threads import LearnerResult
@@ -81,18 +81,9 @@ _FIXED_EPSILONS = (
 )
 
 
-class ApeXConfig(DQNConfig):
-    """DQN's keys plus per-actor fixed epsilons, replay shards and the request pipeline; DQN's
-    epsilon schedule is refused (``unused_keys``)."""
-
-    algo = "apex"
-    unused_keys = {
-        "exploration_initial_eps": _FIXED_EPSILONS,
-        "exploration_final_eps": _FIXED_EPSILONS,
-        "exploration_timesteps": _FIXED_EPSILONS,
-        "normalize": "Ape-X's actors write to the replay shards and sync with the driver only for "
-        "weights, so running statistics could not be merged across them",
-    }
+class ApeXKeys(Section):
+    """The Ape-X pipeline, whatever learns at its end (Ape-X DQN, Ape-X TD3): per-actor exploration,
+    replay shards, n-step transitions, the training intensity and the request pipeline."""
 
     resources: ApeXResourcesConfig = Field(
         default_factory=ApeXResourcesConfig, description="Rollout actors plus the replay shards."
@@ -102,14 +93,8 @@ class ApeXConfig(DQNConfig):
     learning_starts: int = Field(50_000, ge=0, description="Sampled env steps before the learner starts.")
     train_batch_size: int = Field(512, ge=1, description="Transitions per replayed batch (one SGD step).")
     rollout_fragment_length: Union[int, str] = Field(50, description="Steps per env per sample call.")
-    target_network_update_freq: int = Field(
-        500_000, ge=1, description="Trained env steps between target-network updates."
-    )
     training_intensity: float = Field(1.0, gt=0, description="Replayed env steps per sampled env step.")
     prioritized_replay: bool = Field(True, description="Sample by TD-error priority; false: uniformly.")
-    worker_side_prioritization: bool = Field(
-        True, description="Rollout actors compute initial priorities from their own Q-values."
-    )
     min_time_s_per_iteration: float = Field(
         1.0, ge=0, description="Asynchronous: one result (and row) per second, not per step."
     )
@@ -136,11 +121,32 @@ class ApeXConfig(DQNConfig):
     exploration_base: float = Field(0.4, gt=0, lt=1, description="Epsilon base of the per-actor schedule.")
     exploration_alpha: float = Field(7.0, ge=0, description="Epsilon exponent spread of the per-actor schedule.")
 
-    def epsilon_schedule(self) -> None:  # Ape-X: fixed per-actor epsilon instead of an annealed one
+    def epsilon_schedule(self) -> None:  # Ape-X: fixed per-actor exploration instead of an annealed one
         return None
 
     def fragment_length(self) -> int:
         return self.rollout_fragment_length if isinstance(self.rollout_fragment_length, int) else 50
+
+
+class ApeXConfig(ApeXKeys, DQNConfig):
+    """DQN's keys plus per-actor fixed epsilons, replay shards and the request pipeline; DQN's
+    epsilon schedule is refused (``unused_keys``)."""
+
+    algo = "apex"
+    unused_keys = {
+        "exploration_initial_eps": _FIXED_EPSILONS,
+        "exploration_final_eps": _FIXED_EPSILONS,
+        "exploration_timesteps": _FIXED_EPSILONS,
+        "normalize": "Ape-X's actors write to the replay shards and sync with the driver only for "
+        "weights, so running statistics could not be merged across them",
+    }
+
+    target_network_update_freq: int = Field(
+        500_000, ge=1, description="Trained env steps between target-network updates."
+    )
+    worker_side_prioritization: bool = Field(
+        True, description="Rollout actors compute initial priorities from their own Q-values."
+    )
 
     @classmethod
     def small_machine_preset(cls) -> dict[str, Any]:
@@ -219,13 +225,18 @@ class ApeX(Algorithm):
     config_cls = ApeXConfig
     config: ApeXConfig
     shards: Any  # the replay shards' actor group (a LazyActorGroup); None once stopped
-    policy_cls = EpsilonGreedyQPolicy
+    policy_cls = EpsilonGreedyQPolicy  # what the rollout actors act with (``epsilon`` set per actor)
+    learner_cls = QPolicyLearner  # what learns from the replayed batches (Ape-X TD3: TD3PolicyLearner)
+
+    def worker_priorities(self) -> bool:
+        """Whether rollout actors compute their transitions' initial priorities (from their Q-values)."""
+        return self.config.worker_side_prioritization and self.config.prioritized_replay
 
     def setup(self) -> None:
         cfg: ApeXConfig = self.config
         res = cfg.resources
         check_replay_fits(cfg, self.env_info.observation_space, res.num_replay_shards)  # not in shard actors
-        self.policies = self.build_policies(QPolicyLearner)
+        self.policies = self.build_policies(self.learner_cls)
         policy = self.policies.only
         self.learner, self.target = policy.learner, q_target(self.policies)
         self.learner_thread = ReplayLearnerThread(
@@ -237,13 +248,10 @@ class ApeX(Algorithm):
         self.shards = self._replay_shards()
         self._shard_restarts_seen = 0
         postprocess = functools.partial(
-            n_step_postprocess,
-            n_step=cfg.n_step,
-            gamma=cfg.gamma,
-            priorities=cfg.worker_side_prioritization and cfg.prioritized_replay,
+            n_step_postprocess, n_step=cfg.n_step, gamma=cfg.gamma, priorities=self.worker_priorities()
         )
         self.env_runners = self.make_env_runners(
-            EpsilonGreedyQPolicy,
+            self.policy_cls,
             postprocess,
             cfg.fragment_length(),
             max_in_flight=cfg.max_requests_in_flight_per_worker,
@@ -324,7 +332,7 @@ class ApeX(Algorithm):
     def resource_plan(cls, config: AlgorithmConfig) -> list[BundleGroup]:
         """The shared plan plus the replay shards (remote with rollout actors), pinned to the driver's
         node when ``resources.replay_shards_on_driver_node`` is set."""
-        assert isinstance(config, ApeXConfig)
+        assert isinstance(config, ApeXKeys)
         plan, res = super().resource_plan(config), config.resources
         if res.num_workers > 0:
             plan.insert(

@@ -33,6 +33,7 @@ from torch.nn import functional as F
 
 from shoal.algorithms.config_groups import ReplayKeys, check_replay_start
 from shoal.algorithms.dqn import ReplayAlgorithm, check_replay_fits, make_replay, n_step_postprocess
+from shoal.algorithms.policies import build_policy_module
 from shoal.batch import Col
 from shoal.config import AlgorithmConfig, ModelConfig
 from shoal.errors import ConfigError
@@ -44,7 +45,7 @@ from shoal.logging.metrics import Phase
 from shoal.models.catalog import _ACTIVATIONS, _FUNCTIONAL
 from shoal.models.weights import load_numpy_weights, weights_to_numpy
 from shoal.rollout.policies import InferencePolicy
-from shoal.spaces import flat_obs_dim
+from shoal.spaces import flat_obs_dim, image_entries
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # the actor's log std is clamped here (the SAC paper's code)
 
@@ -123,20 +124,28 @@ class SACConfig(ReplayKeys, AlgorithmConfig):
 _ACT = {name: _FUNCTIONAL[layer] for name, layer in _ACTIVATIONS.items()}  # catalog's activations, as functions
 
 
-def check_sac_spaces(obs_space: gym.Space, action_space: gym.Space) -> None:
+def check_sac_spaces(obs_space: gym.Space, action_space: gym.Space, algo: str = "sac") -> None:
+    """A ConfigError naming the space unless actions are a bounded Box and observations vectors
+    (SAC's and Ape-X TD3's actors squash actions into [low, high] and are MLPs)."""
     if not isinstance(action_space, gym.spaces.Box):
         raise ConfigError(
-            f"sac needs a bounded Box action space (it squashes actions into [low, high]); this env's is "
-            f"{action_space}. For Discrete actions use dqn, ppo, impala or appo."
+            f"{algo} needs a bounded Box action space (it squashes actions into [low, high]); this env's is "
+            f"{action_space}. For Discrete actions use dqn, apex, ppo, impala or appo."
         )
     if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
-        raise ConfigError(f"sac needs finite action bounds; this env's Box is {action_space}.")
+        raise ConfigError(f"{algo} needs finite action bounds; this env's Box is {action_space}.")
     if isinstance(obs_space, gym.spaces.Box) and obs_space.dtype == np.uint8:
         raise ConfigError(
-            f"sac here takes vector observations (a float Box, Discrete, or a Dict or Tuple of them); this env's "
-            f"are {obs_space}. For image observations use ppo, appo or dqn."
+            f"{algo} here takes vector observations (a float Box, Discrete, or a Dict or Tuple of them); this "
+            f"env's are {obs_space}. For image observations use ppo, appo or dqn."
         )
     flat_obs_dim(obs_space)  # an EnvError naming the space when no MLP takes it
+    images = image_entries(obs_space)
+    if images:
+        raise ConfigError(
+            f"{algo} here takes vector observations; entry [{images[0][0]!r}] is an image ({images[0][1]}). "
+            "For image observations use ppo, appo or dqn."
+        )
 
 
 def action_dim(space: gym.Space) -> int:
@@ -278,10 +287,7 @@ class SACPolicyLearner(PolicyLearner):
 
     def __init__(self, config: SACConfig, obs_space, action_space, seed: Optional[int] = None) -> None:
         check_sac_spaces(obs_space, action_space)
-        with torch.random.fork_rng(devices=[]):
-            if seed is not None:
-                torch.manual_seed(seed)
-            module = SACModule(obs_space, action_space, config)
+        module = build_policy_module(SACModule, obs_space, action_space, config, seed)
         super().__init__(
             module,
             config,
@@ -307,17 +313,18 @@ class SACPolicyLearner(PolicyLearner):
 
 
 # ---- rollout policy ---------------------------------------------------------------------
-class SquashedGaussianPolicy(InferencePolicy):
-    """Samples ``tanh(u)`` from the actor (its mean when greedy) and scales it to the env's bounds;
-    uniform random actions until the driver reports ``learning_starts`` sampled env steps."""
+class BoxPolicy(InferencePolicy):
+    """A rollout policy of bounded Box actions from an actor network: actions in [-1, 1] (replay
+    and learner stay there), scaled to the env's bounds on the way out; the actor is built by
+    ``make_actor(obs_dim, act_dim, hiddens, activation)``, seeded."""
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, config, seed: int | None = None) -> None:
-        check_sac_spaces(obs_space, action_space)
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, config, seed: int | None, make_actor) -> None:
+        check_sac_spaces(obs_space, action_space, config.algo)
         obs_dim, act_dim = flat_obs_dim(obs_space), action_dim(action_space)
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
-            self.module = Actor(obs_dim, act_dim, list(config.model.hiddens), config.model.activation)
+            self.module = make_actor(obs_dim, act_dim, list(config.model.hiddens), config.model.activation)
         self.module.eval()
         self.generator = torch.Generator()
         if seed is not None:
@@ -329,6 +336,27 @@ class SquashedGaussianPolicy(InferencePolicy):
         self.low = action_space.low.astype(np.float32)
         self.high = action_space.high.astype(np.float32)
         self.shape: tuple[int, ...] = action_space.shape
+
+    def bootstrap(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+        return {}
+
+    def to_env_actions(self, actions: np.ndarray) -> np.ndarray:
+        """[-1, 1] -> [low, high]."""
+        return self.low + (np.clip(actions, -1.0, 1.0) + 1.0) * 0.5 * (self.high - self.low)
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return weights_to_numpy(self.module)
+
+    def set_weights(self, weights: dict) -> None:
+        load_numpy_weights(self.module, weights)
+
+
+class SquashedGaussianPolicy(BoxPolicy):
+    """Samples ``tanh(u)`` from the actor (its mean when greedy) and scales it to the env's bounds;
+    uniform random actions until the driver reports ``learning_starts`` sampled env steps."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, config, seed: int | None = None) -> None:
+        super().__init__(obs_space, action_space, config, seed, Actor)
         self.uniform_steps = int(getattr(config, "learning_starts", 0))
         self.env_steps = 0
 
@@ -346,19 +374,6 @@ class SquashedGaussianPolicy(InferencePolicy):
             else:
                 actions = torch.tanh(self.module(x)[0])
         return actions.reshape(n, *self.shape).numpy(), {}
-
-    def bootstrap(self, obs: np.ndarray) -> dict[str, np.ndarray]:
-        return {}
-
-    def to_env_actions(self, actions: np.ndarray) -> np.ndarray:
-        """[-1, 1] -> [low, high]."""
-        return self.low + (np.clip(actions, -1.0, 1.0) + 1.0) * 0.5 * (self.high - self.low)
-
-    def get_weights(self) -> dict[str, np.ndarray]:
-        return weights_to_numpy(self.module)
-
-    def set_weights(self, weights: dict) -> None:
-        load_numpy_weights(self.module, weights)
 
 
 # ---- algorithm --------------------------------------------------------------------------

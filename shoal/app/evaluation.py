@@ -173,13 +173,14 @@ def play_episodes(
 
     try:
         for i in range(num_episodes):
-            obs, _ = env.reset(seed=None if seed is None else seed + i)
+            obs, info = env.reset(seed=None if seed is None else seed + i)
             if recording(i):
                 keep(_frame(env))
             state, done, ret, n = None, False, 0.0, 0
             while not done:
-                action, state = algo.predict(obs, state, deterministic=deterministic)
-                obs, r, term, trunc, _ = env.step(action)
+                mask = info.get("action_mask")  # an env's legal actions (a Dict observation's are read by predict)
+                action, state = algo.predict(obs, state, deterministic=deterministic, action_mask=mask)
+                obs, r, term, trunc, info = env.step(action)
                 ret, n, done = ret + float(r), n + 1, bool(term or trunc)
                 if recording(i):
                     keep(_frame(env))

@@ -5,7 +5,11 @@ the preprocessing shoal does in front of the network itself:
 
 - ``obs``: ``(B, *observation_space.shape)`` in the space's dtype (uint8 frames stay uint8 and
   are scaled to [0, 1] inside, other Box observations are float32); a ``Discrete``
-  observation is ``(B,)`` int64, one-hot encoded inside.
+  observation is ``(B,)`` int64, one-hot encoded inside. A ``Dict`` or ``Tuple`` observation
+  is the row shoal makes of it (:func:`shoal.spaces.preprocess_obs`): float32 entries one after
+  another (Discrete ones one-hot), or, with image entries, one uint8 row of the images' bytes
+  and then the other entries' float32 bytes; the sidecar's ``row_layout`` says where each entry
+  goes. An ``"action_mask"`` entry is not part of the row: apply it to the outputs yourself.
 - a recurrent model (``model.use_lstm``) also takes ``state``: ``(B, state_size)`` float32,
   zeros at an episode's start, and returns the next one.
 
@@ -18,7 +22,8 @@ Its outputs, in order (names as in the sidecar JSON):
   ``state_out`` when recurrent;
 - Q networks (DQN, Ape-X): ``action`` (argmax), ``q_values``;
 - SAC's squashed Gaussian actor: ``action`` (``tanh`` of the mean, scaled to the action
-  bounds), ``dist_inputs`` (the pre-squash mean and log std).
+  bounds), ``dist_inputs`` (the pre-squash mean and log std); Ape-X TD3's deterministic actor
+  the same, its log std 0.
 
 Next to the file, ``<file>.json`` records the format, the input and output names, the
 observation shape and dtype, the action space and the state size.
@@ -39,6 +44,7 @@ import torch
 from torch import nn
 
 from shoal.errors import ConfigError, ShoalError
+from shoal.spaces import flat_obs_dim, image_entries, preprocess_obs, row_layout, stack_obs
 
 FORMATS = ("torchscript", "onnx")
 _SUFFIX = {"torchscript": ".pt", "onnx": ".onnx"}
@@ -50,13 +56,20 @@ class ExportedPolicy(nn.Module):
     def __init__(self, module: nn.Module, obs_space: gym.Space, action_space: gym.Space) -> None:
         super().__init__()
         self.module = module
+        for m in module.modules():  # Dict torsos: no dtype view in the traced graph
+            if hasattr(m, "bitcast"):
+                m.bitcast = False
         self.squashed = bool(getattr(module, "squashed_gaussian", False))
         self.q_network = not hasattr(module, "dist_cls") and not self.squashed
         self.recurrent = bool(getattr(module, "recurrent", False))
         self.discrete_obs = isinstance(obs_space, gym.spaces.Discrete)
         self.obs_n = int(obs_space.n) if self.discrete_obs else 0
         self.obs_start = int(obs_space.start) if self.discrete_obs else 0
-        self.uint8 = not self.discrete_obs and obs_space.dtype == np.uint8
+        self.structured = isinstance(obs_space, (gym.spaces.Dict, gym.spaces.Tuple))  # rows come ready made
+        if self.structured:
+            self.uint8 = bool(image_entries(obs_space))
+        else:
+            self.uint8 = not self.discrete_obs and obs_space.dtype == np.uint8
         self.box_actions = isinstance(action_space, gym.spaces.Box)
         self.binary_actions = isinstance(action_space, gym.spaces.MultiBinary)
         self.nvec = [int(n) for n in action_space.nvec] if isinstance(action_space, gym.spaces.MultiDiscrete) else []
@@ -72,6 +85,8 @@ class ExportedPolicy(nn.Module):
         """What :func:`shoal.models.catalog.preprocess_obs` makes of raw observations."""
         if self.discrete_obs:
             return nn.functional.one_hot(obs.long() - self.obs_start, self.obs_n).float()
+        if self.structured:
+            return obs if self.uint8 else obs.float()
         x = obs.flatten(1) if obs.dim() > 2 else obs
         return x if self.uint8 else x.float()
 
@@ -120,8 +135,10 @@ def policy_model(algo) -> ExportedPolicy:
             "policies, a multi-agent env) has none to export."
         )
     space, action_space = algo.env_info.observation_space, algo.env_info.action_space
-    if not isinstance(space, (gym.spaces.Box, gym.spaces.Discrete)):
-        raise ConfigError(f"shoal export takes Box or Discrete observations; this policy observes {space}.")
+    if not isinstance(space, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.Dict, gym.spaces.Tuple)):
+        raise ConfigError(
+            f"shoal export takes Box, Discrete, Dict and Tuple observations; this policy observes {space}."
+        )
     policy = algo.policy_cls(space, action_space, algo.config, algo.config.seed)
     policy.set_weights(algo.get_weights())
     for param in policy.module.parameters():
@@ -132,7 +149,10 @@ def policy_model(algo) -> ExportedPolicy:
 def example_inputs(model: ExportedPolicy, space: gym.Space, batch: int = 2, seed: int = 0) -> tuple[torch.Tensor, ...]:
     """A batch of random observations (and zero states) of the shapes and dtypes the model takes."""
     rng = np.random.default_rng(seed)
-    if model.discrete_obs:
+    if model.structured:  # rows as shoal makes them from the space's samples
+        space.seed(seed)
+        obs = torch.as_tensor(preprocess_obs(space, stack_obs([space.sample() for _ in range(batch)])))
+    elif model.discrete_obs:
         obs = torch.as_tensor(rng.integers(model.obs_start, model.obs_start + model.obs_n, size=batch))
     else:
         low = np.broadcast_to(np.maximum(space.low, -10.0), space.shape)
@@ -242,14 +262,15 @@ def sidecar(
     model: ExportedPolicy, format: str, space: gym.Space, action_space: gym.Space, checkpoint: Path
 ) -> dict[str, Any]:
     names_in, names_out = exported_signature(model)
-    obs_shape = [] if model.discrete_obs else list(space.shape)
+    obs_shape = [] if model.discrete_obs else [flat_obs_dim(space)] if model.structured else list(space.shape)
     obs_dtype = "int64" if model.discrete_obs else ("uint8" if model.uint8 else "float32")
+    layout = {"row_layout": row_layout(space)} if model.structured else {}
     return {
         "format": format,
         "checkpoint": str(checkpoint),
         "inputs": names_in,
         "outputs": names_out,
-        "observation": {"shape": obs_shape, "dtype": obs_dtype, "space": str(space)},
+        "observation": {"shape": obs_shape, "dtype": obs_dtype, "space": str(space), **layout},
         "action_space": _space_json(action_space),
         "state_size": int(model.module.state_size) if model.recurrent else 0,
         "batch_axis": 0,

@@ -23,7 +23,7 @@ from torch.nn import functional as F
 from shoal.errors import ConfigError, EnvError
 from shoal.models.distributions import DiagGaussian, dist_class_for
 from shoal.models.recurrent import LSTMCore
-from shoal.spaces import flat_obs_dim, preprocess_obs  # noqa: F401  (preprocess_obs re-exported)
+from shoal.spaces import flat_obs_dim, image_entries, preprocess_obs, vector_dim  # noqa: F401  (preprocess_obs re-exported)
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 TORSOS = ("mlp", "nature_cnn", "impala_cnn", "conv")
@@ -117,6 +117,8 @@ def resolve_torso(obs_space: gym.Space, torso: str = "auto", conv_filters: list[
         return torso
     if conv_filters:
         return "conv"
+    if image_entries(obs_space):
+        return "dict"  # a DictTorso, each image entry's torso chosen as for a whole image
     if _uint8_image(obs_space) and sorted(obs_space.shape)[1] >= NatureCNN.MIN_SIZE:
         return "nature_cnn"
     return "mlp"
@@ -272,9 +274,13 @@ def build_torso(
     conv_filters: list[list[int]] | None = None,
     activation: str = "relu",
     layout: str = "auto",
-) -> tuple[ImageTorso | None, int]:
-    """The torso module (None for ``mlp``) and the width of what the MLPs after it see."""
+) -> tuple[nn.Module | None, int]:
+    """The torso module (None for ``mlp``) and the width of what the MLPs after it see. A Dict or
+    Tuple observation with image entries gets a :class:`DictTorso` whose image torsos are ``torso``."""
     kind = resolve_torso(obs_space, torso, conv_filters)
+    if image_entries(obs_space):
+        t: nn.Module = DictTorso(obs_space, "auto" if kind == "dict" else kind, conv_filters, activation, layout)
+        return t, t.out_dim
     if kind == "mlp":
         return None, flat_obs_dim(obs_space)
     if kind == "conv":
@@ -284,7 +290,78 @@ def build_torso(
     return t, t.out_dim
 
 
-def _features(t: ImageTorso | None, obs: torch.Tensor) -> torch.Tensor:
+class _ScaledRows(nn.Module):
+    """A small image entry (no CNN fits it) as its flat row, scaled to [0, 1] by the space's high."""
+
+    def __init__(self, space: gym.spaces.Box) -> None:
+        super().__init__()
+        high = float(np.max(space.high))
+        self.scale = 1.0 / high if high > 0 else 1.0
+        self.out_dim = int(np.prod(space.shape))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs.float() * self.scale
+
+
+class DictTorso(nn.Module):
+    """Dict or Tuple observations with image entries, from their packed uint8 rows (see
+    :func:`shoal.spaces.preprocess_obs`): one torso per image entry (``torso``: auto picks the
+    Nature CNN where it fits, as for a whole image, else the entry's pixels scaled to [0, 1]),
+    then the other entries' float32 features as they are, all concatenated (``out_dim`` wide)."""
+
+    def __init__(
+        self,
+        obs_space: gym.Space,
+        torso: str = "auto",
+        conv_filters: list[list[int]] | None = None,
+        activation: str = "relu",
+        layout: str = "auto",
+    ) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+        self.torsos = nn.ModuleList()
+        width = 0
+        for _, space in image_entries(obs_space):
+            kind = resolve_torso(space, torso, conv_filters)
+            if kind == "mlp":
+                module: nn.Module = _ScaledRows(space)
+            elif kind == "conv":
+                module = ConvTorso(space, conv_filters or [], activation, layout)
+            else:
+                module = (NatureCNN if kind == "nature_cnn" else ImpalaCNN)(space, layout)
+            self.sizes.append(int(np.prod(space.shape)))
+            self.torsos.append(module)
+            width += int(module.out_dim)
+        self.vector_dim = vector_dim(obs_space)
+        self.out_dim = width + self.vector_dim
+        self.bitcast = True  # read the float32 bytes as floats by a view; False: arithmetically (export)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        feats, start = [], 0
+        for size, torso in zip(self.sizes, self.torsos):
+            feats.append(torso(obs[:, start : start + size]))
+            start += size
+        if self.vector_dim:  # float32 features stored as their bytes
+            tail = obs[:, start:]
+            feats.append(tail.contiguous().view(torch.float32) if self.bitcast else float32_from_bytes(tail))
+        return torch.cat(feats, dim=1)
+
+
+def float32_from_bytes(b: torch.Tensor) -> torch.Tensor:
+    """``(B, 4k)`` little-endian uint8 bytes as ``(B, k)`` float32, computed from sign, exponent and
+    mantissa with integer and float ops only: what a TorchScript trace or an ONNX graph can hold
+    (neither takes a dtype view). Exact for finite values (normal and subnormal)."""
+    x = b.reshape(b.shape[0], -1, 4).to(torch.int64)
+    b0, b1, b2, b3 = x[..., 0], x[..., 1], x[..., 2], x[..., 3]
+    sign = 1.0 - 2.0 * torch.div(b3, 128, rounding_mode="floor").to(torch.float32)
+    exponent = (b3 % 128) * 2 + torch.div(b2, 128, rounding_mode="floor")
+    mantissa = ((b2 % 128) * 65536 + b1 * 256 + b0).to(torch.float32)
+    normal = (1.0 + mantissa * 2.0**-23) * torch.pow(2.0, (exponent - 127).to(torch.float32))
+    subnormal = mantissa * 2.0**-149
+    return sign * torch.where(exponent == 0, subnormal, normal)
+
+
+def _features(t: nn.Module | None, obs: torch.Tensor) -> torch.Tensor:
     """What the MLPs see: the torso's features, or the rows themselves as floats (uint8 rows unscaled)."""
     if t is not None:
         return t(obs)
