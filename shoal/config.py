@@ -498,6 +498,10 @@ class AlgorithmConfig(Section):
     values the driver's learner reads at each update. Keys that shape buffers, actors or the
     network (batch sizes, ``gamma``, which the rollout actors' postprocessing bakes in, the
     model) are not in it."""
+    box_action_defaults: ClassVar[dict[str, Any]] = {}
+    """Defaults for an env with ``Box`` (continuous) actions, by dotted key, where they differ from
+    the class's: applied when the run is built (:meth:`for_env`) to the keys the config leaves
+    unset, and shown beside the plain defaults by ``shoal config``."""
     algorithm_cls: ClassVar[Optional[type]] = None
     """The :class:`~shoal.algorithms.base.Algorithm` subclass that ``build()`` makes. An algorithm
     class that names this class as its ``config_cls`` sets it when it is defined, so importing
@@ -692,6 +696,32 @@ class AlgorithmConfig(Section):
     def to_yaml(self) -> str:
         """The config as a YAML document with every key (what a run's ``config.yaml`` holds)."""
         return yaml.safe_dump({"algo": self.algo, **self.to_dict(redact=True)}, sort_keys=False)
+
+    def for_env(self, observation_space: Any, action_space: Any) -> "AlgorithmConfig":
+        """This config with the defaults that depend on the env's spaces filled in: for ``Box``
+        actions the ``box_action_defaults`` of keys it leaves unset (a single-agent env only; the
+        keys it sets stay as they are). Itself when nothing changes."""
+        import gymnasium as gym
+
+        if not self.box_action_defaults or not isinstance(action_space, gym.spaces.Box):
+            return self
+        if getattr(self, "multi_agent", None) is not None:
+            return self
+        data = self.model_dump(exclude_unset=True)
+        changed = False
+        for dotted, value in self.box_action_defaults.items():
+            *sections, key = dotted.split(".")
+            holder: Any = self
+            for name in sections:
+                holder = getattr(holder, name)
+            if key in holder.model_fields_set:
+                continue
+            target = data
+            for name in sections:
+                target = target.setdefault(name, {})
+            target[key] = value
+            changed = True
+        return type(self).model_validate(data) if changed else self
 
     def copy_with(self, overrides: dict[str, Any]) -> "AlgorithmConfig":
         """A new validated config with nested overrides applied (``{"resources": {...}}``)."""

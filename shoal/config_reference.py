@@ -19,9 +19,13 @@ def _type_name(annotation: Any) -> str:
     return text or str(annotation).replace("typing.", "")
 
 
-def key_reference(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str, str]]:
+def key_reference(
+    model: type[BaseModel], prefix: str = "", box: dict[str, Any] | None = None
+) -> list[tuple[str, str, str, str]]:
     """``(dotted key, type, default, description)`` as text for every key that may be set, sections
-    included (a section's own row, default "(section)", comes before its keys; unused keys are left out)."""
+    included (a section's own row, default "(section)", comes before its keys; unused keys are left out).
+    A default that differs for Box (continuous) actions shows both: ``0.99 (Box actions: 0.9)``."""
+    box = getattr(model, "box_action_defaults", {}) if box is None else box
     rows = []
     for name in used_keys(model):
         field = model.model_fields[name]
@@ -32,24 +36,36 @@ def key_reference(model: type[BaseModel], prefix: str = "") -> list[tuple[str, s
             default = "(section)"
         else:
             default = repr(field.get_default(call_default_factory=True))
+            if prefix + name in box:
+                default += f" (Box actions: {box[prefix + name]!r})"
         rows.append((prefix + name, _type_name(field.annotation), default, field.description or ""))
         if sub is not None:
-            rows.extend(key_reference(sub, prefix + name + "."))
+            rows.extend(key_reference(sub, prefix + name + ".", box))
     return rows
 
 
-def commented_yaml(model: type[BaseModel], indent: str = "", required: Optional[dict[str, Any]] = None) -> str:
-    """A complete config file of ``model``'s defaults, each key under its description as a comment.
-    ``required`` gives placeholder values for keys without a default."""
+def commented_yaml(
+    model: type[BaseModel],
+    indent: str = "",
+    required: Optional[dict[str, Any]] = None,
+    prefix: str = "",
+    box: dict[str, Any] | None = None,
+) -> str:
+    """A complete config file of ``model``'s defaults, each key under its description as a comment
+    (and the default for Box actions, where it differs). ``required`` gives placeholder values for
+    keys without a default."""
+    box = getattr(model, "box_action_defaults", {}) if box is None else box
     lines = []
     for name in used_keys(model):
         field = model.model_fields[name]
         if field.description:
             lines.append(f"{indent}# {field.description}")
+        if prefix + name in box:
+            lines.append(f"{indent}# With Box (continuous) actions, left unset: {box[prefix + name]!r}.")
         sub = _section_type(model, name)
         if sub is not None:
             lines.append(f"{indent}{name}:")
-            lines.append(commented_yaml(sub, indent + "  "))
+            lines.append(commented_yaml(sub, indent + "  ", prefix=prefix + name + ".", box=box))
             continue
         if field.is_required():
             value = (required or {}).get(name)
