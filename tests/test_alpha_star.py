@@ -15,6 +15,7 @@ from helpers import invoke
 from shoal.algorithms import get_config_class
 from shoal.algorithms.alpha_star import AlphaStar, AlphaStarConfig
 from shoal.algorithms.alpha_star_learner import APPOPolicyLearner
+from shoal.batch import Col
 from shoal.errors import ConfigError
 from shoal.learn.learner import minibatch_indices
 from shoal.replay import BatchReplay
@@ -78,7 +79,7 @@ def test_masked_appo_loss_is_on_policy_under_the_stored_masks():
     learner = APPOPolicyLearner("main", replay, cfg, env.observation_space("player_1"), env.action_space("player_1"))
     learner.set_weights(runner.policies["main"].get_weights())
     tensors = batch.to_torch()
-    assert learner.learner.loss_fn.masked  # APPO's loss with both networks' logits under the stored masks
+    assert Col.ACTION_MASK in tensors  # APPO's loss masks both networks' logits by it
     loss, stats = learner.learner.loss_fn(learner.learner.module, tensors)
     assert torch.isfinite(loss)
     assert float(stats["mean_rho"]) == pytest.approx(1.0, abs=1e-5)  # behaviour = target = current, same masks

@@ -107,7 +107,8 @@ class Algorithm:
         self.policy_returns = PolicyReturnWindows(100)  # per policy, with a multi_agent section
         self.env_info = describe_within_time_limit(config, self.describe_env)  # fails early on a bad env
         # defaults that depend on the env's spaces (PPO's for Box actions), for the keys left unset
-        config = self.config = config.for_env(self.env_info.observation_space, self.env_info.action_space)
+        if self.env_info is not None:  # a league describes its game itself
+            config = self.config = config.for_env(self.env_info.observation_space, self.env_info.action_space)
         self.norm_stats = normalization_stats(config, self.env_info, self.is_multi_agent)  # merged from the actors
         self.iteration = 0
         self.counters: dict[str, float] = {k: 0 for k in COUNTERS}

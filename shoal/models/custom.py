@@ -10,7 +10,9 @@ never its code.
 ``torch.nn.Module`` whose ``forward(obs)`` returns ``(action_dist_inputs, values)``:
 
 - ``obs``: a batch ``(B, *obs_space.shape)`` for Box observations (uint8 frames stay uint8:
-  scale them yourself), one-hot rows ``(B, n)`` for Discrete ones;
+  scale them yourself), one-hot rows ``(B, n)`` for Discrete ones, and for Dict and Tuple ones
+  the rows of :func:`shoal.spaces.preprocess_obs` (float32; with image entries one packed uint8
+  row, which :class:`shoal.models.catalog.DictTorso` turns into features);
 - ``action_dist_inputs``: ``(B, num_outputs)``: logits for Discrete actions (``num_outputs = n``),
   mean and log standard deviation side by side for Box actions (``num_outputs = 2 * dim``);
 - ``values``: ``(B,)`` (or ``(B, 1)``), the state value.
