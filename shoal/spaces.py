@@ -21,11 +21,8 @@ def has_mask_entry(space: gym.Space) -> bool:
 
 
 def _entries(space: gym.Space, top: bool = False) -> list[tuple[str, gym.Space]]:
-    """A Dict's or Tuple's entries in order (a Dict's in its key order), named for errors; at the
-    top level a Dict's ``"action_mask"`` entry is left out (it is not a feature)."""
-    if isinstance(space, gym.spaces.Dict):
-        return [(k, sub) for k, sub in space.spaces.items() if not (top and k == ACTION_MASK_KEY)]
-    return [(str(i), sub) for i, sub in enumerate(space.spaces)]
+    """A Dict's or Tuple's entries in order (:func:`_keys`), named for errors."""
+    return [(str(k), space[k]) for k in _keys(space, top)]
 
 
 def is_image(space: gym.Space) -> bool:
@@ -42,7 +39,8 @@ def image_entries(space: gym.Space) -> list[tuple[str | int, gym.Box]]:
 
 
 def _keys(space: gym.Space, top: bool = True) -> list:
-    """A Dict's keys (less a top-level ``"action_mask"``) or a Tuple's indices, in order."""
+    """A Dict's keys (less a top-level ``"action_mask"``: it is not a feature) or a Tuple's
+    indices, in order."""
     if isinstance(space, gym.spaces.Dict):
         return [k for k in space.spaces if not (top and k == ACTION_MASK_KEY)]
     return list(range(len(space.spaces)))
@@ -187,6 +185,17 @@ def check_maskable(action_space: gym.Space, source: str) -> int:
             "Discrete and MultiDiscrete actions only. Drop the mask from the env for this action space."
         )
     return width
+
+
+def given_mask_width(obs_space: gym.Space, action_space: gym.Space, info: dict) -> int | None:
+    """The mask width when the env gives action masks (its Dict observation's ``"action_mask"``
+    entry, or ``info["action_mask"]`` of the reset's ``info``); None when it gives none; an
+    EnvError naming the action space when masks cannot apply to it."""
+    if has_mask_entry(obs_space):
+        return check_maskable(action_space, f"an {ACTION_MASK_KEY!r} entry of its observation")
+    if ACTION_MASK_KEY in info:
+        return check_maskable(action_space, f"info[{ACTION_MASK_KEY!r}]")
+    return None
 
 
 def action_masks(obs_space: gym.Space, raw_obs, info: dict, n: int, width: int) -> np.ndarray:

@@ -39,7 +39,6 @@ from shoal.config import AlgorithmConfig
 from shoal.learn import resolve_device
 from shoal.learn.losses import LossRecord
 from shoal.learn.policy_learner import PolicyLearner
-from shoal.learn.target import TargetNetwork
 from shoal.models.weights import load_numpy_weights, weights_to_numpy
 from shoal.spaces import flat_obs_dim
 
@@ -241,16 +240,8 @@ class TD3PolicyLearner(PolicyLearner):
             device=resolve_device(config.resources.num_gpus),
             adam_eps=1e-8,  # Adam's own default, as the TD3 reference uses
         )
-        learned = self.learner.module
-        self.target = TargetNetwork(
-            learned.get_submodule("nets"),
-            config.policy_delay,
-            unit="updates",
-            tau=config.tau,
-            net=learned.get_submodule("target"),
-        )
-        self.target.since_update = config.policy_delay - 1  # blend right after each actor update (0, d, 2d, ...)
-        self.learner.add_post_update_hook(self.target.post_update)
+        target = self.add_target("nets", "target", config.policy_delay, tau=config.tau)
+        target.since_update = config.policy_delay - 1  # blend right after each actor update (0, d, 2d, ...)
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return weights_to_numpy(self.learner.module.get_submodule("nets.actor"))

@@ -292,15 +292,7 @@ class QPolicyLearner(PolicyLearner):
             lambda c, **_: DQNLoss.from_config(c),
             device=resolve_device(config.resources.num_gpus),
         )
-        module = self.learner.module
-        self.target = TargetNetwork(
-            module.get_submodule("q"),
-            config.target_network_update_freq,
-            unit="env_steps",
-            tau=config.tau,
-            net=module.get_submodule("target"),
-        )
-        self.learner.add_post_update_hook(self.target.post_update)
+        self.add_target("q", "target", config.target_network_update_freq, unit="env_steps", tau=config.tau)
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return weights_to_numpy(self.learner.module.get_submodule("q"))

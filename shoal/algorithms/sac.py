@@ -40,7 +40,6 @@ from shoal.errors import ConfigError
 from shoal.learn import resolve_device
 from shoal.learn.losses import LossRecord
 from shoal.learn.policy_learner import PolicyLearner
-from shoal.learn.target import TargetNetwork
 from shoal.logging.metrics import Phase
 from shoal.models.catalog import _ACTIVATIONS, _FUNCTIONAL
 from shoal.models.weights import load_numpy_weights, weights_to_numpy
@@ -295,15 +294,7 @@ class SACPolicyLearner(PolicyLearner):
             device=resolve_device(config.resources.num_gpus),
             adam_eps=1e-8,  # Adam's own default, as the SAC references use
         )
-        learned = self.learner.module
-        self.target = TargetNetwork(
-            learned.get_submodule("critic"),
-            1,
-            unit="updates",
-            tau=config.tau,
-            net=learned.get_submodule("target_critic"),
-        )
-        self.learner.add_post_update_hook(self.target.post_update)
+        self.add_target("critic", "target_critic", 1, tau=config.tau)
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return weights_to_numpy(self.learner.module.get_submodule("actor"))
@@ -320,11 +311,13 @@ class BoxPolicy(InferencePolicy):
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, config, seed: int | None, make_actor) -> None:
         check_sac_spaces(obs_space, action_space, config.algo)
-        obs_dim, act_dim = flat_obs_dim(obs_space), action_dim(action_space)
-        with torch.random.fork_rng(devices=[]):
-            if seed is not None:
-                torch.manual_seed(seed)
-            self.module = make_actor(obs_dim, act_dim, list(config.model.hiddens), config.model.activation)
+        self.module: Any = build_policy_module(  # the subclass's actor
+            lambda o, a, m: make_actor(flat_obs_dim(o), action_dim(a), list(m.hiddens), m.activation),
+            obs_space,
+            action_space,
+            config.model,
+            seed,
+        )
         self.module.eval()
         self.generator = torch.Generator()
         if seed is not None:

@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from shoal.errors import ConfigError, ShoalError
+from shoal.models.catalog import DictTorso
 from shoal.spaces import flat_obs_dim, image_entries, preprocess_obs, row_layout, stack_obs
 
 FORMATS = ("torchscript", "onnx")
@@ -57,7 +58,7 @@ class ExportedPolicy(nn.Module):
         super().__init__()
         self.module = module
         for m in module.modules():  # Dict torsos: no dtype view in the traced graph
-            if hasattr(m, "bitcast"):
+            if isinstance(m, DictTorso):
                 m.bitcast = False
         self.squashed = bool(getattr(module, "squashed_gaussian", False))
         self.q_network = not hasattr(module, "dist_cls") and not self.squashed

@@ -20,7 +20,7 @@ from shoal.config import EnvPreprocessingConfig, EnvSpec
 from shoal.envs.atari import is_ale_id, make_atari_env, make_atari_vec_env, missing_ale_error
 from shoal.errors import ConfigError, EnvError
 from shoal.imports import import_path
-from shoal.spaces import flat_obs_dim, obs_nbytes  # noqa: F401  (re-exported)
+from shoal.spaces import flat_obs_dim, given_mask_width, obs_nbytes  # noqa: F401  (re-exported)
 from shoal.trust import check_import
 
 
@@ -216,8 +216,7 @@ def env_info(
             vec.close()
     e = make_env(env, env_config)
     try:
-        info = _check_reset_api(e, env)
-        _check_masks(e, info)
+        given_mask_width(e.observation_space, e.action_space, _check_reset_api(e, env))  # masks it can take
         spec = e.spec
         return EnvInfo(
             observation_space=e.observation_space,
@@ -227,17 +226,6 @@ def env_info(
         )
     finally:
         e.close()
-
-
-def _check_masks(e: gym.Env, info: dict) -> None:
-    """An EnvError naming the action space when the env gives action masks (an ``"action_mask"``
-    entry of a Dict observation, or of the reset's info) for actions they cannot apply to."""
-    from shoal.spaces import ACTION_MASK_KEY, check_maskable, has_mask_entry
-
-    if has_mask_entry(e.observation_space):
-        check_maskable(e.action_space, f"an {ACTION_MASK_KEY!r} entry of its observation")
-    elif ACTION_MASK_KEY in info:
-        check_maskable(e.action_space, f"info[{ACTION_MASK_KEY!r}]")
 
 
 def _check_reset_api(e: gym.Env, env: EnvSpec) -> dict:

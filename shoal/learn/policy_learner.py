@@ -19,7 +19,7 @@ import torch
 from shoal.batch import Batch
 from shoal.learn.learner import Learner
 from shoal.learn.losses import LossRecord
-from shoal.learn.target import AdaptiveKL, TargetNetwork
+from shoal.learn.target import AdaptiveKL, TargetNetwork, Unit
 
 MakeLoss = Callable[..., Any]  # (config, *, target=..., kl=...) -> a loss record
 
@@ -139,6 +139,20 @@ class PolicyLearner:
             self.learner.set_lr(config.lr)
         if hasattr(config, "kl_target"):
             self.kl.target = float(config.kl_target)
+
+    def add_target(
+        self, online: str, net: str, period: int, *, unit: Unit = "updates", tau: float = 1.0
+    ) -> TargetNetwork:
+        """A target network kept inside the learner's module (submodule ``net``, saved with it) for
+        its submodule ``online``, refreshed every ``period`` updates or trained env steps (copied,
+        or blended by ``tau``) right after the optimizer step that reaches it: the Q networks',
+        SAC's and TD3's targets, which their losses read from the module itself."""
+        module = self.learner.module
+        self.target = TargetNetwork(
+            module.get_submodule(online), period, unit=unit, tau=tau, net=module.get_submodule(net)
+        )
+        self.learner.add_post_update_hook(self.target.post_update)
+        return self.target
 
     # ---- weights and state ------------------------------------------------------------------
     def get_weights(self) -> dict[str, np.ndarray]:

@@ -38,7 +38,7 @@ from shoal.process import configure_process
 from shoal.rollout.faults import EnvFaults, env_call
 from shoal.rollout.policies import STATE_OUT
 from shoal.seeding import evaluation_seed, worker_seed
-from shoal.spaces import ACTION_MASK_KEY, action_masks, check_maskable, has_mask_entry, preprocess_obs, stack_obs
+from shoal.spaces import ACTION_MASK_KEY, action_masks, given_mask_width, preprocess_obs, stack_obs
 
 
 @dataclass
@@ -195,8 +195,6 @@ class EnvRunner:
             self.seq_len = config.state_sequence_length()
         self.normalizer: Normalizer | None = None  # built at the first reset, kept across env rebuilds
         self.mask_width: int | None = None  # the action masks' length, once the env is seen to give them
-        if has_mask_entry(self.obs_space):
-            self.mask_width = check_maskable(self.action_space, f"an {ACTION_MASK_KEY!r} entry of its observation")
         self.callbacks = build_callbacks(config.callbacks)
         self._step_hook = overrides(self.callbacks, "on_episode_step")
         self._end_hook = overrides(self.callbacks, "on_episode_end")
@@ -212,8 +210,8 @@ class EnvRunner:
         if self.signal is not None:
             self.signal.start(info)
         self._obs = preprocess_obs(self.obs_space, raw)
-        if self.mask_width is None and ACTION_MASK_KEY in info:
-            self.mask_width = check_maskable(self.action_space, f"info[{ACTION_MASK_KEY!r}]")
+        if self.mask_width is None:
+            self.mask_width = given_mask_width(self.obs_space, self.action_space, info)
         self._mask = self._masks(raw, info, self.num_envs)
         if self.normalizer is None:
             stats = RunningStats.for_config(self.config, self._obs.shape[1:])
@@ -281,9 +279,10 @@ class EnvRunner:
         with torch.inference_mode():
             for t in range(T):
                 buf.obs[t] = obs
-                kw = {} if mask is None else {"masks": mask}
+                kw = {}
                 if mask is not None:
                     buf.masks[t] = mask
+                    kw = {"masks": mask}
                 if recurrent:
                     if new_episode.any():
                         state[new_episode] = 0.0
@@ -424,10 +423,8 @@ class EnvRunner:
                 while not done:
                     batched = stack_obs([raw])
                     obs = self._policy_input(batched, update=False)
-                    mask = self._masks(
-                        batched, {k: np.asarray(v)[None] for k, v in info.items() if k == ACTION_MASK_KEY}, 1
-                    )
-                    actions, state = self._act_greedy(obs, state, mask)
+                    one = {ACTION_MASK_KEY: np.asarray(info[ACTION_MASK_KEY])[None]} if ACTION_MASK_KEY in info else {}
+                    actions, state = self._act_greedy(obs, state, self._masks(batched, one, 1))
                     raw, r, term, trunc, info = env.step(self.policy.to_env_actions(actions)[0])
                     ret, n, done = ret + float(r), n + 1, term or trunc
                 returns.append(ret)
