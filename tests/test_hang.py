@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 
 import pytest
 from test_sigkill import train_until
@@ -192,6 +193,8 @@ def test_a_rollout_actor_whose_env_constructor_hangs_is_recreated(ray_cluster, t
             result = algo.train()
         assert (tmp_path / "hung").exists() and result["env_steps_sampled"] >= 256
         assert result["num_worker_restarts"] >= 1 and algo.env_runners.num_timeouts >= 1
+        # Ray's view names the stuck process: created (a pid), constructor not returned
+        assert re.search(r"Ray: PENDING_CREATION, pid [1-9]\d*, 0 CPUs free", algo.env_runners.group.last_failure)
     finally:
         algo.stop()
 

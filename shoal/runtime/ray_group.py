@@ -274,17 +274,20 @@ class RayActorGroup(ActorGroupBase):
             self.num_timeouts += 1
             where = f" ({self.about})" if self.about else ""
             if self._up_since(i) is None:
+                view = self._ray_view(i)
                 self.last_failure = (
-                    f"the actor did not start within resources.actor_start_timeout_s={self.start_timeout_s:g} s"
+                    f"the actor did not start within resources.actor_start_timeout_s={self.start_timeout_s:g} s "
+                    f"({view})"
                 )
                 log.warning(
-                    "%s %d%s has not started %.1f s after its creation (resources.actor_start_timeout_s=%g): "
+                    "%s %d%s has not started %.1f s after its creation (resources.actor_start_timeout_s=%g; %s): "
                     "an env constructor that hangs?; killing and recreating it",
                     self.name,
                     i,
                     where,
                     now - self._created_at.get(i, now),
                     self.start_timeout_s,
+                    view,
                 )
             else:
                 self.last_failure = (
@@ -301,6 +304,20 @@ class RayActorGroup(ActorGroupBase):
                     self.request_timeout_s,
                 )
             self.restart(i)
+
+    def _ray_view(self, i: int) -> str:
+        """What Ray says of actor ``i`` (for a start timeout's log line): its state, its process,
+        and the CPUs free in its bundle, which tell a constructor that hangs (ALIVE, with a pid)
+        from one Ray never placed (PENDING_CREATION: no free share, or no worker process)."""
+        try:
+            info = ray._private.state.actors(self.actors[i]._actor_id.hex())
+            text = f"Ray: {info.get('State', '?')}, pid {info.get('Pid') or 'none'}"
+            if self.pg is not None:
+                key = f"CPU_group_{self.bundle_indices[self.ids.index(i)]}_{self.pg.id.hex()}"
+                text += f", {ray.available_resources().get(key, 0.0):g} CPUs free in its bundle"
+            return text
+        except Exception as e:  # noqa: BLE001 - a diagnostic only
+            return f"Ray's view unavailable: {type(e).__name__}"
 
     def _wait(self, refs: list[Any], timeout_s: float | None) -> None:
         """Wait until every one of ``refs`` is done or dropped, at most ``timeout_s`` (None: no
