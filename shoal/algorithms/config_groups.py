@@ -57,7 +57,10 @@ class AsyncSamplingKeys(Section):
     num_sgd_iter: int = Field(1, ge=1, description="Times the learner learns on each train batch.")
     max_requests_in_flight_per_worker: int = Field(2, ge=1, description="Sample requests kept open per rollout actor.")
     broadcast_interval: int = Field(
-        1, ge=1, description="Learner updates between weight broadcasts to the rollout actors."
+        1,
+        ge=1,
+        description="Learner updates between weight broadcasts to the rollout actors (each actor gets the "
+        "new weights with its next sample request).",
     )
 
     def fragment_length(self) -> int:

@@ -46,9 +46,35 @@ from shoal.rollout.postprocessing import sequence_postprocess
 WAIT_S = 0.02  # longest a training step blocks on sample results or learner results
 
 
+class LatestWeights:
+    """The rollout actors' latest weights: published once per version (one object-store put) and
+    sent to each actor with its next sample request, not to every actor at each broadcast. A
+    broadcast then costs the driver nothing per actor, and each request at most one extra call,
+    whatever the number of actors (``benchmarks/driver_scaling.py`` measures it)."""
+
+    def __init__(self, group) -> None:
+        self.group = group
+        self.version = 0
+        self.calls: list[tuple[str, tuple]] = []  # what an actor is sent: set_weights, the normalizer's
+        self.sent: dict[int, tuple[int, int]] = {}  # actor id -> (its generation, the version it was sent)
+
+    def publish(self, calls: list[tuple[str, tuple]]) -> None:
+        self.version += 1
+        self.calls = calls
+
+    def due(self, actor_id: int) -> list[tuple[str, tuple]]:
+        """The calls actor ``actor_id`` has not had yet (a recreated actor is sent them again)."""
+        mark = (self.group.generation(actor_id), self.version)
+        if not self.calls or self.sent.get(actor_id) == mark:
+            return []
+        self.sent[actor_id] = mark
+        return self.calls
+
+
 class AsyncPipeline:
     def __init__(self, env_runners, thread, *, train_batch_size: int, broadcast_interval: int) -> None:
         self.env_runners = env_runners
+        self.latest = LatestWeights(env_runners)
         self.thread = thread
         self.train_batch_size = train_batch_size
         self.broadcast_interval = broadcast_interval
@@ -71,7 +97,7 @@ class AsyncPipeline:
         if self.thread.ident is None:
             self.thread.start()
         if not self.thread.inqueue.full():
-            self.env_runners.submit("sample")
+            self.env_runners.submit("sample", prelude=self.latest.due)
         return [r for _, r in self.env_runners.fetch_ready(timeout_s=WAIT_S)]
 
     def enqueue(self, sampled: list[Any]) -> None:
@@ -123,12 +149,17 @@ class AsyncPipeline:
         return out
 
     def _cut(self, pid) -> list[Batch]:
-        size, out = self.train_batch_size, []
-        while self.pending_rows[pid] >= size:
-            joined = Batch.concat(self.pending[pid])
-            out.append(joined.slice(0, size))
-            rest = joined.slice(size, len(joined))
-            self.pending[pid], self.pending_rows[pid] = ([rest] if len(rest) else []), len(rest)
+        """Every full train batch of ``pid``'s pending rows: one concatenation, then slices (each
+        row is copied once however many batches a step cuts: with hundreds of actors, a step
+        can take in hundreds of sequences)."""
+        size = self.train_batch_size
+        if self.pending_rows[pid] < size:
+            return []
+        joined = Batch.concat(self.pending[pid])
+        full = len(joined) // size
+        out = [joined.slice(k * size, (k + 1) * size) for k in range(full)]
+        rest = joined.slice(full * size, len(joined))
+        self.pending[pid], self.pending_rows[pid] = ([rest] if len(rest) else []), len(rest)
         return out
 
 
@@ -159,6 +190,17 @@ class AsyncAlgorithm(Algorithm):
     def get_weights(self):
         with self.thread.hold():  # never a half-applied update
             return super().get_weights()
+
+    def broadcast_weights(self, groups=None) -> None:
+        """The rollout actors' weights (and the normalizer's statistics) are published, one put, and
+        reach each actor with its next sample request (:class:`LatestWeights`); other groups get
+        them at once."""
+        if groups is not None:
+            super().broadcast_weights(groups)
+            return
+        ref = self.env_runners.put(self.get_weights())
+        self._weights_ref = ref  # what a recreated actor is sent
+        self.pipeline.latest.publish([("set_weights", (ref,)), *self.normalizer_calls()])
 
     def train(self) -> dict[str, Any]:
         return {**super().train(), **self.thread.stats()}

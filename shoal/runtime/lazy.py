@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from shoal.runtime.local import ActorGroupBase
+from shoal.runtime.local import ActorGroupBase, Prelude
 
 
 class LazyActorGroup(ActorGroupBase):
@@ -104,8 +104,10 @@ class LazyActorGroup(ActorGroupBase):
         return self.start().foreach(method, *args, actor_ids=actor_ids, wait=wait, **kwargs)
 
     # ---- need the actors -----------------------------------------------------------------------
-    def submit(self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, **kwargs: Any) -> int:
-        return self.start().submit(method, *args, actor_ids=actor_ids, **kwargs)
+    def submit(
+        self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, prelude: Prelude = None, **kwargs: Any
+    ) -> int:
+        return self.start().submit(method, *args, actor_ids=actor_ids, prelude=prelude, **kwargs)
 
     def call(self, actor_id: int, method: str, *args: Any, **kwargs: Any) -> Any:
         return self.start().call(actor_id, method, *args, **kwargs)

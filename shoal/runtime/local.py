@@ -7,7 +7,10 @@ propagate (with no separate process there is nothing to restart).
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Optional
+
+# submit()'s prelude: actor id -> the calls [(method, args), ...] to send that actor before its request
+Prelude = Optional[Callable[[int], list[tuple[str, tuple]]]]
 
 
 class ActorGroupBase:
@@ -58,7 +61,12 @@ class ActorGroupBase:
     def call(self, actor_id: int, method: str, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
 
-    def submit(self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, **kwargs: Any) -> int:
+    def submit(
+        self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, prelude: Prelude = None, **kwargs: Any
+    ) -> int:
+        """Send ``method`` to each actor with fewer than ``max_in_flight`` requests open; the number
+        sent. ``prelude(actor_id)`` names calls ``[(method, args), ...]`` to send that actor just
+        before its request (e.g. the weights it has not had yet), so they arrive first."""
         raise NotImplementedError
 
     def fetch_ready(self, timeout_s: float | None = 0.0) -> list[tuple[int, Any]]:
@@ -111,11 +119,15 @@ class LocalActorGroup(ActorGroupBase):
     def call(self, actor_id: int, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.actors[actor_id], method)(*args, **kwargs)
 
-    def submit(self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, **kwargs: Any) -> int:
+    def submit(
+        self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, prelude: Prelude = None, **kwargs: Any
+    ) -> int:
         n = 0
         for i in list(actor_ids) if actor_ids is not None else list(self.actors):
             if self._in_flight[i] >= self.max_in_flight:
                 continue
+            for before, before_args in prelude(i) if prelude else []:
+                getattr(self.actors[i], before)(*before_args)
             self._ready.append((i, getattr(self.actors[i], method)(*args, **kwargs)))
             self._in_flight[i] += 1
             n += 1

@@ -13,7 +13,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from shoal.errors import ActorLostError, DivergenceError, NonFiniteEnvError, WorkerError
 from shoal.runtime import deadline
 from shoal.runtime.cluster import check_raylet, release, reserve
-from shoal.runtime.local import ActorGroupBase
+from shoal.runtime.local import ActorGroupBase, Prelude
 from shoal.runtime.resources import ActorResources
 from shoal.runtime.restarts import RestartBudget
 
@@ -114,6 +114,16 @@ class RayActorGroup(ActorGroupBase):
 
     def _create(self, i: int):
         check_raylet()
+        actor = self._launch(i)
+        self._probes[i] = actor.__ray_ready__.remote()  # done once the actor is constructed
+        self._created_at[i] = time.monotonic()
+        self._up_at.pop(i, None)
+        self._answered_at.pop(i, None)
+        return actor
+
+    def _launch(self, i: int):
+        """A new Ray actor for slot ``i``, in its bundle, constructed with ``ctor(i)``; its handle.
+        (The driver-scaling benchmark overrides this to stand synthetic actors in.)"""
         args, kwargs = self.ctor(i)
         opts: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus, "max_restarts": 0}
         if self.pg is not None:
@@ -122,12 +132,7 @@ class RayActorGroup(ActorGroupBase):
             )
         elif self.node_id is not None:
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=self.node_id, soft=False)
-        actor = self.remote_cls.options(**opts).remote(*args, **kwargs)
-        self._probes[i] = actor.__ray_ready__.remote()  # done once the actor is constructed
-        self._created_at[i] = time.monotonic()
-        self._up_at.pop(i, None)
-        self._answered_at.pop(i, None)
-        return actor
+        return self.remote_cls.options(**opts).remote(*args, **kwargs)
 
     @property
     def actor_ids(self) -> list[int]:
@@ -364,8 +369,11 @@ class RayActorGroup(ActorGroupBase):
         return out[0]
 
     # ---- asynchronous -------------------------------------------------------------------
-    def submit(self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, **kwargs: Any) -> int:
-        """Send ``method`` to each actor with fewer than ``max_in_flight`` requests open."""
+    def submit(
+        self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, prelude: Prelude = None, **kwargs: Any
+    ) -> int:
+        """Send ``method`` to each actor with fewer than ``max_in_flight`` requests open (calls
+        ``prelude(i)`` names go to actor ``i`` first: Ray runs one caller's calls to an actor in order)."""
         counts: dict[int, int] = {}
         for aid, *_ in self._in_flight.values():
             counts[aid] = counts.get(aid, 0) + 1
@@ -373,6 +381,8 @@ class RayActorGroup(ActorGroupBase):
         for i in list(actor_ids) if actor_ids is not None else list(self.actors):
             if counts.get(i, 0) >= self.max_in_flight:
                 continue
+            for before, before_args in prelude(i) if prelude else []:
+                getattr(self.actors[i], before).remote(*before_args)
             self._send(i, method, *args, **kwargs)
             n += 1
         return n
