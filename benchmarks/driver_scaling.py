@@ -1,12 +1,13 @@
 """How one driver scales with its rollout actors, by simulation: 8 to 256 synthetic actors.
 
-    python benchmarks/driver_scaling.py [--algos impala,appo,ppo] [--actors 8,32,128,256]
+    python benchmarks/driver_scaling.py [--algos impala,appo,ppo,apex] [--actors 8,32,128,256]
                                         [--shape pong|cartpole] [--rate 100] [--seconds 20]
                                         [--learner-rate 25000] [--png driver_scaling.png]
 
-The real drivers of IMPALA, APPO and PPO (their training step, actor group, pipeline and weight
-broadcasts, unchanged) run against *virtual* rollout actors: a few host processes (Ray actors)
-each stand in for many actors and answer every ``sample`` request with one pre-built fragment
+The real drivers of IMPALA, APPO, PPO and Ape-X (their training step, actor group, pipeline,
+weight broadcasts and, for Ape-X, two real replay shards, unchanged) run against *virtual*
+rollout actors: a few host processes (Ray actors) each stand in for many actors and answer
+every ``sample`` request (Ape-X: ``sample_into_replay``) with one pre-built fragment
 (a real one, sampled once from the env at the start: Pong-shaped uint8 rows at 84x84, or
 CartPole rows), paced so that all actors together offer ``--rate`` fragments per second
 whatever their number. No env steps and no inference run in them. The learner is a stub that
@@ -68,13 +69,17 @@ class FragmentHost:
 
     def __init__(self, sample_result: Any, period_s: float) -> None:
         self.batch, self.metrics = sample_result
+        self.priorities = self.batch.data.pop("priorities", None)  # Ape-X's initial priorities
         self.period_s = period_s
         self.next_due: dict[int, float] = {}
         self.calls: dict[str, int] = {}
+        self.shards: dict[int, list] = {}  # Ape-X: each actor's replay shard proxies
 
     async def call(self, vid: int, method: str, *args: Any, **kwargs: Any) -> Any:
         self.calls[method] = self.calls.get(method, 0) + 1
-        if method != "sample":
+        if method == "set_shards":
+            self.shards[vid] = list(args[0])
+        if method not in ("sample", "sample_into_replay"):
             return None
         now = time.monotonic()
         due = max(now, self.next_due.get(vid, now + (vid * 0.618 % 1.0) * self.period_s))
@@ -82,7 +87,13 @@ class FragmentHost:
         if due > now:
             await asyncio.sleep(due - now)
         m = self.metrics
-        return self.batch, type(m)(env_steps=m.env_steps, worker_index=vid)
+        metrics = type(m)(env_steps=m.env_steps, worker_index=vid)
+        if method == "sample":
+            return self.batch, metrics
+        shards = self.shards.get(vid)  # Ape-X: the fragment goes to a replay shard, the driver gets metrics
+        if shards:
+            shards[(vid + int(now * 1000)) % len(shards)].add(self.batch, self.priorities)
+        return metrics
 
     def counts(self) -> dict[str, int]:
         return dict(self.calls)
@@ -140,6 +151,10 @@ def base_config(algo: str, shape: str, num_actors: int) -> dict[str, Any]:
     }
     if algo in ("impala", "appo"):
         cfg["train_batch_size"] = 256  # 8 fragments per learner update
+    elif algo == "apex":  # fragments go to 2 replay shards; replayed batches of 64 come back through the driver
+        cfg.update(replay_capacity=20_000, learning_starts=2_000, train_batch_size=64)
+        cfg["resources"].update(num_replay_shards=2, replay_shard_cpus=0.25)
+        cfg["model"] = {"torso": "nature_cnn"} if shape == "pong" else {"hiddens": [64, 64]}
     else:  # ppo: one fragment from every actor per iteration
         cfg.update(train_batch_size=32 * num_actors, minibatch_size=min(256, 32 * num_actors), num_sgd_iter=1)
     return cfg
@@ -161,13 +176,15 @@ def sample_once(algo_name: str, shape: str) -> Any:
 
 def stub_learners(algo, rows_per_s: float) -> None:
     """Each policy learner consumes a minibatch in rows / ``rows_per_s`` seconds, training nothing."""
+    import torch
+
     for _, pl in algo.policies:
         learner = pl.learner
 
         def update_minibatch(tensors, _learner=learner):
             rows = len(next(iter(tensors.values())))
             time.sleep(rows / rows_per_s)
-            return {}
+            return {"td_error": torch.ones(rows)}  # what Ape-X's priority update reads
 
         learner.update_minibatch = update_minibatch
 
@@ -201,7 +218,8 @@ def run_one(algo_name: str, n: int, args, sample_result, bytes_per_fragment: int
     try:
         if not args.real_learner:
             stub_learners(algo, args.learner_rate)
-        thread = getattr(algo, "pipeline", None) and algo.pipeline.thread
+        # the learner thread, whose CPU is not the driver's: IMPALA's and APPO's pipeline's, Ape-X's own
+        thread = algo.pipeline.thread if hasattr(algo, "pipeline") else getattr(algo, "learner_thread", None)
         t_end = time.monotonic() + args.warmup_s
         while time.monotonic() < t_end:
             algo.train()
@@ -236,6 +254,8 @@ def run_one(algo_name: str, n: int, args, sample_result, bytes_per_fragment: int
             r = algo.train()
             if "learner_idle_fraction" in r:  # over the iteration
                 idle.append(r["learner_idle_fraction"])
+            elif r.get("learner_busy_fraction") is not None:  # Ape-X's
+                idle.append(1.0 - r["learner_busy_fraction"])
         if profile is not None:
             import io
             import pstats
@@ -307,7 +327,7 @@ def draw(runs: list[dict], path: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--algos", default="impala,appo,ppo")
+    p.add_argument("--algos", default="impala,appo,ppo,apex")
     p.add_argument("--actors", default="8,32,128,256")
     p.add_argument("--shape", choices=sorted(SHAPES), default="pong")
     p.add_argument("--rate", type=float, default=100.0, help="fragments/s all actors together offer")
