@@ -5,7 +5,7 @@
                                         [--learner-rate 25000] [--png driver_scaling.png]
 
 The real drivers of IMPALA, APPO, PPO and Ape-X (their training step, actor group, pipeline,
-weight broadcasts and, for Ape-X, two real replay shards, unchanged) run against *virtual*
+weight broadcasts and, for Ape-X, real replay shards (``--shards``), unchanged) run against *virtual*
 rollout actors: a few host processes (Ray actors) each stand in for many actors and answer
 every ``sample`` request (Ape-X: ``sample_into_replay``) with one pre-built fragment
 (a real one, sampled once from the env at the start: Pong-shaped uint8 rows at 84x84, or
@@ -140,7 +140,7 @@ def install_virtual_actors(hosts: list[Any]) -> None:
 
 
 # ---- one run -------------------------------------------------------------------------------------
-def base_config(algo: str, shape: str, num_actors: int) -> dict[str, Any]:
+def base_config(algo: str, shape: str, num_actors: int, shards: int = 2) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "env": SHAPES[shape]["env"],
         "model": SHAPES[shape]["model"],
@@ -151,9 +151,9 @@ def base_config(algo: str, shape: str, num_actors: int) -> dict[str, Any]:
     }
     if algo in ("impala", "appo"):
         cfg["train_batch_size"] = 256  # 8 fragments per learner update
-    elif algo == "apex":  # fragments go to 2 replay shards; replayed batches of 64 come back through the driver
+    elif algo == "apex":  # fragments go to the replay shards; replayed batches of 64 come back through the driver
         cfg.update(replay_capacity=20_000, learning_starts=2_000, train_batch_size=64)
-        cfg["resources"].update(num_replay_shards=2, replay_shard_cpus=0.25)
+        cfg["resources"].update(num_replay_shards=shards, replay_shard_cpus=0.5 / shards)
         cfg["model"] = {"torso": "nature_cnn"} if shape == "pong" else {"hiddens": [64, 64]}
     else:  # ppo: one fragment from every actor per iteration
         cfg.update(train_batch_size=32 * num_actors, minibatch_size=min(256, 32 * num_actors), num_sgd_iter=1)
@@ -214,7 +214,7 @@ def run_one(algo_name: str, n: int, args, sample_result, bytes_per_fragment: int
     hosts = [remote_host.remote(shared, period) for _ in range(num_hosts)]
     ray.get([h.counts.remote() for h in hosts])
     install_virtual_actors(hosts)
-    algo = get_config_class(algo_name)(**base_config(algo_name, args.shape, n)).build()
+    algo = get_config_class(algo_name)(**base_config(algo_name, args.shape, n, args.shards)).build()
     try:
         if not args.real_learner:
             stub_learners(algo, args.learner_rate)
@@ -334,6 +334,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=20.0, help="measured seconds per run")
     p.add_argument("--warmup-s", type=float, default=5.0)
     p.add_argument("--hosts", type=int, default=2, help="processes the virtual actors live in")
+    p.add_argument("--shards", type=int, default=2, help="Ape-X's replay shards (real ones)")
     p.add_argument("--learner-rate", type=float, default=25000.0, help="rows/s the stub learner consumes")
     p.add_argument("--real-learner", action="store_true", help="train the real network instead of the stub")
     p.add_argument("--actor-fragments-per-s", type=float, default=REAL_PONG_FRAGMENTS_PER_S)
