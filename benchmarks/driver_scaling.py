@@ -99,6 +99,16 @@ class FragmentHost:
         return dict(self.calls)
 
 
+class VirtualMethod:
+    """``handle.method`` of a virtual actor: ``.remote(...)`` calls its host."""
+
+    def __init__(self, host: Any, vid: int, method: str) -> None:
+        self.host, self.vid, self.method = host, vid, method
+
+    def remote(self, *args: Any, **kwargs: Any):
+        return self.host.call.remote(self.vid, self.method, *args, **kwargs)
+
+
 class VirtualHandle:
     """What the driver's actor group holds for one virtual actor: ``handle.method.remote(...)``
     becomes ``host.call.remote(vid, "method", ...)``."""
@@ -106,17 +116,10 @@ class VirtualHandle:
     def __init__(self, host: Any, vid: int) -> None:
         self.host, self.vid = host, vid
 
-    def __getattr__(self, method: str):
+    def __getattr__(self, method: str) -> VirtualMethod:
         if method.startswith("__") and method != "__ray_ready__":
             raise AttributeError(method)
-        host, vid = self.host, self.vid
-
-        class _Method:
-            @staticmethod
-            def remote(*args: Any, **kwargs: Any):
-                return host.call.remote(vid, method, *args, **kwargs)
-
-        return _Method
+        return VirtualMethod(self.host, self.vid, method)
 
 
 def install_virtual_actors(hosts: list[Any]) -> None:
@@ -178,15 +181,13 @@ def stub_learners(algo, rows_per_s: float) -> None:
     """Each policy learner consumes a minibatch in rows / ``rows_per_s`` seconds, training nothing."""
     import torch
 
+    def update_minibatch(tensors):
+        rows = len(next(iter(tensors.values())))
+        time.sleep(rows / rows_per_s)
+        return {"td_error": torch.ones(rows)}  # what Ape-X's priority update reads
+
     for _, pl in algo.policies:
-        learner = pl.learner
-
-        def update_minibatch(tensors, _learner=learner):
-            rows = len(next(iter(tensors.values())))
-            time.sleep(rows / rows_per_s)
-            return {"td_error": torch.ones(rows)}  # what Ape-X's priority update reads
-
-        learner.update_minibatch = update_minibatch
+        pl.learner.update_minibatch = update_minibatch
 
 
 def thread_cpu_s(native_id: int | None) -> float:
