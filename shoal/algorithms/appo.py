@@ -32,17 +32,19 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from shoal.algorithms.config_groups import (
     ASYNC_PER_RUN_KEYS,
     AsyncSamplingKeys,
     ClipTargetKeys,
     KLPenaltyKeys,
+    LearnerGroupResources,
     LearnerThreadKeys,
     MultiAgentKeys,
     VTraceKeys,
     check_kl_against_target,
+    check_learner_group,
     check_learner_thread,
     check_multi_agent,
     check_whole_sequences,
@@ -69,10 +71,15 @@ class APPOConfig(
     mutable_keys = AlgorithmConfig.mutable_keys | {"vf_loss_coeff", "entropy_coeff", "clip_param", "kl_target"}
     lstm_sequences = "fragments"
 
+    resources: LearnerGroupResources = Field(
+        default_factory=LearnerGroupResources, description="Where things run: rollout actors and learners."
+    )
+
     @model_validator(mode="after")
     def _check_appo(self):
         check_whole_sequences(self)
         check_learner_thread(self)
+        check_learner_group(self)
         check_kl_against_target(self)
         check_multi_agent(self, ASYNC_PER_RUN_KEYS)
         return self
@@ -205,7 +212,8 @@ class APPO(AsyncAlgorithm):
             only = self.policies.only
             self.target, self.kl = only.target, only.kl
 
-    def _policy_learner(self, cfg, obs_space, action_space, seed: Optional[int] = None):
+    @classmethod
+    def _policy_learner(cls, cfg, obs_space, action_space, seed: Optional[int] = None, **learner_kwargs):
         """One policy's learner, with its target network: refreshed by the learner's post-update hook
         every ``target_update_frequency`` updates."""
         return make_async_policy_learner(
@@ -215,7 +223,18 @@ class APPO(AsyncAlgorithm):
             seed,
             lambda c, target, kl: APPOLoss.from_config(c, target=target, kl=kl),
             target_period=cfg.target_update_frequency,
+            **learner_kwargs,
         )
+
+    def _after_update(self, pid, stats: dict[str, Any]) -> None:
+        """A policy's KL coefficient moves on a learner result; a learner group's members move their
+        own (on their own measurements: the averaged gradients keep the replicas equal), and the
+        driver's copy mirrors learner 0's."""
+        pl = self.policies[pid]
+        if self.learner_group is None:
+            pl.after_update(stats)
+        elif "kl_coeff" in stats:
+            pl.kl.coeff = float(stats["kl_coeff"])
 
     def training_step(self) -> dict[str, Any]:
         p = self.pipeline
@@ -232,7 +251,7 @@ class APPO(AsyncAlgorithm):
             for result in results:
                 self.counters["env_steps_trained"] += result.env_steps
                 for pid, stats in self.policies.split_stats(result.stats).items():
-                    self.policies[pid].after_update(stats)
+                    self._after_update(pid, stats)
         with self.timers.time(Phase.SYNC):
             if p.broadcast_due():
                 p.broadcast_done()

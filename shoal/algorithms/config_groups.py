@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 from pydantic import Field, model_validator
 
-from shoal.config import Section
+from shoal.config import ResourcesConfig, Section
 
 DEFAULT_SEQUENCE_LENGTH = 50  # V-trace's T when rollout_fragment_length is "auto"
 
@@ -67,6 +67,33 @@ class AsyncSamplingKeys(Section):
         """Steps per env per sample request: the V-trace sequence length T."""
         frag = self.rollout_fragment_length
         return frag if isinstance(frag, int) else DEFAULT_SEQUENCE_LENGTH
+
+
+class LearnerGroupResources(ResourcesConfig):
+    """IMPALA's and APPO's resources: the rollout actors', and the learner group's."""
+
+    num_learners: int = Field(
+        1,
+        ge=1,
+        description="Learner processes training data parallel (gradients all-reduced over torch.distributed: "
+        "gloo on CPUs, NCCL on whole GPUs); 1: the learner thread in the driver. With more, each is a Ray actor, "
+        "train_batch_size is split between them and rollout fragments reach them by object reference.",
+    )
+    num_cpus_per_learner: float = Field(1.0, gt=0, description="CPUs each learner process reserves (num_learners > 1).")
+    num_gpus_per_learner: float = Field(
+        0.0, ge=0, description="GPUs each learner process reserves (num_learners > 1); 0 trains on its CPUs."
+    )
+    learner_collective_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="num_learners > 1: how long a learner waits in a gradient all-reduce (and the group's "
+        "rendezvous) for its peers before the round counts as failed and the group is re-formed.",
+    )
+
+    def learner_backend(self) -> str:
+        """The learner group's torch.distributed backend: NCCL when each learner has a whole GPU, else gloo
+        (which all-reduces GPU gradients through the host when learners share a GPU)."""
+        return "nccl" if self.num_gpus_per_learner >= 1 else "gloo"
 
 
 class LearnerThreadKeys(Section):
@@ -199,6 +226,44 @@ def check_learner_thread(cfg) -> None:
             f"{', '.join(f'{k} ({v})' for k, v in stacks.items())}: settings of the multi-device learner, "
             "which runs only with several devices or a GPU (num_learner_devices, resources.num_gpus); "
             "the single-device learner thread uses minibatch_buffer_size instead"
+        )
+
+
+def check_learner_group(cfg) -> None:
+    """``resources.num_learners`` > 1: what the learner group needs (see :mod:`shoal.algorithms.learner_group`)."""
+    res = cfg.resources
+    K = res.num_learners
+    if K == 1:
+        return
+    why = f"resources.num_learners={K} (a learner group)"
+    if res.num_workers < 1:
+        raise ValueError(
+            f"{why} needs remote rollout actors (resources.num_workers >= 1): their fragments go to the "
+            "learners by object reference, which the driver's own sampling (num_workers=0) has none of"
+        )
+    if getattr(cfg, "multi_agent", None) is not None:
+        raise ValueError(
+            f"{why} trains one policy; a multi_agent section's policies learn in the driver (num_learners: 1)"
+        )
+    if res.num_gpus > 0:
+        raise ValueError(
+            f"{why}: the driver does not train, so resources.num_gpus ({res.num_gpus:g}) would go unused; "
+            "give each learner its GPU with resources.num_gpus_per_learner"
+        )
+    if cfg.num_learner_devices not in (None, 1) or cfg.fake_devices:
+        raise ValueError(
+            f"{why}: each learner trains on one device; num_learner_devices and fake_devices are settings of "
+            "the multi-device learner in the driver (num_learners: 1)"
+        )
+    g = res.num_gpus_per_learner
+    if g > 1:
+        raise ValueError(f"{why}: resources.num_gpus_per_learner ({g:g}) above 1; each learner trains on one GPU")
+    frag = cfg.fragment_length() * res.num_envs_per_worker
+    if cfg.train_batch_size % (K * frag):
+        raise ValueError(
+            f"{why}: train_batch_size ({cfg.train_batch_size}) must split into whole rollout fragments "
+            f"for each learner: a multiple of num_learners x rollout_fragment_length x "
+            f"resources.num_envs_per_worker = {K} x {cfg.fragment_length()} x {res.num_envs_per_worker} = {K * frag}"
         )
 
 

@@ -19,14 +19,16 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from shoal.algorithms.config_groups import (
     ASYNC_PER_RUN_KEYS,
     AsyncSamplingKeys,
+    LearnerGroupResources,
     LearnerThreadKeys,
     MultiAgentKeys,
     VTraceKeys,
+    check_learner_group,
     check_learner_thread,
     check_multi_agent,
     check_whole_sequences,
@@ -49,10 +51,15 @@ class IMPALAConfig(VTraceKeys, AsyncSamplingKeys, LearnerThreadKeys, MultiAgentK
     mutable_keys = AlgorithmConfig.mutable_keys | {"vf_loss_coeff", "entropy_coeff"}
     lstm_sequences = "fragments"
 
+    resources: LearnerGroupResources = Field(
+        default_factory=LearnerGroupResources, description="Where things run: rollout actors and learners."
+    )
+
     @model_validator(mode="after")
     def _check_impala(self):
         check_whole_sequences(self)
         check_learner_thread(self)
+        check_learner_group(self)
         check_multi_agent(self, ASYNC_PER_RUN_KEYS)
         return self
 
@@ -123,9 +130,10 @@ class IMPALA(AsyncAlgorithm):
     config_cls = IMPALAConfig
     config: IMPALAConfig
 
-    def _policy_learner(self, cfg, obs_space, action_space, seed: Optional[int] = None):
+    @classmethod
+    def _policy_learner(cls, cfg, obs_space, action_space, seed: Optional[int] = None, **learner_kwargs):
         return make_async_policy_learner(
-            cfg, obs_space, action_space, seed, lambda c, target, kl: IMPALALoss.from_config(c)
+            cfg, obs_space, action_space, seed, lambda c, target, kl: IMPALALoss.from_config(c), **learner_kwargs
         )
 
     def training_step(self) -> dict[str, Any]:

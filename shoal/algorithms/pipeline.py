@@ -33,6 +33,7 @@ from collections import defaultdict
 from typing import Any, Optional
 
 from shoal.algorithms.base import Algorithm
+from shoal.algorithms.learner_group import GroupLearner, LearnerGroup
 from shoal.algorithms.policies import PolicySet, build_policy_module
 from shoal.batch import Batch, Col
 from shoal.learn import resolve_device
@@ -42,6 +43,8 @@ from shoal.learn.threads import LearnerResult
 from shoal.models import build_actor_critic
 from shoal.rollout import ActorCriticPolicy
 from shoal.rollout.postprocessing import sequence_postprocess
+from shoal.runtime import make_actor_group
+from shoal.runtime.placement import BundleGroup
 
 WAIT_S = 0.02  # longest a training step blocks on sample results or learner results
 
@@ -163,6 +166,37 @@ class AsyncPipeline:
         return out
 
 
+class RefPipeline(AsyncPipeline):
+    """The pipeline of a learner group (``resources.num_learners`` > 1): rollout fragments stay in
+    the object store and ``pending`` holds their references; every ``train_batch_size`` rows'
+    worth becomes one round, ``train_batch_size / num_learners`` rows for each learner
+    (:class:`~shoal.algorithms.learner_group.LearnerGroup`, in ``thread``'s place). A round waits
+    while some learner has no room: the group never drops a batch, sampling pauses instead."""
+
+    def __init__(
+        self, env_runners, group, *, train_batch_size: int, broadcast_interval: int, fragment_rows: int, sampled_steps
+    ) -> None:
+        super().__init__(env_runners, group, train_batch_size=train_batch_size, broadcast_interval=broadcast_interval)
+        self.per_learner = train_batch_size // (group.num_learners * fragment_rows)  # fragments
+        self.sampled_steps = sampled_steps  # () -> env steps sampled so far (the learners' lr schedule)
+        self.refs: list[Any] = []
+
+    def sample(self) -> list[tuple[Any, Any]]:
+        """(fragment reference, metrics) of the fragments that are ready."""
+        if self.thread.ident is None:
+            self.thread.start()
+        if not self.thread.full():
+            self.env_runners.submit("sample", prelude=self.latest.due, data_by_ref=True)
+        return [r for _, r in self.env_runners.fetch_ready(timeout_s=WAIT_S)]
+
+    def enqueue(self, sampled: list[Any]) -> None:
+        self.refs.extend(sampled)
+        K, n = self.thread.num_learners, self.per_learner
+        while len(self.refs) >= K * n and not self.thread.full():
+            take, self.refs = self.refs[: K * n], self.refs[K * n :]
+            self.thread.add([take[k * n : (k + 1) * n] for k in range(K)], self.sampled_steps())
+
+
 # ---- the algorithm around the pipeline (IMPALA and APPO) ----------------------------------------
 class AsyncAlgorithm(Algorithm):
     """IMPALA's and APPO's common part: each policy's learner (``_policy_learner``, the loss being
@@ -171,47 +205,146 @@ class AsyncAlgorithm(Algorithm):
 
     policies: PolicySet  # built by setup()
     policy_cls = ActorCriticPolicy
+    thread: Any  # the learner thread, or the LearnerGroup in its place (resources.num_learners > 1)
+    pipeline: AsyncPipeline
 
     def setup(self) -> None:
         self.policies = self.build_policies(self._policy_learner)
         if not self.is_multi_agent:
             self.learner = self.policies.only.learner
-        self.thread = make_learner_thread(self.policies.learners(), self.config)
         self.env_runners = make_sequence_runners(self)
-        self.pipeline = AsyncPipeline.from_config(self.env_runners, self.thread, self.config)
+        cfg: Any = self.config  # IMPALA's or APPO's
+        if self._num_learners() > 1:  # K learner processes; the driver keeps a copy of the policy
+            self.thread = self._make_learner_group()
+            self.pipeline = RefPipeline(
+                self.env_runners,
+                self.thread,
+                train_batch_size=cfg.train_batch_size,
+                broadcast_interval=cfg.broadcast_interval,
+                fragment_rows=cfg.fragment_length() * cfg.resources.num_envs_per_worker,
+                sampled_steps=lambda: int(self.counters["env_steps_sampled"]),
+            )
+        else:
+            self.thread = make_learner_thread(self.policies.learners(), cfg)
+            self.pipeline = AsyncPipeline.from_config(self.env_runners, self.thread, cfg)
         self.broadcast_weights()
 
-    def _policy_learner(self, cfg, obs_space, action_space, seed: Optional[int] = None) -> PolicyLearner:
+    @classmethod
+    def _policy_learner(
+        cls, cfg, obs_space, action_space, seed: Optional[int] = None, **learner_kwargs
+    ) -> PolicyLearner:
         raise NotImplementedError
+
+    # ---- the learner group (resources.num_learners > 1) ------------------------------------------
+    def _num_learners(self) -> int:
+        return int(getattr(self.config.resources, "num_learners", 1))
+
+    @property
+    def learner_group(self) -> Optional[LearnerGroup]:
+        """The learner processes when ``resources.num_learners`` > 1, else None (the thread here learns)."""
+        return self.thread if isinstance(self.thread, LearnerGroup) else None
+
+    @classmethod
+    def resource_plan(cls, config) -> list[BundleGroup]:
+        """The base plan, plus one bundle per learner process of a learner group."""
+        plan = super().resource_plan(config)
+        res = config.resources
+        if getattr(res, "num_learners", 1) > 1:
+            plan.append(
+                BundleGroup(
+                    "learner",
+                    res.num_learners,
+                    res.num_cpus_per_learner,
+                    res.num_gpus_per_learner,
+                    cpu_key="resources.num_cpus_per_learner",
+                )
+            )
+        return plan
+
+    def _make_learner_group(self) -> LearnerGroup:
+        cfg: Any = self.config  # IMPALA's or APPO's
+        info = self.env_info
+        res = cfg.resources
+
+        def make():
+            return make_actor_group(
+                GroupLearner,
+                res.num_learners,
+                lambda i: ((cfg, i, info.observation_space, info.action_space), {}),
+                remote=True,
+                resources=self.actor_resources(
+                    "learner", num_cpus=res.num_cpus_per_learner, num_gpus=res.num_gpus_per_learner
+                ),
+                max_in_flight=1 << 20,  # the group keeps its own count (LearnerGroup)
+                name="learner",
+                first_index=0,
+                about=f"{cfg.algo} learner",
+            )
+
+        return LearnerGroup(
+            make,
+            num_learners=res.num_learners,
+            queue_size=cfg.learner_queue_size,
+            local_state=lambda: self.policies.only.get_state(),
+            on_weights=self._publish_weights,
+            collective_timeout_s=res.learner_collective_timeout_s,
+        )
+
+    def _pull_learner_state(self) -> None:
+        """The driver's copy of the policy takes learner 0's state (weights, optimizer, target)."""
+        group = self.learner_group
+        if group is not None and group.started:
+            self.policies.only.set_state(group.call("get_state"))
+
+    def _publish_weights(self, ref) -> None:
+        self._weights_ref = ref  # what a recreated actor is sent
+        self.pipeline.latest.publish([("set_weights", (ref,)), *self.normalizer_calls()])
 
     def display_metrics(self) -> list[tuple[str, str]]:  # V-trace's mean importance ratio too
         return self.policies.display(super().display_metrics() + [("learner/mean_rho", "mean_rho")])
 
     def get_weights(self):
+        group = self.learner_group
+        if group is not None:
+            if group.started:
+                self.policies.only.set_weights(group.call("get_weights"))
+            return super().get_weights()
         with self.thread.hold():  # never a half-applied update
             return super().get_weights()
 
     def broadcast_weights(self, groups=None) -> None:
         """The rollout actors' weights (and the normalizer's statistics) are published, one put, and
         reach each actor with its next sample request (:class:`LatestWeights`); other groups get
-        them at once."""
+        them at once. A running learner group publishes learner 0's, which the driver never fetches."""
         if groups is not None:
             super().broadcast_weights(groups)
             return
-        ref = self.env_runners.put(self.get_weights())
-        self._weights_ref = ref  # what a recreated actor is sent
-        self.pipeline.latest.publish([("set_weights", (ref,)), *self.normalizer_calls()])
+        group = self.learner_group
+        if group is not None and group.started:
+            group.request_weights()
+            return
+        self._publish_weights(self.env_runners.put(self.get_weights()))
 
     def train(self) -> dict[str, Any]:
         return {**super().train(), **self.thread.stats()}
 
     def get_state(self) -> dict[str, Any]:
+        group = self.learner_group
+        if group is not None:
+            self._pull_learner_state()
+            return super().get_state()
         with self.thread.hold():
             return super().get_state()
 
     def set_state(self, state: dict[str, Any]) -> None:
-        with self.thread.hold():
+        group = self.learner_group
+        if group is not None:
             super().set_state(state)
+            if group.started:
+                group.set_state(self.policies.only.get_state())
+        else:
+            with self.thread.hold():
+                super().set_state(state)
         self.broadcast_weights()
 
     def stop(self) -> None:
@@ -250,13 +383,30 @@ def make_learner_thread(learner, config):
 
 
 def make_async_policy_learner(
-    cfg, obs_space, action_space, seed: Optional[int], make_loss: MakeLoss, *, target_period: Optional[int] = None
+    cfg,
+    obs_space,
+    action_space,
+    seed: Optional[int],
+    make_loss: MakeLoss,
+    *,
+    target_period: Optional[int] = None,
+    device: Any = None,
+    **learner_kwargs: Any,
 ) -> PolicyLearner:
-    """One policy's actor-critic learner on the first learner device (``make_loss(config, target=, kl=)``)."""
-    if not cfg.fake_devices:
+    """One policy's actor-critic learner (``make_loss(config, target=, kl=)``) on ``device``, by default
+    the first learner device; ``learner_kwargs`` go to :class:`PolicyLearner` (a learner group's
+    member passes ``learner_cls=DistributedLearner``)."""
+    if device is None and not cfg.fake_devices:
         resolve_device(cfg.resources.num_gpus)  # a clear ConfigError when GPUs are asked for but absent
     module = build_policy_module(build_actor_critic, obs_space, action_space, cfg.model, seed)
-    return PolicyLearner(module, cfg, make_loss, device=cfg.learner_devices()[0], target_period=target_period)
+    return PolicyLearner(
+        module,
+        cfg,
+        make_loss,
+        device=cfg.learner_devices()[0] if device is None else device,
+        target_period=target_period,
+        **learner_kwargs,
+    )
 
 
 def make_sequence_runners(algo: AsyncAlgorithm):

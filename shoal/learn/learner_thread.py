@@ -134,8 +134,12 @@ class LearnerThread(LearnerThreadBase):
         if item is None:
             return None
         self.queue_sizes.append(self.inqueue.qsize())
-        batch, env_steps = item if isinstance(item, tuple) else (item, None)
+        batch, env_steps = self.unpack(item)
         return (batch, *count_steps(batch, env_steps))
+
+    def unpack(self, item) -> tuple[Any, int | None]:
+        """An in-queue item as (batch, env_steps or None); a subclass may carry more in its items."""
+        return item if isinstance(item, tuple) else (item, None)
 
     def step(self) -> None:
         slot = self._ring[self._idx]

@@ -107,6 +107,7 @@ class RayActorGroup(ActorGroupBase):
         self._answered_at: dict[int, float] = {}  # actor id -> when its last answer was collected
         self.actors: dict[int, Any] = {i: self._create(i) for i in self.ids}
         self._in_flight: dict[Any, tuple[int, Any, str, float]] = {}  # ObjectRef -> (actor id, handle, method, sent at)
+        self._data_refs: dict[Any, Any] = {}  # a data_by_ref request's ref -> the ref of its data (left in the store)
         self.num_restarts = 0
         self.num_timeouts = 0
         self.num_dropped_requests = 0
@@ -195,6 +196,7 @@ class RayActorGroup(ActorGroupBase):
         for ref, (aid, *_) in list(self._in_flight.items()):
             if aid == i:
                 del self._in_flight[ref]
+                self._data_refs.pop(ref, None)
                 self.num_dropped_requests += 1
         self.num_restarts += 1
         self.generations[i] = self.generation(i) + 1
@@ -223,10 +225,14 @@ class RayActorGroup(ActorGroupBase):
         )
 
     # ---- waiting --------------------------------------------------------------------------
-    def _send(self, i: int, method: str, *args: Any, **kwargs: Any) -> Any:
+    def _send(self, i: int, method: str, *args: Any, data_by_ref: bool = False, **kwargs: Any) -> Any:
         check_raylet()
         handle = self.actors[i]
-        ref = getattr(handle, method).remote(*args, **kwargs)
+        if data_by_ref:  # (data, info): two objects, owned by this process; only ``info`` is fetched
+            data, ref = getattr(handle, method).options(num_returns=2).remote(*args, **kwargs)
+            self._data_refs[ref] = data
+        else:
+            ref = getattr(handle, method).remote(*args, **kwargs)
         self._in_flight[ref] = (i, handle, method, time.monotonic())
         return ref
 
@@ -237,8 +243,9 @@ class RayActorGroup(ActorGroupBase):
             return  # dropped by a restart
         i, handle = entry[:2]
         self._answered_at[i] = time.monotonic()
+        data = self._data_refs.pop(ref, None)
         try:
-            out[ref] = ray.get(ref)
+            out[ref] = ray.get(ref) if data is None else (data, ray.get(ref))
         except ray.exceptions.RayError as e:
             self._failed(i, handle, e)
 
@@ -370,10 +377,20 @@ class RayActorGroup(ActorGroupBase):
 
     # ---- asynchronous -------------------------------------------------------------------
     def submit(
-        self, method: str, *args: Any, actor_ids: Iterable[int] | None = None, prelude: Prelude = None, **kwargs: Any
+        self,
+        method: str,
+        *args: Any,
+        actor_ids: Iterable[int] | None = None,
+        prelude: Prelude = None,
+        data_by_ref: bool = False,
+        **kwargs: Any,
     ) -> int:
         """Send ``method`` to each actor with fewer than ``max_in_flight`` requests open (calls
-        ``prelude(i)`` names go to actor ``i`` first: Ray runs one caller's calls to an actor in order)."""
+        ``prelude(i)`` names go to actor ``i`` first: Ray runs one caller's calls to an actor in order).
+
+        ``data_by_ref``: ``method`` returns a pair ``(data, info)``; the result ``fetch_ready`` gives is
+        ``(ref of data, info)``, the data left in the object store for another actor to read (a
+        learner in the learner group) and never copied into this process."""
         counts: dict[int, int] = {}
         for aid, *_ in self._in_flight.values():
             counts[aid] = counts.get(aid, 0) + 1
@@ -383,7 +400,7 @@ class RayActorGroup(ActorGroupBase):
                 continue
             for before, before_args in prelude(i) if prelude else []:
                 getattr(self.actors[i], before).remote(*before_args)
-            self._send(i, method, *args, **kwargs)
+            self._send(i, method, *args, data_by_ref=data_by_ref, **kwargs)
             n += 1
         return n
 
@@ -415,6 +432,7 @@ class RayActorGroup(ActorGroupBase):
                 pass
         self.actors.clear()
         self._in_flight.clear()
+        self._data_refs.clear()
         if self.owns_pg:
             release(self.pg)
         self.pg = None

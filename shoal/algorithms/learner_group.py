@@ -1,0 +1,423 @@
+"""The learner group: IMPALA's and APPO's learner as K processes training data parallel.
+
+With ``resources.num_learners: K`` above 1 the driver no longer trains. K learner processes
+(Ray actors, each on ``num_cpus_per_learner`` CPUs and ``num_gpus_per_learner`` GPUs) each
+hold a replica of the policy and run the learner thread the single learner runs (the ring of
+``minibatch_buffer_size`` batches, each learned ``num_sgd_iter`` times); every SGD step
+averages the replicas' gradients with one all-reduce (torch.distributed: gloo on CPUs, NCCL
+when each learner has a whole GPU), so replicas that start equal stay equal.
+
+    rollout actors --(ref, metrics)--> driver --[refs] x K--> learner 0 .. K-1
+                                                               | all-reduce |
+    rollout actors <------ set_weights(ref) <------- learner 0's weights (by ref)
+
+- **Data by reference.** A rollout actor's fragment is left in the object store
+  (``submit(..., data_by_ref=True)``): the driver receives only the fragment's metrics and a
+  reference, cuts rounds of ``train_batch_size / fragment rows`` fragments, and hands each
+  learner ``train_batch_size / K`` rows' worth of references; the learner reads them from its
+  node's store. The driver never holds a fragment.
+- **Lockstep.** Every replica must take the same number of SGD steps, or one waits in an
+  all-reduce for a peer that never comes. So the driver sends batches only in rounds of one
+  per learner, and only while every learner has room for another (at most
+  ``learner_queue_size`` outstanding each): no learner's queue ever refuses a batch.
+- **Weights** are broadcast from learner 0: its weights stay in the object store, and the
+  rollout actors get the reference with their next sample request (as with one learner).
+  Checkpoints, evaluation and ``get_weights`` fetch learner 0's state when they need it.
+- **Faults.** A learner that dies (or hangs past ``request_timeout_s``) is recreated by its
+  actor group; its peers' all-reduce fails within ``learner_collective_timeout_s``. The driver
+  then re-forms the group, as DD-PPO does: a new process group over the survivors and the new
+  learner, every member given one survivor's state (weights, optimizer, target network),
+  queues emptied. What is lost is the batches in flight at that moment (counted in
+  ``num_learner_batches_lost``); when no learner survives, the group restarts from the
+  driver's copy (the state last fetched for a checkpoint, or the initial one).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Optional
+
+from shoal.batch import Batch
+from shoal.errors import WorkerError
+from shoal.learn.distributed import (
+    CollectiveError,
+    DistributedLearner,
+    destroy_process_group,
+    free_port,
+    init_process_group,
+    node_ip,
+)
+from shoal.learn.learner_thread import LearnerThread
+from shoal.learn.threads import LearnerResult
+from shoal.process import configure_process
+
+log = logging.getLogger("shoal.learner_group")
+
+
+# ---- one learner process ---------------------------------------------------------------------
+class _GroupThread(LearnerThread):
+    """The learner thread of a group member: each in-queue item carries the env steps sampled when
+    the driver sent it, so every replica moves its lr schedule at the same SGD step."""
+
+    def unpack(self, item) -> tuple[Any, Optional[int]]:
+        batch, sampled = item
+        for learner in self.learners.values():
+            learner.set_env_steps(sampled)
+        return batch, None
+
+
+class GroupLearner:
+    """One member of the learner group (a Ray actor): a policy replica with an all-reducing learner
+    and its own learner thread, fed batches of fragment references by the driver."""
+
+    def __init__(self, config, index: int, obs_space, action_space) -> None:
+        configure_process(config.resources)
+        self.config, self.index = config, index
+        res = config.resources
+        device = "cpu"
+        if res.num_gpus_per_learner > 0:
+            from shoal import runtime
+
+            device = runtime.assigned_cuda_device()
+        self.policy = config.algorithm_cls._policy_learner(
+            config, obs_space, action_space, None, learner_cls=DistributedLearner, device=device
+        )
+        self.learner: DistributedLearner = self.policy.learner
+        self.thread: Optional[_GroupThread] = None
+        self.epoch = 0  # the group formation this member's thread belongs to
+        self.num_lost_fragments = 0
+
+    # ---- the process group ---------------------------------------------------------------------
+    def rendezvous_address(self) -> tuple[str, int]:
+        return node_ip(), free_port()
+
+    def join_group(self, address: tuple[str, int], rank: int, world_size: int, epoch: int) -> int:
+        """Leave the old group (its thread and queued batches are dropped) and join a new one."""
+        self._end_thread()
+        res = self.config.resources
+        init_process_group(res.learner_backend(), address, rank, world_size, res.learner_collective_timeout_s)
+        cfg = self.config
+        self.thread = _GroupThread(
+            self.learner,
+            learner_queue_size=cfg.learner_queue_size + 1,  # the driver keeps at most learner_queue_size here
+            minibatch_buffer_size=cfg.minibatch_buffer_size,
+            num_sgd_iter=cfg.num_sgd_iter,
+            learner_queue_timeout=cfg.learner_queue_timeout,
+            name=f"shoal-learner-{rank}",
+        )
+        self.epoch = epoch
+        return rank
+
+    def _end_thread(self) -> None:
+        thread, self.thread = self.thread, None
+        if thread is not None and thread.ident is not None:
+            # a thread inside an all-reduce whose peer died ends when the collective times out
+            thread.stop(timeout_s=self.config.resources.learner_collective_timeout_s + 5.0)
+        destroy_process_group()
+
+    # ---- training ----------------------------------------------------------------------------
+    def add(self, refs: list, sampled_steps: int) -> None:
+        """Read the fragments (from this node's object store), join them into one train batch and
+        queue it. A fragment whose object was lost (its rollout actor's node died) is left out."""
+        import ray
+
+        assert self.thread is not None, "join_group first"
+        try:
+            parts = ray.get(refs)
+        except ray.exceptions.RayError:
+            parts = []
+            for ref in refs:
+                try:
+                    parts.append(ray.get(ref))
+                except ray.exceptions.RayError:
+                    self.num_lost_fragments += 1
+        if self.thread.ident is None:
+            self.thread.start()
+        if parts:
+            self.thread.offer((Batch.concat(parts), int(sampled_steps)))
+
+    def report(self) -> dict[str, Any]:
+        """The batches learned since the last report; ``error`` when the group's collective failed
+        (a peer died: the driver re-forms the group). Any other failure of the thread raises."""
+        thread = self.thread
+        out: dict[str, Any] = {"index": self.index, "epoch": self.epoch, "results": [], "error": None}
+        if thread is None:
+            return out
+        results = thread.drain()
+        for r in results:  # APPO's KL coefficient moves on each replica's own measurements
+            self.policy.after_update(r.stats)
+        out["results"] = results
+        out["num_updates"] = thread.num_updates
+        if isinstance(thread.error, CollectiveError):
+            out["error"] = f"learner {self.index}: {thread.error}"
+        elif thread.error is not None:
+            thread.check()  # raises: the actor's call fails and the driver recreates it
+        return out
+
+    def weights(self) -> tuple[dict, int]:
+        """(the weights, the updates they follow): the driver leaves the weights in the object store."""
+        if self.thread is None:
+            return self.learner.get_weights(), 0
+        with self.thread.hold():
+            return self.learner.get_weights(), self.thread.num_updates
+
+    def get_state(self) -> dict[str, Any]:
+        if self.thread is None:
+            return self.policy.get_state()
+        with self.thread.hold():
+            return self.policy.get_state()
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if self.thread is None:
+            self.policy.set_state(state)
+            return
+        with self.thread.hold():
+            self.policy.set_state(state)
+
+    def get_weights(self) -> dict:
+        return self.weights()[0]
+
+    def stats(self) -> dict[str, float]:
+        out = dict(self.thread.stats()) if self.thread is not None else {}
+        n = max(self.learner.num_allreduces, 1)
+        out["learner_allreduce_ms"] = 1000.0 * self.learner.allreduce_s / n
+        out["num_lost_fragments"] = float(self.num_lost_fragments)
+        out["num_nonfinite_updates_skipped"] = float(self.learner.num_nonfinite_skipped)
+        return out
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    def stop(self) -> None:
+        self._end_thread()
+
+
+# ---- the driver's side ---------------------------------------------------------------------------
+class LearnerGroup:
+    """The K learner processes as the driver sees them: what :class:`~shoal.algorithms.pipeline.AsyncPipeline`
+    asks of a learner thread (start, add, drain, num_updates, check, stats, stop), with rounds of
+    fragment references for batches.
+
+    ``local_state()`` gives the state a new group starts from (the driver's copy of the policy);
+    ``on_weights(ref)`` is called with each new reference to learner 0's weights.
+    """
+
+    def __init__(
+        self,
+        make_group: Callable[[], Any],
+        *,
+        num_learners: int,
+        queue_size: int,
+        local_state: Callable[[], dict],
+        on_weights: Callable[[Any], None],
+        collective_timeout_s: float,
+    ) -> None:
+        self.make_group = make_group
+        self.num_learners = num_learners
+        self.queue_size = queue_size
+        self.local_state = local_state
+        self.on_weights = on_weights
+        self.collective_timeout_s = collective_timeout_s
+        self.group: Any = None
+        self.ident: Optional[int] = None  # like a thread's: None until started
+        self.num_updates = 0  # SGD steps of the group (the replicas step together)
+        self.num_dropped = 0  # rounds refused because a learner had no room
+        self.num_regroups = 0
+        self.num_batches_lost = 0  # batches in flight when the group had to re-form
+        self.epoch = 0
+        self._members: dict[int, Any] = {}
+        self._formed_restarts = 0
+        self._failed = False
+        self._outstanding: dict[int, int] = {}  # learner -> batches sent and not yet reported learned
+        self._report_open: set[int] = set()
+        self._updates: dict[int, int] = {}  # learner -> SGD steps it last reported (this formation)
+        self._weights_asked = False
+        self._last_stats: dict[str, float] = {}
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self.group = self.make_group()
+        self._form(source=None)
+        self.ident = 1
+
+    def stop(self) -> None:
+        if self.group is not None:
+            self.group.stop()
+        self.group, self.ident = None, None
+
+    @property
+    def started(self) -> bool:
+        return self.group is not None
+
+    def _form(self, source: Optional[int]) -> None:
+        """A new process group over the current learners (learner 0's node hosts the rendezvous),
+        then one state for all: ``source``'s, or the driver's copy when None."""
+        group = self.group
+        self.epoch += 1
+        for _ in range(group.max_restarts + 1):
+            restarts = group.num_restarts
+            ids = sorted(group.actor_ids)
+            address = group.foreach("rendezvous_address", actor_ids=ids[:1])
+            if address:
+                refs = {i: r for r, i in enumerate(ids)}
+                for i in ids:  # every rank joins at once (each call waits for the others at the rendezvous)
+                    group.submit("join_group", address[0], refs[i], len(ids), self.epoch, actor_ids=[i])
+                joined = self._collect_joins(ids)
+            else:
+                joined = False
+            state = group.foreach("get_state", actor_ids=[source]) if source is not None else [self.local_state()]
+            if joined and group.num_restarts == restarts and state:
+                break
+            if source is not None and group.actors.get(source) is not self._members.get(source):
+                source = None
+        else:
+            raise WorkerError(f"could not form a learner group of {len(group)} learners")
+        ref = group.put(state[0])
+        group.foreach("set_state", ref, actor_ids=[i for i in ids if i != source])
+        self._members = dict(group.actors)
+        self._formed_restarts, self._failed = group.num_restarts, False
+        self._outstanding = {i: 0 for i in ids}
+        self._updates = {}
+        self._report_open.clear()
+        self._weights_asked = False
+
+    def _collect_joins(self, ids: list[int]) -> bool:
+        """Wait for every ``join_group`` answer (other answers still in flight are dropped with their epoch)."""
+        group = self.group
+        deadline = time.monotonic() + 2 * self.collective_timeout_s + 30
+        joined: set[int] = set()
+        restarts = group.num_restarts
+        while len(joined) < len(ids) and time.monotonic() < deadline and group.num_restarts == restarts:
+            for i, answer in group.fetch_ready(timeout_s=0.5):
+                if isinstance(answer, int):  # join_group's rank
+                    joined.add(i)
+                else:
+                    self._take(i, answer)
+        return len(joined) == len(ids)
+
+    # ---- what the pipeline asks --------------------------------------------------------------
+    def full(self) -> bool:
+        """Whether some learner has no room for another batch."""
+        return not self._outstanding or any(n >= self.queue_size for n in self._outstanding.values())
+
+    def add(self, rounds: list[list[Any]], sampled_steps: int) -> bool:
+        """Send learner k the fragment references ``rounds[k]``: one batch each, or none when a
+        learner has no room (counted in ``num_dropped``)."""
+        self._maybe_regroup()
+        if self.full():
+            self.num_dropped += 1
+            return False
+        for k, i in enumerate(sorted(self._outstanding)):
+            self.group.submit("add", rounds[k], int(sampled_steps), actor_ids=[i])
+            self._outstanding[i] += 1
+        return True
+
+    def drain(self, timeout_s: float = 0.0) -> list[LearnerResult]:
+        """The batches learned since the last call (every learner's), keeping one report request
+        open per learner; re-forms the group first if a learner died or a collective failed."""
+        self._maybe_regroup()
+        for i in sorted(self._outstanding):
+            if i not in self._report_open and self._outstanding[i] > 0:
+                self.group.submit("report", actor_ids=[i])
+                self._report_open.add(i)
+        out: list[LearnerResult] = []
+        for i, answer in self.group.fetch_ready(timeout_s=timeout_s):
+            out.extend(self._take(i, answer))
+        return out
+
+    def _take(self, i: int, answer: Any) -> list[LearnerResult]:
+        if isinstance(answer, tuple) and len(answer) == 2:  # learner 0's weights: (ref, updates)
+            ref, _ = answer
+            self._weights_asked = False
+            self.on_weights(ref)
+            return []
+        if not isinstance(answer, dict):  # add()'s None
+            return []
+        self._report_open.discard(i)
+        if answer["epoch"] != self.epoch:
+            return []  # from before the group re-formed: those batches were counted lost
+        results = answer["results"]
+        self._outstanding[i] = max(0, self._outstanding.get(i, 0) - len(results))
+        self._updates[i] = int(answer.get("num_updates", 0))
+        if i == min(self.group.actor_ids):
+            self.num_updates = max(self.num_updates, self._updates[i])
+        if answer["error"]:
+            log.warning("learner group: %s; re-forming the group", answer["error"].splitlines()[0][:200])
+            self._failed = True
+        return results
+
+    def wait_idle(self, timeout_s: float = 60.0) -> list[LearnerResult]:
+        """Wait, sending nothing new, until every replica has taken the same SGD steps and none takes
+        more (what is left in a ring of ``minibatch_buffer_size`` > 1 waits for the next batch);
+        returns the results that came in meanwhile (the caller counts them)."""
+        out: list[LearnerResult] = []
+        deadline, last = time.monotonic() + timeout_s, None
+        while time.monotonic() < deadline:
+            for i in self._outstanding:  # a fresh count from every learner, busy or not
+                if i not in self._report_open:
+                    self.group.submit("report", actor_ids=[i])
+                    self._report_open.add(i)
+            while self._report_open and time.monotonic() < deadline:
+                for i, answer in self.group.fetch_ready(timeout_s=0.1):
+                    out.extend(self._take(i, answer))
+            now = dict(self._updates)
+            if len(set(now.values())) == 1 and now == last:
+                break
+            last = now
+            time.sleep(0.2)
+        return out
+
+    def request_weights(self) -> None:
+        """Ask learner 0 for its weights; ``on_weights`` gets the reference when they are ready."""
+        if self.group is None or self._weights_asked:
+            return
+        self.group.submit("weights", actor_ids=[min(self.group.actor_ids)], data_by_ref=True)
+        self._weights_asked = True
+
+    def check(self) -> None:
+        """Failures surface through the actor group (restart budget) and drain's regrouping."""
+
+    def _maybe_regroup(self) -> None:
+        group = self.group
+        if group is None or not (self._failed or group.num_restarts != self._formed_restarts):
+            return
+        lost = sum(self._outstanding.values())
+        survivors = [i for i in sorted(group.actor_ids) if group.actors.get(i) is self._members.get(i)]
+        log.warning(
+            "learner group: re-forming over %d learners (%d survived); %d batches in flight are lost",
+            len(group.actor_ids),
+            len(survivors),
+            lost,
+        )
+        if not survivors:
+            log.warning("no learner survived: the group resumes from the driver's copy of the policy")
+        self.num_batches_lost += lost
+        self._form(source=survivors[0] if survivors else None)
+        self.num_regroups += 1
+
+    # ---- the learners' state -------------------------------------------------------------------
+    def call(self, method: str, *args: Any) -> Any:
+        """``method`` on learner 0 (whose state is the group's), its result."""
+        return self.group.call(min(self.group.actor_ids), method, *args)
+
+    def set_state(self, state: dict) -> None:
+        self.group.foreach("set_state", self.group.put(state))
+
+    def stats(self) -> dict[str, float]:
+        """Learner 0's thread statistics (busy fraction, queue) and the group's counters."""
+        if self.group is not None:
+            got = self.group.foreach("stats", actor_ids=[min(self.group.actor_ids)])
+            if got:
+                self._last_stats = got[0]
+        return {
+            **self._last_stats,
+            "num_updates": float(self.num_updates),
+            "num_learners": float(self.num_learners),
+            "num_learner_regroups": float(self.num_regroups),
+            "num_learner_restarts": float(self.group.num_restarts if self.group is not None else 0),
+            "num_learner_batches_lost": float(self.num_batches_lost),
+            "num_learner_rounds_dropped": float(self.num_dropped),
+        }
