@@ -100,13 +100,18 @@ class FragmentHost:
 
 
 class VirtualMethod:
-    """``handle.method`` of a virtual actor: ``.remote(...)`` calls its host."""
+    """``handle.method`` of a virtual actor: ``.remote(...)`` calls its host (``.options(num_returns=2)``
+    too: a learner group's sample requests leave the fragment in the object store)."""
 
-    def __init__(self, host: Any, vid: int, method: str) -> None:
-        self.host, self.vid, self.method = host, vid, method
+    def __init__(self, host: Any, vid: int, method: str, opts: dict | None = None) -> None:
+        self.host, self.vid, self.method, self.opts = host, vid, method, opts
+
+    def options(self, **opts: Any) -> "VirtualMethod":
+        return VirtualMethod(self.host, self.vid, self.method, opts)
 
     def remote(self, *args: Any, **kwargs: Any):
-        return self.host.call.remote(self.vid, self.method, *args, **kwargs)
+        call = self.host.call.options(**self.opts) if self.opts else self.host.call
+        return call.remote(self.vid, self.method, *args, **kwargs)
 
 
 class VirtualHandle:

@@ -25,6 +25,9 @@ The checks (``--only`` picks some):
   one each and NCCL (``ddppo_backend`` says which ran).
 - ``league_fractional_gpus``: an AlphaStar league whose two learning policies share one GPU in a
   remote learner shard.
+- ``learner_group``: APPO with two learner processes (``resources.num_learners: 2``): with two or
+  more GPUs one each and NCCL, with one GPU sharing it (0.5 each) over gloo
+  (``learner_group_backend`` says which); both must train on the GPU and end with equal replicas.
 - ``appo_pong``: ``examples/appo_pong.yaml`` with its learner on the GPU for ``--pong-s``
   seconds (frames/s and the learner's share of busy time); skipped with ``--pong-s 0``, the
   default on the CPU.
@@ -54,7 +57,7 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 LEARNER_ALGOS = ("ppo", "dqn", "apex", "impala", "appo")
-RAY_CHECKS = ("ddppo_gpu", "league_fractional_gpus")
+RAY_CHECKS = ("ddppo_gpu", "league_fractional_gpus", "learner_group")
 
 
 def log(msg: str) -> None:
@@ -238,6 +241,44 @@ def check_league_fractional_gpus(c: Check) -> None:
             raise AssertionError(f"two policies did not both learn within 120 s (results: {sorted(result)[:20]})")
 
 
+def check_learner_group(c: Check) -> None:
+    # Two APPO learner processes training data parallel: with two or more GPUs one each and NCCL;
+    # with one GPU they share it (0.5 each) and all-reduce their CUDA gradients with gloo.
+    from shoal.algorithms import get_config_class
+
+    per_learner = c.gpus(1 if c.cuda and torch.cuda.device_count() >= 2 else 0.5)
+    cfg = get_config_class("appo")(
+        env="CartPole-v1",
+        seed=0,
+        rollout_fragment_length=16,
+        train_batch_size=256,
+        min_time_s_per_iteration=0.0,
+        resources={
+            "num_workers": 1,
+            "num_envs_per_worker": 8,
+            "num_cpus_per_worker": 0.25,
+            "num_learners": 2,
+            "num_cpus_per_learner": 0.25,
+            "num_gpus_per_learner": per_learner,
+        },
+    )
+    c.facts["learner_group_backend"] = cfg.resources.learner_backend()
+    with cfg.build() as trained:
+        deadline, result = time.time() + 120, {}
+        while time.time() < deadline and result.get("num_learner_results", 0) < 8:
+            result = trained.train()
+        if result.get("num_learner_results", 0) < 8:
+            raise AssertionError(f"the learner group learned {result.get('num_learner_results')} batches in 120 s")
+        group = trained.learner_group
+        group.wait_idle()
+        devices = [group.group.call(i, "device") for i in sorted(group.group.actor_ids)]
+        if any(not d.startswith(c.device) for d in devices):
+            raise AssertionError(f"the learners trained on {devices}, expected {c.device}")
+        w = [group.group.call(i, "get_weights") for i in sorted(group.group.actor_ids)]
+        if any(not (w[0][k] == w[1][k]).all() for k in w[0]):
+            raise AssertionError("the two learners' replicas differ after training")
+
+
 def check_appo_pong(c: Check) -> None:
     if c.pong_s <= 0:
         raise SkipCheck("--pong-s 0")
@@ -273,6 +314,7 @@ def checks() -> dict[str, Callable[[Check], None]]:
         checkpoint_to_cpu=check_checkpoint_to_cpu,
         ddppo_gpu=check_ddppo_gpu,
         league_fractional_gpus=check_league_fractional_gpus,
+        learner_group=check_learner_group,
         appo_pong=check_appo_pong,
     )
     return out

@@ -56,7 +56,7 @@ def test_an_unknown_check_is_named():
     assert "unknown check(s) warp_drive" in err and "learner_apex" in err
 
 
-@pytest.mark.parametrize("name", ["ddppo_gpu", "league_fractional_gpus"])
+@pytest.mark.parametrize("name", ["ddppo_gpu", "league_fractional_gpus", "learner_group"])
 def test_the_ray_checks_pass_with_the_cpu_standing_in(name):
     rc, out, err = _run("--device", "cpu", "--only", name)
     assert out is not None and out["failed"] == [], ((out or {}).get("errors"), err[-3000:])

@@ -230,3 +230,22 @@ def test_appo_with_two_learners_checkpoints_and_resumes_its_learners(ray_cluster
         assert _equal(replicas[0], replicas[1]) and not _equal(replicas[0], saved)  # trained on from there
     finally:
         resumed.stop()
+
+
+@pytest.mark.timeout(300)
+def test_the_benchmark_compares_one_learner_with_two_and_prints_the_speedup():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "learner_group.py"
+    args = ["--shape", "cartpole", "--seconds", "3", "--warmup-s", "4", "--train-batch-size", "256"]
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["benchmark"] == "learner_group" and out["speedup_2_vs_1"] > 0
+    one, two = out["runs"]
+    assert one["num_learners"] == 1 and two["num_learners"] == 2
+    assert one["trained_rows_per_s"] > 0 and two["trained_rows_per_s"] > 0
+    assert two["learner_batches_lost"] == 0 and two["allreduce_ms"] is not None

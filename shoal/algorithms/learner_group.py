@@ -53,6 +53,7 @@ from shoal.learn.threads import LearnerResult
 from shoal.process import configure_process
 
 log = logging.getLogger("shoal.learner_group")
+REPORT_WAIT_S = 0.25  # how long a learner holds the driver's report request open waiting for a result
 
 
 # ---- one learner process ---------------------------------------------------------------------
@@ -137,14 +138,16 @@ class GroupLearner:
         if parts:
             self.thread.offer((Batch.concat(parts), int(sampled_steps)))
 
-    def report(self) -> dict[str, Any]:
-        """The batches learned since the last report; ``error`` when the group's collective failed
-        (a peer died: the driver re-forms the group). Any other failure of the thread raises."""
+    def report(self, wait_s: float = 0.0) -> dict[str, Any]:
+        """The batches learned since the last report, waiting up to ``wait_s`` for one (a long poll:
+        the driver keeps one open, and this process is not woken for nothing while it trains);
+        ``error`` when the group's collective failed (a peer died: the driver re-forms the group).
+        Any other failure of the thread raises."""
         thread = self.thread
         out: dict[str, Any] = {"index": self.index, "epoch": self.epoch, "results": [], "error": None}
         if thread is None:
             return out
-        results = thread.drain()
+        results = thread.drain(timeout_s=wait_s if thread.error is None else 0.0)
         for r in results:  # APPO's KL coefficient moves on each replica's own measurements
             self.policy.after_update(r.stats)
         out["results"] = results
@@ -185,6 +188,9 @@ class GroupLearner:
         out["num_lost_fragments"] = float(self.num_lost_fragments)
         out["num_nonfinite_updates_skipped"] = float(self.learner.num_nonfinite_skipped)
         return out
+
+    def device(self) -> str:
+        return str(self.learner.device)
 
     def pid(self) -> int:
         import os
@@ -321,7 +327,7 @@ class LearnerGroup:
         self._maybe_regroup()
         for i in sorted(self._outstanding):
             if i not in self._report_open and self._outstanding[i] > 0:
-                self.group.submit("report", actor_ids=[i])
+                self.group.submit("report", REPORT_WAIT_S, actor_ids=[i])
                 self._report_open.add(i)
         out: list[LearnerResult] = []
         for i, answer in self.group.fetch_ready(timeout_s=timeout_s):
