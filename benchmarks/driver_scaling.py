@@ -3,6 +3,7 @@
     python benchmarks/driver_scaling.py [--algos impala,appo,ppo,apex] [--actors 8,32,128,256]
                                         [--shape pong|cartpole] [--rate 100] [--seconds 20]
                                         [--learner-rate 25000] [--png driver_scaling.png]
+                                        [--envs 1] [--learners 1]
 
 The real drivers of IMPALA, APPO, PPO and Ape-X (their training step, actor group, pipeline,
 weight broadcasts and, for Ape-X, real replay shards (``--shards``), unchanged) run against *virtual*
@@ -24,6 +25,11 @@ per fragment at 256 actors it projects how many real Pong actors one driver core
 (a real actor: ``--actor-fragments-per-s``, default one core's measured Pong rate) and whether
 one driver keeps up with a learner consuming ``--learner-rate`` rows per second (an assumed
 GPU learner: stated in the JSON, not measured).
+
+``--envs E`` gives each actor E envs, so a fragment holds E x 32 rows (one request, E times the
+data). ``--learners K`` (IMPALA, APPO) runs them with a learner group of K learner processes
+(stubs too, consuming ``--learner-rate`` between them): fragments then reach the learners by
+object reference and the driver handles only references and metrics.
 
 The last stdout line is one JSON object with, per algorithm, ``<algo>_cpu_per_fragment_ratio_256_vs_8``
 (the target: <= 1.5) and the table of runs; ``--png`` draws CPU per fragment against N.
@@ -148,17 +154,21 @@ def install_virtual_actors(hosts: list[Any]) -> None:
 
 
 # ---- one run -------------------------------------------------------------------------------------
-def base_config(algo: str, shape: str, num_actors: int, shards: int = 2) -> dict[str, Any]:
+def base_config(
+    algo: str, shape: str, num_actors: int, shards: int = 2, learners: int = 1, envs: int = 1
+) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "env": SHAPES[shape]["env"],
         "model": SHAPES[shape]["model"],
         "seed": 0,
         "rollout_fragment_length": 32,
         "min_time_s_per_iteration": 1.0,
-        "resources": {"num_workers": num_actors, "num_envs_per_worker": 1, "num_cpus_per_worker": 0.001},
+        "resources": {"num_workers": num_actors, "num_envs_per_worker": envs, "num_cpus_per_worker": 0.001},
     }
     if algo in ("impala", "appo"):
-        cfg["train_batch_size"] = 256  # 8 fragments per learner update
+        cfg["train_batch_size"] = 256 * envs  # 8 fragments per learner update
+        if learners > 1:  # a learner group: fragments go to the learners by reference
+            cfg["resources"].update(num_learners=learners, num_cpus_per_learner=0.001)
     elif algo == "apex":  # fragments go to the replay shards; replayed batches of 64 come back through the driver
         cfg.update(replay_capacity=20_000, learning_starts=2_000, train_batch_size=64)
         cfg["resources"].update(num_replay_shards=shards, replay_shard_cpus=0.5 / shards)
@@ -168,12 +178,12 @@ def base_config(algo: str, shape: str, num_actors: int, shards: int = 2) -> dict
     return cfg
 
 
-def sample_once(algo_name: str, shape: str) -> Any:
+def sample_once(algo_name: str, shape: str, envs: int = 1) -> Any:
     """One real (fragment, metrics) of this algorithm's rollout actors, from the env in-process."""
     from shoal.algorithms import get_config_class
 
     cfg = base_config(algo_name, shape, 1)
-    cfg["resources"] = {"num_workers": 0, "num_envs_per_worker": 1}
+    cfg["resources"] = {"num_workers": 0, "num_envs_per_worker": envs}
     algo = get_config_class(algo_name)(**cfg).build()
     try:
         group = algo.env_runners.start()
@@ -193,6 +203,27 @@ def stub_learners(algo, rows_per_s: float) -> None:
 
     for _, pl in algo.policies:
         pl.learner.update_minibatch = update_minibatch
+
+
+def stub_group_learners(rows_per_s: float) -> None:
+    """A learner group's learner processes (``--learners`` > 1) consume ``rows_per_s`` rows a second
+    between them, training nothing (so they never all-reduce): they still read every fragment
+    from the object store and join them into batches, as the real ones do."""
+    from shoal.algorithms import pipeline
+    from shoal.algorithms.learner_group import GroupLearner
+
+    class StubGroupLearner(GroupLearner):
+        def __init__(self, config, *args: Any, **kwargs: Any) -> None:
+            super().__init__(config, *args, **kwargs)
+            share = rows_per_s / config.resources.num_learners
+
+            def update_minibatch(tensors):
+                time.sleep(len(next(iter(tensors.values()))) / share)
+                return {}
+
+            self.learner.update_minibatch = update_minibatch
+
+    pipeline.GroupLearner = StubGroupLearner  # type: ignore[misc]
 
 
 def thread_cpu_s(native_id: int | None) -> float:
@@ -220,7 +251,12 @@ def run_one(algo_name: str, n: int, args, sample_result, bytes_per_fragment: int
     hosts = [remote_host.remote(shared, period) for _ in range(num_hosts)]
     ray.get([h.counts.remote() for h in hosts])
     install_virtual_actors(hosts)
-    algo = get_config_class(algo_name)(**base_config(algo_name, args.shape, n, args.shards)).build()
+    learners = args.learners if algo_name in ("impala", "appo") else 1
+    if learners > 1 and not args.real_learner:
+        stub_group_learners(args.learner_rate)
+    algo = get_config_class(algo_name)(
+        **base_config(algo_name, args.shape, n, args.shards, learners, args.envs)
+    ).build()
     try:
         if not args.real_learner:
             stub_learners(algo, args.learner_rate)
@@ -342,6 +378,13 @@ def main() -> None:
     p.add_argument("--hosts", type=int, default=2, help="processes the virtual actors live in")
     p.add_argument("--shards", type=int, default=2, help="Ape-X's replay shards (real ones)")
     p.add_argument("--learner-rate", type=float, default=25000.0, help="rows/s the stub learner consumes")
+    p.add_argument("--envs", type=int, default=1, help="envs per actor: a fragment is 32 steps of each")
+    p.add_argument(
+        "--learners",
+        type=int,
+        default=1,
+        help="IMPALA/APPO: resources.num_learners; above 1 a learner group takes the fragments by reference",
+    )
     p.add_argument("--real-learner", action="store_true", help="train the real network instead of the stub")
     p.add_argument("--actor-fragments-per-s", type=float, default=REAL_PONG_FRAGMENTS_PER_S)
     p.add_argument("--png", type=Path, default=None)
@@ -360,7 +403,7 @@ def main() -> None:
     runs: list[dict] = []
     summary: dict[str, Any] = {}
     for algo in algos:
-        result = sample_once(algo, args.shape)
+        result = sample_once(algo, args.shape, args.envs)
         batch = result[0]
         bytes_per_fragment = sum(np.asarray(batch[k]).nbytes for k in batch.keys())
         log(f"{algo}: fragments of {len(batch[Col.ACTIONS])} rows, {bytes_per_fragment:,} bytes")
@@ -373,7 +416,9 @@ def main() -> None:
         per_fragment_s = by_n[hi]["driver_cpu_ms_per_fragment"] / 1000
         capacity = 1.0 / per_fragment_s if per_fragment_s > 0 else float("inf")  # fragments/s per driver core
         summary[f"{algo}_driver_fragments_per_s_per_core_at_{hi}"] = round(capacity, 1)
-        summary[f"{algo}_projected_real_pong_actors"] = int(capacity / args.actor_fragments_per_s)
+        # a real actor makes --actor-fragments-per-s fragments of 32 steps of one env: with --envs
+        # per actor its fragments are that many times longer and come that many times less often
+        summary[f"{algo}_projected_real_pong_actors"] = int(capacity * args.envs / args.actor_fragments_per_s)
         rows = len(batch[Col.ACTIONS])
         summary[f"{algo}_keeps_up_with_learner_at_{hi}"] = bool(capacity * rows >= args.learner_rate)
     if args.png:
@@ -385,6 +430,8 @@ def main() -> None:
                 "shape": args.shape,
                 "offered_fragments_per_s": args.rate,
                 "assumed_learner_rows_per_s": args.learner_rate,
+                "num_learners": args.learners,
+                "envs_per_actor": args.envs,
                 "assumed_real_actor_fragments_per_s": args.actor_fragments_per_s,
                 **summary,
                 "runs": runs,

@@ -59,10 +59,18 @@ REPORT_WAIT_S = 0.25  # how long a learner holds the driver's report request ope
 # ---- one learner process ---------------------------------------------------------------------
 class _GroupThread(LearnerThread):
     """The learner thread of a group member: each in-queue item carries the env steps sampled when
-    the driver sent it, so every replica moves its lr schedule at the same SGD step."""
+    the driver sent it, and any config change made since (``update_config``), so every replica
+    moves its lr schedule and takes a new config at the same SGD step."""
+
+    def __init__(self, policy, *args: Any, **kwargs: Any) -> None:
+        super().__init__(policy.learner, *args, **kwargs)
+        self.policy = policy
 
     def unpack(self, item) -> tuple[Any, Optional[int]]:
-        batch, sampled = item
+        batch, sampled, change = item
+        if change is not None:
+            config, keys = change
+            self.policy.apply_config(config, set_lr="lr" in keys)
         for learner in self.learners.values():
             learner.set_env_steps(sampled)
         return batch, None
@@ -87,6 +95,7 @@ class GroupLearner:
         self.learner: DistributedLearner = self.policy.learner
         self.thread: Optional[_GroupThread] = None
         self.epoch = 0  # the group formation this member's thread belongs to
+        self.num_added = 0
         self.num_lost_fragments = 0
 
     # ---- the process group ---------------------------------------------------------------------
@@ -100,7 +109,7 @@ class GroupLearner:
         init_process_group(res.learner_backend(), address, rank, world_size, res.learner_collective_timeout_s)
         cfg = self.config
         self.thread = _GroupThread(
-            self.learner,
+            self.policy,
             learner_queue_size=cfg.learner_queue_size + 1,  # the driver keeps at most learner_queue_size here
             minibatch_buffer_size=cfg.minibatch_buffer_size,
             num_sgd_iter=cfg.num_sgd_iter,
@@ -108,6 +117,7 @@ class GroupLearner:
             name=f"shoal-learner-{rank}",
         )
         self.epoch = epoch
+        self.num_added = 0  # batches the driver sent this formation
         return rank
 
     def _end_thread(self) -> None:
@@ -118,9 +128,10 @@ class GroupLearner:
         destroy_process_group()
 
     # ---- training ----------------------------------------------------------------------------
-    def add(self, refs: list, sampled_steps: int) -> None:
+    def add(self, refs: list, sampled_steps: int, change: Optional[tuple] = None) -> None:
         """Read the fragments (from this node's object store), join them into one train batch and
-        queue it. A fragment whose object was lost (its rollout actor's node died) is left out."""
+        queue it, with ``change`` (a changed config and the keys that changed) to apply before it.
+        A fragment whose object was lost (its rollout actor's node died) is left out."""
         import ray
 
         assert self.thread is not None, "join_group first"
@@ -135,8 +146,12 @@ class GroupLearner:
                     self.num_lost_fragments += 1
         if self.thread.ident is None:
             self.thread.start()
+        self.num_added += 1
         if parts:
-            self.thread.offer((Batch.concat(parts), int(sampled_steps)))
+            self.thread.offer((Batch.concat(parts), int(sampled_steps), change))
+        elif change is not None:  # no batch to carry it: apply it now, between two steps
+            with self.thread.hold():
+                self.policy.apply_config(change[0], set_lr="lr" in change[1])
 
     def report(self, wait_s: float = 0.0) -> dict[str, Any]:
         """The batches learned since the last report, waiting up to ``wait_s`` for one (a long poll:
@@ -152,6 +167,7 @@ class GroupLearner:
             self.policy.after_update(r.stats)
         out["results"] = results
         out["num_updates"] = thread.num_updates
+        out["added"], out["queued"] = self.num_added, thread.inqueue.qsize()
         if isinstance(thread.error, CollectiveError):
             out["error"] = f"learner {self.index}: {thread.error}"
         elif thread.error is not None:
@@ -178,6 +194,11 @@ class GroupLearner:
         with self.thread.hold():
             self.policy.set_state(state)
 
+    def apply_config(self, config, keys: list[str]) -> None:
+        """A changed config, at once (the group is being formed: no batch is in flight)."""
+        self.config = config
+        self.policy.apply_config(config, set_lr="lr" in keys)
+
     def get_weights(self) -> dict:
         return self.weights()[0]
 
@@ -188,6 +209,12 @@ class GroupLearner:
         out["num_lost_fragments"] = float(self.num_lost_fragments)
         out["num_nonfinite_updates_skipped"] = float(self.learner.num_nonfinite_skipped)
         return out
+
+    def loss_config(self) -> dict[str, Any]:
+        """The loss record's settings now (what ``update_config`` changes)."""
+        import dataclasses
+
+        return {f.name: getattr(self.learner.loss_fn, f.name) for f in dataclasses.fields(self.learner.loss_fn)}
 
     def device(self) -> str:
         return str(self.learner.device)
@@ -240,8 +267,12 @@ class LearnerGroup:
         self._outstanding: dict[int, int] = {}  # learner -> batches sent and not yet reported learned
         self._report_open: set[int] = set()
         self._updates: dict[int, int] = {}  # learner -> SGD steps it last reported (this formation)
+        self._sent: dict[int, int] = {}  # learner -> batches sent to it (this formation)
+        self._settled: dict[int, bool] = {}  # learner -> its last report: every batch sent received, none queued
         self._weights_asked = False
         self._last_stats: dict[str, float] = {}
+        self.config_change: Optional[tuple] = None  # every update_config so far: (config, keys)
+        self._change: Optional[tuple] = None  # the change the next round carries
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -283,10 +314,15 @@ class LearnerGroup:
             raise WorkerError(f"could not form a learner group of {len(group)} learners")
         ref = group.put(state[0])
         group.foreach("set_state", ref, actor_ids=[i for i in ids if i != source])
+        if self.config_change is not None:  # a recreated learner was built from the original config
+            group.foreach("apply_config", *self.config_change)
+            self._change = None
         self._members = dict(group.actors)
         self._formed_restarts, self._failed = group.num_restarts, False
         self._outstanding = {i: 0 for i in ids}
+        self._sent = {i: 0 for i in ids}
         self._updates = {}
+        self._settled = {}
         self._report_open.clear()
         self._weights_asked = False
 
@@ -316,10 +352,18 @@ class LearnerGroup:
         if self.full():
             self.num_dropped += 1
             return False
+        change, self._change = self._change, None
         for k, i in enumerate(sorted(self._outstanding)):
-            self.group.submit("add", rounds[k], int(sampled_steps), actor_ids=[i])
+            self.group.submit("add", rounds[k], int(sampled_steps), change, actor_ids=[i])
             self._outstanding[i] += 1
+            self._sent[i] += 1
         return True
+
+    def apply_config(self, config, keys) -> None:
+        """``update_config``'s changes: they travel with the next round, so every replica takes them
+        before the same SGD step; a learner recreated later gets them when the group re-forms."""
+        earlier = self.config_change[1] if self.config_change is not None else []
+        self.config_change = self._change = (config, sorted(set(earlier) | set(keys)))
 
     def drain(self, timeout_s: float = 0.0) -> list[LearnerResult]:
         """The batches learned since the last call (every learner's), keeping one report request
@@ -348,6 +392,7 @@ class LearnerGroup:
         results = answer["results"]
         self._outstanding[i] = max(0, self._outstanding.get(i, 0) - len(results))
         self._updates[i] = int(answer.get("num_updates", 0))
+        self._settled[i] = answer.get("added") == self._sent.get(i) and answer.get("queued") == 0
         if i == min(self.group.actor_ids):
             self.num_updates = max(self.num_updates, self._updates[i])
         if answer["error"]:
@@ -356,9 +401,10 @@ class LearnerGroup:
         return results
 
     def wait_idle(self, timeout_s: float = 60.0) -> list[LearnerResult]:
-        """Wait, sending nothing new, until every replica has taken the same SGD steps and none takes
-        more (what is left in a ring of ``minibatch_buffer_size`` > 1 waits for the next batch);
-        returns the results that came in meanwhile (the caller counts them)."""
+        """Wait, sending nothing new, until every learner has received every batch sent to it, has
+        none left queued, and all have taken the same SGD steps twice in a row (what is left in a
+        ring of ``minibatch_buffer_size`` > 1 waits for the next batch); returns the results that
+        came in meanwhile (the caller counts them)."""
         out: list[LearnerResult] = []
         deadline, last = time.monotonic() + timeout_s, None
         while time.monotonic() < deadline:
@@ -370,7 +416,8 @@ class LearnerGroup:
                 for i, answer in self.group.fetch_ready(timeout_s=0.1):
                     out.extend(self._take(i, answer))
             now = dict(self._updates)
-            if len(set(now.values())) == 1 and now == last:
+            settled = len(self._settled) == len(self._outstanding) and all(self._settled.values())
+            if settled and len(set(now.values())) == 1 and now == last:
                 break
             last = now
             time.sleep(0.2)

@@ -290,6 +290,13 @@ class AsyncAlgorithm(Algorithm):
             collective_timeout_s=res.learner_collective_timeout_s,
         )
 
+    def update_config(self, changes: dict[str, Any]) -> None:
+        """As every algorithm's; a running learner group's members get the changed config too."""
+        super().update_config(changes)
+        group = self.learner_group
+        if group is not None:
+            group.apply_config(self.config, list(changes))
+
     def _pull_learner_state(self) -> None:
         """The driver's copy of the policy takes learner 0's state (weights, optimizer, target)."""
         group = self.learner_group
