@@ -214,7 +214,8 @@ class GroupLearner:
         """The loss record's settings now (what ``update_config`` changes)."""
         import dataclasses
 
-        return {f.name: getattr(self.learner.loss_fn, f.name) for f in dataclasses.fields(self.learner.loss_fn)}
+        loss: Any = self.learner.loss_fn  # a loss record: a dataclass
+        return {f.name: getattr(loss, f.name) for f in dataclasses.fields(loss)}
 
     def device(self) -> str:
         return str(self.learner.device)
