@@ -230,7 +230,9 @@ def test_appo_with_two_learners_checkpoints_and_resumes_its_learners(ray_cluster
     try:
         resumed.restore(path)
         assert _equal(resumed.get_weights(), saved)  # before the learners start: the driver's copy
-        resumed.train()
+        for _ in range(30):  # the learner processes start within the first iterations
+            if resumed.train()["num_learner_results"] > 0:
+                break
         replicas = _replica_weights(resumed)
         assert _equal(replicas[0], replicas[1]) and not _equal(replicas[0], saved)  # trained on from there
     finally:
@@ -273,3 +275,37 @@ def test_a_config_change_reaches_every_learner_at_the_same_step(ray_cluster):
         assert all(c["entropy_coeff"] == 0.02 for c in losses)
     finally:
         algo.stop()
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_learners_on_other_nodes_than_the_actor_train_and_stay_equal():
+    """In its own process (a ``ray.cluster_utils.Cluster`` needs its own Ray instance): fragments
+    reach the learners by reference from another node, learner 0's weights go back to the actor's."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(here.parent), os.environ.get("PYTHONPATH")) if p),
+    }
+    proc = subprocess.run(
+        [sys.executable, str(here / "learner_group_multinode.py")],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=env,
+        cwd=here.parent,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    out = json.loads(lines[-1])
+    assert out["num_nodes"] == 3
+    # three 1-CPU nodes, three 1-CPU actors: the rollout actor and each learner on a node of its own
+    learners, runners = out["learner_nodes"], out["runner_nodes"]
+    assert len(runners) == 1 and len(set(learners + runners)) == 3
+    assert out["num_learner_results"] >= 20 and out["env_steps_trained"] > 0
+    assert out["replicas_equal"] and out["lost_fragments"] == 0
