@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from typer.testing import CliRunner, Result
 
 from shoal.app.cli import app
@@ -15,3 +21,22 @@ def invoke(*args) -> Result:
 def flat(text: str) -> str:
     """``text`` with every run of whitespace one space: rich wraps long lines at the terminal width."""
     return " ".join(text.split())
+
+
+def last_json_line(script: Path, timeout_s: float = 240) -> dict:
+    """Run ``script`` with this interpreter in a fresh process (the repository and tests/ importable;
+    e.g. a simulated multi-node cluster, which needs its own Ray instance) and parse the JSON it
+    prints last."""
+    here = Path(__file__).resolve().parent
+    path = os.pathsep.join(filter(None, (str(here.parent), str(here), os.environ.get("PYTHONPATH"))))
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=here.parent,
+        env=dict(os.environ, PYTHONPATH=path),
+    )
+    printed = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    assert done.returncode == 0 and printed, done.stderr[-3000:]
+    return json.loads(printed[-1])

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import last_json_line
 
 from shoal.algorithms.ppo import PPOConfig
 from shoal.config import ResourcesConfig
@@ -91,22 +88,6 @@ def test_worker_restart_window_reaches_the_actor_resources():
     assert (r.max_restarts, r.restart_window_s) == (5, 30.0)
     with pytest.raises(ValueError, match="restart_window_s"):
         ActorResources(restart_window_s=0)
-
-
-def last_json_line(script: Path) -> dict:
-    """Run ``script`` with this interpreter (tests/ importable) and parse the JSON it prints last."""
-    path = os.pathsep.join(filter(None, (str(HERE.parent), os.environ.get("PYTHONPATH"))))
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=HERE.parent,
-        env=dict(os.environ, PYTHONPATH=path),
-    )
-    printed = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
-    assert done.returncode == 0 and printed, done.stderr[-3000:]
-    return json.loads(printed[-1])
 
 
 def test_worker_placement_reaches_the_rollout_actors_resources():

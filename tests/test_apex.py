@@ -4,16 +4,13 @@ simulated two-node cluster. (The math is in test_dqn.py.)"""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import last_json_line
 
 from shoal.algorithms.apex import ApeXConfig
 from shoal.batch import Col
@@ -436,21 +433,7 @@ def test_a_killed_rollout_actor_is_recreated_and_training_continues(apex_on_ray)
 @pytest.mark.ray
 def test_replay_shard_placement_in_a_two_node_cluster():
     """In its own process: a ``ray.cluster_utils.Cluster`` needs its own Ray instance."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p),
-    }
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "apex_multinode.py")],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-        cwd=HERE.parent,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    out = json.loads(lines[-1])
+    out = last_json_line(HERE / "apex_multinode.py")
     assert out["num_nodes"] == 2
     assert out["shard_nodes"] == [out["driver_node"]]  # preset: 0-CPU shards, pinned by node affinity
     assert out["shard_nodes_with_cpus"] == [out["driver_node"]]  # 0.5-CPU shards: placement group on that node

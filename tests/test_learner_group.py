@@ -282,27 +282,11 @@ def test_a_config_change_reaches_every_learner_at_the_same_step(ray_cluster):
 def test_learners_on_other_nodes_than_the_actor_train_and_stay_equal():
     """In its own process (a ``ray.cluster_utils.Cluster`` needs its own Ray instance): fragments
     reach the learners by reference from another node, learner 0's weights go back to the actor's."""
-    import json
-    import subprocess
-    import sys
     from pathlib import Path
 
-    here = Path(__file__).resolve().parent
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(here.parent), os.environ.get("PYTHONPATH")) if p),
-    }
-    proc = subprocess.run(
-        [sys.executable, str(here / "learner_group_multinode.py")],
-        capture_output=True,
-        text=True,
-        timeout=280,
-        env=env,
-        cwd=here.parent,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    out = json.loads(lines[-1])
+    from helpers import last_json_line
+
+    out = last_json_line(Path(__file__).resolve().parent / "learner_group_multinode.py", timeout_s=280)
     assert out["num_nodes"] == 3
     # three 1-CPU nodes, three 1-CPU actors: the rollout actor and each learner on a node of its own
     learners, runners = out["learner_nodes"], out["runner_nodes"]
