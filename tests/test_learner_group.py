@@ -293,3 +293,42 @@ def test_learners_on_other_nodes_than_the_actor_train_and_stay_equal():
     assert len(runners) == 1 and len(set(learners + runners)) == 3
     assert out["num_learner_results"] >= 20 and out["env_steps_trained"] > 0
     assert out["replicas_equal"] and out["lost_fragments"] == 0
+
+
+@pytest.mark.ray
+def test_a_group_that_loses_every_learner_resumes_from_the_last_broadcast_weights(ray_cluster):
+    import ray
+
+    algo = IMPALAConfig(**SMALL).build()
+    try:
+        initial = algo.get_weights()
+        for _ in range(30):
+            if algo.train()["num_learner_results"] >= 10:
+                break
+        group = algo.learner_group
+        group.wait_idle()
+        algo.broadcast_weights()  # learner 0's weights, published by reference
+        for _ in range(200):
+            group.drain(timeout_s=0.05)
+            if not group._weights_asked:
+                break
+        published = ray.get(algo._weights_ref)
+        assert not _equal(published, initial)
+        for pid in [group.group.call(i, "pid") for i in sorted(group.group.actor_ids)]:
+            os.kill(pid, signal.SIGKILL)
+        group.group.submit("report", actor_ids=[0, 1])  # their failure recreates both learners
+        for _ in range(600):  # and the next drain re-forms the group
+            group.drain(timeout_s=0.1)
+            if group.num_regroups:
+                break
+        assert group.num_regroups == 1 and group.group.num_restarts == 2
+        replicas = _replica_weights(algo)
+        assert _equal(replicas[0], published) and _equal(replicas[1], published)  # not the initial weights
+        result = algo.train()
+        for _ in range(30):
+            if result["num_learner_results"] > 0:
+                break
+            result = algo.train()
+        assert result["num_learner_results"] > 0  # and it trains on
+    finally:
+        algo.stop()

@@ -29,7 +29,8 @@ when each learner has a whole GPU), so replicas that start equal stay equal.
   learner, every member given one survivor's state (weights, optimizer, target network),
   queues emptied. What is lost is the batches in flight at that moment (counted in
   ``num_learner_batches_lost``); when no learner survives, the group restarts from the
-  driver's copy (the state last fetched for a checkpoint, or the initial one).
+  weights last broadcast (learner 0's latest) with the driver's copy of the rest of the state
+  (the optimizer's moments as of the last checkpoint or pull).
 """
 
 from __future__ import annotations

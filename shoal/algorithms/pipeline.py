@@ -285,7 +285,7 @@ class AsyncAlgorithm(Algorithm):
             make,
             num_learners=res.num_learners,
             queue_size=cfg.learner_queue_size,
-            local_state=lambda: self.policies.only.get_state(),
+            local_state=self._group_start_state,
             on_weights=self._publish_weights,
             collective_timeout_s=res.learner_collective_timeout_s,
         )
@@ -296,6 +296,20 @@ class AsyncAlgorithm(Algorithm):
         group = self.learner_group
         if group is not None:
             group.apply_config(self.config, list(changes))
+
+    def _group_start_state(self) -> dict[str, Any]:
+        """What a learner group forms from when no learner survives to give its state (and at the
+        start): the driver's copy, with the weights last published to the rollout actors (learner
+        0's latest, so a group that lost every learner at once loses no training but the in-flight
+        batches; the optimizer's moments are the copy's, from the last checkpoint or pull)."""
+        import ray
+
+        latest = self._weights_ref
+        if isinstance(latest, ray.ObjectRef):
+            latest = ray.get(latest)
+        if latest is not None:
+            self.policies.only.set_weights(latest)
+        return self.policies.only.get_state()
 
     def _pull_learner_state(self) -> None:
         """The driver's copy of the policy takes learner 0's state (weights, optimizer, target)."""
