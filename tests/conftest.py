@@ -20,26 +20,13 @@ def ray_cluster():
     runtime.shutdown()
 
 
-def placement_groups_schedule(timeout_s: float = 20.0) -> bool:
-    """Whether Ray still places a new placement group: a tiny one, waited for and removed.
-
-    Removing a placement group while Ray prepares it can leave Ray's placement-group scheduler
-    stuck on it, so no later group is ever placed (ray-project/ray#64693, open): a Tune
-    experiment's end removes the groups it staged, and the next test's run then waits forever.
-    """
-    from ray.util.placement_group import placement_group, remove_placement_group
-
-    pg = placement_group([{"CPU": 0.01}])
-    ready = pg.wait(timeout_seconds=timeout_s)
-    remove_placement_group(pg)
-    return bool(ready)
-
-
 def restart_ray_if_placement_is_stuck() -> None:
-    """A fresh Ray instance for the tests that follow when the current one no longer places groups."""
+    """A fresh Ray instance for the tests that follow when the current one no longer places
+    placement groups (``shoal.runtime.cluster.placement_groups_schedule``: ray-project/ray#64693)."""
     import ray
 
     from shoal import runtime
+    from shoal.runtime.cluster import placement_groups_schedule
 
     if ray.is_initialized() and not placement_groups_schedule():
         runtime.shutdown()

@@ -485,3 +485,17 @@ def test_shoal_tune_turns_a_bad_file_into_one_paragraph_and_exit_2(tmp_path):
     res = invoke("tune", "-c", str(tmp_path / "missing.yaml"))
     assert res.exit_code == 2 and "does not exist" in res.output
     assert [p.name for p in tmp_path.iterdir()] == ["t.yaml"]  # nothing was run or written
+
+
+@pytest.mark.ray
+def test_a_second_experiment_on_a_ray_that_places_nothing_fails_with_the_reason(ray_cluster, tmp_path, monkeypatch):
+    from shoal.app.tune_run import run_tune
+    from shoal.runtime import cluster
+
+    assert cluster.placement_groups_schedule(timeout_s=20)  # the shared instance places groups
+    monkeypatch.setattr(cluster, "placement_groups_schedule", lambda timeout_s=20.0: False)
+    spec = TuneSpec.parse(_spec(config=TINY, search={}, stop={"iterations": 1}, name="stuck"))
+    with pytest.raises(ResourceError, match="ray-project/ray#64693") as info:
+        run_tune(spec, out=tmp_path, verbose=0)
+    assert "shoal.runtime.shutdown()" in str(info.value)
+    assert not (tmp_path / "stuck").exists()  # nothing ran

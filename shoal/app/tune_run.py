@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shoal.config import all_keys, deep_merge, format_validation_error, load_yaml, parse_set_overrides
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, ResourceError
 
 SEARCH_KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
 
@@ -326,7 +326,12 @@ def run_tune(spec: TuneSpec, out: Path = Path("runs"), address: str | None = Non
 
     tune = tune_module()
 
+    import ray
+
+    reused = ray.is_initialized() and address is None  # a local instance an earlier run in this process started
     runtime.start(address)
+    if reused:
+        _check_placement_works()
     metric, mode = _metric(spec)
     name = spec.name or f"tune_{spec.algo}_{time.strftime('%Y%m%d_%H%M%S')}"
     storage = Path(out).resolve()
@@ -364,6 +369,21 @@ def run_tune(spec: TuneSpec, out: Path = Path("runs"), address: str | None = Non
     )
     results = tuner.fit()
     return _summarize(results, spec, storage / name, metric, mode)
+
+
+def _check_placement_works(timeout_s: float = 30.0) -> None:
+    """A second experiment in one process reuses its local Ray instance, which a known Ray bug can
+    leave unable to place any placement group (ray-project/ray#64693): say so, instead of Tune
+    waiting forever for its first trial."""
+    from shoal.runtime.cluster import placement_groups_schedule
+
+    if not placement_groups_schedule(timeout_s):
+        raise ResourceError(
+            f"Ray placed no placement group within {timeout_s:g} s. This process's Ray instance ran an earlier "
+            "experiment, and Ray can be left unable to place any group after one (ray-project/ray#64693); or its "
+            "CPUs are all taken. Restart it between experiments (shoal.runtime.shutdown()), or run each "
+            "experiment in its own process (shoal tune does)."
+        )
 
 
 def _summarize(results, spec: TuneSpec, run_dir: Path, metric: str, mode: str) -> TuneSummary:

@@ -305,6 +305,21 @@ def _check_node_fits(bundles: list[dict[str, float]], what: str, node_id: str) -
             )
 
 
+def placement_groups_schedule(timeout_s: float = 20.0) -> bool:
+    """Whether this Ray instance still places a new placement group: a tiny one, waited for up to
+    ``timeout_s`` and removed.
+
+    Removing a placement group while Ray is preparing it can leave Ray's placement-group scheduler
+    stuck on it, so that no later group is placed (ray-project/ray#64693, open in the Ray this
+    project pins): a Tune experiment's end removes the groups it staged, and a second experiment
+    (or run) in the same Ray instance then waits forever.
+    """
+    pg = placement_group([{"CPU": 0.01}])
+    ready = pg.wait(timeout_seconds=timeout_s)
+    remove_placement_group(pg)
+    return bool(ready)
+
+
 def release(pg) -> None:
     if pg is not None:
         try:
