@@ -150,14 +150,7 @@ def test_two_learners_take_the_step_one_learner_takes_on_the_union_batch(ray_clu
             first_index=0,
         )
 
-    group = LearnerGroup(
-        make,
-        num_learners=2,
-        queue_size=2,
-        local_state=lambda: start,
-        on_weights=lambda ref: None,
-        collective_timeout_s=20,
-    )
+    group = LearnerGroup(make, num_learners=2, queue_size=2, local_state=lambda: start, on_weights=lambda ref: None)
     try:
         group.start()
         assert group.add([[ray.put(halves[0])], [ray.put(halves[1])]], sampled_steps=0)

@@ -33,7 +33,7 @@ from shoal.algorithms.config_groups import PPOLossKeys
 from shoal.algorithms.policies import PolicySet
 from shoal.algorithms.ppo import PPOLoss, gae_postprocess, sgd_sequence_length, transitions
 from shoal.config import AlgorithmConfig, ResourcesConfig
-from shoal.errors import DivergenceError, WorkerError
+from shoal.errors import DivergenceError
 from shoal.learn import Learner, resolve_device
 from shoal.learn.distributed import (
     BACKENDS,
@@ -41,6 +41,7 @@ from shoal.learn.distributed import (
     DistributedLearner,
     backend_available,
     destroy_process_group,
+    form_group,
     free_port,
     init_process_group,
     node_ip,
@@ -488,22 +489,17 @@ class DDPPO(Algorithm):
         ``source`` is the actor whose learner state everyone takes; None means the driver's.
         """
         group = self.env_runners
-        for _ in range(group.max_restarts + 1):
-            restarts = group.num_restarts
-            ids = sorted(group.actor_ids)
-            address = group.foreach("rendezvous_address", actor_ids=ids[:1])
-            if address:
-                group.foreach("join_group", address[0], {i: r for r, i in enumerate(ids)})
-            state = group.foreach("get_sync_state", actor_ids=[source]) if source is not None else [self._local_state()]
-            if group.num_restarts == restarts and state:
-                break
-            source = None if source is None or group.actors.get(source) is not self._members.get(source) else source
-        else:
-            raise WorkerError(f"could not form a DD-PPO process group over {len(group)} workers")
+        source = form_group(
+            group,
+            source,
+            self._members,
+            self._local_state,
+            get_state="get_sync_state",
+            set_state="set_sync_state",
+            what="DD-PPO process group",
+        )
         if source is None and self.num_regroups + self.rounds > 0:
             log.warning("no DD-PPO worker survived: resuming from the driver's copy of the weights")
-        ref = group.put(state[0])
-        group.foreach("set_sync_state", ref, actor_ids=[i for i in ids if i != source])
         self._members = dict(group.actors)
         self._formed_restarts, self._round_failed = group.num_restarts, False
 

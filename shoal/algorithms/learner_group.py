@@ -35,16 +35,18 @@ when each learner has a whole GPU), so replicas that start equal stay equal.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any, Callable, Optional
 
+from shoal import runtime
 from shoal.batch import Batch
-from shoal.errors import WorkerError
 from shoal.learn.distributed import (
     CollectiveError,
     DistributedLearner,
     destroy_process_group,
+    form_group,
     free_port,
     init_process_group,
     node_ip,
@@ -85,11 +87,7 @@ class GroupLearner:
         configure_process(config.resources)
         self.config, self.index = config, index
         res = config.resources
-        device = "cpu"
-        if res.num_gpus_per_learner > 0:
-            from shoal import runtime
-
-            device = runtime.assigned_cuda_device()
+        device = runtime.assigned_cuda_device() if res.num_gpus_per_learner > 0 else "cpu"
         self.policy = config.algorithm_cls._policy_learner(
             config, obs_space, action_space, None, learner_cls=DistributedLearner, device=device
         )
@@ -103,11 +101,13 @@ class GroupLearner:
     def rendezvous_address(self) -> tuple[str, int]:
         return node_ip(), free_port()
 
-    def join_group(self, address: tuple[str, int], rank: int, world_size: int, epoch: int) -> int:
-        """Leave the old group (its thread and queued batches are dropped) and join a new one."""
+    def join_group(self, address: tuple[str, int], ranks: dict[int, int], epoch: int) -> int:
+        """Leave the old group (its thread and queued batches are dropped) and join a new one
+        (``ranks``: learner index -> rank) as formation ``epoch``."""
         self._end_thread()
         res = self.config.resources
-        init_process_group(res.learner_backend(), address, rank, world_size, res.learner_collective_timeout_s)
+        rank = ranks[self.index]
+        init_process_group(res.learner_backend(), address, rank, len(ranks), res.learner_collective_timeout_s)
         cfg = self.config
         self.thread = _GroupThread(
             self.policy,
@@ -133,18 +133,9 @@ class GroupLearner:
         """Read the fragments (from this node's object store), join them into one train batch and
         queue it, with ``change`` (a changed config and the keys that changed) to apply before it.
         A fragment whose object was lost (its rollout actor's node died) is left out."""
-        import ray
-
         assert self.thread is not None, "join_group first"
-        try:
-            parts = ray.get(refs)
-        except ray.exceptions.RayError:
-            parts = []
-            for ref in refs:
-                try:
-                    parts.append(ray.get(ref))
-                except ray.exceptions.RayError:
-                    self.num_lost_fragments += 1
+        parts, lost = runtime.fetch_objects(refs)
+        self.num_lost_fragments += lost
         if self.thread.ident is None:
             self.thread.start()
         self.num_added += 1
@@ -175,24 +166,21 @@ class GroupLearner:
             thread.check()  # raises: the actor's call fails and the driver recreates it
         return out
 
+    def _held(self):
+        """Between two SGD steps of this learner's thread (at once when it has none yet)."""
+        return self.thread.hold() if self.thread is not None else contextlib.nullcontext()
+
     def weights(self) -> tuple[dict, int]:
         """(the weights, the updates they follow): the driver leaves the weights in the object store."""
-        if self.thread is None:
-            return self.learner.get_weights(), 0
-        with self.thread.hold():
-            return self.learner.get_weights(), self.thread.num_updates
+        with self._held():
+            return self.learner.get_weights(), self.thread.num_updates if self.thread is not None else 0
 
     def get_state(self) -> dict[str, Any]:
-        if self.thread is None:
-            return self.policy.get_state()
-        with self.thread.hold():
+        with self._held():
             return self.policy.get_state()
 
     def set_state(self, state: dict[str, Any]) -> None:
-        if self.thread is None:
-            self.policy.set_state(state)
-            return
-        with self.thread.hold():
+        with self._held():
             self.policy.set_state(state)
 
     def apply_config(self, config, keys: list[str]) -> None:
@@ -248,14 +236,12 @@ class LearnerGroup:
         queue_size: int,
         local_state: Callable[[], dict],
         on_weights: Callable[[Any], None],
-        collective_timeout_s: float,
     ) -> None:
         self.make_group = make_group
         self.num_learners = num_learners
         self.queue_size = queue_size
         self.local_state = local_state
         self.on_weights = on_weights
-        self.collective_timeout_s = collective_timeout_s
         self.group: Any = None
         self.ident: Optional[int] = None  # like a thread's: None until started
         self.num_updates = 0  # SGD steps of the group (the replicas step together)
@@ -292,33 +278,23 @@ class LearnerGroup:
         return self.group is not None
 
     def _form(self, source: Optional[int]) -> None:
-        """A new process group over the current learners (learner 0's node hosts the rendezvous),
-        then one state for all: ``source``'s, or the driver's copy when None."""
+        """A new process group over the current learners (:func:`~shoal.learn.distributed.form_group`),
+        all taking ``source``'s state, or the driver's (``local_state``) when None."""
         group = self.group
-        self.epoch += 1
-        for _ in range(group.max_restarts + 1):
-            restarts = group.num_restarts
-            ids = sorted(group.actor_ids)
-            address = group.foreach("rendezvous_address", actor_ids=ids[:1])
-            if address:
-                refs = {i: r for r, i in enumerate(ids)}
-                for i in ids:  # every rank joins at once (each call waits for the others at the rendezvous)
-                    group.submit("join_group", address[0], refs[i], len(ids), self.epoch, actor_ids=[i])
-                joined = self._collect_joins(ids)
-            else:
-                joined = False
-            state = group.foreach("get_state", actor_ids=[source]) if source is not None else [self.local_state()]
-            if joined and group.num_restarts == restarts and state:
-                break
-            if source is not None and group.actors.get(source) is not self._members.get(source):
-                source = None
-        else:
-            raise WorkerError(f"could not form a learner group of {len(group)} learners")
-        ref = group.put(state[0])
-        group.foreach("set_state", ref, actor_ids=[i for i in ids if i != source])
+        self.epoch += 1  # answers of the earlier formation are told apart by it
+        form_group(
+            group,
+            source,
+            self._members,
+            self.local_state,
+            get_state="get_state",
+            set_state="set_state",
+            join_args=(self.epoch,),
+            what="learner group",
+        )
         if self.config_change is not None:  # a recreated learner was built from the original config
             group.foreach("apply_config", *self.config_change)
-            self._change = None
+        ids = sorted(group.actor_ids)
         self._members = dict(group.actors)
         self._formed_restarts, self._failed = group.num_restarts, False
         self._outstanding = {i: 0 for i in ids}
@@ -327,20 +303,7 @@ class LearnerGroup:
         self._settled = {}
         self._report_open.clear()
         self._weights_asked = False
-
-    def _collect_joins(self, ids: list[int]) -> bool:
-        """Wait for every ``join_group`` answer (other answers still in flight are dropped with their epoch)."""
-        group = self.group
-        deadline = time.monotonic() + 2 * self.collective_timeout_s + 30
-        joined: set[int] = set()
-        restarts = group.num_restarts
-        while len(joined) < len(ids) and time.monotonic() < deadline and group.num_restarts == restarts:
-            for i, answer in group.fetch_ready(timeout_s=0.5):
-                if isinstance(answer, int):  # join_group's rank
-                    joined.add(i)
-                else:
-                    self._take(i, answer)
-        return len(joined) == len(ids)
+        self._change = None
 
     # ---- what the pipeline asks --------------------------------------------------------------
     def full(self) -> bool:

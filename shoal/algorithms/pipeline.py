@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Optional
 
+from shoal import runtime
 from shoal.algorithms.base import Algorithm
 from shoal.algorithms.learner_group import GroupLearner, LearnerGroup
 from shoal.algorithms.policies import PolicySet, build_policy_module
@@ -287,7 +288,6 @@ class AsyncAlgorithm(Algorithm):
             queue_size=cfg.learner_queue_size,
             local_state=self._group_start_state,
             on_weights=self._publish_weights,
-            collective_timeout_s=res.learner_collective_timeout_s,
         )
 
     def update_config(self, changes: dict[str, Any]) -> None:
@@ -302,11 +302,7 @@ class AsyncAlgorithm(Algorithm):
         start): the driver's copy, with the weights last published to the rollout actors (learner
         0's latest, so a group that lost every learner at once loses no training but the in-flight
         batches; the optimizer's moments are the copy's, from the last checkpoint or pull)."""
-        import ray
-
-        latest = self._weights_ref
-        if isinstance(latest, ray.ObjectRef):
-            latest = ray.get(latest)
+        latest = runtime.resolve(self._weights_ref)  # a reference, or the weights themselves when small
         if latest is not None:
             self.policies.only.set_weights(latest)
         return self.policies.only.get_state()

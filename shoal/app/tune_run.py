@@ -326,9 +326,7 @@ def run_tune(spec: TuneSpec, out: Path = Path("runs"), address: str | None = Non
 
     tune = tune_module()
 
-    import ray
-
-    reused = ray.is_initialized() and address is None  # a local instance an earlier run in this process started
+    reused = runtime.is_started() and address is None  # a local instance an earlier run in this process started
     runtime.start(address)
     if reused:
         _check_placement_works()

@@ -11,7 +11,9 @@ applies the same averaged gradient, so replicas that start equal stay equal.
 - :func:`flatten_grads` / :func:`unflatten_grads_`: the single-buffer layout;
 - :class:`DistributedLearner`: a :class:`~shoal.learn.Learner` whose ``reduce_gradients``
   averages over the group. A failed collective (a dead peer, a timeout) raises
-  :class:`CollectiveError`, which callers catch to re-form the group.
+  :class:`CollectiveError`, which callers catch to re-form the group;
+- :func:`form_group`: (re-)form the process group over an actor group's members and give them
+  one state (DD-PPO's workers, IMPALA/APPO's learner group).
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ import os
 import socket
 import time
 from collections.abc import Sequence
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 
+from shoal.errors import WorkerError
 from shoal.learn.learner import Learner
 
 BACKENDS = ("gloo", "nccl", "mpi")
@@ -166,3 +170,40 @@ class DistributedLearner(Learner):
         unflatten_grads_(self.params, flat)
         self.allreduce_s += time.perf_counter() - t0
         self.num_allreduces += 1
+
+
+# ---- forming a group of actors -------------------------------------------------------------------
+def form_group(
+    group: Any,
+    source: Optional[int],
+    members: dict[int, Any],
+    local_state: Callable[[], Any],
+    *,
+    get_state: str,
+    set_state: str,
+    join_args: tuple = (),
+    what: str = "process group",
+) -> Optional[int]:
+    """A new process group over the actors of ``group`` (its lowest id hosts the rendezvous), then
+    one state for all; returns the actor whose state they took (None: ``local_state()``'s).
+
+    Each actor has ``rendezvous_address()`` and ``join_group(address, ranks, *join_args)`` (``ranks``:
+    actor id -> rank; every actor joins at once). ``source`` is the actor whose ``get_state()`` the
+    others get through ``set_state``; None, or a source that was replaced meanwhile (it is not its
+    ``members`` entry any more), means ``local_state()``. An actor that dies while the group forms
+    is recreated by ``group`` and the formation starts again, at most ``group.max_restarts`` times.
+    """
+    for _ in range(group.max_restarts + 1):
+        restarts = group.num_restarts
+        ids = sorted(group.actor_ids)
+        address = group.foreach("rendezvous_address", actor_ids=ids[:1])
+        if address:
+            group.foreach("join_group", address[0], {i: r for r, i in enumerate(ids)}, *join_args)
+        state = group.foreach(get_state, actor_ids=[source]) if source is not None else [local_state()]
+        if group.num_restarts == restarts and state:
+            break
+        source = None if source is None or group.actors.get(source) is not members.get(source) else source
+    else:
+        raise WorkerError(f"could not form a {what} over {len(group)} actors")
+    group.foreach(set_state, group.put(state[0]), actor_ids=[i for i in ids if i != source])
+    return source

@@ -87,6 +87,38 @@ def assigned_cuda_device() -> str:
     return f"cuda:{cuda_index(ids[0], os.environ.get('CUDA_VISIBLE_DEVICES'))}"
 
 
+def is_started() -> bool:
+    """Whether this process is connected to a Ray instance (without importing Ray when it is not)."""
+    import sys
+
+    return "ray" in sys.modules and sys.modules["ray"].is_initialized()
+
+
+def fetch_objects(refs: list) -> tuple[list, int]:
+    """The objects behind ``refs`` (from this node's object store, or copied from another's), and
+    how many were lost (their owner or node died): those are left out."""
+    import ray
+
+    try:
+        return ray.get(refs), 0
+    except ray.exceptions.RayError:
+        out = []
+        for ref in refs:
+            try:
+                out.append(ray.get(ref))
+            except ray.exceptions.RayError:
+                pass
+        return out, len(refs) - len(out)
+
+
+def resolve(obj: Any) -> Any:
+    """``obj``, or the object behind it when it is a Ray object reference (what a group's ``put`` may return)."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    return ray.get(obj) if ray is not None and isinstance(obj, ray.ObjectRef) else obj
+
+
 def shutdown() -> None:
     import sys
 
