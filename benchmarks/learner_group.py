@@ -1,7 +1,7 @@
 """The learner group's speedup: APPO, learner-bound, K learner processes against one.
 
     python benchmarks/learner_group.py [--learners 1,2] [--shape pong|cartpole] [--seconds 60]
-                                       [--warmup-s 25] [--train-batch-size 512] [--envs 4]
+                                       [--warmup-s 25] [--train-batch-size 512] [--envs 4] [--gpus 0]
 
 APPO with the Nature CNN at 84x84 (``--shape pong``) is learner-bound on this machine: one
 core trains about 1.2k rows/s, while a real Pong actor needs a core to make 1.5k. So the
@@ -10,7 +10,8 @@ sample request with one pre-built real fragment (``--envs`` Pongs x 32 steps, sa
 the start), leaving the machine's two cores to the learners and the driver. Everything else
 is the real run: APPO's driver, its pipeline, and with K > 1 the learner group (K processes,
 gradients all-reduced over gloo, fragments passed by reference) or with K = 1 the learner
-thread in the driver, the default.
+thread in the driver, the default. ``--gpus G`` (a GPU machine) puts the learner on G GPUs
+(with K > 1, G / K each).
 
 Per K it trains ``--warmup-s`` seconds (the learner processes start, import torch, form the
 group), then measures ``--seconds``: trained rows per second (``env_steps_trained``), the
@@ -58,6 +59,9 @@ def config(args, num_learners: int, num_workers: int) -> dict[str, Any]:
             "num_cpus_per_worker": 0.001,
             "num_learners": num_learners,
             "num_cpus_per_learner": 0.45,  # Ray's accounting only: 2 learners and the driver on 2 cores
+            # --gpus G: one learner in the driver on G GPUs, or K learner processes sharing them
+            **({"num_gpus": args.gpus} if args.gpus and num_learners == 1 else {}),
+            **({"num_gpus_per_learner": args.gpus / num_learners} if args.gpus and num_learners > 1 else {}),
         },
     }
 
@@ -130,6 +134,7 @@ def main() -> None:
     p.add_argument("--broadcast-interval", type=int, default=1, help="learner updates between weight broadcasts")
     p.add_argument("--actors", type=int, default=8, help="virtual rollout actors")
     p.add_argument("--rate", type=float, default=60.0, help="fragments/s the actors offer at most")
+    p.add_argument("--gpus", type=float, default=0.0, help="GPUs for the learners (a GPU machine): 0 trains on CPU")
     args = p.parse_args()
 
     import torch
@@ -160,6 +165,8 @@ def main() -> None:
                 "shape": args.shape,
                 "actors": "virtual (pre-built fragments)",
                 "train_batch_size": args.train_batch_size,
+                "gpus": args.gpus,
+                "device": torch.cuda.get_device_name(0) if args.gpus else "cpu",
                 "rows_per_fragment": 32 * args.envs,
                 **summary,
                 "runs": runs,
