@@ -26,15 +26,54 @@ import difflib
 import math
 import re
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable, Literal, Optional, Union
+from typing import Annotated, Any, Callable, ClassVar, Iterable, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from shoal.errors import ConfigError
 from shoal.files import YamlRefused, redact_secrets, safe_yaml
 from shoal.imports import import_path
 from shoal.seeding import MAX_SEED
+
+
+def schedule_type(key: str, value: str, *, lower: float = 0.0) -> Any:
+    """The type of a piecewise-linear schedule key (``lr_schedule``, ``entropy_coeff_schedule``):
+    ``[[env_steps, value], ...]`` or None, with errors that name ``key`` and what a point holds."""
+
+    def pairs(v: Any) -> Any:
+        for i, point in enumerate(v if isinstance(v, (list, tuple)) else []):
+            if not isinstance(point, (list, tuple)) or len(point) != 2:
+                raise ValueError(
+                    f"{key}[{i}] is {point!r}; each point is [env_steps, {value}], e.g. [[0, 0.001], [100000, 0.0001]]"
+                )
+        return v
+
+    def ordered(v: Any) -> Any:
+        if v is not None:
+            if not v:
+                raise ValueError(f"{key} needs at least one [env_steps, {value}] point")
+            steps = [s for s, _ in v]
+            if steps != sorted(steps) or steps[0] < 0:
+                raise ValueError(f"{key} points must have non-negative, increasing env_steps")
+            if any(not (lower <= y < math.inf) for _, y in v):
+                raise ValueError(f"{key} values must be finite numbers >= {lower:g}")
+        return v
+
+    return Annotated[Optional[list[tuple[int, float]]], BeforeValidator(pairs), AfterValidator(ordered)]
+
+
+LRSchedule = schedule_type("lr_schedule", "lr")
+EntropySchedule = schedule_type("entropy_coeff_schedule", "entropy_coeff")
 
 EnvSpec = Union[str, Callable[..., Any]]
 
@@ -521,9 +560,7 @@ class AlgorithmConfig(Section):
     )
     gamma: float = Field(0.99, ge=0.0, le=1.0, description="Discount factor of future rewards.")
     lr: float = Field(3e-4, gt=0, allow_inf_nan=False, description="Adam learning rate (lr_schedule overrides it).")
-    lr_schedule: Optional[list[tuple[int, float]]] = Field(
-        None, description="Piecewise-linear [[env_steps, lr], ...]; overrides lr when set."
-    )
+    lr_schedule: LRSchedule = Field(None, description="Piecewise-linear [[env_steps, lr], ...]; overrides lr when set.")
     grad_clip: Optional[float] = Field(0.5, gt=0, description="Global gradient-norm clip; None disables.")
     max_consecutive_env_failures: int = Field(
         5,
@@ -591,29 +628,6 @@ class AlgorithmConfig(Section):
             from shoal.callbacks import resolve_callbacks
 
             resolve_callbacks(v)  # importable, a Callbacks subclass, builds with no arguments
-        return v
-
-    @field_validator("lr_schedule", mode="before")
-    @classmethod
-    def _schedule_pairs(cls, v):
-        for i, point in enumerate(v if isinstance(v, (list, tuple)) else []):
-            if not isinstance(point, (list, tuple)) or len(point) != 2:
-                raise ValueError(
-                    f"lr_schedule[{i}] is {point!r}; each point is [env_steps, lr], e.g. [[0, 0.001], [100000, 0.0001]]"
-                )
-        return v
-
-    @field_validator("lr_schedule")
-    @classmethod
-    def _schedule_sorted(cls, v):
-        if v is not None:
-            if not v:
-                raise ValueError("lr_schedule needs at least one [env_steps, lr] point")
-            steps = [s for s, _ in v]
-            if steps != sorted(steps) or steps[0] < 0:
-                raise ValueError("lr_schedule points must have non-negative, increasing env_steps")
-            if any(not (0 <= lr < math.inf) for _, lr in v):
-                raise ValueError("lr_schedule learning rates must be finite numbers >= 0")
         return v
 
     @model_validator(mode="after")
@@ -686,7 +700,9 @@ class AlgorithmConfig(Section):
         if redact:
             d = redact_secrets(d)
         d["env"] = env_spec_to_str(self.env)
-        d["lr_schedule"] = [list(p) for p in self.lr_schedule] if self.lr_schedule else None
+        for key in ("lr_schedule", "entropy_coeff_schedule"):  # tuples to YAML lists
+            if key in d:
+                d[key] = [list(p) for p in d[key]] if d[key] else None
         if "callbacks" in d:
             from shoal.callbacks import callbacks_to_str
 

@@ -257,5 +257,5 @@ class APPO(AsyncAlgorithm):
                 p.broadcast_done()
                 self.broadcast_weights()
         p.check()
-        now = {pid: {"lr": pl.learner.lr, **pl.kl_stats()} for pid, pl in self.policies}
+        now = {pid: {"lr": pl.learner.lr, **pl.learner.schedule_stats(), **pl.kl_stats()} for pid, pl in self.policies}
         return {**p.metrics(), **self.policies.result_keys(now)}

@@ -25,6 +25,10 @@ def apply_config_changes(algo: "Algorithm", changes: dict[str, Any]) -> None:
         )
     if "lr" in changes and config.lr_schedule:
         raise ConfigError("lr cannot change mid-run while lr_schedule is set: the schedule decides the learning rate.")
+    if "entropy_coeff" in changes and getattr(config, "entropy_coeff_schedule", None):
+        raise ConfigError(
+            "entropy_coeff cannot change mid-run while entropy_coeff_schedule is set: the schedule decides it."
+        )
     checked = config.copy_with(dict(changes))  # validates the values (a ConfigError names a bad one)
     for key in changes:
         setattr(config, key, getattr(checked, key))

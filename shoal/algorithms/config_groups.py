@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 from pydantic import Field, model_validator
 
-from shoal.config import ResourcesConfig, Section
+from shoal.config import EntropySchedule, ResourcesConfig, Section
 
 DEFAULT_SEQUENCE_LENGTH = 50  # V-trace's T when rollout_fragment_length is "auto"
 
@@ -38,6 +38,11 @@ class VTraceKeys(Section):
     )
     vf_loss_coeff: float = Field(0.5, ge=0, description="Weight of the value loss.")
     entropy_coeff: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
+    entropy_coeff_schedule: EntropySchedule = Field(
+        None,
+        description="Piecewise-linear [[env_steps, entropy_coeff], ...] over sampled env steps; overrides "
+        "entropy_coeff when set.",
+    )
     normalize_advantages: bool = Field(
         False, description="Standardize the V-trace advantages over each learner batch's valid steps (as PPO does)."
     )
@@ -161,6 +166,11 @@ class PPOLossKeys(Section):
     )
     vf_loss_coeff: float = Field(0.5, ge=0, description="Weight of the value loss.")
     entropy_coeff: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
+    entropy_coeff_schedule: EntropySchedule = Field(
+        None,
+        description="Piecewise-linear [[env_steps, entropy_coeff], ...] over sampled env steps; overrides "
+        "entropy_coeff when set.",
+    )
     normalize_advantages: bool = Field(True, description="Standardize advantages per minibatch.")
 
 

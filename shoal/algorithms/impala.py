@@ -153,4 +153,9 @@ class IMPALA(AsyncAlgorithm):
                 p.broadcast_done()
                 self.broadcast_weights()
         p.check()
-        return {**p.metrics(), **self.policies.result_keys({pid: {"lr": pl.learner.lr} for pid, pl in self.policies})}
+        return {
+            **p.metrics(),
+            **self.policies.result_keys(
+                {pid: {"lr": pl.learner.lr, **pl.learner.schedule_stats()} for pid, pl in self.policies}
+            ),
+        }

@@ -9,6 +9,7 @@ them (``reduce_gradients`` hook).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -92,6 +93,7 @@ class Learner:
         grad_clip: float | None = None,
         lr_schedule: list[tuple[int, float]] | None = None,
         device: torch.device | str = "cpu",
+        loss_schedules: dict[str, list[tuple[int, float]]] | None = None,
         adam_eps: float = 1e-5,
         max_nonfinite_updates: int = 20,
     ) -> None:
@@ -101,8 +103,14 @@ class Learner:
         self.grad_clip = grad_clip
         self.schedule = PiecewiseSchedule(lr_schedule) if lr_schedule else None
         self.lr = self.schedule(0) if self.schedule else lr
+        # loss fields on a schedule (entropy_coeff_schedule): the loss record is a dataclass whose
+        # field is replaced, one attribute store, whenever the env steps move
+        self.loss_schedules = {k: PiecewiseSchedule(v) for k, v in (loss_schedules or {}).items() if v}
+        self.env_steps = 0.0
         self.optimizer = make_adam(self.module.parameters(), self.lr, adam_eps)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
+        if self.loss_schedules:
+            self.set_env_steps(0)
         # Scalars a custom loss may keep with the learner (saved in checkpoints as "extra");
         # shoal's own post-update state is named (shoal.learn.target), not kept here.
         self.extra_state: dict[str, float] = {}
@@ -116,11 +124,16 @@ class Learner:
 
     # ---- optimisation ------------------------------------------------------------------
     def set_env_steps(self, env_steps: float) -> None:
-        """Move the learning rate along its schedule."""
+        """Move the learning rate and the scheduled loss fields along their schedules."""
+        self.env_steps = float(env_steps)
         if self.schedule is not None:
             self.lr = self.schedule(env_steps)
             for g in self.optimizer.param_groups:
                 g["lr"] = self.lr
+        if self.loss_schedules:
+            self.loss_fn = dataclasses.replace(  # type: ignore[type-var]
+                self.loss_fn, **{k: s(env_steps) for k, s in self.loss_schedules.items()}
+            )
 
     def set_lr(self, lr: float) -> None:
         """A new fixed learning rate, from the next update on (the optimizer's moments are kept)."""
@@ -235,7 +248,12 @@ class Learner:
         self.module.eval()
         out = acc.mean()
         out["lr"] = self.lr
+        out.update(self.schedule_stats())
         return out
+
+    def schedule_stats(self) -> dict[str, float]:
+        """The current value of each scheduled loss field (``entropy_coeff``), for the results."""
+        return {k: float(getattr(self.loss_fn, k)) for k in self.loss_schedules}
 
     # ---- weights and state -------------------------------------------------------------
     def get_weights(self) -> dict[str, np.ndarray]:

@@ -67,6 +67,7 @@ class PolicyLearner:
             lr=config.lr,
             grad_clip=config.grad_clip,
             lr_schedule=config.lr_schedule,
+            loss_schedules={"entropy_coeff": getattr(config, "entropy_coeff_schedule", None)},
             max_nonfinite_updates=config.max_nonfinite_updates,
             device=device,
             **learner_kwargs,
@@ -134,6 +135,7 @@ class PolicyLearner:
         loss = self.learner.loss_fn
         assert isinstance(loss, LossRecord), "a PolicyLearner's loss is a loss record"
         self.learner.loss_fn = loss.with_config(config)
+        self.learner.set_env_steps(self.learner.env_steps)  # scheduled loss fields keep their schedule
         self.learner.grad_clip = config.grad_clip
         if set_lr and not config.lr_schedule:
             self.learner.set_lr(config.lr)
