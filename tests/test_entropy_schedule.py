@@ -8,7 +8,6 @@ import pytest
 import torch
 import yaml
 
-from shoal.algorithms.alpha_star import AlphaStarConfig
 from shoal.algorithms.appo import APPOConfig
 from shoal.algorithms.ppo import PPOConfig
 from shoal.errors import ConfigError
@@ -117,20 +116,11 @@ def test_appo_moves_the_weight_and_update_config_cannot_fight_the_schedule():
 
 
 def test_the_league_learners_follow_the_schedule():
-    cfg = AlphaStarConfig(
-        env="pettingzoo.classic:tictactoe_v3",
-        seed=0,
-        rollout_fragment_length=8,
-        train_batch_size=128,
-        min_time_s_per_iteration=0.0,
-        min_env_steps_per_iteration=300,
-        league="no_league",
-        max_num_policies_to_train=1,
-        model={"hiddens": [32]},
-        entropy_coeff_schedule=[[0, 0.1], [1200, 0.0]],
-    )
-    cfg.resources.num_envs_per_worker = 8
-    algo = cfg.build()
+    from test_alpha_star import small  # the league tests' small tic-tac-toe league
+
+    algo = small(
+        league="no_league", max_num_policies_to_train=1, entropy_coeff_schedule=[[0, 0.1], [1200, 0.0]]
+    ).build()
     try:
         seen = [algo.train()["learner/main/entropy_coeff"] for _ in range(5)]
         assert seen[0] < 0.1 and all(a >= b for a, b in zip(seen, seen[1:])) and seen[-1] == 0.0, seen
