@@ -46,11 +46,10 @@ from shoal.imports import import_path
 from shoal.seeding import MAX_SEED
 
 
-def schedule_type(key: str, value: str, *, lower: float = 0.0) -> Any:
-    """The type of a piecewise-linear schedule key (``lr_schedule``, ``entropy_coeff_schedule``):
-    ``[[env_steps, value], ...]`` or None, with errors that name ``key`` and what a point holds."""
+def _schedule_points(key: str, value: str) -> Callable[[Any], Any]:
+    """Before validation: each point of schedule ``key`` is a pair [env_steps, ``value``]."""
 
-    def pairs(v: Any) -> Any:
+    def check(v: Any) -> Any:
         for i, point in enumerate(v if isinstance(v, (list, tuple)) else []):
             if not isinstance(point, (list, tuple)) or len(point) != 2:
                 raise ValueError(
@@ -58,22 +57,37 @@ def schedule_type(key: str, value: str, *, lower: float = 0.0) -> Any:
                 )
         return v
 
-    def ordered(v: Any) -> Any:
+    return check
+
+
+def _schedule_order(key: str, value: str) -> Callable[[Any], Any]:
+    """After validation: at least one point, env steps increasing from >= 0, values finite and >= 0."""
+
+    def check(v: Any) -> Any:
         if v is not None:
             if not v:
                 raise ValueError(f"{key} needs at least one [env_steps, {value}] point")
             steps = [s for s, _ in v]
             if steps != sorted(steps) or steps[0] < 0:
                 raise ValueError(f"{key} points must have non-negative, increasing env_steps")
-            if any(not (lower <= y < math.inf) for _, y in v):
-                raise ValueError(f"{key} values must be finite numbers >= {lower:g}")
+            if any(not (0 <= y < math.inf) for _, y in v):
+                raise ValueError(f"{key} values must be finite numbers >= 0")
         return v
 
-    return Annotated[Optional[list[tuple[int, float]]], BeforeValidator(pairs), AfterValidator(ordered)]
+    return check
 
 
-LRSchedule = schedule_type("lr_schedule", "lr")
-EntropySchedule = schedule_type("entropy_coeff_schedule", "entropy_coeff")
+# piecewise-linear schedules over sampled env steps, [[env_steps, value], ...] or None
+LRSchedule = Annotated[
+    Optional[list[tuple[int, float]]],
+    BeforeValidator(_schedule_points("lr_schedule", "lr")),
+    AfterValidator(_schedule_order("lr_schedule", "lr")),
+]
+EntropySchedule = Annotated[
+    Optional[list[tuple[int, float]]],
+    BeforeValidator(_schedule_points("entropy_coeff_schedule", "entropy_coeff")),
+    AfterValidator(_schedule_order("entropy_coeff_schedule", "entropy_coeff")),
+]
 
 EnvSpec = Union[str, Callable[..., Any]]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -93,7 +93,7 @@ class Learner:
         grad_clip: float | None = None,
         lr_schedule: list[tuple[int, float]] | None = None,
         device: torch.device | str = "cpu",
-        loss_schedules: dict[str, list[tuple[int, float]]] | None = None,
+        loss_schedules: Mapping[str, Sequence[tuple[int, float]] | None] | None = None,
         adam_eps: float = 1e-5,
         max_nonfinite_updates: int = 20,
     ) -> None:
