@@ -83,10 +83,14 @@ LRSchedule = Annotated[
     BeforeValidator(_schedule_points("lr_schedule", "lr")),
     AfterValidator(_schedule_order("lr_schedule", "lr")),
 ]
-EntropySchedule = Annotated[
+EntropySchedule = Annotated[  # the key of every config with an entropy bonus (PPO's and V-trace's groups)
     Optional[list[tuple[int, float]]],
     BeforeValidator(_schedule_points("entropy_coeff_schedule", "entropy_coeff")),
     AfterValidator(_schedule_order("entropy_coeff_schedule", "entropy_coeff")),
+    Field(
+        description="Piecewise-linear [[env_steps, entropy_coeff], ...] over sampled env steps; overrides "
+        "entropy_coeff when set."
+    ),
 ]
 
 EnvSpec = Union[str, Callable[..., Any]]

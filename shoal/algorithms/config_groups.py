@@ -38,11 +38,7 @@ class VTraceKeys(Section):
     )
     vf_loss_coeff: float = Field(0.5, ge=0, description="Weight of the value loss.")
     entropy_coeff: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
-    entropy_coeff_schedule: EntropySchedule = Field(
-        None,
-        description="Piecewise-linear [[env_steps, entropy_coeff], ...] over sampled env steps; overrides "
-        "entropy_coeff when set.",
-    )
+    entropy_coeff_schedule: EntropySchedule = None
     normalize_advantages: bool = Field(
         False, description="Standardize the V-trace advantages over each learner batch's valid steps (as PPO does)."
     )
@@ -166,11 +162,7 @@ class PPOLossKeys(Section):
     )
     vf_loss_coeff: float = Field(0.5, ge=0, description="Weight of the value loss.")
     entropy_coeff: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
-    entropy_coeff_schedule: EntropySchedule = Field(
-        None,
-        description="Piecewise-linear [[env_steps, entropy_coeff], ...] over sampled env steps; overrides "
-        "entropy_coeff when set.",
-    )
+    entropy_coeff_schedule: EntropySchedule = None
     normalize_advantages: bool = Field(True, description="Standardize advantages per minibatch.")
 
 
