@@ -3,6 +3,8 @@ kept for one policy; AsyncPipeline's train batches per policy."""
 
 from __future__ import annotations
 
+import queue
+
 import numpy as np
 import pytest
 
@@ -56,12 +58,43 @@ def test_several_policies_key_rows_stats_results_and_weights_by_id():
 
 
 class _Thread:
-    def __init__(self) -> None:
-        self.items: list = []
+    """The learner thread's driver side: a bounded in-queue; ``items`` is what the learner took."""
+
+    def __init__(self, queue_size: int = 100) -> None:
+        self.inqueue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self.num_dropped = 0
+        self.ident = 1  # started
+        self.taken: list = []
 
     def add(self, item, env_steps: int) -> bool:
-        self.items.append((item, env_steps))
+        try:
+            self.inqueue.put_nowait((item, env_steps))
+        except queue.Full:
+            self.num_dropped += 1
+            return False
         return True
+
+    def learn(self, n: int) -> None:
+        for _ in range(n):
+            self.taken.append(self.inqueue.get_nowait())
+
+    @property
+    def items(self) -> list:
+        while not self.inqueue.empty():
+            self.learn(1)
+        return self.taken
+
+
+
+class _Runners:
+    def __init__(self) -> None:
+        self.submitted = 0
+
+    def submit(self, method, prelude=None) -> None:
+        self.submitted += 1
+
+    def fetch_ready(self, timeout_s: float) -> list:
+        return []
 
 
 def test_async_pipeline_cuts_each_policys_train_batches_from_its_own_rows():
@@ -84,3 +117,27 @@ def test_async_pipeline_with_one_policy_offers_plain_batches():
     p.enqueue([_rows(3), _rows(3, 3)])
     assert [(item["x"].tolist(), steps) for item, steps in thread.items] == [([0, 1, 2, 3], 4)]
     assert p.pending_rows[None] == 2
+
+
+def test_async_pipeline_holds_back_what_the_learner_queue_has_no_room_for():
+    """A sample result that cuts into more train batches than the learner's queue holds: the
+    rest wait in the driver, in order, none is dropped, and no new sample request goes out
+    while a sample result's worth (max_ready) waits."""
+    thread, runners = _Thread(queue_size=2), _Runners()
+    p = AsyncPipeline(runners, thread, train_batch_size=4, broadcast_interval=1, max_ready=3)
+    p.sample()
+    assert runners.submitted == 1
+    p.enqueue([_rows(20)])  # five batches: two fit the queue, three wait
+    assert thread.inqueue.qsize() == 2 and len(p.ready) == 3 and thread.num_dropped == 0
+    assert p.metrics()["learner_backlog"] == 3
+    p.sample()
+    assert runners.submitted == 1  # back-pressure: three (max_ready) wait
+    thread.learn(1)
+    p.enqueue([])  # one place freed: the oldest waiting batch takes it
+    assert len(p.ready) == 2 and thread.num_dropped == 0
+    p.sample()
+    assert runners.submitted == 2  # below max_ready: sampling goes on
+    assert [item["x"].tolist()[0] for item, _ in thread.items] == [0, 4, 8]
+    p.enqueue([])
+    assert [item["x"].tolist()[0] for item, _ in thread.items] == [0, 4, 8, 12, 16]
+    assert not p.ready and thread.num_dropped == 0

@@ -109,7 +109,10 @@ class LearnerThreadKeys(Section):
         1, ge=1, description="Train batches in the learner's ring; they are learned interleaved."
     )
     learner_queue_size: int = Field(
-        16, ge=1, description="Train batches waiting for the learner; a full queue drops new ones."
+        16,
+        ge=1,
+        description="Train batches waiting for the learner; when it is full, cut batches wait in the driver and "
+        "no new sample request goes out until the learner catches up (none is dropped).",
     )
     learner_queue_timeout: float = Field(
         300.0, gt=0, description="Seconds the learner may wait for a batch before train() fails."

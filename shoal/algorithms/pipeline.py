@@ -13,8 +13,14 @@ pipeline state of its own and every field is written down here:
   policy when a ``multi_agent`` section trains several: each train batch holds one policy's
   sequences, and the batches cut in one step travel to the learner thread together as
   ``{policy_id: Batch}`` (its dict mode: one update step trains every policy present);
-- the learner thread with its in-queue (``thread.num_dropped`` counts the train batches a
-  full queue refused);
+- ``ready``: train batches already cut that the learner's in-queue had no room for; they go
+  first at the next step, and while ``max_ready`` (one sample result's worth) wait, no new
+  sample request is sent (back-pressure). A sample result that yields more train batches than
+  the queue holds so loses none of them (before, one of 32 envs x 32 steps cut into batches of
+  64 had 12 of its 16 refused by a queue of 4, and ``train_batch_size`` did not set the
+  updates per frame), and the learner has work while the next result is sampled;
+- the learner thread with its in-queue (``thread.num_dropped`` counts offers a full queue
+  refused: with ``ready`` in front, none from this pipeline);
 - ``learner_info``: the mean stats of the latest learner results (a report, never an input);
 - ``num_learner_results``: train batches the learner has finished;
 - the broadcast schedule: learner updates since the last weight broadcast.
@@ -29,7 +35,7 @@ its thread and the rollout actors that return sequences.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import Any, Optional
 
 from shoal import runtime
@@ -76,7 +82,9 @@ class LatestWeights:
 
 
 class AsyncPipeline:
-    def __init__(self, env_runners, thread, *, train_batch_size: int, broadcast_interval: int) -> None:
+    def __init__(
+        self, env_runners, thread, *, train_batch_size: int, broadcast_interval: int, max_ready: int = 1
+    ) -> None:
         self.env_runners = env_runners
         self.latest = LatestWeights(env_runners)
         self.thread = thread
@@ -84,33 +92,46 @@ class AsyncPipeline:
         self.broadcast_interval = broadcast_interval
         self.pending: dict[Any, list[Batch]] = defaultdict(list)  # policy id (None: the only one) -> sequences
         self.pending_rows: dict[Any, int] = defaultdict(int)
+        self.ready: deque[tuple[Any, int]] = deque()  # (train batch, env steps) the in-queue had no room for
+        self.max_ready = max(1, int(max_ready))  # no sample request while this many wait in ready
         self.learner_info: dict[str, float] = {}
         self.num_learner_results = 0
         self.broadcast_at = 0  # thread.num_updates at the last broadcast
 
     @classmethod
     def from_config(cls, env_runners, thread, config) -> "AsyncPipeline":
+        rows = config.fragment_length() * config.resources.num_envs_per_worker  # one sample result's rows
         return cls(
-            env_runners, thread, train_batch_size=config.train_batch_size, broadcast_interval=config.broadcast_interval
+            env_runners,
+            thread,
+            train_batch_size=config.train_batch_size,
+            broadcast_interval=config.broadcast_interval,
+            max_ready=-(-rows // config.train_batch_size),
         )
 
     # ---- the phases, in the order a training step calls them ------------------------------
     def sample(self) -> list[tuple[Batch, Any]]:
-        """Keep sample requests open (none while the learner's queue is full: back-pressure)
-        and return the (sequences, metrics) that are ready, waiting at most ``WAIT_S``."""
+        """Keep sample requests open (none while ``max_ready`` cut train batches wait for room in
+        the learner's queue: back-pressure) and return the (sequences, metrics) that are ready,
+        waiting at most ``WAIT_S``."""
         if self.thread.ident is None:
             self.thread.start()
-        if not self.thread.inqueue.full():
+        if len(self.ready) < self.max_ready:
             self.env_runners.submit("sample", prelude=self.latest.due)
         return [r for _, r in self.env_runners.fetch_ready(timeout_s=WAIT_S)]
 
     def enqueue(self, sampled: list[Any]) -> None:
-        """Cut every full train batch off the pending sequences and offer it to the learner
+        """Cut every full train batch off the pending sequences and hand the learner, oldest
+        first, as many as its queue has room for; the rest wait in ``ready`` for the next step
         (``sampled``: a Batch per rollout result, or a ``{policy_id: Batch}`` with several policies)."""
         for item in self._cut_train_batches(sampled):
             parts = item.values() if isinstance(item, dict) else [item]
-            steps = sum(int(b[Col.VALID].sum()) for b in parts)
-            self.thread.add(item, env_steps=steps)  # a full queue drops it (counted)
+            self.ready.append((item, sum(int(b[Col.VALID].sum()) for b in parts)))
+        while self.ready and not self.thread.inqueue.full():
+            item, steps = self.ready[0]
+            if not self.thread.add(item, env_steps=steps):  # only the learner thread takes from the queue
+                break
+            self.ready.popleft()
 
     def drain(self, wait: bool) -> list[LearnerResult]:
         """The learner results finished since the last call, oldest first (waiting up to
@@ -137,6 +158,7 @@ class AsyncPipeline:
             **self.learner_info,
             "num_dropped_batches": self.thread.num_dropped,
             "num_learner_results": self.num_learner_results,
+            "learner_backlog": len(self.ready),
         }
 
     def _cut_train_batches(self, sampled: list[Any]) -> list[Any]:
