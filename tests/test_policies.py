@@ -85,7 +85,6 @@ class _Thread:
         return self.taken
 
 
-
 class _Runners:
     def __init__(self) -> None:
         self.submitted = 0
