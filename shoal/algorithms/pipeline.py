@@ -15,10 +15,8 @@ pipeline state of its own and every field is written down here:
   ``{policy_id: Batch}`` (its dict mode: one update step trains every policy present);
 - ``ready``: train batches already cut that the learner's in-queue had no room for; they go
   first at the next step, and while ``max_ready`` (one sample result's worth) wait, no new
-  sample request is sent (back-pressure). A sample result that yields more train batches than
-  the queue holds so loses none of them (before, one of 32 envs x 32 steps cut into batches of
-  64 had 12 of its 16 refused by a queue of 4, and ``train_batch_size`` did not set the
-  updates per frame), and the learner has work while the next result is sampled;
+  sample request is sent (back-pressure): none is dropped, and the learner has work while
+  the next result is sampled;
 - the learner thread with its in-queue (``thread.num_dropped`` counts offers a full queue
   refused: with ``ready`` in front, none from this pipeline);
 - ``learner_info``: the mean stats of the latest learner results (a report, never an input);
@@ -127,11 +125,9 @@ class AsyncPipeline:
         for item in self._cut_train_batches(sampled):
             parts = item.values() if isinstance(item, dict) else [item]
             self.ready.append((item, sum(int(b[Col.VALID].sum()) for b in parts)))
-        while self.ready and not self.thread.inqueue.full():
-            item, steps = self.ready[0]
-            if not self.thread.add(item, env_steps=steps):  # only the learner thread takes from the queue
-                break
-            self.ready.popleft()
+        while self.ready and not self.thread.inqueue.full():  # the driver is the queue's only producer
+            item, steps = self.ready.popleft()
+            self.thread.add(item, env_steps=steps)
 
     def drain(self, wait: bool) -> list[LearnerResult]:
         """The learner results finished since the last call, oldest first (waiting up to
