@@ -274,3 +274,29 @@ def test_conv_torso_follows_the_frame_layout():
     x = frames(2)
     torch.testing.assert_close(cf(rows(x)), cl(rows(x.transpose(0, 2, 3, 1))), rtol=1e-5, atol=1e-6)
     assert cf(rows(x)).abs().max() < 10  # uint8 frames reach the convolutions in [0, 1]
+
+
+def test_a_conv_covering_the_whole_map_is_the_same_matmul_forward_and_backward():
+    """The 42x42 presets' last layer, [256, 9, 1] on a 9x9 map, runs as one matmul: the same
+    outputs and gradients as conv2d; a kernel smaller than its map still runs as a convolution."""
+    torch.manual_seed(0)
+    space = gym.spaces.Box(0, 255, (4, 42, 42), np.uint8)
+    torso = ConvTorso(space, [[8, 4, 2], [16, 4, 2], [32, 9, 1]], "relu", "channels_first")
+    obs = torch.randint(0, 256, (5, 4, 42, 42), dtype=torch.uint8)
+
+    def reference(net):
+        x = obs.float() / 255.0
+        for layer in net:
+            x = layer(x)  # nn.Conv2d.forward: conv2d for every layer
+        return x.flatten(1)
+
+    out, ref = torso(obs), reference(torso.net)
+    assert out.shape == ref.shape == (5, 32)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    grads = torch.autograd.grad(out.square().sum(), list(torso.parameters()))
+    ref_grads = torch.autograd.grad(ref.square().sum(), list(torso.parameters()))
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+    # an input larger than the kernel: a real convolution, 2x2 outputs per channel
+    wide = ConvTorso(gym.spaces.Box(0, 255, (4, 46, 46), np.uint8), [[8, 4, 2], [16, 4, 2], [32, 9, 1]], "relu")
+    assert wide(torch.zeros(1, 4, 46, 46, dtype=torch.uint8)).shape == (1, 32 * 2 * 2)
