@@ -55,7 +55,8 @@ def child(algo_name: str, config_path: str, budget_s: float, spawn_time: float, 
     data.pop("stop", None)
     if data.pop("algo", algo_name) != algo_name:
         raise SystemExit(f"{config_path} is not a config for '{algo_name}'")
-    config = get_config_class(algo_name)(**data, seed=0)
+    data.setdefault("seed", 0)  # the file's seed when it names one
+    config = get_config_class(algo_name)(**data)
     skip = config.env_preprocessing.frame_skip
     algo = config.build()
     sticky = config.env_preprocessing.repeat_action_probability
