@@ -178,3 +178,55 @@ class PixelPair(gym.Env):
         reward = float(int(action) == self.answer)
         self.t += 1
         return self._obs(), reward, False, self.t >= self.episode_len, {}
+
+
+class MixedSignal(gym.Env):
+    """Observations that mix every kind of entry the default models take: a small image
+    ``"patch"`` (uint8 8x8x1, smaller than the Nature CNN fits), an Atari-size one ``"screen"``
+    (uint8 1x84x84), a float ``"vector"`` and the ``"signal"`` to name (Discrete(3)); a Dict, or
+    with ``tuple_obs`` a Tuple of the same entries in that order, or with ``images=False`` the
+    vector and the signal only (SAC takes vector entries only). The patch and the screen light a
+    pixel where the signal says. Discrete(3) actions pay 1 for naming the signal; with
+    ``box_actions`` one action in [-1, 1] pays minus its distance to ``signal - 1``."""
+
+    def __init__(
+        self, episode_len: int = 8, tuple_obs: bool = False, images: bool = True, box_actions: bool = False
+    ) -> None:
+        self.episode_len, self.tuple_obs, self.images, self.box_actions = episode_len, tuple_obs, images, box_actions
+        entries = {
+            "patch": gym.spaces.Box(0, 255, (8, 8, 1), np.uint8),
+            "screen": gym.spaces.Box(0, 255, (1, 84, 84), np.uint8),
+            "vector": gym.spaces.Box(-1.0, 1.0, (3,), np.float32),
+            "signal": gym.spaces.Discrete(3),
+        }
+        if not images:
+            del entries["patch"], entries["screen"]
+        self.keys = list(entries)
+        spaces = gym.spaces
+        self.observation_space = spaces.Tuple(tuple(entries.values())) if tuple_obs else spaces.Dict(entries)
+        self.action_space = spaces.Box(-1.0, 1.0, (1,), np.float32) if box_actions else spaces.Discrete(3)
+        self._rng = np.random.default_rng()
+
+    def _obs(self):
+        self.signal = int(self._rng.integers(3))
+        obs = {"vector": self._rng.uniform(-1, 1, 3).astype(np.float32), "signal": self.signal}
+        if self.images:
+            obs["patch"] = np.zeros((8, 8, 1), np.uint8)
+            obs["patch"][self.signal, self.signal, 0] = 255
+            obs["screen"] = np.zeros((1, 84, 84), np.uint8)
+            obs["screen"][0, 28 * self.signal : 28 * self.signal + 28, :] = 255
+        return tuple(obs[k] for k in self.keys) if self.tuple_obs else {k: obs[k] for k in self.keys}
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        if self.box_actions:
+            reward = -abs(float(np.asarray(action).reshape(-1)[0]) - (self.signal - 1))
+        else:
+            reward = float(int(action) == self.signal)
+        self.t += 1
+        return self._obs(), reward, False, self.t >= self.episode_len, {}

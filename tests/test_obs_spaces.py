@@ -190,3 +190,90 @@ def test_ppo_learns_from_an_image_and_a_vector_together():
         assert best >= 14, f"best mean return {best:.2f} after {r['env_steps_sampled']} steps"
     finally:
         algo.stop()
+
+
+def _mixed(**kwargs) -> gym.Space:
+    from space_envs import MixedSignal
+
+    return MixedSignal(**kwargs).observation_space
+
+
+@pytest.mark.parametrize("tuple_obs", [False, True])
+def test_default_models_give_each_image_entry_its_torso(tuple_obs):
+    """model.torso auto on a Dict or Tuple with images resolves once, to a DictTorso: the Nature CNN
+    for the 84x84 entry, the scaled pixels for the 8x8 one (no CNN preset fits it), then the vector
+    and the Discrete's one-hot."""
+    import torch
+
+    from shoal.config import ModelConfig
+    from shoal.models.catalog import DictTorso, NatureCNN, _ScaledRows, build_actor_critic, build_q_network
+
+    space = _mixed(tuple_obs=tuple_obs)
+    ac = build_actor_critic(space, gym.spaces.Discrete(3), ModelConfig())
+    q = build_q_network(space, gym.spaces.Discrete(3), ModelConfig(hiddens=[16]))
+    for torso in (ac.pi_conv, ac.vf_conv, q.conv):
+        assert isinstance(torso, DictTorso)
+        assert [type(t) for t in torso.torsos] == [_ScaledRows, NatureCNN]
+        assert torso.out_dim == 64 + 512 + 3 + 3
+    assert ac.torso == q.torso == "dict"
+    obs = space.sample()
+    rows = torch.from_numpy(preprocess_obs(space, stack_obs([obs, obs])))
+    assert rows.dtype == torch.uint8 and ac(rows)[0].shape == (2, 3) and q(rows).shape == (2, 3)
+
+
+def test_torso_values_on_an_image_dict_are_checked_once_with_what_is_allowed():
+    from shoal.config import ModelConfig
+    from shoal.errors import ConfigError
+    from shoal.models.catalog import build_actor_critic, build_torso
+
+    space = _mixed()
+    allowed = r"auto or one of mlp, nature_cnn, impala_cnn, conv; got '{}'"
+    for bad in ("resnet", "dict"):  # "dict" is resolve_torso's answer, not a model.torso value
+        with pytest.raises(ConfigError, match=allowed.format(bad)):
+            build_torso(space, bad)
+    with pytest.raises(ValueError, match=r"model\.torso.*'auto'.*'mlp'.*'nature_cnn'.*'impala_cnn'.*'conv'"):
+        PPOConfig(env="space_envs:MixedSignal", model={"torso": "resnet"})
+    with pytest.raises(ConfigError, match=r"nature_cnn needs frames of at least 36x36"):  # the 8x8 entry
+        build_actor_critic(space, gym.spaces.Discrete(3), ModelConfig(torso="nature_cnn"))
+    explicit = build_actor_critic(space, gym.spaces.Discrete(3), ModelConfig(torso="impala_cnn"))
+    assert explicit.torso == "impala_cnn" and [t.out_dim for t in explicit.pi_conv.torsos] == [256, 256]
+
+
+def _mixed_configs(env_config: dict) -> dict:
+    """A few small training steps per algorithm, in this process, with the default models."""
+    from shoal import APPOConfig, DQNConfig, SACConfig
+
+    common = dict(env="space_envs:MixedSignal", env_config=env_config, seed=0, resources={"num_envs_per_worker": 2})
+    replay = dict(replay_capacity=256, min_env_steps_per_iteration=32, train_batch_size=16)
+    return {
+        "ppo": lambda: PPOConfig(**common, train_batch_size=32, minibatch_size=16, num_sgd_iter=1),
+        "appo": lambda: APPOConfig(
+            **common, train_batch_size=32, rollout_fragment_length=16, min_time_s_per_iteration=0
+        ),
+        "dqn": lambda: DQNConfig(**common, **replay, learning_starts=32, training_intensity=1),
+        "sac": lambda: SACConfig(**common, **replay, learning_starts=16),
+    }
+
+
+@pytest.mark.parametrize("tuple_obs", [False, True], ids=["dict", "tuple"])
+@pytest.mark.parametrize("algo", ["ppo", "appo", "dqn", "sac"])
+def test_default_models_train_on_mixed_observations(algo, tuple_obs):
+    """Images of 8x8 and 84x84 beside a vector and a Discrete entry (SAC: Box actions, and the
+    vector entries only, as it refuses images by name)."""
+    env_config = {"tuple_obs": tuple_obs}
+    if algo == "sac":
+        env_config.update(images=False, box_actions=True)
+    algorithm = _mixed_configs(env_config)[algo]().build()
+    try:
+        for i in range(10):  # APPO's learner thread may take a few iterations to report its first update
+            r = algorithm.train()
+            if i >= 1 and r["env_steps_trained"] > 0:
+                break
+        assert r["env_steps_trained"] > 0 and math.isfinite(r["episode_return_mean"]), r
+    finally:
+        algorithm.stop()
+    if algo == "sac":
+        from shoal.errors import ConfigError
+
+        with pytest.raises(ConfigError, match=r"sac here takes vector observations; entry \[('patch'|0)\] is an image"):
+            _mixed_configs({"tuple_obs": tuple_obs, "box_actions": True})["sac"]().build()

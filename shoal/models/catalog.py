@@ -28,6 +28,7 @@ from shoal.spaces import flat_obs_dim, image_entries, preprocess_obs, vector_dim
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 TORSOS = ("mlp", "nature_cnn", "impala_cnn", "conv")
 MAX_CHANNELS = 16  # the longest axis frame_layout takes for channels
+DICT_TORSO = "dict"  # resolve_torso's kind for auto on a Dict or Tuple with image entries: a DictTorso
 
 
 def mlp(
@@ -104,9 +105,13 @@ def _uint8_image(space: gym.Space) -> bool:
 
 
 def resolve_torso(obs_space: gym.Space, torso: str = "auto", conv_filters: list[list[int]] | None = None) -> str:
-    """The torso ``model.torso`` names for ``obs_space``: ``auto`` becomes ``conv`` when conv_filters
-    is set, ``nature_cnn`` for a 3-d uint8 Box whose frames the Nature network fits (at least 36x36,
-    judged by the two longest axes), ``mlp`` otherwise."""
+    """The torso kind ``model.torso`` names for ``obs_space``: ``auto`` becomes ``conv`` when conv_filters
+    is set, ``dict`` (:data:`DICT_TORSO`) for a Dict or Tuple observation with image entries (each
+    image's torso chosen as for a whole image), ``nature_cnn`` for a 3-d uint8 Box whose frames the
+    Nature network fits (at least 36x36, judged by the two longest axes), ``mlp`` otherwise.
+
+    The answer is a kind for :func:`make_torso`, not a ``model.torso`` value: ``dict`` is no such
+    value, so it is not resolved again."""
     if conv_filters and torso not in ("auto", "conv"):
         raise ConfigError(
             f"model.conv_filters is set, but model.torso is '{torso}': conv_filters are the layers of "
@@ -124,7 +129,7 @@ def resolve_torso(obs_space: gym.Space, torso: str = "auto", conv_filters: list[
     if conv_filters:
         return "conv"
     if image_entries(obs_space):
-        return "dict"  # a DictTorso, each image entry's torso chosen as for a whole image
+        return DICT_TORSO
     if _uint8_image(obs_space) and sorted(obs_space.shape)[1] >= NatureCNN.MIN_SIZE:
         return "nature_cnn"
     return "mlp"
@@ -281,18 +286,34 @@ def build_torso(
     activation: str = "relu",
     layout: str = "auto",
 ) -> tuple[nn.Module | None, int]:
-    """The torso module (None for ``mlp``) and the width of what the MLPs after it see. A Dict or
-    Tuple observation with image entries gets a :class:`DictTorso` whose image torsos are ``torso``."""
-    kind = resolve_torso(obs_space, torso, conv_filters)
-    if image_entries(obs_space):
-        t: nn.Module = DictTorso(obs_space, "auto" if kind == "dict" else kind, conv_filters, activation, layout)
+    """The torso module (None for ``mlp``) and the width of what the MLPs after it see, for the
+    ``model.torso`` value ``torso`` (resolved once, by :func:`resolve_torso`). A Dict or Tuple
+    observation with image entries gets a :class:`DictTorso` whose image torsos are ``torso``."""
+    return make_torso(obs_space, resolve_torso(obs_space, torso, conv_filters), conv_filters, activation, layout)
+
+
+def make_torso(
+    obs_space: gym.Space,
+    kind: str,
+    conv_filters: list[list[int]] | None = None,
+    activation: str = "relu",
+    layout: str = "auto",
+) -> tuple[nn.Module | None, int]:
+    """:func:`build_torso` for a ``kind`` that :func:`resolve_torso` gave (not resolved again)."""
+    if image_entries(obs_space):  # the packed uint8 row: a DictTorso whatever the kind
+        entry_torso = "auto" if kind == DICT_TORSO else kind  # dict: each image's torso chosen as for a whole image
+        t: nn.Module = DictTorso(obs_space, entry_torso, conv_filters, activation, layout)
         return t, t.out_dim
     if kind == "mlp":
         return None, flat_obs_dim(obs_space)
     if kind == "conv":
-        t = ConvTorso(obs_space, conv_filters, activation, layout)
+        t = ConvTorso(obs_space, conv_filters or [], activation, layout)
+    elif kind == "nature_cnn":
+        t = NatureCNN(obs_space, layout)
+    elif kind == "impala_cnn":
+        t = ImpalaCNN(obs_space, layout)
     else:
-        t = (NatureCNN if kind == "nature_cnn" else ImpalaCNN)(obs_space, layout)
+        raise ValueError(f"torso kind {kind!r} is not one resolve_torso gives for {obs_space}")
     return t, t.out_dim
 
 
@@ -407,9 +428,9 @@ class ActorCritic(nn.Module):
         self.dist_cls = dist_class_for(action_space)
         self.torso = resolve_torso(obs_space, torso, conv_filters)
         # One torso in front of the shared encoder, or one per network when they are separate.
-        self.pi_conv, in_dim = build_torso(obs_space, self.torso, conv_filters, activation, frame_layout)
+        self.pi_conv, in_dim = make_torso(obs_space, self.torso, conv_filters, activation, frame_layout)
         self.vf_conv = (
-            None if vf_share_layers else build_torso(obs_space, self.torso, conv_filters, activation, frame_layout)[0]
+            None if vf_share_layers else make_torso(obs_space, self.torso, conv_filters, activation, frame_layout)[0]
         )
         self.gaussian = self.dist_cls is DiagGaussian
         n_out = int(action_space.shape[0]) if self.gaussian else self.dist_cls.num_inputs(action_space)
@@ -583,7 +604,7 @@ class QNetwork(nn.Module):
         if not isinstance(action_space, gym.spaces.Discrete):
             raise TypeError(f"Q-learning needs a Discrete action space, got {action_space}")
         self.torso = resolve_torso(obs_space, torso, conv_filters)
-        self.conv, in_dim = build_torso(obs_space, self.torso, conv_filters, activation, frame_layout)
+        self.conv, in_dim = make_torso(obs_space, self.torso, conv_filters, activation, frame_layout)
         n = int(action_space.n)
         last = hiddens[-1] if hiddens else in_dim
         self.dueling = dueling
