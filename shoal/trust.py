@@ -9,8 +9,10 @@ arguments it names, so a run directory from somewhere else could run any command
 therefore imports a path recorded in a checkpoint only when one of these holds:
 
 - it names something shoal trusts without asking: a registered Gymnasium id (Atari ids
-  included), a PettingZoo env module (``pettingzoo.classic:tictactoe_v3``), one of shoal's
-  own envs, or a model, callbacks class, mapping function or league builder inside shoal;
+  included), a PettingZoo env module (``pettingzoo.classic:tictactoe_v3``), an OpenSpiel game
+  (``openspiel:leduc_poker``), one of shoal's own envs, a league builder shoal names
+  (``alpha_star``, as ``league`` or ``league.type``), or a model, callbacks class, mapping
+  function or league builder inside shoal;
 - the checkpoint carries a valid signature of this machine's user: shoal signs every
   ``meta.json`` it writes with a key kept in ``~/.config/shoal/checkpoint.key`` (HMAC-SHA256),
   so your own runs load as before;
@@ -20,6 +22,15 @@ therefore imports a path recorded in a checkpoint only when one of these holds:
 Otherwise loading stops with :class:`UntrustedCodeError`, naming every path it would import.
 While a checkpoint is rebuilt, :func:`import_gate` also refuses any import path that was not
 approved this way, so a key this module does not know about cannot slip through.
+
+Keys that send data or control off the machine count as code too (:func:`destination_references`):
+the Ray cluster a run joins (``resources.address``: a Ray driver exchanges pickled objects with its
+cluster, so the cluster can run code in the driver) and the trackers its results go to
+(``logging.mlflow.tracking_uri``, ``logging.wandb.mode: online``). A rebuilt algorithm would connect
+where the file says, so an unsigned checkpoint naming one is refused the same way.
+
+A key file that exists but cannot be used (a directory, unreadable, not a key) turns signing off;
+shoal says so once per process with a warning, and warns of a key file other users can read.
 """
 
 from __future__ import annotations
@@ -28,8 +39,10 @@ import contextvars
 import hashlib
 import hmac
 import json
+import logging
 import os
 import secrets
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -52,11 +65,21 @@ SHOAL_ENVS = frozenset(
 
 SHOAL_LEAGUE_BUILDERS = frozenset({"alpha_star", "no_league"})
 
+OPENSPIEL_PREFIX = "openspiel:"
+"""``openspiel:<game>``: an OpenSpiel game built by shoal's own adapter (:mod:`shoal.envs.openspiel`);
+nothing is imported by that name."""
+
+LOCAL_RAY_ADDRESSES = (None, "local")
+"""``resources.address`` values that start a Ray instance on this machine instead of joining one."""
+
+log = logging.getLogger(__name__)
+
 __all__ = [
     "UntrustedCodeError",
     "check_checkpoint_code",
     "check_import",
     "code_references",
+    "destination_references",
     "import_gate",
     "key_file",
     "sign_meta",
@@ -78,27 +101,92 @@ def key_file() -> Path:
 
 def _signing_key(create: bool) -> Optional[bytes]:
     """The key's bytes; with ``create``, a new random key is written (mode 0600) when there is none.
-    None when there is no usable key (and, with ``create``, none can be written: an unwritable home)."""
+    None when there is no usable key (and, with ``create``, none can be written: an unwritable home);
+    a key file that is there but unusable is said once per process (:func:`_warn_once`)."""
     path = key_file()
-    for _ in range(2):
+    for attempt in range(3):
         try:
-            data = path.read_bytes().strip()
-            return bytes.fromhex(data.decode("ascii")) if len(data) == 64 else None
-        except FileNotFoundError:
+            with open(path, "rb") as f:
+                mode = os.fstat(f.fileno()).st_mode
+                data = f.read(4096).strip()
+        except FileNotFoundError:  # the first run: create it below
             if not create:
                 return None
-        except (OSError, ValueError, UnicodeDecodeError):
-            return None
+        except OSError as e:
+            if isinstance(e, IsADirectoryError) or path.is_dir():
+                return _unusable(path, "is a directory", "remove it, or set SHOAL_KEY_FILE to a file path")
+            return _unusable(
+                path, f"cannot be read ({e.strerror or e})", f"make it readable (chmod 600 '{path}'), or delete it"
+            )
+        else:
+            if not data and attempt < 2:  # another process between creating the file and writing its key
+                time.sleep(0.05)
+                continue
+            return _parse_key(path, data, mode)
         try:  # O_EXCL: of two processes creating it at once, one writes and both then read the same key
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             continue
-        except OSError:
-            return None
+        except OSError as e:
+            return _unusable(
+                path,
+                f"cannot be created ({e.strerror or e})",
+                "make its folder writable, or set SHOAL_KEY_FILE to a file path you can write",
+            )
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(32))
     return None
+
+
+def _parse_key(path: Path, data: bytes, mode: int) -> Optional[bytes]:
+    """The key a key file holds (64 hex digits), or None with a warning; a warning too when
+    other users may read or write the file (``mode``)."""
+    try:
+        key = bytes.fromhex(data.decode("ascii")) if len(data) == 64 else b""
+    except (ValueError, UnicodeDecodeError):
+        key = b""
+    if len(key) != 32:
+        return _unusable(
+            path,
+            f"does not hold a key ({len(data)} bytes; shoal writes 64 hexadecimal digits)",
+            "restore the key from a backup, or delete the file and shoal writes a new key (checkpoints "
+            "signed with the lost key then need --trust once)",
+        )
+    others = [what for what, bits in (("read", 0o044), ("changed", 0o022)) if mode & bits]
+    if others and os.name != "nt":
+        _warn_once(
+            path,
+            "mode",
+            f"The checkpoint signing key '{path}' can be {' and '.join(others)} by other users (mode "
+            f"{mode & 0o777:o}): whoever reads it can sign a crafted run directory that shoal then loads "
+            f"without --trust. Make it yours alone: chmod 600 '{path}'.",
+        )
+    return key
+
+
+def _unusable(path: Path, problem: str, remedy: str) -> Optional[bytes]:
+    """None (no key), said once: signing is off, and how to turn it on again."""
+    _warn_once(
+        path,
+        problem,
+        f"Checkpoint signing is off: the key file '{path}' {problem}. The checkpoints shoal writes are "
+        "unsigned, and loading or resuming a run that names your own code (an env factory, a model, "
+        "callbacks) or a Ray cluster or tracker then needs --trust, your own runs included. To sign again, "
+        f"{remedy}.",
+    )
+    return None
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_once(path: Path, problem: str, message: str) -> None:
+    """``message`` as a warning, once per process for each key file and problem (a run signs every
+    checkpoint it writes)."""
+    if (str(path), problem) not in _warned:
+        _warned.add((str(path), problem))
+        log.warning("%s", message)
 
 
 def _digest(key: bytes, meta: dict[str, Any]) -> str:
@@ -157,6 +245,49 @@ def code_references(config: dict[str, Any]) -> list[tuple[str, str]]:
     return refs
 
 
+def destination_references(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(dotted key, value)`` for every value of ``config`` (a config dict) that sends data or
+    control off this machine or out of the run directory:
+
+    - ``resources.address`` other than None or ``local``: a Ray cluster to join (``auto`` included:
+      whatever cluster this machine finds). A Ray driver exchanges pickled objects with its cluster,
+      so the cluster can run code in the driver, and it receives the run's weights and samples;
+    - ``logging.mlflow.tracking_uri``: where MLflow writes the run's config and metrics (a server,
+      given your ``MLFLOW_TRACKING_*`` credentials, or any path);
+    - ``logging.wandb.mode`` online (and then ``logging.wandb.entity``): the run's config and metrics
+      streamed to W&B, under the named entity.
+
+    Rebuilding a checkpoint treats them as code (:func:`check_checkpoint_code`)."""
+    refs: list[tuple[str, str]] = []
+    res = config.get("resources")
+    if isinstance(res, dict) and res.get("address") not in LOCAL_RAY_ADDRESSES:
+        refs.append(("resources.address", str(res["address"])))
+    logs = config.get("logging")
+    if isinstance(logs, dict):
+        mlflow = logs.get("mlflow")
+        if isinstance(mlflow, dict) and mlflow.get("tracking_uri") is not None:
+            refs.append(("logging.mlflow.tracking_uri", str(mlflow["tracking_uri"])))
+        wandb = logs.get("wandb")
+        if isinstance(wandb, dict) and wandb.get("mode", "offline") not in ("offline", "disabled"):
+            refs.append(("logging.wandb.mode", str(wandb["mode"])))
+            if wandb.get("entity") is not None:
+                refs.append(("logging.wandb.entity", str(wandb["entity"])))
+    return refs
+
+
+DESTINATION_OVERRIDES = {
+    "resources.address": "{'resources': {'address': None}}",
+    "logging.mlflow.tracking_uri": "{'logging': {'mlflow': {'tracking_uri': None}}}",
+    "logging.wandb.mode": "{'logging': {'wandb': {'mode': 'offline'}}}",
+    "logging.wandb.entity": "{'logging': {'wandb': {'mode': 'offline'}}}",
+}
+"""The override that keeps each destination key on this machine, for the refusal's hint."""
+
+
+def _is_openspiel(key: str, path: str) -> bool:
+    return key == "env" and path.startswith(OPENSPIEL_PREFIX) and len(path) > len(OPENSPIEL_PREFIX)
+
+
 def _module_of(path: str) -> str:
     return path.partition(":")[0] if ":" in path else path.rpartition(".")[0]
 
@@ -181,7 +312,7 @@ def _is_pettingzoo_env_module(path: str) -> bool:
 def trusted_without_asking(key: str, path: str) -> bool:
     """Whether import path ``path`` at config key ``key`` names something shoal trusts as it is."""
     if key == "env":
-        if path in SHOAL_ENVS or _is_pettingzoo_env_module(path):
+        if path in SHOAL_ENVS or _is_openspiel(key, path) or _is_pettingzoo_env_module(path):
             return True
         if ":" in path:
             return False
@@ -190,7 +321,7 @@ def trusted_without_asking(key: str, path: str) -> bool:
         from shoal.gym_ids import is_ale_id
 
         return path in gym.envs.registry or is_ale_id(path)
-    if key == "league" and path in SHOAL_LEAGUE_BUILDERS:
+    if key in ("league", "league.type") and path in SHOAL_LEAGUE_BUILDERS:
         return True
     # a class or function inside shoal: checked for its type before it is called, and called with
     # arguments that are shoal's own (spaces, agent ids), not ones read from the file
@@ -208,28 +339,61 @@ def _given(given: dict[str, Any], dotted: str) -> bool:
 
 
 def check_checkpoint_code(
-    source: str, meta: dict[str, Any], config: dict[str, Any], given: dict[str, Any], trust: bool
+    source: str,
+    meta: dict[str, Any],
+    config: dict[str, Any],
+    given: dict[str, Any],
+    trust: bool,
+    destinations: bool = True,
 ) -> Optional[frozenset[str]]:
     """The import paths that rebuilding ``config`` (a checkpoint's config with the caller's
     ``given`` keys merged in) may import, for :func:`import_gate`; raises UntrustedCodeError naming
-    the others. None (no gate) when the checkpoint's ``meta`` is signed by this user, or with ``trust``.
+    the others, and, with ``destinations`` (the caller builds something that may connect: an
+    algorithm), every key of :func:`destination_references`. None (no gate) when the checkpoint's
+    ``meta`` is signed by this user, or with ``trust``.
 
-    A path is approved when shoal trusts it without asking, or when ``given`` sets its key (the
-    caller named that code again)."""
+    A path or destination is approved when ``given`` sets its key (the caller named it again), and a
+    path also when shoal trusts it without asking."""
     if trust or signed_by_me(meta):
         return None
     refs = code_references(config)
     refused = [(k, p) for k, p in refs if not trusted_without_asking(k, p) and not _given(given, k)]
-    if refused:
-        names = ", ".join(f"{k} '{p}'" for k, p in refused)
-        raise UntrustedCodeError(
-            f"{source} names code to import: {names}. shoal does not import code a run directory names unless you "
-            "vouch for it: this checkpoint was not signed with your key (it was written by someone else, on another "
-            "machine, or by an older shoal), and a crafted one could run any command this way. If you know where "
-            "this run directory comes from, pass --trust (Python: trust=True); or give the code yourself (Python: "
-            "e.g. env=make_env or overrides={'callbacks': ...})."
-        )
-    return frozenset(p for _, p in refs)
+    elsewhere = [(k, v) for k, v in destination_references(config) if not _given(given, k)] if destinations else []
+    if refused or elsewhere:
+        raise UntrustedCodeError(_refusal(source, refused, elsewhere))
+    # openspiel:<game> is built by shoal's adapter, never imported: a gate that saw it imported refuses it
+    return frozenset(p for k, p in refs if not _is_openspiel(k, p))
+
+
+def _refusal(source: str, code: list[tuple[str, str]], elsewhere: list[tuple[str, str]]) -> str:
+    """One paragraph: what the checkpoint names, why shoal will not follow it, and how to go on."""
+    parts = []
+    if code:
+        parts.append("names code to import: " + ", ".join(f"{k} '{p}'" for k, p in code))
+    if elsewhere:
+        parts.append("sends data or control elsewhere: " + ", ".join(f"{k} '{v}'" for k, v in elsewhere))
+    does = {
+        (True, False): "import code",
+        (False, True): "connect to a cluster or tracker",
+        (True, True): "import code, or connect to a cluster or tracker,",
+    }[(bool(code), bool(elsewhere))]
+    harm = (["run any command"] if code else []) + (
+        ["join a Ray cluster that runs code in this process (a Ray driver exchanges pickled objects with its cluster)"]
+        if any(k == "resources.address" for k, _ in elsewhere)
+        else []
+    )
+    if any(k.startswith("logging.") for k, _ in elsewhere):
+        harm.append("send the run's config and metrics (and your tracker credentials) to a server of its choosing")
+    hints = (["env=make_env or overrides={'callbacks': ...}"] if code else []) + list(
+        dict.fromkeys(f"overrides={DESTINATION_OVERRIDES[k]}" for k, _ in elsewhere)
+    )
+    return (
+        f"{source} {'; and '.join(parts)}. shoal does not {does} a run directory names unless you vouch "
+        "for it: this checkpoint was not signed with your key (it was written by someone else, on another "
+        f"machine, or by an older shoal), and a crafted one could {', or '.join(harm)} this way. If you know "
+        "where this run directory comes from, pass --trust (Python: trust=True); or give "
+        f"{'the code' if not elsewhere else 'those keys'} yourself (Python: e.g. {' or '.join(hints)})."
+    )
 
 
 # ---- the gate around a rebuild -----------------------------------------------------------

@@ -5,13 +5,14 @@ in URLs never reach a file shoal writes."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import invoke
+from helpers import flat, invoke
 
 import shoal
 from shoal import PPOConfig
@@ -22,6 +23,7 @@ from shoal.files import redact_secrets, safe_yaml, strip_redacted_password
 from shoal.trust import (
     UntrustedCodeError,
     code_references,
+    destination_references,
     import_gate,
     key_file,
     sign_meta,
@@ -121,12 +123,17 @@ def test_another_users_key_does_not_vouch(tmp_path, monkeypatch):
         ("env", "shoal.envs.make:make_env", False),
         ("env", "pettingzoo.utils:wrappers", False),  # a pettingzoo module that is not an env
         ("env", "my_envs:make_maze", False),
+        ("env", "openspiel:leduc_poker", True),  # built by shoal's OpenSpiel adapter, nothing imported
+        ("env", "openspiel:", False),
         ("callbacks", "shoal.callbacks:Callbacks", True),
         ("callbacks", "my_hooks:Hooks", False),
         ("model.custom", "my_models:Net", False),
         ("league", "alpha_star", True),
         ("league", "my_league:Builder", False),
         ("league.type", "shoal.league.alpha_star:AlphaStarLeagueBuilder", True),
+        ("league.type", "alpha_star", True),  # the presets' league: {type: alpha_star}
+        ("league.type", "no_league", True),
+        ("league.type", "my_league:Builder", False),
         ("multi_agent.policy_mapping", "my_maps:by_seat", False),
     ],
 )
@@ -249,6 +256,156 @@ def test_registered_ids_need_no_signature(tmp_path):
     (ck / "meta.json").write_text(json.dumps(meta))
     with shoal.load_policy(ck) as policy:
         assert policy.action_space.n == 2
+
+
+def test_an_unsigned_league_run_on_openspiel_needs_no_trust(tmp_path, monkeypatch):
+    """The presets' form, league: {type: alpha_star} on openspiel:<game>, names only shoal's code."""
+    pytest.importorskip("pyspiel")
+    from shoal.algorithms.alpha_star import AlphaStarConfig
+
+    cfg = AlphaStarConfig(
+        env="openspiel:kuhn_poker",
+        seed=0,
+        rollout_fragment_length=4,
+        train_batch_size=64,
+        max_num_policies_to_train=1,
+        league={"type": "alpha_star", "num_main_exploiters": 0, "num_league_exploiters": 0, "num_random_policies": 1},
+        model={"hiddens": [16]},
+        resources={"num_envs_per_worker": 8},
+    )
+    with cfg.build() as algo:
+        ck = algo.save(tmp_path / "ck")
+    monkeypatch.setenv("SHOAL_KEY_FILE", str(tmp_path / "other.key"))  # copied to another account
+    assert not signed_by_me(ckpt.read_meta(ck))
+    r = invoke("evaluate", ck, "-n", "2")
+    assert r.exit_code == 0, r.output
+    assert "main vs random over 2" in flat(r.output)
+
+
+# ---- keys that send data or control elsewhere ---------------------------------------------------
+def test_destination_references_name_the_cluster_and_the_trackers():
+    assert destination_references({"env": "CartPole-v1"}) == []
+    local = {"resources": {"address": "local"}, "logging": {"wandb": {"mode": "offline", "entity": "me"}}}
+    assert destination_references(local) == []
+    remote = {
+        "resources": {"address": "auto"},
+        "logging": {
+            "mlflow": {"tracking_uri": "https://mlflow.example.com"},
+            "wandb": {"mode": "online", "entity": "them"},
+        },
+    }
+    assert destination_references(remote) == [
+        ("resources.address", "auto"),
+        ("logging.mlflow.tracking_uri", "https://mlflow.example.com"),
+        ("logging.wandb.mode", "online"),
+        ("logging.wandb.entity", "them"),
+    ]
+
+
+DESTINATIONS = {
+    "cluster": ({"config__resources__address": "127.0.0.1:1"}, "resources.address '127.0.0.1:1'"),
+    "mlflow": (
+        {"config__logging__writers": ["mlflow"], "config__logging__mlflow__tracking_uri": "https://mlflow.example.com"},
+        "logging.mlflow.tracking_uri 'https://mlflow.example.com'",
+    ),
+    "wandb": (
+        {"config__logging__writers": ["wandb"], "config__logging__wandb__mode": "online"},
+        "logging.wandb.mode 'online'",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(DESTINATIONS))
+def test_resume_refuses_an_unsigned_run_that_names_a_cluster_or_a_tracker(tmp_path, monkeypatch, kind):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # without the check: fail fast, not in minutes
+    changes, named = DESTINATIONS[kind]
+    ck = checkpoint(tmp_path)
+    edit_meta(ck, **changes)
+    run = as_run_dir(ck)
+    r = invoke("resume", run, "--stop-iters", "2", "-q")
+    assert r.exit_code == 2, r.output
+    text = flat(r.output)
+    assert named in text and "--trust" in text and "sends data or control elsewhere" in text, text
+    assert r.exception is None or isinstance(r.exception, SystemExit)  # a message, no traceback
+    assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == ["checkpoint_000001"]
+
+
+def test_a_tracker_store_is_made_only_for_a_signed_or_trusted_run(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    store = tmp_path / "elsewhere" / "mlruns"
+    ck = checkpoint(tmp_path, logging={"writers": ["mlflow"], "mlflow": {"tracking_uri": store.as_uri()}})
+    run = as_run_dir(ck)
+    own_key = os.environ["SHOAL_KEY_FILE"]
+    monkeypatch.setenv("SHOAL_KEY_FILE", str(tmp_path / "other.key"))  # the run copied to another account
+    r = invoke("resume", run, "--stop-iters", "2", "-q")
+    assert r.exit_code == 2 and f"logging.mlflow.tracking_uri '{store.as_uri()}'" in flat(r.output), r.output
+    assert not store.exists()
+    monkeypatch.setenv("SHOAL_KEY_FILE", own_key)  # back home: signed with this key, resumes as before
+    r = invoke("resume", run, "--stop-iters", "2", "-q")
+    assert r.exit_code == 0, r.output
+    assert store.is_dir()
+    monkeypatch.setenv("SHOAL_KEY_FILE", str(tmp_path / "other.key"))
+    r = invoke("resume", run, "--stop-iters", "3", "-q", "--trust")
+    assert r.exit_code == 0, r.output
+
+
+def test_a_policy_connects_nowhere_but_a_rebuilt_algorithm_could(tmp_path):
+    ck = checkpoint(tmp_path)
+    edit_meta(ck, config__resources__address="10.0.0.1:6379")
+    with shoal.load_policy(ck) as policy:  # no algorithm, no Ray: the address is never used
+        assert policy.action_space.n == 2
+    with pytest.raises(UntrustedCodeError, match=r"resources\.address '10\.0\.0\.1:6379'") as e:
+        shoal.load(ck)
+    assert "trust=True" in str(e.value) and "overrides={'resources': {'address': None}}" in str(e.value)
+    r = invoke("evaluate", ck, "-n", "1")
+    assert r.exit_code == 2 and "resources.address '10.0.0.1:6379'" in flat(r.output)
+    shoal.load(ck, overrides={"resources": {"address": None}}).stop()  # the key given again
+    shoal.load(ck, trust=True).stop()
+
+
+# ---- the signing key ---------------------------------------------------------------------------
+SMALL = ["--set", "train_batch_size=256", "--set", "minibatch_size=128", "--set", "num_sgd_iter=1", "--seed", "0"]
+
+
+@pytest.mark.parametrize(
+    "kind, said",
+    [("garbage", "does not hold a key"), ("directory", "is a directory"), ("unreadable", "cannot be read")],
+)
+def test_an_unusable_key_file_is_said_once_and_left_alone(tmp_path, monkeypatch, caplog, kind, said):
+    key = tmp_path / "checkpoint.key"
+    if kind == "directory":
+        key.mkdir()
+    else:
+        key.write_text("garbage\n")
+    if kind == "unreadable":
+        if os.geteuid() == 0:
+            pytest.skip("root reads any file")
+        key.chmod(0)
+    monkeypatch.setenv("SHOAL_KEY_FILE", str(key))
+    with caplog.at_level(logging.WARNING, logger="shoal.trust"):
+        r = invoke(
+            "train", "ppo", "--env", "CartPole-v1", "--stop-iters", "2", "--checkpoint-every", "1",
+            "--out", tmp_path / "runs", "-q", *SMALL,
+        )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    warned = [m for m in caplog.messages if str(key) in m]
+    assert len(warned) == 1, caplog.messages  # once, though the run wrote several checkpoints
+    assert said in warned[0] and "unsigned" in warned[0] and "--trust" in warned[0]
+    (run,) = (tmp_path / "runs").iterdir()
+    assert all("signature" not in ckpt.read_meta(c) for c in ckpt.list_checkpoints(run / "checkpoints"))
+    assert key.is_dir() if kind == "directory" else key.read_text() == "garbage\n"  # never replaced
+
+
+def test_a_missing_key_is_made_quietly_and_one_others_can_read_is_warned_about(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="shoal.trust"):
+        checkpoint(tmp_path, "first")  # the first run: the key is created, mode 0600, nothing to say
+        assert not caplog.messages
+        key_file().chmod(0o644)
+        ck = checkpoint(tmp_path, "second")
+        checkpoint(tmp_path, "third")
+    (warned,) = caplog.messages
+    assert f"'{key_file()}' can be read by other users" in warned and f"chmod 600 '{key_file()}'" in warned
+    assert signed_by_me(ckpt.read_meta(ck))  # still signs with it
 
 
 # ---- the import path ------------------------------------------------------------------------

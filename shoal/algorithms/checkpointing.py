@@ -26,10 +26,11 @@ def saved_norm_stats(state: dict[str, Any]) -> RunningStats:
     return RunningStats.from_state(state["normalize"])
 
 
-def checkpoint_config_data(path: Path, given: dict[str, Any], trust: bool):
+def checkpoint_config_data(path: Path, given: dict[str, Any], trust: bool, destinations: bool = True):
     """``(config class, meta, config data, approved import paths)`` to rebuild checkpoint ``path``
     with the caller's ``given`` keys merged into its saved config; raises UntrustedCodeError when
-    that config names code nobody vouched for (:func:`shoal.trust.check_checkpoint_code`)."""
+    that config names code nobody vouched for, or, with ``destinations`` (the caller builds an
+    algorithm, which may connect), a Ray cluster or tracker (:func:`shoal.trust.check_checkpoint_code`)."""
     from shoal.algorithms import get_config_class
     from shoal.config import deep_merge
     from shoal.trust import check_checkpoint_code
@@ -38,7 +39,8 @@ def checkpoint_config_data(path: Path, given: dict[str, Any], trust: bool):
     config_cls = get_config_class(meta["algo"])
     # keys declared unused since the checkpoint was written never had an effect: drop them
     data = deep_merge(config_cls.without_unused(meta["config"]), given)
-    return config_cls, meta, data, check_checkpoint_code(f"Checkpoint '{path}'", meta, data, given, trust)
+    approved = check_checkpoint_code(f"Checkpoint '{path}'", meta, data, given, trust, destinations)
+    return config_cls, meta, data, approved
 
 
 def checkpoint_meta(algo: "Algorithm", **extra: Any) -> dict[str, Any]:

@@ -88,13 +88,14 @@ err = _console(stderr=True)
 
 STOP_KEYS = ("reward", "env_steps", "time_s", "iterations")
 TRUST_HELP = (
-    "Import the code this run's config names (its env factory, model, callbacks) even though its checkpoint "
-    "is not signed with your key: only for a run directory you know. Your own runs need no --trust."
+    "Import the code this run's config names (its env factory, model, callbacks) and connect where it says "
+    "(its Ray cluster, MLflow or W&B server) even though its checkpoint is not signed with your key: only for "
+    "a run directory you know. Your own runs need no --trust."
 )
 
 
 def _fail(e: ShoalError) -> None:
-    # escaped: a message may hold brackets that are not markup (pip install 'shoal[video]')
+    # escaped: a message may hold brackets that are not markup (pip install -e '.[video]')
     err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 

@@ -88,7 +88,9 @@ def load_policy(
     from shoal.trust import import_gate
 
     path = ckpt.resolve_checkpoint(path, prefer="best")
-    config_cls, meta, data, approved = checkpoint_config_data(path, {**(overrides or {}), **config_kwargs}, trust)
+    # a policy connects nowhere: the run's Ray cluster and trackers need no vouching here
+    given = {**(overrides or {}), **config_kwargs}
+    config_cls, meta, data, approved = checkpoint_config_data(path, given, trust, destinations=False)
     algo_cls = config_cls.algorithm_cls
     if meta["algo"] == "alpha_star":
         with import_gate(approved):
