@@ -508,7 +508,7 @@ class LoggingConfig(Section):
     writers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
         default_factory=lambda: ["tensorboard"],
         description="Loggers of the run directory: any of tensorboard, "
-        "wandb (pip install 'shoal[wandb]'), mlflow (pip install 'shoal[mlflow]').",
+        "wandb (pip install -e '.[wandb]' in the shoal checkout), mlflow (pip install -e '.[mlflow]').",
     )
     wandb: WandbConfig = Field(default_factory=WandbConfig, description="Weights & Biases settings.")
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig, description="MLflow settings.")
@@ -532,7 +532,7 @@ class LoggingConfig(Section):
             if module and importlib.util.find_spec(module) is None:
                 raise ConfigError(
                     f"logging.writers lists {name}, but the {module} package is not installed: "
-                    f"pip install 'shoal[{extra}]', or remove {name} from logging.writers."
+                    f"pip install -e '.[{extra}]' in the shoal checkout, or remove {name} from logging.writers."
                 )
 
 

@@ -525,7 +525,7 @@ def test_shoal_config_table_shows_every_description_whole(algo):
     for key, type_name, default, desc in key_reference(get_config_class(algo)):
         line = lines[key]
         assert desc in line and type_name in line and default in line, (key, line)
-    assert "[[env_steps, lr], ...]" in lines["lr_schedule"] and "'shoal[wandb]'" in lines["logging.writers"]
+    assert "[[env_steps, lr], ...]" in lines["lr_schedule"] and "pip install -e '.[wandb]'" in lines["logging.writers"]
 
 
 def test_shoal_config_names_an_unknown_algorithm():

@@ -228,7 +228,7 @@ def test_video_errors_name_the_cause(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "imageio", None)
     monkeypatch.setitem(sys.modules, "imageio.v2", None)
     r = invoke("evaluate", cart, "-n", 1, "--video", tmp_path / "x.mp4")
-    assert r.exit_code == 2 and "pip install 'shoal[video]'" in flat(r.output)
+    assert r.exit_code == 2 and "pip install -e '.[video]' in the shoal checkout" in flat(r.output)
     r = invoke("evaluate", cart, "--video-episodes", 1)
     assert r.exit_code == 2 and "--video" in flat(r.output)
 

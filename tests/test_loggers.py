@@ -145,6 +145,6 @@ def test_a_missing_package_names_the_extra(tmp_path, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
     config = shoal.PPOConfig(**SMALL, logging={"writers": ["tensorboard", "mlflow"]})
-    with pytest.raises(ConfigError, match=r"pip install 'shoal\[mlflow\]'"):
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[mlflow\]' in the shoal checkout"):
         shoal.train(config, {"iterations": 1}, out=tmp_path, progress=False)
     assert not list(tmp_path.iterdir())  # refused before the run directory was written

@@ -89,3 +89,25 @@ def test_the_installed_wheel_trains_without_the_checkout(dist, tmp_path):
     p = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert len(list((tmp_path / "runs").glob("ppo_CartPole-v1_*/checkpoints/checkpoint_000001"))) == 1
+
+
+def test_install_hints_give_the_form_that_works_from_a_clone():
+    """shoal is not on the package index: `pip install 'shoal[video]'` fails, `pip install -e
+    '.[video]'` in the checkout works. Every message and --help in shoal/ says the latter."""
+    import re
+
+    from helpers import flat, invoke
+
+    index_form = re.compile(r"pip install[^\n]*?\bshoal\\*\[")
+    wrong = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in sorted((ROOT / "shoal").rglob("*.py"))
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if index_form.search(line)
+    ]
+    assert not wrong, wrong
+    r = invoke("evaluate", "--help")
+    help_text = flat(r.output.translate({ord(c): " " for c in "│╭╮╰╯"}))  # the text inside rich's boxes
+    assert r.exit_code == 0 and "pip install -e '.[video]' in the shoal checkout" in help_text, r.output
+    r = invoke("config", "ppo")
+    assert "pip install -e '.[wandb]'" in flat(r.output) and "shoal[" not in r.output

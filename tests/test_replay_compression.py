@@ -207,10 +207,10 @@ def test_bad_compression_values_are_clear_errors():
 def test_missing_lz4_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "lz4", None)  # import lz4.block now raises ImportError
     monkeypatch.setitem(sys.modules, "lz4.block", None)
-    with pytest.raises(ConfigError, match=r"pip install shoal\[atari\]"):
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[atari\]' in the shoal checkout"):
         ReplayBuffer(10, compression="lz4")
     buf = ReplayBuffer(10, compression="auto")
-    with pytest.raises(ConfigError, match=r"pip install shoal\[atari\]"):
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[atari\]' in the shoal checkout"):
         buf.add(transitions([0, 1]))
     assert buf.columns == {} and len(buf) == 0
     cartpole = ReplayBuffer(10, compression="auto")  # nothing to compress: lz4 is not needed

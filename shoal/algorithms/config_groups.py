@@ -375,7 +375,7 @@ class ReplayKeys(Section):
     replay_compression: Literal["auto", "lz4", "none"] = Field(
         "auto",
         description="auto compresses uint8 observation columns of at least 1 KiB per row with lz4 (e.g. "
-        "stacked Atari frames; needs pip install shoal[atari]); lz4 compresses every uint8 observation column; "
+        "stacked Atari frames; needs pip install -e '.[atari]'); lz4 compresses every uint8 observation column; "
         "none keeps raw rows.",
     )
     prioritized_replay: bool = Field(True, description="Sample by TD-error priority; false: uniformly.")

@@ -213,7 +213,9 @@ class VideoWriter:
         try:
             import imageio.v2 as imageio
         except ImportError:
-            raise ShoalError("--video needs imageio and imageio-ffmpeg: pip install 'shoal[video]'.") from None
+            raise ShoalError(
+                "--video needs imageio and imageio-ffmpeg: pip install -e '.[video]' in the shoal checkout."
+            ) from None
         self.path, self.max_frames, self.count = Path(path), max_frames, 0
         self.fps = fps
         self._kwargs: dict[str, Any] = {}
@@ -221,7 +223,9 @@ class VideoWriter:
             try:
                 import imageio_ffmpeg  # noqa: F401
             except ImportError:
-                raise ShoalError("--video to an mp4 file needs imageio-ffmpeg: pip install 'shoal[video]'.") from None
+                raise ShoalError(
+                    "--video to an mp4 file needs imageio-ffmpeg: pip install -e '.[video]' in the shoal checkout."
+                ) from None
             self._kwargs["macro_block_size"] = 2  # even sizes suffice for H.264; no resizing of frames such as 600x400
         self._imageio = imageio
         self._writer: Any = None

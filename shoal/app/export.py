@@ -195,7 +195,9 @@ def _to_onnx(model: ExportedPolicy, inputs: tuple[torch.Tensor, ...], out: Path)
         import onnx  # noqa: F401
         import onnxscript  # noqa: F401
     except ImportError:
-        raise ShoalError("shoal export --format onnx needs onnx and onnxscript: pip install 'shoal[export]'.") from None
+        raise ShoalError(
+            "shoal export --format onnx needs onnx and onnxscript: pip install -e '.[export]' in the shoal checkout."
+        ) from None
     names_in, names_out = exported_signature(model)
     batch = torch.export.Dim("batch", min=1)
     dynamic = {name: {0: batch} for name in names_in}

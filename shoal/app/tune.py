@@ -6,7 +6,7 @@ beside it (nested sections as dicts, as in a YAML file). It asks Tune for the ru
 by side without oversubscribing the cluster; saves shoal's atomic checkpoints; and, for
 Population Based Training, changes the keys a run can change mid-run without restarting.
 
-Needs ``pip install 'shoal[tune]'``.
+Needs ``pip install -e '.[tune]'`` in the shoal checkout.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import numpy as np
 from shoal.errors import ConfigError, EnvError
 from shoal.gym_ids import is_ale_id, register_ale
 
-INSTALL_HINT = "Atari envs need the atari extra: pip install 'shoal[atari]'"
+INSTALL_HINT = "Atari envs need the atari extra: pip install -e '.[atari]' in the shoal checkout"
 
 
 def missing_ale_error(env_id: str) -> EnvError | None:

@@ -34,7 +34,9 @@ def _pyspiel():
     try:
         import pyspiel
     except ImportError:
-        raise EnvError("OpenSpiel games need the open_spiel package: pip install -e '.[openspiel]'") from None
+        raise EnvError(
+            "OpenSpiel games need the open_spiel package: pip install -e '.[openspiel]' in the shoal checkout"
+        ) from None
     return pyspiel
 
 

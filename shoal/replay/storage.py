@@ -58,7 +58,7 @@ def lz4_block():
     except ImportError:
         raise ConfigError(
             "replay_compression stores uint8 observations compressed with lz4, which is not installed: "
-            "pip install shoal[atari] (or pip install lz4), or set replay_compression: none"
+            "pip install -e '.[atari]' in the shoal checkout (or pip install lz4), or set replay_compression: none"
         ) from None
     return lz4.block
 

@@ -16,7 +16,7 @@ def tune_module() -> ModuleType:
     try:
         from ray import tune
     except ImportError:  # pragma: no cover - depends on the installation
-        raise ConfigError("Ray Tune is not installed: pip install 'shoal[tune]'.") from None
+        raise ConfigError("Ray Tune is not installed: pip install -e '.[tune]' in the shoal checkout.") from None
     return tune
 
 
