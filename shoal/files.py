@@ -1,9 +1,13 @@
 """What shoal reads from files and writes to them, made safe: YAML parsed with limits an
-attacker's file cannot get past, and secrets kept out of every file shoal writes."""
+attacker's file cannot get past, secrets kept out of every file shoal writes, and output paths
+checked before any work starts."""
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -90,3 +94,20 @@ def strip_redacted_password(url: str) -> str:
     """A URL whose password was redacted (read back from a file shoal wrote) without its user
     info, so the client reads credentials from its own environment variables instead."""
     return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@:\s]*:" + re.escape(REDACTED) + "@", r"\1", url)
+
+
+def unwritable_ancestor(path: Path) -> Path | None:
+    """The nearest existing one of ``path`` and its parents when it is not a directory this process
+    may create entries in (so ``path`` cannot be made); None when it is.
+
+    The permission bits are not the whole answer (root passes every check, yet ``/proc`` or a
+    read-only mount refuse a new entry), so a directory that passes them is asked for real: a
+    probe directory is made in it and removed at once."""
+    ancestor = next((a for a in (path, *path.parents) if a.exists()), Path("."))
+    if not (ancestor.is_dir() and os.access(ancestor, os.W_OK | os.X_OK)):
+        return ancestor
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".shoal-probe-", dir=ancestor))
+    except OSError:
+        return ancestor
+    return None

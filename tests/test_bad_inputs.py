@@ -73,6 +73,12 @@ def _state(data: bytes | None) -> Callable[[Path], None]:
     return setup
 
 
+def _empty_run(tmp: Path) -> None:
+    """A run directory whose results.jsonl holds no row yet (its first iteration has not ended)."""
+    (tmp / "empty").mkdir()
+    (tmp / "empty" / "results.jsonl").touch()
+
+
 def _meta_missing(tmp: Path) -> None:
     (tmp / "run" / "checkpoints" / "best" / "meta.json").unlink()
 
@@ -323,6 +329,8 @@ ROWS = [
     Row("seed-negative", PPO + ["--seed", "-5"], ("seed", "-5", "greater than or equal to 0")),
     Row("seed-too-large", PPO + ["--seed", str(2**32)], ("seed", str(2**32), "2130706431")),
     Row("out-not-a-directory", PPO + ["--out", "/dev/null"], ("--out", "/dev/null", "not a directory")),
+    # /proc passes the permission bits for root, yet no directory can be made in it
+    Row("out-uncreatable", PPO + ["--out", "/proc/x/runs"], ("--out", "'/proc'", "not a writable directory")),
     Row("ppo-vf-loss-coeff-inf", PPO + ["--set", "vf_loss_coeff=inf"], ("vf_loss_coeff", "finite")),
     Row(
         "ppo-init-log-std-inf",
@@ -471,6 +479,12 @@ ROWS = [
         runs="ppo",
     ),
     Row(
+        "evaluate-video-uncreatable",
+        ["evaluate", "{tmp}/run", "--video", "/proc/x/out.mp4"],
+        ("--video", "'/proc'", "not a writable directory"),
+        runs="ppo",
+    ),
+    Row(
         "evaluate-meta-shell-env",
         ["evaluate", "{tmp}/run"],
         ("env 'subprocess:run'", "--trust", "signed"),
@@ -565,6 +579,12 @@ ROWS = [
         runs="ppo",
     ),
     Row(
+        "export-out-uncreatable",
+        ["export", "{tmp}/run", "--out", "/proc/x/policy.pt"],
+        ("--out", "'/proc'", "not a writable directory"),
+        runs="ppo",
+    ),
+    Row(
         "export-meta-shell-env",
         ["export", "{tmp}/run"],
         ("env 'subprocess:run'", "--trust"),
@@ -584,6 +604,19 @@ ROWS = [
             "t.yaml",
             "algo: ppo\nconfig: {env: CartPole-v1}\nsearch: {lr: {grid: [0.001, 0.0001, -1]}}\nstop: {iterations: 2}\n",
         ),
+    ),
+    # ---- plot ----
+    Row(
+        "plot-out-uncreatable",
+        ["plot", "{tmp}/run", "-o", "/proc/x/curves.png"],
+        ("--out", "'/proc'", "not a writable directory"),
+        runs="ppo",
+    ),
+    Row(
+        "plot-empty-results",
+        ["plot", "{tmp}/empty", "-o", "{tmp}/c.png"],
+        ("{tmp}/empty/results.jsonl", "no result rows"),
+        _empty_run,
     ),
     # ---- cluster addresses: a real process ----
     Row("address-unreachable", PPO + ["--workers", "1", "--address", "127.0.0.1:1"], ("127.0.0.1:1",), subprocess=True),

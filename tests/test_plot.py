@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import yaml
 from helpers import flat, invoke
 
 from shoal.app.plotting import group_runs, mean_and_band, plot_runs
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, ShoalError
 
 
 def fake_run(root, name: str, config: dict, rows: list[tuple[int, float]]):
@@ -73,3 +74,39 @@ def test_plot_writes_png_and_svg_and_refuses_bad_inputs(runs, tmp_path):
     assert r.exit_code == 2 and ".png, .svg, .pdf" in flat(r.output)
     with pytest.raises(ConfigError, match="not a run directory"):
         plot_runs([tmp_path / "nothing"], tmp_path / "x.png")
+
+
+def test_torn_and_garbage_lines_are_skipped_and_counted(runs, tmp_path, caplog):
+    """What a killed writer leaves (a last line cut short) and a garbage line: the rows around them
+    are drawn, and a warning counts the lines left out (as resume drops a torn row)."""
+    run = runs / "ppo_CartPole-v1_20261126-010000"
+    with open(run / "results.jsonl", "ab") as f:
+        f.write(b"not json \xff\n")
+        f.write(b'{"iteration": 3, "env_steps_sampled": 30, "episode_return_mean": 12.0}\n')
+        f.write(b'{"iteration": 4, "env_steps_sampled": 40, "episode_re')
+    groups = group_runs([run], "env_steps_sampled", "episode_return_mean")
+    assert groups[0].runs[0][1].tolist() == [0.0, 10.0, 12.0]
+    with caplog.at_level("WARNING", logger="shoal.plot"):
+        r = invoke("plot", run, "-o", tmp_path / "c.png")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+    assert any("skipped 2 lines that hold no result row" in rec.getMessage() for rec in caplog.records)
+
+
+def test_a_run_without_results_rows_says_so(tmp_path):
+    run = tmp_path / "ppo_CartPole-v1_20261126-010000"
+    run.mkdir()
+    (run / "results.jsonl").write_text("")
+    r = invoke("plot", run, "-o", tmp_path / "c.png")
+    text = flat(r.output)
+    assert r.exit_code == 2 and "holds no result rows" in text and "Keys the" not in text, r.output
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_an_output_directory_that_cannot_be_made_is_one_paragraph(runs):
+    """/proc passes the permission bits for root, yet refuses a new directory."""
+    r = invoke("plot", runs, "-o", "/proc/x/c.png")
+    assert r.exit_code == 2 and "'/proc' is not a writable directory" in flat(r.output), r.output
+    assert "Traceback" not in r.output
+    with pytest.raises(ShoalError, match="Cannot write the picture '/proc/x/c.png'"):
+        plot_runs([runs], Path("/proc/x/c.png"))  # the library call, past the command's check

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 
-from shoal.logging.writers import CsvWriter, truncate_results
+from shoal.logging.writers import CsvWriter, JsonlWriter, truncate_results
 
 
 def read_csv(path):
@@ -54,3 +54,27 @@ def test_csv_resume_after_truncation_keeps_and_extends_columns(tmp_path):
         ("3", "0.25", "", ""),
         ("4", "0.125", "", "7"),
     ]
+
+
+def test_a_deleted_progress_csv_is_started_anew_with_its_header(tmp_path, caplog):
+    """results.jsonl and progress.csv deleted mid-run: both come back at the next row, each with a
+    warning; progress.csv with its header, and still gaining columns for new metrics."""
+    jsonl, path = JsonlWriter(tmp_path / "results.jsonl"), tmp_path / "progress.csv"
+    w = CsvWriter(path)
+    for writer in (jsonl, w):
+        writer.write({"iteration": 1, "loss": 0.5})
+    (tmp_path / "results.jsonl").unlink()
+    path.unlink()
+    with caplog.at_level("WARNING", logger="shoal.writers"):
+        for writer in (jsonl, w):
+            writer.write({"iteration": 2, "loss": 0.25})
+            writer.write({"iteration": 3, "loss": 0.125, "evaluation/x": 1.0})
+    jsonl.close()
+    w.close()
+    assert path.read_text().splitlines()[0] == "iteration,loss,evaluation/x"
+    assert [(r["iteration"], r["loss"], r["evaluation/x"]) for r in read_csv(path)] == [
+        ("2", "0.25", ""),
+        ("3", "0.125", "1.0"),
+    ]
+    warned = [r.getMessage() for r in caplog.records if "deleted or replaced" in r.getMessage()]
+    assert len(warned) == 2 and any("progress.csv" in m for m in warned), warned

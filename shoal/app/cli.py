@@ -47,7 +47,7 @@ def _check_output_file(path: Path, flag: str, suffixes: tuple[str, ...] = ()) ->
         raise ConfigError(
             f"{flag} '{path}' is a directory; give a file name (e.g. {path / ('out' + (suffixes or ('.pt',))[0])})."
         )
-    from shoal.app.trainer import unwritable_ancestor
+    from shoal.files import unwritable_ancestor
 
     ancestor = unwritable_ancestor(path.parent)
     if ancestor is not None:
@@ -430,7 +430,7 @@ VideoOpt = Annotated[
     typer.Option(
         "--video",
         help="Record the episodes to this file (e.g. out.mp4) from render_mode='rgb_array' frames; needs pip "
-        "install 'shoal\\[video]'.",
+        "install -e '.\\[video]' in the shoal checkout.",
     ),
 ]
 VideoEpisodesOpt = Annotated[
@@ -635,7 +635,7 @@ def export_cmd(
         "torchscript",
         "--format",
         "-f",
-        help="torchscript (torch.jit.load runs it) or onnx (onnxruntime; needs pip install 'shoal\\[export]').",
+        help="torchscript (torch.jit.load runs it) or onnx (onnxruntime; needs pip install -e '.\\[export]' in the shoal checkout).",
     ),
     out_file: Optional[Path] = typer.Option(
         None, "--out", "-o", help="File to write; default policy.pt / policy.onnx in the checkpoint directory."
@@ -788,9 +788,10 @@ def plot(
     title: Optional[str] = typer.Option(None, "--title", help="A title above the curves."),
 ) -> None:
     """Learning curves of one or many runs; runs of one config with different seeds are drawn as their mean with a min-max band."""
-    from shoal.app.plotting import plot_runs
+    from shoal.app.plotting import SUFFIXES, plot_runs
 
     try:
+        _check_output_file(out_file, "--out", SUFFIXES)
         path = plot_runs(runs, out_file, x=x, key=key, group=not no_group, title=title)
     except ShoalError as e:
         _fail(e)

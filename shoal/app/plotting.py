@@ -9,7 +9,7 @@ is drawn as it is. The file type follows the output's suffix (``.png``, ``.svg``
 
 from __future__ import annotations
 
-import json
+import logging
 import math
 import re
 from dataclasses import dataclass, field
@@ -18,7 +18,10 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, ShoalError
+from shoal.logging.results import read_results
+
+log = logging.getLogger("shoal.plot")
 
 X_AXES = {
     "env_steps": ("env_steps_sampled", "env steps sampled"),
@@ -55,12 +58,15 @@ def find_runs(paths: list[Path]) -> list[Path]:
 
 
 def read_curve(run: Path, x_key: str, key: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(x, y)`` of ``run``'s results rows that have a finite ``key``."""
+    """``(x, y)`` of ``run``'s results rows that have a finite ``key``. Lines that hold no row (the
+    torn last line of a killed run, garbage) are skipped, with a warning that counts them."""
+    path = run / "results.jsonl"
+    rows, bad = read_results(path)
+    if bad:
+        lines = "1 line that holds" if bad == 1 else f"{bad} lines that hold"
+        log.warning("%s: skipped %s no result row (cut short by a killed run, or garbage)", path, lines)
     xs, ys = [], []
-    for line in (run / "results.jsonl").read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
+    for row in rows:
         x, y = row.get(x_key), row.get(key)
         if isinstance(x, (int, float)) and isinstance(y, (int, float)) and math.isfinite(y):
             xs.append(float(x))
@@ -70,9 +76,8 @@ def read_curve(run: Path, x_key: str, key: str) -> tuple[np.ndarray, np.ndarray]
 
 def _numeric_keys(run: Path) -> list[str]:
     keys: set[str] = set()
-    for line in (run / "results.jsonl").read_text(encoding="utf-8").splitlines()[:50]:
-        if line.strip():
-            keys.update(k for k, v in json.loads(line).items() if isinstance(v, (int, float)))
+    for row in read_results(run / "results.jsonl")[0][:50]:
+        keys.update(k for k, v in row.items() if isinstance(v, (int, float)))
     return sorted(keys)
 
 
@@ -87,7 +92,7 @@ def _config_without_seed(run: Path) -> str:
 
 
 def _label(run: Path) -> str:
-    return re.sub(r"_\d{8}-\d{6}(_\d+)?$", "", run.name)  # ppo_CartPole-v1_20261122-101500 -> ppo_CartPole-v1
+    return re.sub(r"_\d{8}-\d{6}([-_]\d+)?$", "", run.name)  # ppo_CartPole-v1_20261122-101500(-1) -> ppo_CartPole-v1
 
 
 def group_runs(runs: list[Path], x_key: str, key: str, group: bool = True) -> list[Group]:
@@ -133,9 +138,16 @@ def plot_runs(
     runs = find_runs([Path(p) for p in paths])
     groups = group_runs(runs, x_key, key, group)
     if not groups:
+        reporting = next((r for r in runs if _numeric_keys(r)), None)
+        if reporting is None:
+            files = ", ".join(f"'{r / 'results.jsonl'}'" for r in runs)
+            raise ConfigError(
+                f"No results to draw: {files} hold{'s' if len(runs) == 1 else ''} no result rows (a run "
+                "writes one per finished iteration); give runs that have finished an iteration."
+            )
         raise ConfigError(
-            f"No run has a finite '{key}' in its results.jsonl. Keys the first run reports: "
-            f"{', '.join(_numeric_keys(runs[0]))}."
+            f"No run has a finite '{key}' in its results.jsonl. Keys the run {reporting.name} reports: "
+            f"{', '.join(_numeric_keys(reporting))}."
         )
     import matplotlib
 
@@ -159,6 +171,9 @@ def plot_runs(
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out)
+    except OSError as e:  # a directory that cannot be made (/proc/x), a full disk
+        raise ShoalError(f"Cannot write the picture '{out}': {e.strerror or e}; give a path you can write.") from None
     return out

@@ -12,7 +12,6 @@ import errno
 import logging
 import math
 import numbers
-import os
 import textwrap
 import time
 import warnings
@@ -38,7 +37,7 @@ from shoal.errors import (
     ShoalError,
     WorkerError,
 )
-from shoal.files import safe_yaml
+from shoal.files import safe_yaml, unwritable_ancestor
 from shoal.logging.progress import ProgressDisplay
 from shoal.logging.writers import TensorBoardWriter, build_writers, truncate_results
 from shoal.runtime import deadline, signals
@@ -163,13 +162,6 @@ def _as_stop(stop: Stop | dict | None) -> Stop:
         ) from None
 
 
-def unwritable_ancestor(path: Path) -> Path | None:
-    """The nearest existing one of ``path`` and its parents when it is not a directory this process
-    may create entries in (so ``path`` cannot be made); None when it is."""
-    ancestor = next((a for a in (path, *path.parents) if a.exists()), Path("."))
-    return None if ancestor.is_dir() and os.access(ancestor, os.W_OK | os.X_OK) else ancestor
-
-
 def check_out_dir(out: str | Path) -> None:
     """A ConfigError unless run directories can be made under ``out``: an existing directory, or a
     path whose nearest existing ancestor is a writable directory."""
@@ -187,13 +179,20 @@ def check_out_dir(out: str | Path) -> None:
 
 
 def new_run_dir(out: str | Path, config: AlgorithmConfig) -> Path:
+    """A new run directory ``<algo>_<env>_<timestamp>`` under ``out``, or ``..._<timestamp>-1``,
+    ``-2``, ... when that name is taken. Each name is claimed by its mkdir (which fails on an
+    existing directory), not by a look first: two runs started in the same second, in separate
+    processes, never get the same directory."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(out) / f"{config.algo}_{config.env_name()}_{stamp}"
+    base.parent.mkdir(parents=True, exist_ok=True)
     d, i = base, 1
-    while d.exists():
-        d, i = base.with_name(f"{base.name}-{i}"), i + 1
-    d.mkdir(parents=True)
-    return d
+    while True:
+        try:
+            d.mkdir()
+            return d
+        except FileExistsError:
+            d, i = base.with_name(f"{base.name}-{i}"), i + 1
 
 
 def _write_config(run_dir: Path, config: AlgorithmConfig, config_note: str | None) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.checkpoint import write_text_atomic
+from shoal.logging.results import parse_row
 from shoal.logging.values import flatten_config, scalar_items  # noqa: F401  (re-exported)
 
 log = logging.getLogger("shoal.writers")
@@ -67,6 +68,8 @@ class CsvWriter:
     A row that brings new metrics (evaluation results, a league's new players) extends the
     header: the file is rewritten once with the wider header, earlier rows getting empty
     cells, so no metric is ever dropped and every row has as many cells as the header.
+    A file deleted (or moved) during the run is started anew at the next row, with its
+    header and a warning, as :class:`JsonlWriter` does.
     """
 
     def __init__(self, path: Path) -> None:
@@ -79,6 +82,8 @@ class CsvWriter:
         self.w = csv.writer(self.f)
 
     def write(self, result: dict[str, Any]) -> None:
+        if not _same_file(self.f, self.path):
+            self._start_anew(result.get("iteration", "?"))
         new = [
             k
             for k, v in result.items()
@@ -87,6 +92,24 @@ class CsvWriter:
         if new:
             self._extend(new)
         self.w.writerow(["" if _clean(result.get(c)) is None else result.get(c) for c in self.columns])
+
+    def _start_anew(self, iteration: Any) -> None:
+        """A new file in place of one deleted or replaced: the header so far (or the one a file
+        put there has), then this row on."""
+        log.warning(
+            "%s was deleted or replaced during the run; writing a new one (with its header) from iteration %s on",
+            self.path,
+            iteration,
+        )
+        self.f.close()
+        empty = not (self.path.exists() and self.path.stat().st_size)
+        if not empty:
+            with open(self.path, newline="") as f:
+                self.columns = next(csv.reader(f), None) or []
+        self.f = open(self.path, "a", newline="", buffering=1)
+        self.w = csv.writer(self.f)
+        if empty and self.columns:
+            self.w.writerow(self.columns)
 
     def _extend(self, new: list[str]) -> None:
         """Rewrite the file with ``new`` columns appended to the header (rare: once per new metric set)."""
@@ -175,13 +198,13 @@ def _row_iteration(path: Path, line: str) -> float:
     """A results.jsonl row's iteration; a blank or torn row (a killed writer's last line) is dropped, with a note."""
     if not line.strip():
         return math.inf
-    try:
-        return json.loads(line).get("iteration", 0)
-    except (json.JSONDecodeError, AttributeError):
+    row = parse_row(line)
+    if row is None:
         logging.getLogger("shoal.app.trainer").warning(
             "%s: dropped a torn row (%d characters) left by a killed run", path, len(line)
         )
         return math.inf
+    return row.get("iteration", 0)
 
 
 def _csv_iteration(row: list[str], column: int) -> float:
