@@ -212,7 +212,7 @@ def test_a_checkpoint_keeps_the_owed_replay_work(tmp_path):
         run_until_sampled(algo, 1000)
         algo.learner_thread.stop()  # nothing is learned from here: this step's replay requests stay pending
         algo.train()
-        pending = algo._owed + algo._replay_in_flight + algo.learner_thread.inqueue.qsize()
+        pending = algo._owed + algo._replay_in_flight + algo.learner_thread.queued()
         started = algo.learning_started_at
         path = algo.save(tmp_path / "apex")
     finally:
@@ -248,7 +248,7 @@ def test_priorities_of_a_recreated_shard_are_dropped():
         with algo.learner_thread.lock:  # the learner stops between two steps; batches wait in its queue
             for _ in range(4):
                 algo.train()
-            queued = algo.learner_thread.inqueue.qsize()
+            queued = algo.learner_thread.queued()
             assert queued >= 1 and algo.shards.generation(0) == 0
             algo.shards.restart(0)
         assert algo.shards.generation(0) == 1

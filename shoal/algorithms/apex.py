@@ -39,7 +39,8 @@ from shoal.algorithms.dqn import (
     DQNConfig,
     QPolicyLearner,
     check_replay_fits,
-    learn_on_replay_batch,
+    learn_on_replay_tensors,
+    load_replay_batch,
     n_step_postprocess,
     q_network_weights,
     q_target,
@@ -240,9 +241,10 @@ class ApeX(Algorithm):
         policy = self.policies.only
         self.learner, self.target = policy.learner, q_target(self.policies)
         self.learner_thread = ReplayLearnerThread(
-            functools.partial(learn_on_replay_batch, self.learner),
+            functools.partial(learn_on_replay_tensors, self.learner),
             policy.get_weights,
             queue_size=cfg.learner_queue_size,
+            load_fn=functools.partial(load_replay_batch, self.learner),
         )
         self.learner_thread.start()
         self.shards = self._replay_shards()
@@ -418,7 +420,7 @@ class ApeX(Algorithm):
         """Send owed requests while the learner queue (counting requests in flight) has room,
         each to a random shard under its request cap; the rest stay owed."""
         cfg: ApeXConfig = self.config
-        room = cfg.learner_queue_size - self.learner_thread.inqueue.qsize() - self.shards.num_in_flight()
+        room = cfg.learner_queue_size - self.learner_thread.queued() - self.shards.num_in_flight()
         n = min(int(self._owed), room)
         if n <= 0:
             return
@@ -522,7 +524,7 @@ class ApeX(Algorithm):
                 "all_env_episodes": self.all_env_episodes.get_state(),
             }
             # requests in flight or queued are lost with this process: a restored run owes them again
-            owed = self._owed + self._replay_in_flight + self.learner_thread.inqueue.qsize()
+            owed = self._owed + self._replay_in_flight + self.learner_thread.queued()
             state["replay_schedule"] = {
                 "owed": float(owed),
                 "steps_not_owed": int(self._steps_not_owed),

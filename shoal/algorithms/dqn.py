@@ -35,6 +35,7 @@ from shoal.batch import Batch, Col
 from shoal.config import AlgorithmConfig, ModelConfig
 from shoal.errors import ConfigError
 from shoal.learn import Learner, resolve_device
+from shoal.learn.loading import copy_to_device
 from shoal.learn.losses import LossRecord
 from shoal.learn.policy_learner import PolicyLearner
 from shoal.learn.target import TargetNetwork
@@ -222,14 +223,32 @@ def n_step_postprocess(fragment: Fragment, n_step: int, gamma: float, priorities
     return Batch(flatten_valid(cols, fragment.valid))
 
 
-def learn_on_replay_batch(learner: Learner, batch: Batch) -> tuple[np.ndarray | None, dict]:
-    """One SGD step on a replayed batch (the learner's post-update hooks refresh the target
-    network); returns the new priorities (|TD|), or None when the step was skipped for a NaN/inf
-    loss (the rows keep their priorities), and scalar stats."""
-    tensors = batch.to_torch(learner.device, exclude=(Col.INDICES, Col.ROW_IDS))
+REPLAY_TAGS = (Col.INDICES, Col.ROW_IDS)  # where replayed rows came from: they stay on the host
+
+
+def load_replay_batch(learner: Learner, batch: Batch) -> dict:
+    """A replayed batch's columns on the learner's device (what a loader thread prepares ahead)."""
+    return copy_to_device(batch, learner.device, exclude=REPLAY_TAGS)
+
+
+def learn_on_replay_tensors(learner: Learner, tensors: dict) -> tuple[np.ndarray | None, dict]:
+    """One SGD step on a replayed batch already on the device (the learner's post-update hooks
+    refresh the target network); returns the new priorities (|TD|), or None when the step was
+    skipped for a NaN/inf loss (the rows keep their priorities), and scalar stats. The priorities
+    and every statistic come back to the host in one copy (one device sync, not one per value)."""
     stats = learner.update_minibatch(tensors)
-    td = stats.pop("td_error").abs().cpu().numpy()
-    return (td if np.isfinite(td).all() else None), {k: float(v) for k, v in stats.items()}
+    td = stats.pop("td_error").detach().abs().reshape(-1).float()
+    names = list(stats)
+    scalars = [torch.as_tensor(stats[k], device=td.device).detach().float().reshape(1) for k in names]
+    host = torch.cat([td, *scalars]).cpu().numpy()
+    td_host = host[: td.numel()]
+    values = host[td.numel() :].tolist()
+    return (td_host if np.isfinite(td_host).all() else None), dict(zip(names, values))
+
+
+def learn_on_replay_batch(learner: Learner, batch: Batch) -> tuple[np.ndarray | None, dict]:
+    """:func:`load_replay_batch` then :func:`learn_on_replay_tensors`, in the calling thread."""
+    return learn_on_replay_tensors(learner, load_replay_batch(learner, batch))
 
 
 def check_discrete(action_space: gym.Space, algo: str) -> None:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import copy
 import queue
-import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any, Mapping, Sequence
@@ -55,6 +54,7 @@ from shoal.batch import Batch, Col
 from shoal.errors import ConfigError
 from shoal.learn.learner import Learner
 from shoal.learn.learner_thread import LearnerThread, _positive
+from shoal.learn.loading import copy_to_device
 from shoal.learn.stats import StatsMean
 from shoal.learn.threads import BackgroundThread, LearnerResult, put_stop, wait_get
 from shoal.logging.metrics import Phase
@@ -246,7 +246,6 @@ class MultiDeviceLearnerThread(LearnerThread):
         for _ in range(int(num_multi_gpu_tower_stacks)):
             self.idle_stacks.put(_Stack())
         self.loaders = [_Loader(self, i) for i in range(int(num_data_load_threads))]
-        self._streams: dict[tuple[int, torch.device], Any] = {}
 
     # ---- driver side -------------------------------------------------------------------
     def validate(self, batch) -> None:
@@ -302,25 +301,10 @@ class MultiDeviceLearnerThread(LearnerThread):
         """Shard i onto device i (on CUDA through a copy stream of this loader thread)."""
         out = []
         for i, (device, shard) in enumerate(zip(self.devices, shards)):
-            if device.type != "cuda":
-                out.append(shard.to_torch(device))
-                continue
-            stream = self._copy_stream(device)
-            with torch.cuda.stream(stream):
-                tensors = {k: t.pin_memory().to(device, non_blocking=True) for k, t in shard.to_torch("cpu").items()}
-            stream.synchronize()
-            compute = [torch.cuda.current_stream(device), *(t.streams[i] for t in self.towers.values() if t.streams[i])]
-            for t in tensors.values():  # the towers use them on their own streams: keep them alive for those
-                for c in compute:
-                    t.record_stream(c)
-            out.append(tensors)
+            # the towers use them on their own streams: keep them alive for those
+            towers = [t.streams[i] for t in self.towers.values() if t.streams[i]] if device.type == "cuda" else []
+            out.append(copy_to_device(shard, device, consumers=towers))
         return out
-
-    def _copy_stream(self, device: torch.device):
-        key = (threading.get_ident(), device)
-        if key not in self._streams:
-            self._streams[key] = torch.cuda.Stream(device=device)
-        return self._streams[key]
 
     # ---- learning (learner thread) -----------------------------------------------------
     def step(self) -> None:
