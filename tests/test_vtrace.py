@@ -164,3 +164,35 @@ def test_no_gradient_flows_through_the_targets():
     out = vtrace(torch.zeros(2, 1), torch.full((2, 1), 0.9), torch.ones(2, 1), values, torch.tensor([0.5]))
     assert not out.vs.requires_grad and not out.pg_advantages.requires_grad
     assert math.isclose(float(out.vs[1, 0]), 1 + 0.9 * 0.5, rel_tol=1e-6)
+
+
+def _loop_sums(x: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
+    out, acc = torch.empty_like(x), torch.zeros_like(x[0])
+    for t in range(x.shape[0] - 1, -1, -1):
+        acc = x[t] + decay[t] * acc
+        out[t] = acc
+    return out
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (5, 3), (32, 8), (7, 2, 3)])
+def test_discounted_sums_match_the_step_recursion_with_resets_inside(shape):
+    from shoal.learn.vtrace import discounted_sums
+
+    g = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(shape, generator=g, dtype=torch.float64)
+    decay = torch.rand(shape, generator=g, dtype=torch.float64) * 0.99
+    decay[torch.rand(shape, generator=g) < 0.2] = 0.0  # episode ends: nothing flows back past them
+    got = discounted_sums(x, decay)
+    assert got.shape == x.shape
+    torch.testing.assert_close(got, _loop_sums(x, decay), rtol=1e-12, atol=1e-12)
+
+
+def test_discounted_sums_by_hand_and_the_long_sequence_loop(monkeypatch):
+    from shoal.learn import vtrace as vt
+
+    x = torch.tensor([[1.0], [2.0], [3.0]])
+    decay = torch.tensor([[0.5], [0.0], [0.5]])
+    # y2 = 3; y1 = 2 + 0 * 3 = 2; y0 = 1 + 0.5 * 2 = 2
+    assert vt.discounted_sums(x, decay)[:, 0].tolist() == [2.0, 2.0, 3.0]
+    monkeypatch.setattr(vt, "_MATRIX_MAX", 1)  # every input now takes the step loop
+    assert vt.discounted_sums(x, decay)[:, 0].tolist() == [2.0, 2.0, 3.0]
