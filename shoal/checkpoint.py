@@ -9,6 +9,7 @@ renamed aside before it is deleted, so a half-deleted one never looks complete e
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -80,6 +81,32 @@ def nonfinite_tensor(state: Any, where: str = "") -> str | None:
     return None
 
 
+FULL_DISK_BYTES = 1 << 20
+"""Free space under which a write torch reports as failed counts as a full disk."""
+
+
+def write_failure(e: RuntimeError, file: Path) -> OSError | None:
+    """The OSError behind torch's RuntimeError from a failed write of ``file`` (named in it), or None.
+
+    A write that fails inside ``torch.save`` (the disk is full, the quota used up) comes out as
+    ``RuntimeError: [enforce fail at inline_container.cc:...]``: torch's zip writer, closing the
+    archive after the write's OSError, replaces it. That OSError is taken back from the chain; with
+    none there (torch writing by path), a failed write with under :data:`FULL_DISK_BYTES` free is ENOSPC.
+    """
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno is not None:
+            return OSError(seen.errno, seen.strerror or os.strerror(seen.errno), str(file))
+        seen = seen.__cause__ or seen.__context__
+    if "inline_container" not in str(e) and "PytorchStreamWriter" not in str(e):
+        return None
+    try:
+        free = shutil.disk_usage(file.parent if file.parent.exists() else file.parent.parent).free
+    except OSError:
+        return None
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file)) if free < FULL_DISK_BYTES else None
+
+
 def save_checkpoint(path: str | Path, state: dict[str, Any], meta: dict[str, Any]) -> Path:
     """Write ``state`` and ``meta`` to directory ``path`` atomically; replaces an existing one.
 
@@ -106,7 +133,13 @@ def save_checkpoint(path: str | Path, state: dict[str, Any], meta: dict[str, Any
         )
         meta = sign_meta(meta)
         with open(tmp / STATE_FILE, "wb") as f:
-            torch.save(state, f)
+            try:
+                torch.save(state, f)
+            except RuntimeError as e:
+                failure = write_failure(e, path / STATE_FILE)
+                if failure is None:
+                    raise
+                raise failure from e
             f.flush()
             os.fsync(f.fileno())
         with open(tmp / META_FILE, "w") as f:

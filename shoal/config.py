@@ -170,7 +170,8 @@ class ResourcesConfig(Section):
         gt=0,
         description="Seconds a new or recreated Ray actor may take to start (process start, imports, "
         "building its envs) while a request waits on it; longer counts as hung (an env constructor stuck) and it is "
-        "killed and recreated like a dead one. null: wait forever.",
+        "killed and recreated like a dead one; three such timeouts in a row of one actor stop the run with a "
+        "WorkerError. null: wait forever.",
     )
     resource_wait_s: float = Field(
         30.0,

@@ -92,17 +92,36 @@ class HangingCartPole(gym.Wrapper):
 
 
 class HangInInitCartPole(gym.Wrapper):
-    """CartPole whose constructor sleeps forever: always when ``always`` is set, else once, in the
-    first process other than ``driver_pid`` to claim the ``marker`` file (a rollout actor's)."""
+    """CartPole whose constructor sleeps forever: always when ``always`` is set, in every Ray actor
+    (never in the driver) when ``in_actors`` is, else once in each of the first ``times`` processes
+    other than ``driver_pid`` (rollout actors') to claim a ``marker`` file (``marker``, ``marker.1``, ...)."""
 
-    def __init__(self, marker: str = "", driver_pid: int = 0, always: bool = False, **kwargs) -> None:
+    def __init__(
+        self,
+        marker: str = "",
+        driver_pid: int = 0,
+        always: bool = False,
+        in_actors: bool = False,
+        times: int = 1,
+        **kwargs,
+    ) -> None:
         import os
         import time
 
-        if always or (os.getpid() != driver_pid and marker and _claim(marker)):
+        claimed = (
+            os.getpid() != driver_pid and marker and any(_claim(marker + (f".{k}" if k else "")) for k in range(times))
+        )
+        if always or (in_actors and _in_ray_actor()) or claimed:
             while True:
                 time.sleep(3600)
         super().__init__(gym.make("CartPole-v1", **kwargs))
+
+
+def _in_ray_actor() -> bool:
+    import sys
+
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
 
 
 def _claim(path: str) -> bool:

@@ -210,6 +210,99 @@ def test_the_drivers_own_env_construction_times_out_with_a_message():
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
+def test_an_actor_that_never_starts_stops_the_run_after_three_tries(ray_cluster, tmp_path, caplog):
+    """Each recreated actor hangs in its constructor too: the third start timeout in a row ends the
+    run (the restart budget, counted per window, would allow one restart per timeout forever)."""
+    from shoal.errors import WorkerError
+    from shoal.runtime.ray_group import START_TIMEOUTS_IN_A_ROW
+
+    cfg = PPOConfig(
+        env="flaky_envs:HangInInitCartPole",
+        env_config={"in_actors": True},
+        seed=0,
+        resources={"num_workers": 1, "actor_start_timeout_s": 3},  # never starts, however long it is given
+        **SMALL,
+    )
+    algo = cfg.build()  # the driver's own env builds: only actors hang
+    try:
+        with caplog.at_level(logging.WARNING, logger="shoal.runtime"), pytest.raises(WorkerError) as e:
+            for _ in range(2 * START_TIMEOUTS_IN_A_ROW):  # one start timeout per round at least
+                result = algo.train()
+                assert result["env_steps_sampled"] == 0
+        assert algo.env_runners.num_timeouts == START_TIMEOUTS_IN_A_ROW
+    finally:
+        algo.stop()
+    text = " ".join(str(e.value).split())
+    assert f"rollout actor 1 (env HangInInitCartPole) did not start {START_TIMEOUTS_IN_A_ROW} times in a row" in text
+    assert "resources.actor_start_timeout_s" in text and "constructor" in text
+    tries = re.findall(r"try (\d) of (\d) to start it", caplog.text)
+    assert tries == [(str(k), str(START_TIMEOUTS_IN_A_ROW)) for k in range(2, START_TIMEOUTS_IN_A_ROW + 1)]
+
+
+def test_start_timeouts_in_a_row_below_the_limit_let_the_run_go_on(ray_cluster, tmp_path):
+    """Two actors in a row hang in their constructors, the third starts: the run trains on, and
+    the start wipes the slot's count."""
+    from shoal.runtime.ray_group import START_TIMEOUTS_IN_A_ROW
+
+    hangs = START_TIMEOUTS_IN_A_ROW - 1
+    cfg = PPOConfig(
+        env="flaky_envs:HangInInitCartPole",
+        env_config={"marker": str(tmp_path / "hung"), "driver_pid": os.getpid(), "times": hangs},
+        seed=0,
+        resources={"num_workers": 1, "actor_start_timeout_s": 10},  # a healthy actor starts well within it
+        **SMALL,
+    )
+    algo = cfg.build()
+    try:
+        for _ in range(3 * START_TIMEOUTS_IN_A_ROW):
+            result = algo.train()
+            if result["env_steps_sampled"] >= 256:
+                break
+        assert result["env_steps_sampled"] >= 256 and algo.env_runners.num_timeouts == hangs
+        assert algo.env_runners.group._start_timeouts == {}
+    finally:
+        algo.stop()
+
+
+def test_shoal_train_reads_a_registered_ids_reward_threshold_without_building_the_env(monkeypatch):
+    import gymnasium as gym
+
+    from shoal.app.cli import _reward_threshold
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the env was built")
+
+    monkeypatch.setattr(gym, "make", no_build)
+    assert _reward_threshold(PPOConfig(env="CartPole-v1")) == 475.0
+
+
+def test_shoal_train_without_a_stop_reward_times_out_a_hung_driver_env(tmp_path):
+    """The reward threshold shoal train reads (no --stop-reward, no --no-stop-reward) is read under
+    the same time limit as the algorithm's own env build: an error paragraph, exit 2, no run
+    directory. A real process: before, it hung there (killed here after a generous wait)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from helpers import flat
+
+    args = ["train", "ppo", "--env", "flaky_envs:HangInInitCartPole", "--set", "env_config.always=true"]
+    args += ["--set", "resources.request_timeout_s=1", "--stop-iters", "1", "--out", str(tmp_path / "runs")]
+    r = subprocess.run(
+        [sys.executable, "-m", "shoal", *args],
+        cwd=Path(__file__).parent,  # flaky_envs imports from the working directory
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    text = flat(r.stdout + r.stderr)
+    assert "Building env 'HangInInitCartPole' in the driver (to read its reward threshold) did not finish" in text
+    assert "resources.request_timeout_s=1 s" in text and "Traceback" not in r.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_request_queued_behind_another_is_timed_from_its_turn(ray_cluster):
     from test_ray import Worker
 

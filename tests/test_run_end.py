@@ -106,6 +106,84 @@ def test_a_full_disk_ends_with_one_paragraph_and_exit_2(tmp_path, monkeypatch):
     assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == ["checkpoint_000001"]
 
 
+def test_a_sigint_held_during_ray_start_is_raised_when_the_block_is_done(capsys):
+    before = signal.getsignal(signal.SIGINT)
+    reached_the_end = False
+    with pytest.raises(KeyboardInterrupt):
+        with signals.sigint_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # handled: the block goes on
+            reached_the_end = True
+    assert reached_the_end and signal.getsignal(signal.SIGINT) is before
+    assert "stopping as soon as Ray has started; press Ctrl-C again" in capsys.readouterr().err
+
+
+def test_a_second_sigint_leaves_a_block_holding_sigint_at_once():
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        with signals.sigint_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # interrupted
+            pytest.fail("the second SIGINT was held too")
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def _torch_full_disk_save(monkeypatch, fits: int) -> None:
+    """``torch.save`` into a checkpoint's state file fails after ``fits`` successes, as it fails on
+    a full disk: the file's write raises OSError ENOSPC and torch's zip writer, closing the archive,
+    replaces it with a RuntimeError ("[enforce fail at inline_container.cc:672] ... unexpected pos")."""
+    import torch
+
+    real_save, calls = torch.save, []
+
+    def save(obj, f, *args, **kwargs):
+        if getattr(f, "name", "").endswith(ckpt.STATE_FILE):
+            calls.append(f)
+            if len(calls) > fits:
+                try:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                except OSError:  # as torch does: the OSError only the context of its RuntimeError
+                    raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")  # noqa: B904
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+
+
+def test_torchs_error_from_a_full_disk_ends_with_one_paragraph_and_exit_2(tmp_path, monkeypatch):
+    _torch_full_disk_save(monkeypatch, fits=1)  # checkpoint 1 fits; its `best` copy fills the disk
+    r = invoke("train", *TINY[:-3], "--stop-iters", "5", "--checkpoint-every", "1", "-q", "--out", tmp_path)
+    assert r.exit_code == 2, r.output
+    text = " ".join(r.output.split())
+    assert "No space left on device" in text and "The disk is full" in text and "shoal resume" in text, text
+    assert "Traceback" not in r.output and "inline_container" not in text, r.output
+    (run,) = tmp_path.iterdir()
+    assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == ["checkpoint_000001"]
+    assert f"The newest checkpoint (finite weights) is {run / 'checkpoints' / 'checkpoint_000001'}" in text
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]  # no partial save left
+
+
+def test_torchs_failed_write_on_a_full_disk_is_an_oserror(tmp_path, monkeypatch):
+    """Without the OSError behind it (torch writing by path), a failed write with no space left is ENOSPC."""
+    import shutil
+
+    import torch
+
+    def save(obj, f, *args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+    monkeypatch.setattr(torch, "save", save)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9, 0))
+    with pytest.raises(OSError) as e:
+        ckpt.save_checkpoint(tmp_path / "checkpoint_000001", {"w": torch.zeros(3)}, {})
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "checkpoint_000001" / "state.pt")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 0, 10**9))
+    with pytest.raises(RuntimeError, match="inline_container"):  # space left: not a full disk, left as it is
+        ckpt.save_checkpoint(tmp_path / "checkpoint_000001", {"w": torch.zeros(3)}, {})
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_signal_after_an_iteration_is_counted_saves_the_one_before(tmp_path):
     """The window the process test below can hit by chance: iteration 3 counted, its row not yet written."""
     r = invoke(
@@ -293,6 +371,35 @@ def test_a_driver_killed_inside_ray_init_leaves_no_ray_process(tmp_path):
     while alive() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not alive(), f"Ray processes left: {alive()}"
+
+
+def test_ctrl_c_while_ray_starts_ends_the_run_as_ctrl_c_does(tmp_path):
+    """SIGINT as soon as the local raylet exists (inside ray.init): the run stops there with exit
+    130 and one paragraph, instead of the interrupt being lost in Ray's start-up."""
+    import psutil
+
+    proc = _start(tmp_path, "--workers", "1")  # no stop but 100000 iterations: training on would not end
+
+    def raylet() -> bool:
+        try:
+            return any(p.name() == "raylet" for p in psutil.Process(proc.pid).children())
+        except psutil.Error:
+            return False
+
+    _wait_for(raylet, proc, "the raylet", timeout_s=240)
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=180)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"the run went on after Ctrl-C: {_output(tmp_path)[-2000:]}")
+    out = _output(tmp_path)
+    assert proc.returncode == 130, out
+    text = " ".join(out.split())
+    assert "Interrupted while the run was starting" in text and "no run directory was written" in text, out
+    assert "Traceback" not in out, out
+    assert not list((tmp_path / "runs").glob("*/results.jsonl"))
 
 
 # ---- the local raylet killed under a run ---------------------------------------------------------

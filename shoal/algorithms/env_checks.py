@@ -5,7 +5,7 @@ size and ``normalize`` section fit them, and the running statistics that section
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Iterator
 
 from shoal.config import AlgorithmConfig, env_spec_to_str
 from shoal.envs import env_info
@@ -36,22 +36,31 @@ def describe_gym_env(config) -> Any:
     return env_info(config.env, config.env_config, config.env_preprocessing)
 
 
+class EnvBuildTimeout(EnvError):
+    """Building the env in the driver did not finish within ``resources.request_timeout_s``."""
+
+
+@contextlib.contextmanager
+def driver_build_time_limit(config: AlgorithmConfig, purpose: str = "to read its spaces") -> Iterator[None]:
+    """Raise :class:`EnvBuildTimeout`, naming the env and ``purpose``, when the block (which builds
+    the env in the driver) runs past ``resources.request_timeout_s``: a constructor that hangs."""
+    limit = config.resources.request_timeout_s
+    with time_limit(
+        limit,
+        lambda: EnvBuildTimeout(
+            f"Building env {config.env_name()!r} in the driver ({purpose}) did not finish within "
+            f"resources.request_timeout_s={limit:g} s: its constructor hangs (waiting on a file, a server, a "
+            "licence?). Fix the env, or raise resources.request_timeout_s if it is only slow."
+        ),
+    ):
+        yield
+
+
 def describe_within_time_limit(config: AlgorithmConfig, describe) -> Any:
     """``describe()`` (which builds the env in the driver to read its spaces), failing early and
     naming the env when its constructor hangs past ``resources.request_timeout_s`` or its spaces
     do not fit; then the env memory and model size checks, before any env vector or layer exists."""
-    limit = config.resources.request_timeout_s
-    with (
-        naming_env(config),
-        time_limit(
-            limit,
-            lambda: EnvError(
-                f"Building env {config.env_name()!r} in the driver (to read its spaces) did not finish within "
-                f"resources.request_timeout_s={limit:g} s: its constructor hangs (waiting on a file, a server, a "
-                "licence?). Fix the env, or raise resources.request_timeout_s if it is only slow."
-            ),
-        ),
-    ):
+    with naming_env(config), driver_build_time_limit(config):
         info = describe()
     obs_space = getattr(info, "observation_space", None)
     check_env_memory(config, obs_space)

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from shoal.errors import ConfigError, EnvError, ShoalError
-from shoal.runtime.signals import SaveAborted
+from shoal.runtime.signals import SaveAborted, StartInterrupted
 from shoal.seeding import MAX_SEED
 
 app = typer.Typer(
@@ -184,10 +184,20 @@ def _reward_threshold(cfg) -> Optional[float]:
     checks its env its own way (alpha_star, a multi_agent section) a failure here gives None,
     and building the algorithm reports a bad env. For any other a bad env is reported now,
     before any note about the stop criteria.
-    """
-    from shoal.algorithms.base import Algorithm
-    from shoal.envs import env_info
 
+    A registered Gymnasium id's threshold is read from its spec, without building the env (building
+    the algorithm checks the env next). Anything else is built under the time limit the
+    algorithm's own build uses: a constructor that hangs ends the run with a message, not silently.
+    """
+    import gymnasium as gym
+
+    from shoal.algorithms.base import Algorithm
+    from shoal.algorithms.env_checks import EnvBuildTimeout, driver_build_time_limit
+    from shoal.envs import env_info
+    from shoal.envs.atari import is_ale_id
+
+    if isinstance(cfg.env, str) and cfg.env in gym.envs.registry and not is_ale_id(cfg.env):
+        return gym.spec(cfg.env).reward_threshold
     algorithm_cls = type(cfg).algorithm_cls
     gymnasium_env = (
         getattr(cfg, "multi_agent", None) is None
@@ -195,7 +205,10 @@ def _reward_threshold(cfg) -> Optional[float]:
         and algorithm_cls.describe_env is Algorithm.describe_env
     )
     try:
-        return env_info(cfg.env, cfg.env_config, cfg.env_preprocessing).reward_threshold
+        with driver_build_time_limit(cfg, "to read its reward threshold"):
+            return env_info(cfg.env, cfg.env_config, cfg.env_preprocessing).reward_threshold
+    except EnvBuildTimeout:
+        raise  # the algorithm's build would hang on it again
     except EnvError:
         if gymnasium_env:
             raise
@@ -371,6 +384,14 @@ def train(
         _fail(e)
     except SaveAborted:
         _save_aborted()
+    except StartInterrupted:
+        err.print(
+            "Interrupted while the run was starting (building the algorithm, starting Ray and the actors), "
+            "before its first iteration: nothing was trained and no run directory was written.",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(130) from None
     _print_summary(summary, stop)
     _exit_for(summary)
 

@@ -421,10 +421,15 @@ def train(
         check_out_dir(out)
     config.logging.check_installed()  # a missing wandb/mlflow package is a config error, before anything starts
     t_start = time.perf_counter()
-    algo = _algo or config.build()
-    _start_actors(
-        algo, owned=_algo is None
-    )  # a cluster too small for the run fails before the run directory is written
+    try:
+        algo = _algo or config.build()
+        _start_actors(
+            algo, owned=_algo is None
+        )  # a cluster too small for the run fails before the run directory is written
+    except KeyboardInterrupt:  # Ctrl-C while Ray and the actors start: nothing trained, nothing written
+        if raylet_lost():  # the raylet watch's interrupt: Ray is gone
+            raise
+        raise signals.StartInterrupted() from None
     if on_start is not None:
         on_start()
     run_dir, lock, session = _open_run(

@@ -106,7 +106,7 @@ def start(address: str | None = None, num_cpus: int | None = None, **kwargs) -> 
 
             watchdog = _watchdog = start_watchdog()
         try:
-            with _neutral_working_dir(), _quiet_local_auth_note(address is None):
+            with _neutral_working_dir(), _quiet_local_auth_note(address is None), signals.sigint_held():
                 ray.init(**init_kwargs)
         except ConnectionError as e:
             raise ResourceError(f"Cannot connect to the Ray cluster at '{address}': {e}") from None

@@ -20,6 +20,7 @@ from shoal.runtime.restarts import RestartBudget
 log = logging.getLogger("shoal.runtime")
 FATAL_ERRORS = (DivergenceError, NonFiniteEnvError)  # raised in an actor, they stop the run instead of restarting it
 WAIT_SLICE_S = 0.5  # a long wait on actors is cut into slices; timeouts, the run's deadline and Ctrl-C act between them
+START_TIMEOUTS_IN_A_ROW = 3  # an actor slot whose actor has not started this many times in a row stops the run
 
 
 INLINE_BYTES = 64 * 1024  # under Ray's 100 KB limit for arguments it inlines into a call
@@ -104,6 +105,7 @@ class RayActorGroup(ActorGroupBase):
         self._up_at: dict[int, float] = {}  # actor id -> when it was first seen constructed
         self._created_at: dict[int, float] = {}  # actor id -> when it was (re)created
         self.start_timeout_s = resources.start_timeout_s
+        self._start_timeouts: dict[int, int] = {}  # actor id -> its start timeouts since an actor there last started
         self._answered_at: dict[int, float] = {}  # actor id -> when its last answer was collected
         self.actors: dict[int, Any] = {i: self._create(i) for i in self.ids}
         self._in_flight: dict[Any, tuple[int, Any, str, float]] = {}  # ObjectRef -> (actor id, handle, method, sent at)
@@ -248,6 +250,9 @@ class RayActorGroup(ActorGroupBase):
             out[ref] = ray.get(ref) if data is None else (data, ray.get(ref))
         except ray.exceptions.RayError as e:
             self._failed(i, handle, e)
+            return
+        if self.actors.get(i) is handle:
+            self._start_timeouts.pop(i, None)  # it answered, so it started
 
     def _up_since(self, i: int) -> float | None:
         """When actor ``i`` was free to take a request: first seen started (None while it starts:
@@ -259,6 +264,7 @@ class RayActorGroup(ActorGroupBase):
             if not ready:
                 return None
             self._up_at[i] = time.monotonic()
+            self._start_timeouts.pop(i, None)
         return max(self._up_at[i], self._answered_at.get(i, 0.0))
 
     def _overdue(self, i: int, sent: float, now: float) -> bool:
@@ -291,15 +297,20 @@ class RayActorGroup(ActorGroupBase):
                     f"the actor did not start within resources.actor_start_timeout_s={self.start_timeout_s:g} s "
                     f"({view})"
                 )
+                tries = self._start_timeouts[i] = self._start_timeouts.get(i, 0) + 1
+                if tries >= START_TIMEOUTS_IN_A_ROW:
+                    self._never_starts(i, where, view)
                 log.warning(
                     "%s %d%s has not started %.1f s after its creation (resources.actor_start_timeout_s=%g; %s): "
-                    "an env constructor that hangs?; killing and recreating it",
+                    "an env constructor that hangs?; killing and recreating it (try %d of %d to start it)",
                     self.name,
                     i,
                     where,
                     now - self._created_at.get(i, now),
                     self.start_timeout_s,
                     view,
+                    tries + 1,
+                    START_TIMEOUTS_IN_A_ROW,
                 )
             else:
                 self.last_failure = (
@@ -316,6 +327,18 @@ class RayActorGroup(ActorGroupBase):
                     self.request_timeout_s,
                 )
             self.restart(i)
+
+    def _never_starts(self, i: int, where: str, view: str) -> None:
+        """Stop the run: actor ``i``'s slot timed out starting :data:`START_TIMEOUTS_IN_A_ROW` times
+        in a row. Recreating it again would only repeat the wait (the restart budget, counted per
+        window, never runs out at one restart per ``actor_start_timeout_s``)."""
+        raise WorkerError(
+            f"{self.name} {i}{where} did not start {START_TIMEOUTS_IN_A_ROW} times in a row: each time the "
+            f"actor's constructor had not returned {self.start_timeout_s:g} s after its creation "
+            f"(resources.actor_start_timeout_s; the last one: {view}). Its env constructor probably hangs in "
+            "the actor's process (waiting on a file, a server, a licence, a display?): fix the env, or raise "
+            "resources.actor_start_timeout_s if it is only slow to start."
+        )
 
     def _ray_view(self, i: int) -> str:
         """What Ray says of actor ``i`` (for a start timeout's log line): its state, its process,

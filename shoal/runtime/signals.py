@@ -26,6 +26,11 @@ class SaveAborted(KeyboardInterrupt):
     """A signal arrived twice while the stop checkpoint was written: the save was abandoned."""
 
 
+class StartInterrupted(KeyboardInterrupt):
+    """Ctrl-C while the run was starting (building the algorithm, starting Ray and its actors),
+    before its first iteration: nothing was trained, and a new run wrote no run directory."""
+
+
 class RayletDied(KeyboardInterrupt):
     """The local raylet died: raised where shoal would next call into Ray, so the run stops the way
     Ctrl-C stops it, instead of Ray ending the process inside that call."""
@@ -118,6 +123,43 @@ def saving(what: str = "a checkpoint") -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)  # type: ignore[arg-type]
+
+
+@contextmanager
+def sigint_held(what: str = "Ray has started") -> Iterator[None]:
+    """A SIGINT (Ctrl-C) arriving in the block is remembered and honoured once the block is done: the
+    SIGINT handler in place before the block then runs (by default it raises KeyboardInterrupt).
+    A second SIGINT raises KeyboardInterrupt at once (a block that never ends can still be left).
+
+    For ``ray.init``: Ray's start-up runs Python code in places where a KeyboardInterrupt can be
+    lost (finalizers, callbacks from its C++ core), and a start cut in the middle leaves its
+    processes half set up. No effect outside the main thread; an exception raised in the block
+    wins over a held SIGINT."""
+    if not _main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def on_sigint(signum, frame) -> None:
+        if held:
+            raise KeyboardInterrupt()
+        held.append(signum)
+        print(
+            f"shoal: Ctrl-C: stopping as soon as {what}; press Ctrl-C again to stop at once.",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        if callable(previous):
+            previous(signal.SIGINT, None)
+        elif previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
 
 
 @contextmanager
