@@ -63,6 +63,12 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'shoal' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    """The module's names with the public ones loaded on first use (``PPOConfig``, ``train``...),
+    so ``dir(shoal)`` and tab completion show them before they are imported."""
+    return sorted({*globals(), *_LAZY})
+
+
 __all__ = [
     "AlgorithmConfig",
     "ShoalError",

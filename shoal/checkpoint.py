@@ -200,15 +200,22 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 
 def read_run_meta(path: str | Path) -> dict[str, Any]:
     """:func:`read_meta` of an algorithm's checkpoint, checked to hold what rebuilds the run: the
-    algorithm's name, its config and the iteration (a CheckpointError naming what is wrong)."""
+    algorithm's name, its config and the iteration, and what stop criteria read there (env steps,
+    training seconds; a checkpoint written before meta.json held those may lack them); a
+    CheckpointError naming what is wrong."""
     meta = read_meta(path)
-    for key, kind, what in (
-        ("algo", str, "a string naming the algorithm"),
-        ("config", dict, "a mapping of the run's config"),
-        ("iteration", int, "a whole number"),
+    for key, kind, what, required in (
+        ("algo", str, "a string naming the algorithm", True),
+        ("config", dict, "a mapping of the run's config", True),
+        ("iteration", int, "a whole number of at least 0", True),
+        ("env_steps_sampled", int, "a whole number of at least 0", False),
+        ("time_total_s", (int, float), "a number of at least 0", False),
     ):
+        if key not in meta and not required:
+            continue
         value = meta.get(key)
-        if not isinstance(value, kind) or isinstance(value, bool):
+        negative = isinstance(value, (int, float)) and not value >= 0  # NaN too
+        if not isinstance(value, kind) or isinstance(value, bool) or negative:
             found = "is missing" if key not in meta else f"is {type(value).__name__} {value!r}"[:120]
             raise CheckpointError(
                 f"'{Path(path) / META_FILE}' is damaged: its '{key}' {found}; shoal writes {what} "
@@ -254,9 +261,10 @@ def load_state(file: Path, map_location: str = "cpu", mmap: bool = False) -> dic
 
 
 def verify_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Check that ``path`` is a whole, loadable checkpoint (tensors mapped, not read); its meta."""
+    """Check that ``path`` is a whole, loadable checkpoint of an algorithm (its meta.json as
+    :func:`read_run_meta` checks it; its tensors mapped, not read); its meta."""
     path = Path(path)
-    meta = read_meta(path)
+    meta = read_run_meta(path)
     load_state(path / STATE_FILE, mmap=True)
     return meta
 

@@ -729,8 +729,15 @@ class AlgorithmConfig(Section):
         return d
 
     def to_yaml(self) -> str:
-        """The config as a YAML document with every key (what a run's ``config.yaml`` holds)."""
-        return yaml.safe_dump({"algo": self.algo, **self.to_dict(redact=True)}, sort_keys=False)
+        """The config as a YAML document with every key that applies (what a run's ``config.yaml``
+        holds): ``env_preprocessing``, Atari's frame preprocessing, is left out for another env while
+        it holds its defaults (a non-default value there is refused for such an env anyway)."""
+        from shoal.gym_ids import is_ale_id
+
+        data = self.to_dict(redact=True)
+        if not is_ale_id(self.env) and self.env_preprocessing == type(self.env_preprocessing)():
+            data.pop("env_preprocessing", None)
+        return yaml.safe_dump({"algo": self.algo, **data}, sort_keys=False)
 
     def for_env(self, observation_space: Any, action_space: Any) -> "AlgorithmConfig":
         """This config with the defaults that depend on the env's spaces filled in: for ``Box``
@@ -758,9 +765,11 @@ class AlgorithmConfig(Section):
             changed = True
         return type(self).model_validate(data) if changed else self
 
-    def copy_with(self, overrides: dict[str, Any]) -> "AlgorithmConfig":
-        """A new validated config with nested overrides applied (``{"resources": {...}}``)."""
-        return type(self).from_dict(deep_merge(self.to_dict(), overrides))
+    def copy_with(self, overrides: dict[str, Any] | None = None, /, **changes: Any) -> "AlgorithmConfig":
+        """A new config with nested overrides applied, validated as the constructor validates:
+        ``copy_with({"resources": {"num_workers": 2}})``, ``copy_with(lr=1e-4, resources={...})``
+        or both (keywords last). A section given as a dict is merged into the current one."""
+        return type(self).from_dict(deep_merge(deep_merge(self.to_dict(), overrides or {}), changes))
 
     @classmethod
     def without_unused(cls, data: dict[str, Any]) -> dict[str, Any]:
@@ -789,14 +798,24 @@ def env_spec_to_str(env: EnvSpec) -> str:
     return repr(env)
 
 
+GENERIC_FACTORY_NAMES = frozenset({"make", "make_env", "env", "parallel_env", "raw_env", "create", "build"})
+"""Factory names that say nothing of the env: an import path's name then leads with what holds it."""
+
+
 def env_spec_name(env: EnvSpec) -> str:
     """A short name for run directories and titles: the Gymnasium id (``ALE/Pong-v5`` ->
     ``ALE_Pong-v5``), or the function or class name of an import path or callable
-    (``make_env``; a lambda is ``lambda``, a ``functools.partial`` its function's name)."""
+    (``my_pkg.envs:make_maze`` -> ``make_maze``; a lambda is ``lambda``, a ``functools.partial``
+    its function's name). An import path to a generic factory (:data:`GENERIC_FACTORY_NAMES`)
+    leads with the part before it: ``my_pkg.envs:make`` -> ``envs-make``,
+    ``pettingzoo.classic.rps_v2:parallel_env`` -> ``rps_v2-parallel_env``."""
     if isinstance(env, str):
-        name = env.split(":")[-1] if ":" in env else env
+        name = env
         if ":" in env:
-            name = name.split(".")[-1]
+            module, _, attr = env.partition(":")
+            *holders, name = [*module.split("."), *attr.split(".")]
+            if name in GENERIC_FACTORY_NAMES and holders and holders[-1]:
+                name = f"{holders[-1]}-{name}"
     else:
         target = getattr(env, "func", env)  # functools.partial
         name = getattr(target, "__name__", None) or type(target).__name__

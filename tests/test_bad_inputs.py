@@ -12,6 +12,7 @@ of click itself (an option's declared range or type) keep click's format and are
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -48,6 +49,7 @@ class Row:
     subprocess: bool = False
     runs: Optional[str] = field(default=None)  # "ppo" or "ppo+dqn": the row gets copies of those trained runs
     usage: bool = False  # click's own usage error (an option's declared range): "Usage: ..." and a boxed line
+    absent: tuple[str, ...] = ()  # each must not appear in the output (case-insensitive)
 
 
 def _write(name: str, data: str | bytes) -> Callable[[Path], None]:
@@ -363,6 +365,16 @@ ROWS = [
         ("tictactoe_v3", "multi_agent"),
     ),
     Row(
+        "pettingzoo-parallel-env-to-ppo",  # the spelling of the multi-agent guide
+        ["train", "ppo", "--env", "pettingzoo.classic.rps_v2:parallel_env"],
+        ("rps_v2:parallel_env", "PettingZoo (multi-agent) env", "multi_agent section"),
+    ),
+    Row(
+        "pettingzoo-aec-env-to-appo",
+        ["train", "appo", "--env", "pettingzoo.classic.tictactoe_v3:env"],
+        ("tictactoe_v3:env", "PettingZoo (multi-agent) env", "multi_agent section"),
+    ),
+    Row(
         "gymnasium-to-alpha-star",
         ["train", "alpha_star", "--env", "CartPole-v1"],
         ("CartPole-v1", "single-agent Gymnasium", "PettingZoo"),
@@ -553,9 +565,44 @@ ROWS = [
     ),
     Row("resume-no-checkpoints", ["resume", "{tmp}/run"], ("checkpoint",), _state(None), runs="ppo"),
     Row(
+        "resume-all-state-empty",
+        ["resume", "{tmp}/run", "--stop-iters", "9"],
+        ("state.pt", "empty", "start a new one", "config.yaml"),
+        _state(b""),
+        runs="ppo",
+        absent=("earlier",),  # no earlier checkpoint is there to resume from
+    ),
+    Row(
+        "resume-meta-no-iteration",
+        ["resume", "{tmp}/run", "--stop-iters", "5"],
+        ("meta.json", "'iteration' is missing"),
+        _meta_without("iteration"),
+        runs="ppo",
+    ),
+    Row(
+        "resume-meta-iteration-word",
+        ["resume", "{tmp}/run", "--stop-iters", "5"],
+        ("meta.json", "'iteration' is str 'three'", "whole number"),
+        _meta_set("iteration", "three"),
+        runs="ppo",
+    ),
+    Row(
+        "resume-meta-iteration-negative",  # was taken as is: the run trained past its stop
+        ["resume", "{tmp}/run"],
+        ("meta.json", "'iteration' is int -3", "at least 0"),
+        _meta_set("iteration", -3),
+        runs="ppo",
+    ),
+    Row(
         "resume-stop-reward-nan",
         ["resume", "{tmp}/run", "--stop-reward", "nan"],
         ("reward", "nan", "finite"),
+        runs="ppo",
+    ),
+    Row(
+        "resume-stop-reward-contradiction",
+        ["resume", "{tmp}/run", "--stop-reward", "100", "--no-stop-reward"],
+        ("--stop-reward 100", "--no-stop-reward", "contradict"),
         runs="ppo",
     ),
     Row("resume-stop-steps-negative", ["resume", "{tmp}/run", "--stop-steps", "-5"], ("env_steps", "-5"), runs="ppo"),
@@ -603,6 +650,16 @@ ROWS = [
         _write(
             "t.yaml",
             "algo: ppo\nconfig: {env: CartPole-v1}\nsearch: {lr: {grid: [0.001, 0.0001, -1]}}\nstop: {iterations: 2}\n",
+        ),
+    ),
+    Row(
+        "tune-metric-unknown",  # was Ray's traceback from the first trial, after Ray started, and a tune directory
+        ["tune", "-c", "{tmp}/t.yaml", "--out", "{tmp}/runs"],
+        ("metric 'episode_reward_mean'", "did you mean 'episode_return_mean'", "learner/..."),
+        _write(
+            "t.yaml",
+            "algo: ppo\nconfig: {env: CartPole-v1}\nsearch: {lr: {grid: [0.001, 0.0001]}}\n"
+            "metric: episode_reward_mean\nstop: {iterations: 2}\n",
         ),
     ),
     # ---- plot ----
@@ -687,7 +744,7 @@ def _invoke(argv: list[str], as_subprocess: bool) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
-def test_bad_input_exits_2_with_one_paragraph(row: Row, tmp_path: Path, request):
+def test_bad_input_exits_2_with_one_paragraph(row: Row, tmp_path: Path, request, caplog):
     if row.runs:
         runs = request.getfixturevalue("trained")
         shutil.copytree(runs["ppo"], tmp_path / "run")
@@ -699,7 +756,10 @@ def test_bad_input_exits_2_with_one_paragraph(row: Row, tmp_path: Path, request)
     if argv[0] == "train" and "--out" not in argv:
         argv += ["--out", str(tmp_path / "runs")]
     before = _tree(tmp_path)
+    caplog.clear()
     code, output = _invoke(argv, row.subprocess)
+    # a warning logged on the way is a line the user sees too (pytest takes it from the CLI's stderr)
+    output += "".join(f"{r.getMessage()}\n" for r in caplog.records if r.levelno >= logging.WARNING)
     text = " ".join(output.translate({ord(c): " " for c in "│╭╮╰╯"}).split())
     assert code == 2, output
     assert "Traceback" not in output and 'File "' not in output, output
@@ -711,6 +771,8 @@ def test_bad_input_exits_2_with_one_paragraph(row: Row, tmp_path: Path, request)
         assert len([line for line in output.splitlines() if line.strip()]) <= MAX_LINES, output
     for word in row.expect:
         assert word.replace("{tmp}", str(tmp_path)).lower() in text.lower(), f"{word!r} not in: {output}"
+    for word in row.absent:
+        assert word.lower() not in text.lower(), f"{word!r} in: {output}"
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir()), "a run directory was created"
     assert _tree(tmp_path) == before, "files changed"
 

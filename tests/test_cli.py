@@ -287,6 +287,23 @@ def test_no_stop_reward_drops_the_threshold(tmp_path):
     assert "--no-stop-reward" in help_text and "first criterion met" in help_text
 
 
+def test_resume_no_stop_reward_drops_the_runs_reward_criterion(tmp_path):
+    """A run solved on a low reward: resume goes on only once --no-stop-reward drops that criterion."""
+    tiny = ["--set", "train_batch_size=64", "--set", "minibatch_size=32", "--set", "num_sgd_iter=1", "--seed", "0"]
+    r = invoke("train", "ppo", "--env", "CartPole-v1", "--stop-reward", 1, "--out", tmp_path, "-q", *tiny)
+    assert r.exit_code == 0 and "Solved" in r.output, r.output
+    (run,) = tmp_path.iterdir()
+    n = len(read_results(run))  # the iteration that reached the reward
+    r = invoke("resume", run, "--stop-iters", n + 1, "-q")
+    assert r.exit_code == 0 and "already meets its stop criterion mean return" in flat(r.output), r.output
+    assert "--no-stop-reward" in flat(r.output)
+    assert_user_error(invoke("resume", run, "--stop-reward", 5, "--no-stop-reward"), "--stop-reward 5", "contradict")
+    r = invoke("resume", run, "--stop-iters", n + 1, "--no-stop-reward", "-q")
+    assert r.exit_code == 0 and "Stopped on iterations" in flat(r.output), r.output
+    assert stop_of(tmp_path) == {"reward": None, "env_steps": None, "time_s": None, "iterations": n + 1}
+    assert [row["iteration"] for row in read_results(run)] == list(range(1, n + 2))
+
+
 def test_apex_preset_is_announced_and_recorded_in_config_yaml(tmp_path, monkeypatch):
     import yaml
 

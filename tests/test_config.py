@@ -244,6 +244,18 @@ def test_to_dict_from_dict_round_trip():
     assert PPOConfig.from_dict(loaded) == c
 
 
+def test_config_yaml_leaves_out_ataris_preprocessing_for_another_env_and_round_trips():
+    from shoal.algorithms.dqn import DQNConfig
+
+    for c in (cfg(), DQNConfig(env="CartPole-v1", lr=1e-3)):
+        loaded = yaml.safe_load(c.to_yaml())
+        assert "env_preprocessing" not in loaded and type(c).from_dict(loaded) == c
+    pong = PPOConfig(env="ALE/Pong-v5", env_preprocessing={"frame_stack": 2})
+    loaded = yaml.safe_load(pong.to_yaml())
+    assert loaded["env_preprocessing"]["frame_stack"] == 2 and PPOConfig.from_dict(loaded) == pong
+    assert "env_preprocessing" in yaml.safe_load(PPOConfig(env="ALE/Pong-v5").to_yaml())  # an Atari game: all of it
+
+
 def test_from_dict_other_algorithm():
     with pytest.raises(ConfigError, match="for algorithm 'dqn', not 'ppo'"):
         PPOConfig.from_dict({"algo": "dqn", "env": "CartPole-v1"})
@@ -258,6 +270,19 @@ def test_copy_with():
     assert c.resources.num_envs_per_worker == 2 and c.gamma == 0.99  # the original is untouched
     with pytest.raises(ConfigError, match="Did you mean 'gamma'"):
         c.copy_with({"gama": 0.9})
+
+
+def test_copy_with_takes_keyword_overrides_validated_like_the_constructor():
+    c = cfg(lr=1e-3, resources={"num_envs_per_worker": 2, "num_cpus_per_worker": 0.5})
+    c2 = c.copy_with(lr=1e-4, resources={"num_envs_per_worker": 4})
+    assert c2.lr == 1e-4 and c2.resources.num_envs_per_worker == 4 and c2.resources.num_cpus_per_worker == 0.5
+    assert c.lr == 1e-3  # the original is untouched
+    c3 = c.copy_with({"gamma": 0.9, "lr": 0.5}, lr=0.01)  # a dict and keywords: the keywords last
+    assert (c3.gamma, c3.lr) == (0.9, 0.01)
+    with pytest.raises(ConfigError, match="'lr'.*fast"):
+        c.copy_with(lr="fast")
+    with pytest.raises(ConfigError, match="Did you mean 'gamma'"):
+        c.copy_with(gama=0.9)
 
 
 def _make_env():
@@ -420,7 +445,8 @@ def test_unused_keys_are_not_written_nor_listed_as_valid(algo):
     written = {".".join(p) for p in _paths(saved)}
     assert UNUSED[algo] <= set(declared_unused(cls))
     assert not UNUSED[algo] & set(all_keys(cls)) and not UNUSED[algo] & written
-    assert set(all_keys(cls)) <= written | {"algo"}  # every other key is written
+    # every other key is written, less Atari's preprocessing for CartPole (it holds its defaults)
+    assert {k for k in all_keys(cls) if not k.startswith("env_preprocessing")} <= written | {"algo"}
     assert cls.from_dict(saved) == c  # the saved config round-trips
     with pytest.raises(ConfigError) as info:
         cls(env=ENVS.get(algo, "CartPole-v1"), no_such_key=1)
@@ -528,7 +554,26 @@ def test_shoal_config_table_shows_every_description_whole(algo):
     assert "[[env_steps, lr], ...]" in lines["lr_schedule"] and "pip install -e '.[wandb]'" in lines["logging.writers"]
 
 
+def test_shoal_config_and_algos_off_a_terminal_end_each_row_with_its_text():
+    """rich padded every row to the longest description (~500 columns for sac)."""
+    for argv in (["config", "sac"], ["algos"]):
+        r = invoke(*argv)
+        assert r.exit_code == 0, r.output
+        lines = [line for line in r.output.splitlines() if line.strip()]
+        assert all(line == line.rstrip() for line in lines), argv
+    env_config = next(line for line in invoke("config", "sac").output.splitlines() if line.split()[0] == "env_config")
+    assert env_config.endswith("Keyword arguments for the env constructor.") and len(env_config) < 200
+
+
 def test_shoal_config_names_an_unknown_algorithm():
 
     r = invoke("config", "ppo2")
     assert r.exit_code == 2 and "ppo" in r.output
+
+
+def test_dir_of_shoal_lists_the_public_names_loaded_on_first_use():
+    import shoal
+
+    names = dir(shoal)
+    assert {"PPOConfig", "DQNConfig", "train", "load", "Stop", "AlgorithmConfig", "ConfigError"} <= set(names)
+    assert set(shoal.__all__) <= set(names) and names == sorted(names)

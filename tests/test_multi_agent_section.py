@@ -230,6 +230,20 @@ def test_a_mapping_that_misses_an_agent_is_refused():
         _config("ppo", {"policies": {"a": None}, "policy_mapping": {"agent_0": "a", "agent_1": "a"}}).build()
 
 
+@pytest.mark.parametrize("factory", ["parallel_env", "env", "raw_env"])
+def test_a_pettingzoo_factory_without_a_multi_agent_section_names_the_section(factory):
+    """Each spelling of a PettingZoo env, the module or one of its factories (what the multi-agent
+    guide writes), as an import path or as the function: the message says what to add."""
+    import importlib
+
+    from shoal.errors import EnvError
+
+    module = importlib.import_module("pettingzoo.classic.rps_v2")
+    for env in (f"pettingzoo.classic.rps_v2:{factory}", getattr(module, factory)):
+        with pytest.raises(EnvError, match="is a PettingZoo \\(multi-agent\\) env.*multi_agent section"):
+            get_config_class("ppo")(env=env).build()
+
+
 def test_alpha_star_on_a_game_with_more_than_two_seats_names_the_limit():
     from shoal.algorithms.alpha_star import AlphaStarConfig
 

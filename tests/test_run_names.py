@@ -36,7 +36,11 @@ def test_names_of_every_env_form():
         "CartPole-v1": "CartPole-v1",
         "ALE/Pong-v5": "ALE_Pong-v5",
         "my_pkg.envs:make_maze": "make_maze",
-        "my_pkg.envs:Factory.build": "build",
+        "my_pkg.envs:Factory.build": "Factory-build",  # a generic factory name: what holds it leads
+        "my_pkg.envs:make": "envs-make",
+        "pettingzoo.classic.rps_v2:parallel_env": "rps_v2-parallel_env",
+        "pettingzoo.classic:tictactoe_v3": "tictactoe_v3",
+        "envs:make": "envs-make",
     }
     for env, name in cases.items():
         assert PPOConfig(env=env).env_name() == name, env

@@ -195,6 +195,11 @@ class LeagueSync:
 class AlphaStar(Algorithm):
     evaluator_cls = LeagueEvaluator  # scored against fixed yardsticks: scripted players, exploitability
     config_cls = AlphaStarConfig
+    result_keys = (
+        *Algorithm.result_keys,
+        *("num_policies", "num_learning_policies", "num_matches_this_iter", "num_learner_restarts"),
+        "num_replay_actor_restarts",
+    )
     config: AlphaStarConfig
     evaluator: LeagueEvaluator
 

@@ -228,6 +228,12 @@ class ApeX(Algorithm):
     shards: Any  # the replay shards' actor group (a LazyActorGroup); None once stopped
     policy_cls = EpsilonGreedyQPolicy  # what the rollout actors act with (``epsilon`` set per actor)
     learner_cls = QPolicyLearner  # what learns from the replayed batches (Ape-X TD3: TD3PolicyLearner)
+    result_keys = (
+        *Algorithm.result_keys,
+        *("learner_busy_fraction", "learner_queue_size", "replay_ratio", "num_replay_requests_owed"),
+        *("num_learner_updates", "num_replay_batches_dropped", "num_stale_priority_batches"),
+        *("num_replay_shard_restarts", "num_target_updates"),
+    )
 
     def worker_priorities(self) -> bool:
         """Whether rollout actors compute their transitions' initial priorities (from their Q-values)."""

@@ -83,6 +83,17 @@ class Algorithm:
     """``"max"``: higher values of ``best_metric`` are better; ``"min"``: lower ones (e.g. a
     time to reach a goal)."""
     evaluator_cls: ClassVar[type[Evaluator]] = Evaluator  # what evaluate() asks
+    result_keys: ClassVar[tuple[str, ...]] = (
+        *("iteration", "env_steps_sampled", "env_steps_trained", "time_this_iter_s", "time_total_s"),
+        *("episode_return_mean", "episode_return_min", "episode_return_max", "episode_len_mean", "episodes_total"),
+        *("env_steps_per_s", "env_steps_trained_per_s", "num_worker_restarts", "num_worker_timeouts"),
+        *("num_dropped_requests", "num_nonfinite_updates_skipped", "num_env_failures", "num_eval_worker_restarts"),
+        "agent_steps_sampled",  # multi-agent runs
+    )
+    """The result keys without a ``/`` this algorithm's ``train()`` may report (those with one are
+    families: ``learner/...``, ``evaluation/...``, ``custom/...``, ``timers/...``). A subclass that
+    adds some lists them after its parent's: ``shoal tune`` checks its ``metric`` against them
+    before Ray starts."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -321,6 +321,13 @@ class DDPPO(Algorithm):
     config_cls = DDPPOConfig
     config: DDPPOConfig
     policy_cls = ActorCriticPolicy
+    result_keys = (
+        *Algorithm.result_keys,
+        "allreduce_ms_per_minibatch",
+        "num_regroups",
+        "num_failed_rounds",
+        "world_size",
+    )
 
     def setup(self) -> None:
         cfg: DDPPOConfig = self.config

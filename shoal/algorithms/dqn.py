@@ -401,6 +401,7 @@ class DQN(ReplayAlgorithm):
     config_cls = DQNConfig
     config: DQNConfig
     policy_cls = EpsilonGreedyQPolicy
+    result_keys = (*ReplayAlgorithm.result_keys, "replay_size", "num_target_updates", "epsilon")
 
     def setup(self) -> None:
         cfg: DQNConfig = self.config

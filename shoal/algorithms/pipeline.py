@@ -225,6 +225,12 @@ class AsyncAlgorithm(Algorithm):
     policies: PolicySet  # built by setup()
     policy_cls = ActorCriticPolicy
     thread: Any  # the learner thread, or the LearnerGroup in its place (resources.num_learners > 1)
+    result_keys = (  # the learner thread's stats(), or the learner group's
+        *Algorithm.result_keys,
+        *("learner_queue_size_mean", "learner_queue_size_max", "learner_idle_fraction", "num_updates"),
+        *("learner_allreduce_ms", "num_lost_fragments", "num_learners", "num_learner_regroups"),
+        *("num_learner_restarts", "num_learner_batches_lost", "num_learner_rounds_dropped"),
+    )
     pipeline: AsyncPipeline
 
     def setup(self) -> None:

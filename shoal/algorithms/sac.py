@@ -374,6 +374,7 @@ class SAC(ReplayAlgorithm):
     config_cls = SACConfig
     config: SACConfig
     policy_cls = SquashedGaussianPolicy
+    result_keys = (*ReplayAlgorithm.result_keys, "replay_size")
 
     def setup(self) -> None:
         cfg: SACConfig = self.config

@@ -37,6 +37,23 @@ def _unknown_env(env_id: str) -> EnvError:
     )
 
 
+def _pettingzoo_env(env: EnvSpec) -> EnvError:
+    return EnvError(
+        f"Env {env!r} is a PettingZoo (multi-agent) env, not a Gymnasium one: a single-agent "
+        "algorithm cannot train it. Give ppo, impala or appo a multi_agent section (see "
+        "docs/guide/multi-agent.md), or train alpha_star on a two-player game."
+    )
+
+
+def _is_pettingzoo_env(obj: Any) -> bool:
+    """A PettingZoo AECEnv or ParallelEnv (or a wrapper of one); pettingzoo is imported only when
+    something has imported it already (an env that is one of its classes has)."""
+    import sys
+
+    pz = sys.modules.get("pettingzoo.utils.env")
+    return pz is not None and isinstance(obj, (pz.AECEnv, pz.ParallelEnv))
+
+
 def resolve_env_creator(env: EnvSpec, env_config: dict[str, Any] | None = None) -> Callable[..., gym.Env]:
     """A zero-argument-ish creator: ``creator(**extra_kwargs) -> gym.Env``. Raises EnvError early."""
     env_config = dict(env_config or {})
@@ -69,11 +86,7 @@ def resolve_env_creator(env: EnvSpec, env_config: dict[str, Any] | None = None) 
             raise EnvError(f"Cannot import env '{env}': {e}.") from None
         if not callable(obj):
             if any(callable(getattr(obj, f, None)) for f in ("env", "parallel_env")):
-                raise EnvError(
-                    f"Env '{env}' is a PettingZoo (multi-agent) env, not a Gymnasium one: a single-agent "
-                    "algorithm cannot train it. Give ppo, impala or appo a multi_agent section (see "
-                    "docs/guide/multi-agent.md), or train alpha_star on a two-player game."
-                )
+                raise _pettingzoo_env(env)
             raise EnvError(f"Env import path '{env}' names {type(obj).__name__}, which is not callable.")
         return lambda **kw: obj(**{**env_config, **kw})
     raise _unknown_env(env)
@@ -109,6 +122,9 @@ def make_env(
             "factory `env` names) must build with the given env_config; fix it, or check env_config."
         ) from err
     if not isinstance(e, gym.Env):
+        if _is_pettingzoo_env(e):  # 'pkg.module:parallel_env' or ':env', the module's factory functions
+            e.close()
+            raise _pettingzoo_env(env)
         raise EnvError(f"The env creator for {env!r} returned {type(e).__name__}, not a gymnasium.Env.")
     if seed is not None:
         e.reset(seed=seed)

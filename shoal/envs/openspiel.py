@@ -28,6 +28,7 @@ from shoal.errors import EnvError
 
 PREFIX = "openspiel:"
 OBSERVATIONS = ("information_state", "observation")
+KINDS = {bool: "a boolean", int: "a whole number", float: "a number", str: "a string"}  # parameter types, in words
 
 
 def _pyspiel():
@@ -41,21 +42,70 @@ def _pyspiel():
 
 
 def load_game(name: str, params: dict[str, Any] | None = None):
-    """The pyspiel game ``name`` with ``params``; an EnvError naming the known games for a typo."""
+    """The pyspiel game ``name`` with ``params``; an EnvError naming the known games for a typo.
+
+    The name and the parameters are checked first (:func:`check_game`): OpenSpiel prints every
+    error it raises to stderr (an unknown game with all 126 registered names) before shoal's."""
     pyspiel = _pyspiel()
+    params = check_game(name, dict(params or {}))
     try:
-        return pyspiel.load_game(name, dict(params or {}))
+        return pyspiel.load_game(name, params)
     except pyspiel.SpielError as e:
-        known = pyspiel.registered_names()
+        first = str(e).strip().splitlines()[0].split(" Available games are")[0].rstrip(".")
+        raise EnvError(f"OpenSpiel cannot load game {name!r} with parameters {params} (env_config): {first}.") from None
+
+
+def check_game(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` as OpenSpiel takes them (a whole number for a float parameter made a float), or
+    an EnvError before OpenSpiel sees them: for a name pyspiel does not register, a parameter the
+    game lacks or of another type than its default, and a ``players`` count outside the game's
+    range (and shoal's: multi-agent training needs two or more)."""
+    pyspiel = _pyspiel()
+    known = list(pyspiel.registered_names())
+    if name not in known:
         import difflib
 
         close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-        first = str(e).strip().splitlines()[0].split(" Available games are")[0].rstrip(".")
+        what = f"has no game {name!r}" if name else "needs a game name after 'openspiel:'"
         raise EnvError(
-            f"OpenSpiel cannot load game {name!r} with parameters {dict(params or {})}: {first}.{hint} "
-            "(pyspiel.registered_names() lists them all)"
-        ) from None
+            f"OpenSpiel {what}.{hint} Write env: openspiel:<game> with a game of pyspiel.registered_names(), "
+            "e.g. openspiel:kuhn_poker or openspiel:leduc_poker."
+        )
+    kind = next(t for t in pyspiel.registered_games() if t.short_name == name)
+    spec = dict(kind.parameter_specification)
+    takes = ", ".join(f"{k} (default {v!r})" for k, v in spec.items()) or "none"
+    unknown = sorted(set(params) - set(spec))
+    if unknown:
+        raise EnvError(
+            f"OpenSpiel game {name!r} has no parameter {', '.join(map(repr, unknown))} (env_config holds "
+            f"the game's parameters); its parameters: {takes}."
+        )
+    checked = dict(params)
+    for key, value in params.items():
+        default = spec[key]
+        if isinstance(default, dict):  # a nested game's parameters: OpenSpiel checks them
+            continue
+        if isinstance(default, float) and type(value) is int:
+            checked[key] = float(value)
+        elif type(value) is not type(default):
+            raise EnvError(
+                f"OpenSpiel game {name!r}: env_config.{key} is {type(value).__name__} {value!r}, but that "
+                f"parameter takes {KINDS.get(type(default), type(default).__name__)} (default {default!r})."
+            )
+    players = checked.get("players")
+    low, high = max(2, kind.min_num_players), kind.max_num_players
+    if players is not None and not low <= players <= high:
+        allowed = f"{low}" if low == high else f"{low} to {high}"
+        why = (
+            ""
+            if low == kind.min_num_players
+            else f" (OpenSpiel allows {kind.min_num_players}; shoal's multi-agent training needs two or more)"
+        )
+        raise EnvError(
+            f"OpenSpiel game {name!r}: env_config.players is {players}, but the game is played by {allowed} players{why}."
+        )
+    return checked
 
 
 class OpenSpielEnv(AECEnv):
