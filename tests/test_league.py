@@ -713,3 +713,33 @@ def test_report_shows_the_exploitability_curve_of_an_openspiel_league(tmp_path):
     assert "Exploitability (lower is better" in text and "1.5" in text
     plain = write_league_report(scripted_league(), tmp_path / "no_run")  # a builder: no results, no curve
     assert plain["exploitability"] == [] and "exploitability" not in plain["files"]
+
+
+def test_the_run_summary_of_a_league_leads_with_its_yardstick_not_its_mean_return():
+    """The mean return of zero-sum self-play is ~0 however main plays: a league's closing summary
+    gives main's latest figure against a fixed opponent, the league's size and games, and says
+    when nothing was measured yet (or ever, without evaluation)."""
+    from shoal import AlphaStarConfig
+
+    def league(**evaluation):
+        return AlphaStarConfig(env="pettingzoo.classic:tictactoe_v3", seed=0, evaluation=evaluation).build()
+
+    sizes = {"league/players": 5, "league/learning": 3, "league/frozen": 2, "league/games_total": 12345}
+    with league(evaluation_interval=5) as algo:
+        assert algo.summary_lines([]) == []
+        head, rest = algo.summary_lines([{"iteration": 3, **sizes}])
+        assert (
+            head
+            == "main's win rate vs heuristic not measured yet (evaluated every 5 iterations; the run stopped at iteration 3)"
+        )
+        assert rest == "League: 5 players (3 learning, 2 frozen), 12,345 games."
+        rows = [
+            {"iteration": 5, "evaluation/win_rate_vs_heuristic": 0.8, "evaluation/win_rate_vs_random": 0.97},
+            {"iteration": 6, **sizes},
+        ]
+        head, rest = algo.summary_lines(rows)
+        assert head == "main's win rate vs heuristic 0.8 at iteration 5"
+        assert rest.endswith("Win rates are of main's greedy play; vs random: 0.97.")
+    with league() as algo:  # no evaluation: no fixed yardstick
+        head, rest = algo.summary_lines([{"iteration": 2, "league/main_win_rate_vs_frozen": 0.625, **sizes}])
+        assert head == "main's win rate vs the frozen players 0.62" and "set evaluation.evaluation_interval" in rest

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -88,7 +91,7 @@ def test_game_parameters_come_from_env_config():
 
 
 def test_bad_games_and_moves_are_clear_errors():
-    with pytest.raises(EnvError, match="cannot load game 'leduc_pokr'.*Did you mean 'leduc_poker'"):
+    with pytest.raises(EnvError, match="has no game 'leduc_pokr'.*Did you mean 'leduc_poker'"):
         make_multi_agent_env("openspiel:leduc_pokr")
     with pytest.raises(EnvError, match="simultaneous moves"):
         OpenSpielEnv("matrix_rps")
@@ -98,6 +101,36 @@ def test_bad_games_and_moves_are_clear_errors():
     env.reset(seed=0)
     with pytest.raises(EnvError, match=r"Illegal action 5 for player_0 in kuhn_poker: legal actions are \[0, 1\]"):
         env.step(5)
+
+
+@pytest.mark.parametrize(
+    "env, sets, expect",
+    [
+        ("openspiel:kuhn_pokr", [], ("has no game 'kuhn_pokr'", "did you mean 'kuhn_poker'", "registered_names")),
+        ("openspiel:", [], ("needs a game name after 'openspiel:'", "openspiel:kuhn_poker")),
+        ("openspiel:kuhn_poker", ["env_config.players=1"], ("env_config.players is 1", "2 to 10 players")),
+        ("openspiel:kuhn_poker", ["env_config.players=x"], ("env_config.players is str 'x'", "whole number")),
+        ("openspiel:kuhn_poker", ["env_config.cards=3"], ("no parameter 'cards'", "players (default 2)")),
+    ],
+    ids=["unknown", "empty", "one-player", "players-word", "unknown-parameter"],
+)
+def test_a_bad_game_is_one_paragraph_before_openspiel_prints_anything(env, sets, expect, tmp_path, capfd):
+    """OpenSpiel's C++ prints each error it raises to stderr (an unknown game with every registered
+    name, 128 lines); shoal checks the name and the parameters first, and never offers the name given."""
+    from helpers import flat, invoke
+
+    argv = ["train", "alpha_star", "--env", env, "--out", tmp_path / "runs"]
+    for s in sets:
+        argv += ["--set", s]
+    r = invoke(*argv)
+    printed = capfd.readouterr()
+    assert r.exit_code == 2, r.output
+    assert len(r.output.strip().splitlines()) == 1 and r.output.startswith("error:"), r.output
+    assert "OpenSpiel exception" not in printed.err + printed.out and "Available games" not in printed.err
+    for word in expect:
+        assert word.lower() in flat(r.output).lower(), r.output
+    assert "did you mean 'kuhn_poker'" not in r.output.lower() or "pokr" in env
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
 class Uniform(torch.nn.Module):
@@ -348,3 +381,49 @@ def test_load_policy_gives_a_league_player_and_the_leagues_nash_mixture(tmp_path
         shoal.load_policy(path, policy="mian")
     with pytest.raises(ValueError, match="not one of the game's information states"):
         nash.predict(np.full(obs["observation"].shape, 7.0, np.float32))
+
+
+def test_a_league_run_and_its_evaluation_say_what_matters_on_poker(tmp_path, monkeypatch):
+    """What a new user met on poker: the summary opened with "mean return 0.0", the progress said
+    "exploitability -" until the first evaluation, and `shoal evaluate --opponent random` printed a
+    win rate alone (the chips per game only in --json) of the greedy player, while the league
+    reports the exploitability of its sampling policy."""
+    from helpers import flat, invoke
+
+    r = invoke(
+        "train", "alpha_star", "--env", "openspiel:kuhn_poker", "-w", 0, "--envs-per-worker", 8, "--seed", 0,
+        "--stop-iters", 2, "-o", tmp_path, "--set", "rollout_fragment_length=4", "--set", "train_batch_size=64",
+        "--set", "min_time_s_per_iteration=0", "--set", "evaluation.evaluation_interval=2",
+    )  # fmt: skip
+    text = flat(r.output)
+    assert r.exit_code == 0, r.output
+    assert "iter 1 exploitability pending (iter 2" in text
+    assert "Stopped on iterations: main's exploitability 0.4" in text and "at iteration 2 after 64 env steps" in text
+    assert "mean return" not in text
+    assert "League: 4 players (3 learning, 1 frozen)" in text and "of main's sampling policy" in text
+    (run,) = tmp_path.iterdir()
+    r = invoke("evaluate", run, "--opponent", "random", "-n", 20, "--seed", 0)
+    text = flat(r.output)
+    assert r.exit_code == 0 and "over 20 stochastic games" in text, r.output
+    assert re.search(r"mean payoff [+-]\d\.\d\d chips per game \(± \d+\.\d\d; the chips it won or lost in a hand", text)
+    assert "Sampled actions (the default here)" in text
+    r = invoke("evaluate", run, "--opponent", "random", "-n", 20, "--greedy")
+    assert "over 20 greedy games" in flat(r.output) and "Greedy actions (--greedy)" in flat(r.output)
+    rep = json.loads(invoke("evaluate", run, "--opponent", "random", "-n", 20, "--json").stdout)
+    assert rep["deterministic"] is False and len(rep["returns"]) == 20
+
+    # the league's own games against random sample on an OpenSpiel game, as its exploitability does
+    from shoal.algorithms.alpha_star import AlphaStarConfig
+    from shoal.rollout.multi_agent import MultiAgentEnvRunner
+
+    seen = []
+    real = MultiAgentEnvRunner.evaluate_vs
+    monkeypatch.setattr(
+        MultiAgentEnvRunner, "evaluate_vs", lambda self, *a, **kw: seen.append(kw["explore"]) or real(self, *a, **kw)
+    )
+    cfg = AlphaStarConfig(env="openspiel:kuhn_poker", seed=0, resources={"num_envs_per_worker": 8})
+    with cfg.build() as algo:
+        assert algo.evaluator.samples()
+        algo.evaluate_vs("random", 4)
+        algo.evaluate_vs("random", 4, explore=False)
+    assert seen == [True, False]

@@ -110,3 +110,20 @@ def test_an_output_directory_that_cannot_be_made_is_one_paragraph(runs):
     assert "Traceback" not in r.output
     with pytest.raises(ShoalError, match="Cannot write the picture '/proc/x/c.png'"):
         plot_runs([runs], Path("/proc/x/c.png"))  # the library call, past the command's check
+
+
+def test_a_curve_of_one_point_is_a_marker_and_says_so(tmp_path):
+    """A league's curves.png after its first evaluation: one finite value. A line through one point
+    draws nothing, so the picture was an empty plot."""
+    from shoal.app.plotting import curves_figure
+
+    run = fake_run(tmp_path, "alpha_star_kuhn_poker_20261127-010000", {"env": "openspiel:kuhn_poker"}, [(64, 0.45)])
+    groups = group_runs([run], "env_steps_sampled", "episode_return_mean")
+    fig = curves_figure(groups, "env steps sampled", "episode_return_mean")
+    (ax,) = fig.axes
+    (line,) = ax.lines
+    assert line.get_marker() == "o" and line.get_xydata().tolist() == [[64.0, 0.45]]
+    assert "(one point)" in ax.get_legend().get_texts()[0].get_text()
+    two = group_runs([fake_run(tmp_path, "two", {}, [(0, 1.0), (10, 2.0)])], "env_steps_sampled", "episode_return_mean")
+    assert curves_figure(two, "x", "y").axes[0].lines[0].get_marker() in (None, "None", "")  # a line, as before
+    assert plot_runs([run], tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"

@@ -76,6 +76,47 @@ def test_live_panel_shows_losses_and_bars_only_for_targets():
     assert "━" not in no_target.console.export_text() and "ETA" not in no_target.console.export_text()
 
 
+def test_atari_steps_are_labelled_agent_steps():
+    """An Atari agent step is frame_skip frames, and the presets' comments count frames."""
+    d = display({"env_steps": 10_000}, terminal=False, steps_label="agent steps")
+    line = d.plain_line(result(3, 3000, 6.0))
+    assert "agent steps 3,000/10,000" in line and "agent steps/s 500" in line and "env steps" not in line
+    assert "env steps 3,000/10,000" in display({"env_steps": 10_000}, terminal=False).plain_line(result(3, 3000, 6.0))
+
+
+def test_a_resumed_run_counts_from_its_start_before_its_first_result():
+    """The bars open at the run's progress where it resumes (not empty until the session's first
+    result), and the reward bar runs from the run's first return, not the session's."""
+    start = {"iteration": 40, "env_steps_sampled": 4000, "time_total_s": 80.0, "episode_return_mean": 90.0}
+    d = display(
+        {"env_steps": 10_000, "reward": 200}, terminal=True, resumed_from={**start, "first_return": 20.0, "best": 95.0}
+    )
+    with d:
+        pass
+    text = d.console.export_text()
+    assert "4,000/10,000  40%" in text and "iter 40" in text and "best return 95" in text
+    assert "90.0/200.0  39%" in text  # (90 - 20) / (200 - 20)
+    d.observe(result(41, 4100, 82.0, ret=110.0))
+    assert next(c for c in d.criteria(result(41, 4100, 82.0, ret=110.0)) if c.name == "reward").fraction == 0.5
+
+
+def test_resumed_from_reads_the_runs_first_return_and_the_checkpoints_counters(tmp_path):
+    from types import SimpleNamespace
+
+    from shoal.app.trainer import _resumed_from
+    from shoal.logging.metrics import EpisodeWindow
+
+    (tmp_path / "results.jsonl").write_text(
+        '{"iteration": 1, "episode_return_mean": NaN}\n{"iteration": 2, "episode_return_mean": 12.5}\n'
+    )
+    algo = SimpleNamespace(
+        iteration=2, counters={"env_steps_sampled": 300.0, "time_total_s": 4.0}, episodes=EpisodeWindow()
+    )
+    got = _resumed_from(algo, tmp_path, best=12.5)
+    assert got is not None and got["first_return"] == 12.5 and got["env_steps_sampled"] == 300 and got["iteration"] == 2
+    assert _resumed_from(SimpleNamespace(iteration=0), tmp_path, best=float("nan")) is None  # a new run
+
+
 def test_league_headline_is_main_win_rate():
     d = display({}, terminal=False, best_metric="league/main_win_rate_vs_frozen")
     line = d.plain_line({"iteration": 4, "league/main_win_rate_vs_frozen": 0.625})
@@ -140,3 +181,20 @@ def test_restarts_and_timeouts_show_only_when_there_are_some():
     assert "restarts" not in d.plain_line({"iteration": 1, "num_worker_restarts": 0, "num_worker_timeouts": 0})
     line = d.plain_line({"iteration": 2, "num_worker_restarts": 3, "num_worker_timeouts": 1})
     assert "restarts 3" in line and "timeouts 1" in line
+
+
+def test_an_evaluated_headline_is_pending_until_its_first_value_then_keeps_its_last():
+    """A league's exploitability comes every evaluation_interval iterations: before the first it
+    said "-" (for ~50 s on Leduc), and between two evaluations too."""
+    d = display({}, terminal=False, best_metric="evaluation/exploitability", headline_every=10)
+    d.observe(result(1, 1000, 5.0))
+    d.observe(result(2, 2000, 10.0))  # 5 s an iteration: iteration 10 in ~40 s
+    assert "exploitability pending (iter 10, ~40s)" in d.plain_line(result(2, 2000, 10.0))
+    evaluated = result(10, 10_000, 50.0, **{"evaluation/exploitability": 0.4321})
+    d.observe(evaluated)
+    assert "exploitability 0.4321  " in d.plain_line(evaluated, best=0.4321)
+    later = result(11, 11_000, 55.0)
+    d.observe(later)
+    assert "exploitability 0.4321 (iter 10)" in d.plain_line(later, best=0.4321)
+    plain = display({}, terminal=False, best_metric="evaluation/exploitability")  # no interval known: a dash
+    assert "exploitability -" in plain.plain_line(result(1, 1000, 5.0))

@@ -259,6 +259,40 @@ def test_pbt_refuses_a_key_that_cannot_change_mid_run_and_a_grid():
     assert set(ok.pbt_mutations()) == {"lr", "clip_param"}
 
 
+def test_a_metric_no_result_holds_is_refused_before_ray_starts():
+    """Tune's own error comes from inside the first trial, after Ray started (an 89-line traceback)."""
+    with pytest.raises(ConfigError, match="metric 'episode_reward_mean' is not a key of ppo's results; did you mean"):
+        TuneSpec.parse(_spec(metric="episode_reward_mean"))
+    with pytest.raises(ConfigError, match="scheduler.time_attr 'iterations' is not a key of ppo's results"):
+        TuneSpec.parse(_spec(scheduler={"type": "asha", "time_attr": "iterations"}))
+    with pytest.raises(ConfigError, match="metric 'epsilon' is not a key of ppo's results"):
+        TuneSpec.parse(_spec(metric="epsilon", mode="min"))  # DQN's, not PPO's
+    TuneSpec.parse({**_spec(metric="epsilon", mode="min"), "algo": "dqn", "config": {"env": "CartPole-v1"}})
+    for ok in ("learner/entropy", "evaluation/episode_return_mean", "training_iteration", "env_steps_per_s"):
+        TuneSpec.parse(_spec(metric=ok))
+    # callbacks may add any key in on_train_result
+    TuneSpec.parse({**_spec(metric="my_score"), "config": {**TINY, "callbacks": "hook_helpers:Recorder"}})
+
+
+def test_every_key_a_result_holds_passes_the_metric_check():
+    """``Algorithm.result_keys`` lists every key without a '/' that ``train()`` reports."""
+    from shoal.algorithms.dqn import DQNConfig
+    from shoal.algorithms.sac import SACConfig
+    from shoal.app.tune_run import TUNE_RESULT_KEYS
+
+    replay = {"learning_starts": 32, "train_batch_size": 32, "rollout_fragment_length": 16}
+    configs = [
+        PPOConfig(**TINY),
+        DQNConfig(env="CartPole-v1", **replay, resources={"num_workers": 0}),
+        SACConfig(env="Pendulum-v1", **replay, resources={"num_workers": 0}),
+    ]
+    for cfg in configs:
+        with cfg.build() as algo:
+            result = algo.train()
+        bare = {k for k in result if "/" not in k}
+        assert bare <= {*type(algo).result_keys, *TUNE_RESULT_KEYS}, (cfg.algo, bare - set(type(algo).result_keys))
+
+
 def test_set_overrides_reach_the_file_and_changed_keys_are_dotted(tmp_path):
     path = tmp_path / "t.yaml"
     path.write_text(yaml.safe_dump(_spec()))
@@ -379,6 +413,117 @@ def test_a_tune_trial_directory_is_evaluated_and_loaded_like_a_run_directory(tmp
     assert "over 2 greedy episodes" in flat(r.output)
 
 
+def _tune_dir(tmp_path, values: dict[str, float]):
+    """A `shoal tune` run directory as Tune leaves it: per trial a directory with result.json and a
+    checkpoint_000000/shoal checkpoint; and Tune's results (``tuner.fit()``) for them."""
+    from types import SimpleNamespace
+
+    from shoal.app.tune import trainable
+
+    tune_dir, results = tmp_path / "tune_ppo_20261127_101500", []
+    for i, (trial_id, value) in enumerate(values.items()):
+        trial = tune_dir / f"ShoalTrainable_CartPole-v1_{trial_id}_{i}_lr=0.001"
+        a = trainable()(config={"algo": "ppo", **TINY, "seed": i})
+        try:
+            a.step()
+            (trial / "checkpoint_000000").mkdir(parents=True)
+            a.save_checkpoint(str(trial / "checkpoint_000000"))
+        finally:
+            a.stop()
+        iterations = 2 if trial_id.endswith("1") else 6
+        metrics = {"trial_id": trial_id, "training_iteration": iterations, "episode_return_mean": value}
+        (trial / "result.json").write_text(json.dumps(metrics) + "\n")
+        results.append(SimpleNamespace(metrics=metrics, config={"algo": "ppo", **TINY}, error=None, path=str(trial)))
+    (tune_dir / "experiment_state-2026-11-27_10-15-00.json").write_text("{}")
+    return tune_dir, results
+
+
+def test_the_summary_says_which_trials_asha_stopped_and_names_the_best_checkpoint(tmp_path, capsys):
+    """Tune calls a trial ASHA stopped and one that ran to its stop both TERMINATED; the summary named
+    best_config.yaml but not the best trial's checkpoint."""
+    from helpers import flat
+
+    from shoal.app.cli import _print_tune_summary
+    from shoal.app.tune_run import _summarize, trial_ending
+
+    spec = TuneSpec.parse(_spec(scheduler={"type": "asha", "max_t": 6, "grace_period": 2}, stop={"iterations": 6}))
+    assert trial_ending(spec, {"training_iteration": 6}) == "finished (iterations 6)"
+    assert trial_ending(spec, {"training_iteration": 2}) == "stopped early by asha at iteration 2"
+    assert trial_ending(spec, {"training_iteration": 2}, error=True) == "ERROR"
+    reward = TuneSpec.parse(_spec(stop={"reward": 100, "iterations": 6}))
+    assert trial_ending(reward, {"training_iteration": 3, "episode_return_mean": 120.0}) == "finished (reward 100)"
+    assert trial_ending(reward, {"training_iteration": 3, "episode_return_mean": 20.0}) == "stopped before its stop"
+
+    tune_dir, results = _tune_dir(tmp_path, {"abc_00000": 40.5, "abc_00001": 12.25})
+    summary = _summarize(results, spec, tune_dir, "episode_return_mean", "max")
+    assert [r["status"] for r in summary.trials] == ["TERMINATED"] * 2  # Tune's word, kept
+    assert [r["ended"] for r in summary.trials] == ["finished (iterations 6)", "stopped early by asha at iteration 2"]
+    assert summary.best_trial == "abc_00000" and [r["trial"] for r in summary.stopped_early] == ["abc_00001"]
+    trial = next(tune_dir.glob("*abc_00000*"))
+    assert summary.best_checkpoint == trial / "checkpoint_000000" / "shoal"
+    assert trial.name in summary.best_config_path.read_text().splitlines()[0]
+    _print_tune_summary(summary)
+    text = flat(capsys.readouterr().out)
+    assert "stopped early by asha at iteration 2" in text and "TERMINATED" not in text
+    assert "1 of 2 trials were stopped early by the scheduler (the weaker ones at a rung); 1 ran to its stop." in text
+    assert "Best episode_return_mean: 40.5 (trial abc_00000)" in text
+    assert f"Its last checkpoint: {summary.best_checkpoint} (shoal evaluate {tune_dir})" in text
+
+
+def test_shoal_evaluate_takes_a_tune_directory_and_says_which_trial_it_picked(tmp_path):
+    from helpers import flat
+
+    from shoal.app.tune_run import _summarize
+
+    spec = TuneSpec.parse(_spec())
+    tune_dir, results = _tune_dir(tmp_path, {"abc_00000": 12.25, "abc_00001": 40.5})
+    _summarize(results, spec, tune_dir, "episode_return_mean", "max")
+    best = next(tune_dir.glob("*abc_00001*"))
+    r = invoke("evaluate", tune_dir, "-n", 2)
+    text = flat(r.output)
+    assert r.exit_code == 0, r.output
+    assert (
+        f"{tune_dir} is a `shoal tune` run: evaluating the best trial by episode_return_mean (40.5): {best.name}"
+        in text
+    )
+    assert f"{best / 'checkpoint_000000' / 'shoal'}: mean return" in text
+    r = invoke("evaluate", tune_dir, "-n", 2, "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["checkpoint"] == str(best / "checkpoint_000000" / "shoal")
+    assert invoke("evaluate", tune_dir, "-n", 1, "--checkpoint", "last").exit_code == 0  # the trial's latest
+    # a directory written before best_config.yaml named the trial: the trial whose last result holds its value
+    config = tune_dir / "best_config.yaml"
+    lines = config.read_text().splitlines()
+    config.write_text("\n".join([lines[0].split(", trial directory")[0], *lines[1:]]) + "\n")
+    assert f"evaluating the best trial by episode_return_mean (40.5): {best.name}" in flat(
+        invoke("evaluate", tune_dir, "-n", 1).output
+    )
+    config.unlink()  # no best trial: the error lists the trials
+    r = invoke("evaluate", tune_dir, "-n", 1)
+    assert r.exit_code == 2 and "without a best trial" in flat(r.output) and best.name in flat(r.output)
+
+
+def test_tune_progress_is_a_line_per_result_and_one_per_trial_that_ends():
+    from shoal.app.tune_run import TuneProgress
+
+    spec = TuneSpec.parse(_spec(scheduler={"type": "asha", "max_t": 6, "grace_period": 2}, stop={"iterations": 6}))
+    lines: list[str] = []
+    p = TuneProgress(spec, "episode_return_mean", write=lines.append, every_s=0.0)
+    config = {"algo": "ppo", **TINY, "lr": 0.001}
+    p.result("abc_00000", config, {"training_iteration": 1, "episode_return_mean": 20.5, "env_steps_sampled": 1000})
+    p.complete("abc_00000", config, {"training_iteration": 2, "episode_return_mean": 21.0, "env_steps_sampled": 2000})
+    p.complete("abc_00001", config, None, error=True)
+    assert lines == [
+        "trial abc_00000 (lr=0.001)  iter 1  episode_return_mean 20.5  env steps 1,000",
+        "trial abc_00000 (lr=0.001) stopped early by asha at iteration 2: episode_return_mean 21  env steps 2,000"
+        "  [1 of 2 trials ended]",
+        "trial abc_00001 (lr=0.001) ERROR  [2 of 2 trials ended]",
+    ]
+    slow = TuneProgress(spec, "episode_return_mean", write=lines.append, every_s=3600.0)
+    for it in range(1, 4):  # at most one line per trial per every_s
+        slow.result("abc_00000", config, {"training_iteration": it, "episode_return_mean": 1.0})
+    assert len(lines) == 4
+
+
 def _wait_until_all_cpus_are_free(timeout_s: float = 60.0) -> None:
     import time
 
@@ -392,12 +537,16 @@ def _wait_until_all_cpus_are_free(timeout_s: float = 60.0) -> None:
 
 # ---- tune runs (Ray) -----------------------------------------------------------------------------
 @pytest.mark.ray
-def test_a_two_trial_grid_finishes_reports_and_writes_a_best_config_train_accepts(ray_cluster, tmp_path):
+def test_a_two_trial_grid_finishes_reports_and_writes_a_best_config_train_accepts(ray_cluster, tmp_path, capfd):
 
     from shoal.app.tune_run import run_tune
 
     spec = TuneSpec.parse(_spec(max_concurrent_trials=2, name="grid"))
-    summary = run_tune(spec, out=tmp_path, verbose=0)
+    summary = run_tune(spec, out=tmp_path, verbose=1)
+    printed = capfd.readouterr()
+    # shoal's progress lines, not Tune's status blocks with their driver-artifacts paths
+    assert "== Status ==" not in printed.out + printed.err and "driver_artifacts" not in printed.out + printed.err
+    assert printed.err.count("finished (iterations 2)") == 2 and "[2 of 2 trials ended]" in printed.err
     assert summary.run_dir == tmp_path / "grid" and summary.metric == "episode_return_mean"
     _wait_until_all_cpus_are_free()  # the trials gave their placement groups back
     assert sorted(r["params"]["lr"] for r in summary.trials) == [1e-4, 1e-3]

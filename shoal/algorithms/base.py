@@ -251,6 +251,12 @@ class Algorithm:
         whose learner reports other figures overrides it. A key missing from a result shows "-"."""
         return [("learner/policy_loss", "policy_loss"), ("learner/vf_loss", "vf_loss"), ("learner/entropy", "entropy")]
 
+    def summary_lines(self, results: list[dict[str, Any]]) -> list[str]:
+        """What a run's closing summary says of ``results`` (this session's iterations) when the
+        mean return says little: the first line takes its place in the opening line ("Stopped on
+        time: <it> after ... env steps"), the others follow. Empty (the default): the mean return."""
+        return []
+
     def log_tensorboard_extras(self, writer, step: int) -> None:
         """Write what a result dict cannot hold (tables, images) to TensorBoard; nothing by default.
 

@@ -1,7 +1,8 @@
 """LeagueEvaluator: how an AlphaStar league is scored, beside its training actors.
 
 The league's return is ~0 in a zero-sum game however good main is, so it is measured against
-fixed yardsticks instead: greedy games against the uniform random player and, in the games the
+fixed yardsticks instead: games against the uniform random player (greedy; sampled on an
+OpenSpiel game, as its exploitability is of the sampling policy) and, in the games the
 scripted players know (connect four, tic-tac-toe), against the one- and two-step lookahead
 heuristics; on an OpenSpiel game (``env: openspiel:<game>``), main's exact exploitability and
 that of the frozen players' Nash mixture. Every game is played by a runner of its own in the
@@ -100,10 +101,24 @@ class LeagueEvaluator(Evaluator):
         ids = policy_ids or [p for p, spec in self.algo.league.players.items() if not spec.trainable] or ["main"]
         return mixture_of_modules(env, {p: self.module(p) for p in ids})
 
+    def samples(self) -> bool:
+        """Whether games against fixed opponents sample main's actions (else greedy): on an OpenSpiel
+        game, where the league's figure, exploitability, is of the sampling policy, and where a
+        greedy player is a pure strategy, which a best response exploits (poker's equilibria
+        mix), so greedy figures would be of a player the league never reports on. On the board games
+        (perfect information) greedy play, what their recorded figures measure, stays."""
+        return self.openspiel_game() is not None
+
     def evaluate_vs(
-        self, opponent: str = "random", num_games: int = 100, policy_id: str = "main", num_envs: int = 16
+        self,
+        opponent: str = "random",
+        num_games: int = 100,
+        policy_id: str = "main",
+        num_envs: int = 16,
+        explore: Optional[bool] = None,
     ) -> dict[str, float]:
-        """Greedy win rate of ``policy_id`` against a scripted player or another policy, half as first player."""
+        """Win rate of ``policy_id`` against a scripted player or another policy, half as first player;
+        ``explore`` None: sampled on an OpenSpiel game, else greedy (:meth:`samples`)."""
         algo = self.algo
         ids = [policy_id] + ([opponent] if opponent in algo.weights else [])
         runner = MultiAgentEnvRunner(
@@ -114,7 +129,8 @@ class LeagueEvaluator(Evaluator):
             num_envs=1,
         )
         try:
-            return runner.evaluate_vs(policy_id, opponent, num_games, num_envs=num_envs)
+            explore = self.samples() if explore is None else explore
+            return runner.evaluate_vs(policy_id, opponent, num_games, explore=explore, num_envs=num_envs)
         finally:
             runner.stop()
 

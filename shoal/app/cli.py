@@ -86,6 +86,19 @@ def _console(stderr: bool = False) -> Console:
 out = _console()
 err = _console(stderr=True)
 
+
+def _print_table(table: Table) -> None:
+    """``table`` on stdout. On a terminal rich fits it to the width; off one each row is one line
+    (never split) and ends with its text: rich pads every row to the longest (~500 columns)."""
+    if out.width < OFF_TERMINAL_WIDTH:
+        out.print(table)
+        return
+    with out.capture() as captured:
+        out.print(table)
+    for line in captured.get().splitlines():
+        out.print(line.rstrip(), highlight=False, markup=False, soft_wrap=True)
+
+
 STOP_KEYS = ("reward", "env_steps", "time_s", "iterations")
 TRUST_HELP = (
     "Import the code this run's config names (its env factory, model, callbacks) and connect where it says "
@@ -219,19 +232,23 @@ def _print_summary(s, stop) -> None:
     r = s.result
     steps = r.get("env_steps_sampled", 0)
     ret = r.get("episode_return_mean", math.nan)
+    # a league leads with its own figures (the mean return of zero-sum self-play is ~0 however main plays)
+    figures = escape(s.summary_lines[0]) if s.summary_lines else f"mean return {ret:.1f}"
     if s.stop_reason == "reward":
         head = f"[bold green]Solved[/]: mean return {ret:.1f} >= {stop.reward:g}"
     elif s.stop_reason in ("interrupted", "terminated"):
-        head = f"[yellow]{'Interrupted' if s.stop_reason == 'interrupted' else 'Terminated (SIGTERM)'}[/]: mean return {ret:.1f}"
+        head = f"[yellow]{'Interrupted' if s.stop_reason == 'interrupted' else 'Terminated (SIGTERM)'}[/]: {figures}"
     else:
         target = f" (target {stop.reward:g} not reached)" if stop.reward is not None else ""
-        head = f"[yellow]Stopped on {s.stop_reason}[/]: mean return {ret:.1f}{target}"
+        head = f"[yellow]Stopped on {s.stop_reason}[/]: {figures}{target}"
     best = f"{s.best_value:.4g}" if math.isfinite(s.best_value) else "- (never reported)"
     out.print(
         f"{head} after {steps:,} env steps, {r.get('iteration', 0)} iterations, "
         f"{r.get('time_total_s', 0):.1f} s training ({s.wall_s:.1f} s wall). Best {s.best_metric} {best}.",
         highlight=False,
     )
+    for line in s.summary_lines[1:]:
+        out.print(line, highlight=False, markup=False)
     if s.run_dir:
         out.print(f"Run directory: {s.run_dir}", highlight=False)
         if s.best_checkpoint:
@@ -418,7 +435,8 @@ def _exit_for(summary) -> None:
 EvalPathArg = Annotated[
     Path,
     typer.Argument(
-        help="A checkpoint directory, or a run directory (its best checkpoint unless --checkpoint says otherwise)."
+        help="A checkpoint directory, a run directory (its best checkpoint unless --checkpoint says otherwise), or "
+        "a `shoal tune` directory (its best trial's latest checkpoint)."
     ),
 ]
 EpisodesOpt = Annotated[int, typer.Option("--episodes", "-n", min=1, help="Episodes (games, with --opponent) to run.")]
@@ -431,10 +449,13 @@ CheckpointOpt = Annotated[
     ),
 ]
 StochasticOpt = Annotated[
-    bool,
+    Optional[bool],
     typer.Option(
-        "--stochastic",
-        help="Sample actions from the policy (DQN: epsilon-greedy at the checkpoint's epsilon) instead of greedy ones.",
+        "--stochastic/--greedy",
+        help="Sample actions from the policy (DQN: epsilon-greedy at the checkpoint's epsilon), or take the most "
+        "likely one. Default: greedy, except a league on an OpenSpiel game, which samples (its exploitability is "
+        "of the sampling policy).",
+        show_default=False,
     ),
 ]
 OpponentOpt = Annotated[
@@ -506,7 +527,7 @@ def evaluate(
     path: EvalPathArg,
     episodes: EpisodesOpt = 10,
     checkpoint: CheckpointOpt = None,
-    stochastic: StochasticOpt = False,
+    stochastic: StochasticOpt = None,
     opponent: OpponentOpt = None,
     video: VideoOpt = None,
     video_episodes: VideoEpisodesOpt = None,
@@ -517,19 +538,24 @@ def evaluate(
     trust: TrustOpt = False,
 ) -> None:
     """Load a checkpoint and report its returns over N episodes: greedy or sampled, recorded to a video, or games against an opponent."""
-    from shoal.app.evaluation import load_for_evaluation, select_checkpoint
+    from shoal.app.evaluation import load_for_evaluation, samples_by_default, select_checkpoint, tune_best_trial
 
     try:
         if video_episodes is not None and video is None:
             raise ConfigError("--video-episodes says how many episodes to record; give --video FILE too.")
         if video is not None:
             _check_output_file(video, "--video", VIDEO_SUFFIXES)
+        picked = tune_best_trial(path)[1]
+        if picked is not None:  # on stderr: --json keeps stdout one object
+            err.print(f"{path} is a `shoal tune` run: evaluating {picked}.", highlight=False, soft_wrap=True)
         p = select_checkpoint(path, checkpoint)
         algo = load_for_evaluation(p, seed, trust=trust)
-        req = _EvalRequest(
-            episodes, not stochastic, opponent, video, video_episodes, video_length, render, seed, trust, not as_json
-        )
         try:
+            samples = samples_by_default(algo)  # a league on an OpenSpiel game
+            deterministic = not (samples if stochastic is None else stochastic)
+            req = _EvalRequest(
+                episodes, deterministic, opponent, video, video_episodes, video_length, render, seed, trust, not as_json
+            )
             rep = _evaluation_report(p, algo, req)
         finally:
             algo.stop()
@@ -541,6 +567,14 @@ def evaluate(
         print(json.dumps(rep))
         return
     out.print(_evaluation_line(rep), highlight=False)
+    if samples:  # which policy the figures are of, beside the league's exploitability
+        out.print(
+            "Sampled actions (the default here): the policy the league trains and whose exploitability it reports; "
+            "--greedy plays the most likely action, a different player."
+            if not req.deterministic
+            else "Greedy actions (--greedy): the league's exploitability is of its sampling policy, a different player.",
+            highlight=False,
+        )
     if video is not None:
         out.print(_video_line(req, rep["video_frames"]), highlight=False)
 
@@ -637,10 +671,16 @@ def _games_report(p: Path, algo, req: _EvalRequest) -> dict[str, Any]:
 def _evaluation_line(rep: dict[str, Any]) -> str:
     how = "greedy" if rep["deterministic"] else "stochastic"
     if "wins" in rep:
+        from shoal.app.evaluation import payoff_unit
+
+        unit = payoff_unit(rep["env"])
+        meaning = "the chips it won or lost in a hand" if unit else "its return in a game"
         return (
             f"{rep['checkpoint']}: {rep['player']} vs {rep['opponent']} over {rep['episodes']} {how} games: "
             f"{rep['wins']} wins, {rep['draws']} draws, {rep['losses']} losses (win rate {rep['win_rate']:.2f}, "
-            f"draw rate {rep['draw_rate']:.2f}, loss rate {rep['loss_rate']:.2f}; mean length {rep['length_mean']:.1f})"
+            f"draw rate {rep['draw_rate']:.2f}, loss rate {rep['loss_rate']:.2f}; mean length {rep['length_mean']:.1f}); "
+            f"mean payoff {rep['return_mean']:+.2f}{' ' + unit if unit else ''} per game "
+            f"(± {rep['return_std']:.2f}; {meaning}, averaged)"
         )
     return (
         f"{rep['checkpoint']}: mean return {rep['return_mean']:.2f} ± {rep['return_std']:.2f} over "
@@ -688,6 +728,9 @@ def resume(
     stop_iters: Optional[int] = typer.Option(
         None, "--stop-iters", help="Replace the run's iteration criterion (total)."
     ),
+    no_stop_reward: bool = typer.Option(
+        False, "--no-stop-reward", help="Drop the run's reward criterion (the env's reward threshold or the one given)."
+    ),
     workers: Optional[int] = typer.Option(None, "--workers", "-w", help="Change the number of rollout actors."),
     set_: List[str] = typer.Option(
         [],
@@ -713,10 +756,11 @@ def resume(
             progress=not quiet,
             trust=trust,
             changes=parse_set_overrides(set_),
+            no_stop_reward=no_stop_reward,
         )
         if summary.already_met:
             flag = {
-                "reward": "--stop-reward",
+                "reward": "--stop-reward (or --no-stop-reward)",
                 "env_steps": "--stop-steps",
                 "time": "--stop-time",
                 "iterations": "--stop-iters",
@@ -756,7 +800,7 @@ def tune(
     address: Optional[str] = typer.Option(
         None, "--address", help="Ray cluster to connect to ('auto' or 'ray://host:port'); default starts a local Ray."
     ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress table while the trials run."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines while the trials run."),
 ) -> None:
     """Search over an algorithm's config with Ray Tune (grid/random search, ASHA, PBT); prints every trial and writes best_config.yaml."""
     try:
@@ -771,24 +815,38 @@ def tune(
 
 def _print_tune_summary(summary) -> None:
     table = Table(show_header=True, header_style="bold", box=None)
-    for column in ("trial", "params", "iterations", summary.metric, "status"):
+    for column in ("trial", "params", "iterations", summary.metric, "ended"):
         table.add_column(column, overflow="fold")
     for row in summary.trials:
         params = ", ".join(f"{k}={_short(v)}" for k, v in row["params"].items())
         table.add_row(
-            *map(Text, (str(row["trial"]), params, str(row["iterations"]), _short(row["metric"]), row["status"]))
+            *map(Text, (str(row["trial"]), params, str(row["iterations"]), _short(row["metric"]), row["ended"]))
         )
     out.print(table)
+    early, n = len(summary.stopped_early), len(summary.trials)
+    finished = sum(r["ended"].startswith("finished") for r in summary.trials)
+    if early:  # Tune calls both TERMINATED
+        out.print(
+            f"{early} of {n} trials were stopped early by the scheduler (the weaker ones at a rung); "
+            f"{finished} ran to {'its' if finished == 1 else 'their'} stop.",
+            highlight=False,
+        )
     out.print(f"Tune results: {summary.run_dir}", highlight=False)
     if summary.best_config is None:
         out.print(f"No trial reported a finite {summary.metric}: no best config.", highlight=False)
         return
     out.print(
-        f"Best {summary.metric}: {summary.best_metric:g}; its config: {summary.best_config_path} "
-        f"(shoal train {summary.best_config['algo']} -c {summary.best_config_path})",
+        f"Best {summary.metric}: {summary.best_metric:g} (trial {summary.best_trial}); its config: "
+        f"{summary.best_config_path} (shoal train {summary.best_config['algo']} -c {summary.best_config_path})",
         highlight=False,
         soft_wrap=True,
     )
+    if summary.best_checkpoint is not None:
+        out.print(
+            f"Its last checkpoint: {summary.best_checkpoint}   (shoal evaluate {summary.run_dir})",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _short(v: Any) -> str:
@@ -846,7 +904,7 @@ def config_reference(
         table.add_column(column, overflow="fold")
     for row in key_reference(cls):
         table.add_row(*map(Text, row))  # plain text: a description's [brackets] are not rich markup
-    out.print(table)
+    _print_table(table)
 
 
 @app.command()
@@ -859,7 +917,7 @@ def algos() -> None:
     table.add_column("description")
     for name, desc in describe().items():
         table.add_row(Text(name), Text(desc))
-    out.print(table)
+    _print_table(table)
 
 
 @app.command()

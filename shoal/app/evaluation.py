@@ -35,15 +35,26 @@ def _checkpoint_names(d: Path) -> list[str]:
     return sorted(p.name for p in d.iterdir() if (p / ckpt.META_FILE).is_file() and (p / ckpt.STATE_FILE).is_file())
 
 
+def tune_best_trial(path: Path) -> tuple[Path, str | None]:
+    """``path``, or for a ``shoal tune`` run directory its best trial's directory (whose latest
+    checkpoint is the one evaluated) and the words saying which trial that is."""
+    from shoal.app.tune_run import best_trial_dir, is_tune_dir
+
+    if not is_tune_dir(path):
+        return path, None
+    return best_trial_dir(path)
+
+
 def select_checkpoint(path: str | Path, choice: str | None = None) -> Path:
     """The checkpoint to evaluate.
 
     ``choice`` None: ``path`` itself when it is a checkpoint, else its run's best checkpoint (or
-    its latest one when there is no best). ``"best"``: the run's ``checkpoints/best``;
+    its latest one when there is no best); a ``shoal tune`` directory stands for its best trial
+    (:func:`tune_best_trial`), whose latest checkpoint that is. ``"best"``: the run's ``checkpoints/best``;
     ``"last"``: its newest complete numbered checkpoint; anything else names a checkpoint
     directory, as a path or as a name inside the run's ``checkpoints/``.
     """
-    p = Path(path)
+    p = tune_best_trial(Path(path))[0]
     if choice is None:
         return ckpt.resolve_checkpoint(p, prefer="best")
     if not p.exists():
@@ -63,9 +74,18 @@ def select_checkpoint(path: str | Path, choice: str | None = None) -> Path:
             "directory. Pass the run directory, or leave --checkpoint out."
         )
     numbered = [c for c in ckpt.list_checkpoints(d) if (c / ckpt.STATE_FILE).is_file()]
+    tune_trial = sorted(
+        c / ckpt.TUNE_CHECKPOINT_NAME for c in p.glob("checkpoint_*") if (c / ckpt.TUNE_CHECKPOINT_NAME).is_dir()
+    )  # a Tune trial's checkpoint_00000N/shoal: numbered, no best
+    numbered = numbered or [c for c in tune_trial if (c / ckpt.STATE_FILE).is_file()]
     found = (d / "best") if choice == "best" else (numbered[-1] if numbered else None)
     if found is None or not (found / ckpt.META_FILE).is_file() or not (found / ckpt.STATE_FILE).is_file():
-        what = "checkpoints/best" if choice == "best" else "a numbered checkpoint"
+        what = "checkpoints/best" if choice == "best" else "numbered checkpoint"
+        if tune_trial and choice == "best":
+            raise CheckpointError(
+                f"--checkpoint best: '{p}' is a Tune trial, which keeps no best checkpoint; "
+                "--checkpoint last (or none) evaluates its latest."
+            )
         raise CheckpointError(
             f"--checkpoint {choice}: '{p}' has no {what}. Checkpoints there: "
             f"{', '.join(_checkpoint_names(d)) or 'none'}."
@@ -261,6 +281,20 @@ def is_game(algo) -> bool:
     return hasattr(algo, "league") or getattr(algo, "is_multi_agent", False)
 
 
+def samples_by_default(algo) -> bool:
+    """Whether ``shoal evaluate`` samples ``algo``'s actions unless told ``--greedy``: a league on an
+    OpenSpiel game, whose figure (exploitability) is of its sampling policy, and whose greedy
+    player is a pure strategy a best response exploits (see ``LeagueEvaluator.samples``)."""
+    samples = getattr(getattr(algo, "evaluator", None), "samples", None)
+    return hasattr(algo, "league") and callable(samples) and bool(samples())
+
+
+def payoff_unit(env: Any) -> str:
+    """The unit of a game's return, as the evaluate line names it: "chips" in poker (OpenSpiel's
+    utilities: a hand's net winnings), else "" (the board games pay +1 a win, 0 a draw, -1 a loss)."""
+    return "chips" if "poker" in str(env) else ""
+
+
 def main_policy(algo) -> tuple[str, dict[str, Any]]:
     """A game checkpoint's main policy: ``main`` when there is one, else the first policy; and the
     spec a :class:`~shoal.rollout.multi_agent.MultiAgentEnvRunner` builds it from."""
@@ -375,8 +409,11 @@ __all__ = [
     "load_for_evaluation",
     "main_policy",
     "play_episodes",
+    "payoff_unit",
     "play_games",
     "report",
+    "samples_by_default",
     "select_checkpoint",
+    "tune_best_trial",
     "VideoWriter",
 ]

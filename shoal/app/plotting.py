@@ -149,6 +149,19 @@ def plot_runs(
             f"No run has a finite '{key}' in its results.jsonl. Keys the run {reporting.name} reports: "
             f"{', '.join(_numeric_keys(reporting))}."
         )
+    fig = curves_figure(groups, x_label, key, title)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out)
+    except OSError as e:  # a directory that cannot be made (/proc/x), a full disk
+        raise ShoalError(f"Cannot write the picture '{out}': {e.strerror or e}; give a path you can write.") from None
+    return out
+
+
+def curves_figure(groups: list[Group], x_label: str, key: str, title: str | None = None):
+    """The matplotlib Figure of ``groups``' curves (no pyplot, so no GUI backend). A curve of one
+    point (a run that reported ``key`` once, e.g. a league's first evaluation) is a marker, and its
+    legend says so: a line through one point draws nothing."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -159,11 +172,14 @@ def plot_runs(
     for g in groups:
         if len(g.runs) == 1:
             ((xs, ys),) = g.runs
-            ax.plot(xs, ys, label=g.label)
+            label = g.label
         else:
-            grid, mean, low, high = mean_and_band(g.runs)
-            (line,) = ax.plot(grid, mean, label=f"{g.label} ({len(g.runs)} seeds: mean, min-max)")
-            ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+            xs, ys, low, high = mean_and_band(g.runs)
+            label = f"{g.label} ({len(g.runs)} seeds: mean, min-max)"
+        one = len(xs) == 1
+        (line,) = ax.plot(xs, ys, marker="o" if one else None, label=label + (" (one point)" if one else ""))
+        if len(g.runs) > 1:
+            ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set_xlabel(x_label)
     ax.set_ylabel(key)
     ax.grid(alpha=0.3)
@@ -171,9 +187,4 @@ def plot_runs(
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out)
-    except OSError as e:  # a directory that cannot be made (/proc/x), a full disk
-        raise ShoalError(f"Cannot write the picture '{out}': {e.strerror or e}; give a path you can write.") from None
-    return out
+    return fig

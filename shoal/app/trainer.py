@@ -12,6 +12,7 @@ import errno
 import logging
 import math
 import numbers
+import re
 import textwrap
 import time
 import warnings
@@ -38,7 +39,9 @@ from shoal.errors import (
     WorkerError,
 )
 from shoal.files import safe_yaml, unwritable_ancestor
+from shoal.gym_ids import is_ale_id
 from shoal.logging.progress import ProgressDisplay
+from shoal.logging.results import read_results
 from shoal.logging.writers import TensorBoardWriter, build_writers, truncate_results
 from shoal.runtime import deadline, signals
 from shoal.runtime.signals import raylet_lost
@@ -107,6 +110,8 @@ class TrainSummary:
     stop_detail: str | None = None  # the criterion met, with its figures: "iterations 4 >= 4"
     best_metric: str = "episode_return_mean"  # the algorithm's Algorithm.best_metric: what picked best_checkpoint
     best_value: float = math.nan  # its best value this session (NaN: never reported)
+    # Algorithm.summary_lines: a league's figures in place of its mean return (empty: the mean return)
+    summary_lines: list[str] = field(default_factory=list)
 
     @property
     def already_met(self) -> bool:
@@ -353,6 +358,7 @@ class _Session:
             results=self.results,
             best_metric=self.best.metric,
             best_value=self.best.value,
+            summary_lines=self.algo.summary_lines(self.results),
         )
 
 
@@ -504,7 +510,14 @@ def _iterate(
     try:
         with (
             ProgressDisplay(
-                title, stop, enabled=progress, best_metric=session.best.metric, metrics=algo.display_metrics()
+                title,
+                stop,
+                enabled=progress,
+                best_metric=session.best.metric,
+                metrics=algo.display_metrics(),
+                headline_every=_evaluated_every(config, session.best.metric),
+                steps_label="agent steps" if is_ale_id(config.env) else "env steps",  # Atari: frame_skip frames each
+                resumed_from=_resumed_from(algo, run_dir, session.best.value),
             ) as display,
             signals.stop_on_signals(),
         ):
@@ -542,6 +555,33 @@ def _iterate(
     return reason, result
 
 
+def _resumed_from(algo, run_dir: Path | None, best: float) -> dict[str, Any] | None:
+    """A resumed run's figures where it resumes, for the progress display to count from the run's
+    start (its earlier env steps, time and iterations, its best so far) until the first result;
+    None for a new run."""
+    if algo.iteration == 0:
+        return None
+    first = None
+    if run_dir is not None and (run_dir / "results.jsonl").is_file():
+        rows, _ = read_results(run_dir / "results.jsonl")
+        returns = (r.get("episode_return_mean") for r in rows)
+        first = next((v for v in returns if isinstance(v, (int, float)) and math.isfinite(v)), None)
+    return {
+        "iteration": algo.iteration,
+        "env_steps_sampled": int(algo.counters["env_steps_sampled"]),
+        "time_total_s": float(algo.counters["time_total_s"]),
+        **algo.episodes.metrics(),
+        "first_return": first,
+        "best": best,
+    }
+
+
+def _evaluated_every(config: AlgorithmConfig, metric: str) -> int | None:
+    """The iterations between two values of ``metric`` when an evaluation reports it, else None."""
+    evaluation = getattr(config, "evaluation", None)
+    return evaluation.evaluation_interval if evaluation is not None and metric.startswith("evaluation/") else None
+
+
 def resume(
     run_dir: str | Path,
     stop: Stop | dict | None = None,
@@ -549,6 +589,7 @@ def resume(
     progress: bool = True,
     trust: bool = False,
     changes: dict[str, Any] | None = None,
+    no_stop_reward: bool = False,
 ) -> TrainSummary:
     """Continue a run from its latest intact checkpoint, with its counters, appending to its files.
 
@@ -557,14 +598,15 @@ def resume(
     PBT perturbs: ``lr``, ``entropy_coeff``...), applied after the restore as ``update_config``
     applies them, so the optimizer takes the new ``lr``. Any other key is refused before anything
     is read further. ``trust``: import the code the run's config names (its env factory, model,
-    callbacks) even though its checkpoint is not signed with your key (see :mod:`shoal.trust`)."""
+    callbacks) even though its checkpoint is not signed with your key (see :mod:`shoal.trust`).
+    ``no_stop_reward``: drop the run's reward criterion (``stop`` may not give one then)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"Run directory '{run_dir}' does not exist.")
     if not (run_dir / "checkpoints").is_dir():
         raise CheckpointError(f"'{run_dir}' has no checkpoints/ to resume from; is it a shoal run directory?")
     with run_lock(run_dir):  # before anything is read or repaired: another process may be writing it
-        return _resume_locked(run_dir, stop, overrides, progress, trust, changes or {})
+        return _resume_locked(run_dir, stop, overrides, progress, trust, changes or {}, no_stop_reward)
 
 
 def _resume_locked(
@@ -574,14 +616,19 @@ def _resume_locked(
     progress: bool,
     trust: bool,
     changes: dict[str, Any],
+    no_stop_reward: bool = False,
 ) -> TrainSummary:
     from shoal.algorithms.base import Algorithm
 
     settings = _run_settings(run_dir)
     given = _as_stop(stop)  # a bad value is an error before anything is read further or changed
+    if no_stop_reward and given.reward is not None:
+        raise ConfigError(
+            f"--stop-reward {given.reward:g} and --no-stop-reward contradict each other; give one of them."
+        )
     checkpoints = run_dir / "checkpoints"
     if (overrides or changes) and ckpt.list_checkpoints(checkpoints):  # refused before anything is touched
-        newest = newest_intact_checkpoint(checkpoints)
+        newest = newest_intact_checkpoint(checkpoints, warn=False)  # the start's choice below warns
         _check_changes(newest, changes)
         _check_overrides(newest, deep_merge(overrides or {}, changes), trust)
     for note in ckpt.remove_leftovers(checkpoints):  # puts back a checkpoint a killed save had moved aside
@@ -595,6 +642,8 @@ def _resume_locked(
     if stop is not None:
         merged = {**saved_stop.model_dump(), **{k: v for k, v in given.model_dump().items() if v is not None}}
         saved_stop = _as_stop(merged)
+    if no_stop_reward:
+        saved_stop = saved_stop.model_copy(update={"reward": None})
     at = checkpoint_progress(start)
     reason = saved_stop.reached(at)
     if reason:  # nothing to do: say so, without building the algorithm or starting actors
@@ -684,18 +733,26 @@ def _check_overrides(path: Path, overrides: dict[str, Any], trust: bool) -> None
         config_cls.from_dict(data)
 
 
-def newest_intact_checkpoint(ckpt_dir: Path) -> Path:
-    """The newest numbered checkpoint that loads; each broken newer one is skipped with a warning."""
-    problems = []
+def newest_intact_checkpoint(ckpt_dir: Path, warn: bool = True) -> Path:
+    """The newest numbered checkpoint that loads; each broken newer one is skipped, with a warning
+    naming the checkpoint the run resumes from (``warn``). None loads: a CheckpointError listing
+    what is wrong with each, and no word of an earlier checkpoint."""
+    problems: list[tuple[Path, str]] = []
     for p in reversed(ckpt.list_checkpoints(ckpt_dir)):
         try:
             ckpt.verify_checkpoint(p)
         except CheckpointError as e:
-            problems.append(str(e))
-            log.warning("%s is damaged, so the run resumes from an earlier checkpoint: %s", p.name, e)
+            problems.append((p, str(e)))
             continue
+        for bad, problem in problems if warn else ():
+            log.warning("%s is damaged, so the run resumes from %s: %s", bad.name, p.name, problem)
         return p
-    raise CheckpointError(f"No intact checkpoint in '{ckpt_dir}' to resume from: " + " ".join(problems))
+    # each problem's advice to use another checkpoint of the run: there is none
+    detail = " ".join(re.sub(r" Use (an earlier|another) checkpoint of the run\.$", "", m) for _, m in problems)
+    raise CheckpointError(
+        f"No intact checkpoint in '{ckpt_dir}' to resume from: {detail} The run cannot go on; start a new "
+        f"one from its config: shoal train -c {ckpt_dir.parent / 'config.yaml'}."
+    )
 
 
 def checkpoint_progress(path: Path) -> dict[str, Any]:
@@ -705,14 +762,15 @@ def checkpoint_progress(path: Path) -> dict[str, Any]:
     """
     from shoal.logging.metrics import EpisodeWindow
 
-    meta = ckpt.read_meta(path)
-    if "time_total_s" not in meta:
-        state, meta = ckpt.load_checkpoint(path)
+    meta = ckpt.read_run_meta(path)  # a missing or negative iteration is a CheckpointError, not a KeyError
+    if "time_total_s" not in meta or "env_steps_sampled" not in meta:
+        state, _ = ckpt.load_checkpoint(path)
         window = EpisodeWindow()
         window.set_state(state["episodes"])
         meta = {
             **meta,
-            "time_total_s": state["counters"]["time_total_s"],
+            "env_steps_sampled": meta.get("env_steps_sampled", int(state["counters"]["env_steps_sampled"])),
+            "time_total_s": meta.get("time_total_s", state["counters"]["time_total_s"]),
             "episode_return_mean": window.metrics()["episode_return_mean"],
         }
     ret = meta.get("episode_return_mean")

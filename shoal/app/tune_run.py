@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -23,6 +24,8 @@ from shoal.config import all_keys, deep_merge, format_validation_error, load_yam
 from shoal.errors import ConfigError, ResourceError
 
 SEARCH_KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
+# what Tune's Trainable adds to every result (numbers only; time_total_s and time_this_iter_s are shoal's too)
+TUNE_RESULT_KEYS = ("training_iteration", "time_since_restore", "iterations_since_restore", "timestamp")
 
 
 class _Strict(BaseModel):
@@ -170,7 +173,29 @@ class TuneSpec(_Strict):
             )
         if isinstance(self.scheduler, PbtSpec):
             self._check_pbt(cfg_cls)
+        self._check_result_key("metric", self.metric)
+        if self.scheduler is not None:
+            self._check_result_key("scheduler.time_attr", self.scheduler.time_attr)
         self._check_every_value()
+
+    def _check_result_key(self, what: str, key: Optional[str]) -> None:
+        """A ConfigError, before Ray starts, for a result key no trial's result holds (Tune's own error
+        comes from inside a running trial): the keys every result of the algorithm can have, Tune's,
+        and any ``family/name`` key (``learner/...``, ``evaluation/...``, ``custom/...``). With
+        callbacks in the config any key passes: ``on_train_result`` may add it."""
+        algorithm_cls = self.config_cls().algorithm_cls
+        if key is None or "/" in key or self.config.get("callbacks") or algorithm_cls is None:
+            return
+        known = sorted({*algorithm_cls.result_keys, *TUNE_RESULT_KEYS})
+        if key in known:
+            return
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        raise ConfigError(
+            f"{what} '{key}' is not a key of {self.algo}'s results"
+            + (f"; did you mean '{close[0]}'?" if close else ".")
+            + f" A result has {', '.join(known)}, and keys with a '/' (learner/..., evaluation/..., custom/...; "
+            f"results.jsonl of a `shoal train {self.algo}` run shows them all)."
+        )
 
     def _check_every_value(self) -> None:
         """Every value a trial may get is a valid config, before Ray starts: each grid and choice value
@@ -278,6 +303,96 @@ class TuneSummary:
     best_config: dict[str, Any] | None  # the algorithm config (with "algo"), as `shoal train -c` reads it
     best_metric: float | None
     best_config_path: Path | None
+    best_trial: str | None = None  # the best trial's id
+    best_checkpoint: Path | None = None  # its last shoal checkpoint (what `shoal evaluate RUN_DIR` plays)
+
+    @property
+    def stopped_early(self) -> list[dict[str, Any]]:
+        """The trials the scheduler (ASHA) stopped before their stop criterion."""
+        return [r for r in self.trials if r["ended"].startswith(STOPPED_EARLY)]
+
+
+STOPPED_EARLY = "stopped early"
+
+
+def trial_ending(spec: TuneSpec, metrics: dict[str, Any], error: bool = False) -> str:
+    """How a trial ended, from its last result: ``"ERROR"``; ``"finished (iterations 25)"`` (the stop
+    criterion it met, or ASHA's ``max_t``); ``"stopped early by asha at iteration 4"``; or
+    ``"stopped before its stop"`` (e.g. interrupted). Tune calls each of these TERMINATED."""
+    if error:
+        return "ERROR"
+    tune_keys = {"reward": "episode_return_mean", "env_steps": "env_steps_sampled", "time_s": "time_total_s"}
+    for name, target in spec.stop.model_dump().items():
+        value = metrics.get(tune_keys.get(name, "training_iteration"))
+        if target is not None and _finite(value) and value >= target:
+            return f"finished ({name} {target:g})"
+    s = spec.scheduler
+    if isinstance(s, AshaSpec):
+        value = metrics.get(s.time_attr)
+        if _finite(value) and value >= s.max_t:
+            return f"finished (asha max_t {s.max_t})"
+        unit = "iteration" if s.time_attr == "training_iteration" else s.time_attr
+        return f"{STOPPED_EARLY} by asha at {unit} {_short(value)}"
+    return "stopped before its stop"
+
+
+def _short(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else "-" if v is None else str(v)
+
+
+class TuneProgress:
+    """shoal's own progress lines while the trials run, instead of Tune's ``== Status ==`` blocks:
+    one line per trial result (at most one every ``every_s`` seconds per trial) and one as each
+    trial ends, saying how (:func:`trial_ending`)."""
+
+    def __init__(self, spec: TuneSpec, metric: str, write: Any = None, every_s: float = 5.0) -> None:
+        import sys
+
+        self.spec, self.metric, self.every_s = spec, metric, every_s
+        self.write = write or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._last: dict[str, float] = {}
+        self.ended = 0
+        self.total = spec.num_samples * math.prod(len(v.grid) for v in spec.search.values() if v.grid is not None)
+
+    def _head(self, trial_id: str, config: dict[str, Any]) -> str:
+        params = ", ".join(f"{k}={_short(_get(config, k))}" for k in self.spec.search)
+        return f"trial {trial_id}" + (f" ({params})" if params else "")
+
+    def _figures(self, r: dict[str, Any]) -> str:
+        steps = r.get("env_steps_sampled")
+        return f"{self.metric} {_short(r.get(self.metric))}" + (
+            f"  env steps {steps:,}" if isinstance(steps, int) else ""
+        )
+
+    def result(self, trial_id: str, config: dict[str, Any], r: dict[str, Any]) -> None:
+        now = time.monotonic()
+        if now - self._last.get(trial_id, -math.inf) < self.every_s:
+            return
+        self._last[trial_id] = now
+        self.write(f"{self._head(trial_id, config)}  iter {r.get('training_iteration', '-')}  {self._figures(r)}")
+
+    def complete(self, trial_id: str, config: dict[str, Any], r: dict[str, Any] | None, error: bool = False) -> None:
+        self.ended += 1
+        how = trial_ending(self.spec, r or {}, error)
+        figures = f": {self._figures(r)}" if r else ""
+        self.write(f"{self._head(trial_id, config)} {how}{figures}  [{self.ended} of {self.total} trials ended]")
+
+
+def _progress_callback(progress: TuneProgress):
+    """A Tune Callback that feeds ``progress`` (made here, as Tune is imported only when a search runs)."""
+    from shoal.runtime.tune_api import tune_module
+
+    class _Callback(tune_module().Callback):
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            progress.result(trial.trial_id, trial.config, result)
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            progress.complete(trial.trial_id, trial.config, trial.last_result)
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            progress.complete(trial.trial_id, trial.config, trial.last_result, error=True)
+
+    return _Callback()
 
 
 def _param_space(spec: TuneSpec) -> dict[str, Any]:
@@ -316,10 +431,14 @@ def _metric(spec: TuneSpec) -> tuple[str, str]:
 
 
 def run_tune(spec: TuneSpec, out: Path = Path("runs"), address: str | None = None, verbose: int = 1) -> TuneSummary:
-    """Run the search with ``tune.Tuner``; Tune's results go under ``out/<name>/``."""
+    """Run the search with ``tune.Tuner``; Tune's results go under ``out/<name>/``. ``verbose`` 1:
+    shoal's progress lines on stderr (:class:`TuneProgress`); 0: nothing. Tune's own reporter is off."""
     import os
+    import sys
 
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's compact status table (CLIReporter), not a box per result
+    # Tune's own output (its "== Status ==" blocks, a driver-artifacts path in each) stays off: the old
+    # output engine at verbosity 0 prints nothing; shoal's TuneProgress prints a line per result instead
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     from shoal import runtime
     from shoal.app.tune import trainable
     from shoal.runtime.tune_api import tune_module
@@ -339,12 +458,13 @@ def run_tune(spec: TuneSpec, out: Path = Path("runs"), address: str | None = Non
         checkpoint_at_end=True,
         checkpoint_frequency=spec.scheduler.perturbation_interval if pbt else 0,
     )
-    reporter = tune.CLIReporter(
-        metric_columns={metric: metric, "training_iteration": "iter", "env_steps_sampled": "env_steps"},
-        parameter_columns=list(spec.search),
-        max_report_frequency=15,
-        print_intermediate_tables=False,
-    )
+    callbacks = [_progress_callback(TuneProgress(spec, metric))] if verbose else []
+    if verbose:
+        trials = f"{spec.num_samples} sample{'s' * (spec.num_samples > 1)}" + (
+            " per grid point" if any(s.kind == "grid" for s in spec.search.values()) else ""
+        )
+        scheduler = f", {spec.scheduler.type}" if spec.scheduler is not None else ""
+        print(f"Tune: {spec.algo}, {trials}{scheduler}; results in {storage / name}", file=sys.stderr, flush=True)
     tuner = tune.Tuner(
         trainable(),
         param_space=_param_space(spec),
@@ -361,8 +481,8 @@ def run_tune(spec: TuneSpec, out: Path = Path("runs"), address: str | None = Non
             storage_path=str(storage),
             stop=spec.stop.to_tune() or None,
             checkpoint_config=checkpoints,
-            verbose=verbose,
-            progress_reporter=reporter,
+            verbose=0,
+            callbacks=callbacks,
         ),
     )
     results = tuner.fit()
@@ -396,21 +516,94 @@ def _summarize(results, spec: TuneSpec, run_dir: Path, metric: str, mode: str) -
                 "params": params,
                 "iterations": m.get("training_iteration", 0),
                 "metric": m.get(metric),
-                "status": status,
+                "status": status,  # Tune's word: TERMINATED whether the trial finished or ASHA stopped it
+                "ended": trial_ending(spec, m, error=bool(r.error)),
             }
         )
-    best_cfg = best_value = path = None
+    best_cfg = best_value = path = best_trial = best_ckpt = None
     finite = [r for r in results if r.metrics and _finite(r.metrics.get(metric))]
     if finite:
         best = max(finite, key=lambda r: r.metrics[metric] * (1 if mode == "max" else -1))
         best_value = float(best.metrics[metric])
+        best_trial = best.metrics.get("trial_id")
+        best_ckpt = _last_checkpoint(Path(best.path)) if getattr(best, "path", None) else None
         cfg = spec.config_cls().from_dict({k: v for k, v in best.config.items() if k != "algo"})
         best_cfg = {"algo": spec.algo, **cfg.to_dict()}
         path = run_dir / "best_config.yaml"
+        trial_dir = f", {BEST_TRIAL_NOTE} {Path(best.path).name}" if getattr(best, "path", None) else ""
         path.write_text(
-            f"# best trial of {run_dir.name}: {metric} = {best_value:g}\n" + yaml.safe_dump(best_cfg, sort_keys=False)
+            f"# best trial of {run_dir.name}: {metric} = {best_value:g}{trial_dir}\n"
+            + yaml.safe_dump(best_cfg, sort_keys=False)
         )
-    return TuneSummary(run_dir, metric, mode, rows, best_cfg, best_value, path)
+    return TuneSummary(run_dir, metric, mode, rows, best_cfg, best_value, path, best_trial, best_ckpt)
+
+
+BEST_TRIAL_NOTE = "trial directory"  # best_config.yaml's first line names the best trial's directory after it
+
+
+def _last_checkpoint(trial_dir: Path) -> Path | None:
+    from shoal.checkpoint import resolve_checkpoint
+    from shoal.errors import CheckpointError
+
+    try:
+        return resolve_checkpoint(trial_dir)
+    except CheckpointError:
+        return None
+
+
+def is_tune_dir(path: Path) -> bool:
+    """Whether ``path`` is a ``shoal tune`` run directory (Tune's experiment state, or best_config.yaml
+    beside trial directories), not one trial's."""
+    p = Path(path)
+    return p.is_dir() and (
+        any(p.glob("experiment_state-*.json")) or ((p / "best_config.yaml").is_file() and any(_trial_dirs(p)))
+    )
+
+
+def _trial_dirs(tune_dir: Path) -> list[Path]:
+    return sorted(d for d in tune_dir.iterdir() if d.is_dir() and (d / "result.json").is_file())
+
+
+def best_trial_dir(tune_dir: Path) -> tuple[Path, str]:
+    """The best trial's directory of a ``shoal tune`` run and the words saying which it is and why:
+    the trial best_config.yaml names (its header line), or, in a run written before it named one, the
+    trial whose last result holds the value recorded there. A CheckpointError when there is none."""
+    from shoal.errors import CheckpointError
+
+    trials = _trial_dirs(tune_dir)
+    best_file = tune_dir / "best_config.yaml"
+    header = best_file.read_text(encoding="utf-8").splitlines()[0] if best_file.is_file() else ""
+    found = re.match(r"# best trial of .*?: (\S+) = (\S+?)(?:, " + BEST_TRIAL_NOTE + r" (.+))?$", header)
+    if found is None:
+        names = ", ".join(d.name for d in trials) or "none"
+        raise CheckpointError(
+            f"'{tune_dir}' is a `shoal tune` run directory without a best trial (no best_config.yaml: no trial "
+            f"reported a finite metric, or the search did not finish). Give one trial's directory; its trials: {names}."
+        )
+    metric, value, name = found.group(1), found.group(2), found.group(3)
+    if name is not None and (tune_dir / name).is_dir():
+        trial = tune_dir / name
+    else:
+        trial = next((d for d in trials if _short(_last_result(d).get(metric)) == _short(float(value))), None)
+        if trial is None:
+            raise CheckpointError(
+                f"'{tune_dir}': no trial's last result has the best {metric} {value} that best_config.yaml records; "
+                "give one trial's directory."
+            )
+    return trial, f"the best trial by {metric} ({value}): {trial.name}"
+
+
+def _last_result(trial_dir: Path) -> dict[str, Any]:
+    import json
+
+    for line in reversed((trial_dir / "result.json").read_text(encoding="utf-8").splitlines()):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            return row
+    return {}
 
 
 def _get(config: dict[str, Any], dotted: str) -> Any:

@@ -116,7 +116,9 @@ class ProgressDisplay:
 
     ``best_metric`` is the headline (the algorithm's ``best_metric``: the mean return, or a
     league's main win rate); ``metrics`` are ``(result key, label)`` pairs of the learner's main
-    figures (``Algorithm.display_metrics()``).
+    figures (``Algorithm.display_metrics()``). ``headline_every``: the headline comes only every
+    that many iterations (an evaluation's figure, e.g. a league's exploitability); until the first
+    it reads ``pending (iter 10, ~42s)``, and between two the last value shows with its iteration.
     """
 
     def __init__(
@@ -128,8 +130,18 @@ class ProgressDisplay:
         plain_every_s: float = 5.0,
         best_metric: str = "episode_return_mean",
         metrics: Sequence[tuple[str, str]] = (),
+        headline_every: Optional[int] = None,
+        steps_label: str = "env steps",
+        resumed_from: Optional[dict[str, Any]] = None,
     ) -> None:
         self.console = console or Console(stderr=True)
+        self.steps_label = steps_label  # "agent steps" for Atari, whose preset comments count frames
+        # a resumed run's figures where it resumes (its checkpoint's counters, "best" so far, and
+        # "first_return": the run's first mean return, where the reward bar starts): shown until
+        # the first result
+        self.resumed_from = resumed_from
+        self.headline_every = headline_every
+        self.last_headline: Optional[tuple[float, int]] = None  # the headline's latest value and its iteration
         self.stop = stop
         self.best_metric = best_metric
         self.metrics = list(metrics)
@@ -138,16 +150,16 @@ class ProgressDisplay:
         self.live_mode = enabled and self.console.is_terminal
         self.plain_every_s = plain_every_s
         self.rates = RecentRates()
-        self.first_return: Optional[float] = None
+        self.first_return: Optional[float] = (resumed_from or {}).get("first_return")
         self._last_plain = -math.inf
         self._unprinted: Optional[str] = None  # off a terminal: the latest line the interval held back
         self._live: Live | None = None
 
     def __enter__(self):
         if self.live_mode:
-            self._live = Live(
-                Text(self.title, style="bold"), console=self.console, refresh_per_second=4, transient=False
-            )
+            start = self.resumed_from
+            first = self.renderable(start, start.get("best")) if start else Text(self.title, style="bold")
+            self._live = Live(first, console=self.console, refresh_per_second=4, transient=False)
             self._live.__enter__()
         elif self.enabled:
             self.console.print(self.title, soft_wrap=True, highlight=False, markup=False)
@@ -168,6 +180,24 @@ class ProgressDisplay:
         ret = r.get("episode_return_mean")
         if self.first_return is None and isinstance(ret, (int, float)) and math.isfinite(ret):
             self.first_return = float(ret)
+        value = r.get(self.best_metric)
+        if _fmt(value) != "-":
+            self.last_headline = (float(value), int(r.get("iteration", 0)))
+
+    def headline(self, r: dict[str, Any]) -> str:
+        """The headline's value in ``r``; else its last value with the iteration it came from; else,
+        for a figure reported every ``headline_every`` iterations, when the next one comes."""
+        value = r.get(self.best_metric)
+        if _fmt(value) != "-" or (self.last_headline is None and not self.headline_every):
+            return _fmt(value, ".4g")
+        if self.last_headline is not None:
+            v, it = self.last_headline
+            return f"{_fmt(v, '.4g')} (iter {it})"
+        it, every = int(r.get("iteration", 0)), int(self.headline_every or 1)
+        due = (it // every + 1) * every
+        per_it = self.rates.s_per_iteration(r)
+        eta = f", ~{format_eta((due - it) * per_it)}" if per_it else ""
+        return f"pending (iter {due}{eta})"
 
     def criteria(self, r: dict[str, Any]) -> list[CriterionProgress]:
         """Progress and ETA of every stop criterion that has a target, in the Stop's order."""
@@ -190,7 +220,7 @@ class ProgressDisplay:
             steps = r.get("env_steps_sampled", 0)
             out.append(
                 CriterionProgress(
-                    "env steps",
+                    self.steps_label,
                     steps,
                     stop.env_steps,
                     _fraction(steps, 0, stop.env_steps),
@@ -223,9 +253,12 @@ class ProgressDisplay:
         headline = metric_label(self.best_metric)
         out = [
             ("iter", _fmt(r.get("iteration", 0))),
-            (headline, _fmt(r.get(self.best_metric), ".4g")),
+            (headline, self.headline(r)),
             (f"best {headline}", _fmt(best, ".4g")),
-            ("steps/s", _fmt(self.rates.steps_per_s(r) or r.get("env_steps_per_s"))),
+            (
+                "steps/s" if self.steps_label == "env steps" else f"{self.steps_label}/s",
+                _fmt(self.rates.steps_per_s(r) or r.get("env_steps_per_s")),
+            ),
             ("episodes", _fmt(r.get("episodes_total", 0))),
         ]
         if r.get("num_worker_restarts"):
