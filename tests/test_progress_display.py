@@ -49,7 +49,28 @@ def test_etas_from_recent_rates():
     assert crit["time"].eta_s == 100 - 6.0  # exact
     assert crit["iterations"].eta_s == (50 - 3) * 2.0
     assert crit["env steps"].fraction == 0.3
-    assert "ETA 14s" in crit["env steps"].text() and "ETA 1m34s" in crit["time"].text()
+    assert "ETA 14s" in crit["env steps"].text()  # the steps end the run first: the others are limits
+    assert "limit in 1m34s" in crit["time"].text() and "limit in 1m34s" in crit["iterations"].text()
+
+
+def test_an_estimate_is_an_eta_only_where_no_other_criterion_may_end_the_run_sooner():
+    """With a reward target beside it, the time criterion's estimate is when the run stops at the
+    latest (the return may reach its target any moment), not how long the run will take."""
+    d = display({"reward": 200, "time_s": 600}, terminal=False)
+    d.observe(result(1, 1000, 2.0, ret=150.0))
+    line = d.plain_line(result(1, 1000, 2.0, ret=150.0))
+    assert "time 2.0/600.0 s   0% limit in 9m58s" in line and "ETA" not in line, line
+    alone = display({"time_s": 600}, terminal=False)  # the only criterion: its estimate is the run's
+    assert "time 2.0/600.0 s   0% ETA 9m58s" in alone.plain_line(result(1, 1000, 2.0))
+    # steps and time: the one expected first is the ETA, the other a limit; before a rate is
+    # measured the steps' estimate is unknown, so the time's is a limit too
+    both = display({"env_steps": 10_000, "time_s": 600}, terminal=True)
+    assert "limit in 9m58s" in both.plain_line({"iteration": 1, "env_steps_sampled": 1000, "time_total_s": 2.0})
+    both.observe(result(1, 1000, 2.0))
+    both.observe(result(3, 3000, 6.0))  # 500 steps/s: 14 s to go
+    both.console.print(both.renderable(result(3, 3000, 6.0)))
+    text = both.console.export_text()
+    assert "3,000/10,000  30% ETA 14s" in text and "6.0/600.0 s   1% limit in 9m54s" in text, text
 
 
 def test_reward_bar_runs_from_first_return_and_has_no_eta():
@@ -136,7 +157,7 @@ def test_plain_lines_off_terminal_are_never_wrapped():
     first = lines[1]
     assert len(first) > 40  # longer than the console, and still one line
     assert "steps 1,234,567/123,456,789" in first and "vf_loss 1.235e+05" in first
-    assert re.search(r"time 321\.5/3,600\.0 s\s+9% ETA 54m38s", first)
+    assert re.search(r"time 321\.5/3,600\.0 s\s+9% limit in 54m38s", first)  # the reward may stop it first
     assert "policy_loss -0.0123" in first and "return 20" in first
 
 

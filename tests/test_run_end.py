@@ -402,6 +402,66 @@ def test_ctrl_c_while_ray_starts_ends_the_run_as_ctrl_c_does(tmp_path):
     assert not list((tmp_path / "runs").glob("*/results.jsonl"))
 
 
+def test_ctrl_c_while_resume_starts_ends_with_a_paragraph_and_leaves_the_run_as_it_was(tmp_path):
+    """SIGINT as soon as `shoal resume`'s raylet exists (the algorithm being rebuilt from its
+    checkpoint): exit 130 and one paragraph saying the run directory is as it was, not a bare 130."""
+    import psutil
+
+    first = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shoal",
+            "train",
+            *TINY[:-3],
+            "--stop-iters",
+            "1",
+            "-q",
+            "--out",
+            str(tmp_path / "runs"),
+        ],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert first.returncode == 0, first.stdout + first.stderr
+    (run,) = (tmp_path / "runs").iterdir()
+    results = (run / "results.jsonl").read_text()
+    with open(tmp_path / "out.txt", "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "shoal", "resume", str(run), "--stop-iters", "100000", "--workers", "1", "-q"],
+            cwd=REPO,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def raylet() -> bool:
+        try:
+            return any(p.name() == "raylet" for p in psutil.Process(proc.pid).children())
+        except psutil.Error:
+            return False
+
+    _wait_for(raylet, proc, "the raylet", timeout_s=240)
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=180)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"the run went on after Ctrl-C: {_output(tmp_path)[-2000:]}")
+    out = _output(tmp_path)
+    assert proc.returncode == 130, out
+    text = " ".join(out.split())
+    assert "Interrupted while the run was resuming" in text and f"shoal resume {run}" in text, out
+    assert "Traceback" not in out and "Aborted" not in out, out
+    assert (run / "results.jsonl").read_text() == results  # nothing trained, nothing appended
+    assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == ["checkpoint_000001"]
+
+
 # ---- the local raylet killed under a run ---------------------------------------------------------
 def test_the_raylet_watch_counts_a_killed_unreaped_process_as_gone():
     import psutil
@@ -421,6 +481,27 @@ def test_the_raylet_watch_counts_a_killed_unreaped_process_as_gone():
         child.wait()
 
 
+def test_rays_report_of_a_dead_local_raylet_is_one_line_and_actor_output_passes(monkeypatch):
+    import ray._private.worker as ray_worker
+
+    from shoal.runtime import cluster
+
+    printed: list[dict] = []
+    monkeypatch.setattr(ray_worker, "print_to_stdstream", lambda data, ignore_prefix: printed.append(data))
+    monkeypatch.setattr(cluster, "_raylet", object())  # a local raylet this process started
+    cluster._condense_raylet_death_dump()
+    dump = "Raylet is terminated. Termination is unexpected. Last 20 lines:\n" + "    [state-dump] x\n" * 20
+    actor = {"lines": ["step 1", "Raylet is terminated."], "pid": 4242, "is_err": False}
+    for data in (actor, {"lines": [dump], "pid": "raylet", "is_err": False}) * 2:
+        ray_worker.print_to_stdstream(data, ignore_prefix=False)
+    assert printed[0] is actor and printed[2] is actor and len(printed) == 3  # the second agent's copy: not again
+    (line,) = printed[1]["lines"]
+    assert line.startswith("Raylet is terminated; its last log lines are in") and "\n" not in line
+    monkeypatch.setattr(cluster, "_raylet", None)  # no local raylet (a remote cluster's report): as it was
+    ray_worker.print_to_stdstream({"lines": [dump], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    assert printed[-1]["lines"] == [dump]
+
+
 def test_a_killed_raylet_ends_the_run_with_a_message_and_a_checkpoint(tmp_path):
     import psutil
 
@@ -433,6 +514,12 @@ def test_a_killed_raylet_ends_the_run_with_a_message_and_a_checkpoint(tmp_path):
     assert proc.returncode == 2, out
     text = " ".join(out.split())
     assert "raylet process died" in text and "shoal resume" in text and "Traceback" not in out, out
+    # Ray's report of the death (20 lines of the raylet's log, from each of its two agents) is one
+    # line naming that log, not 42 lines of state dump before shoal's paragraph
+    lines = [line for line in out.splitlines() if line.strip()]
+    (paragraph,) = [i for i, line in enumerate(lines) if "The local Ray instance stopped" in line]
+    assert paragraph <= 2 and len(lines) <= 4 and "[state-dump]" not in out, out
+    assert sum("Raylet is terminated" in line for line in lines) <= 1, out
     (run,) = (tmp_path / "runs").iterdir()
     rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
     (last,) = ckpt.list_checkpoints(run / "checkpoints")

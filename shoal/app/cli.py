@@ -778,6 +778,15 @@ def resume(
         _fail(e)
     except SaveAborted:
         _save_aborted()
+    except StartInterrupted:
+        err.print(
+            "Interrupted while the run was resuming (rebuilding the algorithm from its checkpoint, starting "
+            "Ray and the actors), before its first iteration: nothing was trained and the run is as its "
+            f"checkpoint left it; continue with `shoal resume {run_dir}`.",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(130) from None
     _print_summary(summary, stop)
     _exit_for(summary)
 

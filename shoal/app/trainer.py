@@ -659,11 +659,21 @@ def _resume_locked(
             best_checkpoint=best if best.is_dir() else None,
             stop_detail=saved_stop.explain(at),
         )
-    algo = Algorithm.from_checkpoint(start, overrides=overrides, trust=trust)
+    try:  # Ctrl-C while Ray and the actors start: nothing trained, the run as its checkpoint left it
+        algo = Algorithm.from_checkpoint(start, overrides=overrides, trust=trust)
+    except KeyboardInterrupt:
+        if raylet_lost():  # the raylet watch's interrupt: Ray is gone
+            raise
+        raise signals.StartInterrupted() from None
     try:
-        if changes:  # after the restore, which put back the optimizer's saved lr
-            algo.update_config(changes)
-        truncate_results(run_dir, algo.iteration)
+        try:
+            if changes:  # after the restore, which put back the optimizer's saved lr
+                algo.update_config(changes)
+            truncate_results(run_dir, algo.iteration)  # drops only rows past the checkpoint
+        except KeyboardInterrupt:
+            if raylet_lost():
+                raise
+            raise signals.StartInterrupted() from None
         return train(
             algo.config,
             saved_stop,

@@ -9,6 +9,11 @@ without wrapping, so no number is ever split across lines.
 ETAs come from recent rates: env steps from the env steps/s of the last few iterations,
 iterations from their mean duration, training time exactly. A reward target has no ETA; its
 bar runs from the first mean return seen to the target.
+
+An estimate reads "ETA" only where its criterion is the one expected to end the run: with a
+reward target beside it (which may end the run at any moment), or another criterion expected
+sooner (or not estimated yet), it reads "limit in": the latest the run goes on by that
+criterion, not how long it will take.
 """
 
 from __future__ import annotations
@@ -66,11 +71,12 @@ class CriterionProgress:
     fraction: float  # of the way to the target, 0..1
     eta_s: Optional[float]  # None: no estimate (reward, or no rate measured yet)
     spec: str = ",.0f"
+    eta_label: str = "ETA"  # "limit in" where another criterion may end the run sooner
 
     def text(self) -> str:
         unit = " s" if self.name == "time" else ""
         pct = f" {self.fraction:4.0%}"
-        eta = f" ETA {format_eta(self.eta_s)}" if self.name != "reward" else ""
+        eta = f" {self.eta_label} {format_eta(self.eta_s)}" if self.name != "reward" else ""
         return f"{_fmt(self.value, self.spec)}/{_fmt(self.target, self.spec)}{unit}{pct}{eta}"
 
 
@@ -103,6 +109,17 @@ def _eta(remaining: float, rate: Optional[float]) -> Optional[float]:
     if remaining <= 0:
         return 0.0
     return remaining / rate if rate and rate > 0 else None
+
+
+def _label_limits(criteria: list[CriterionProgress]) -> list[CriterionProgress]:
+    """An estimate stays "ETA" only where no other criterion may end the run sooner: none has a
+    reward target (met whenever the return gets there) and every other estimate is known and no
+    sooner. Else it is "limit in": the run goes on at most that long by this criterion."""
+    for c in criteria:
+        others = [o for o in criteria if o is not c]
+        sooner = any(o.name == "reward" or o.eta_s is None or c.eta_s is None or o.eta_s < c.eta_s for o in others)
+        c.eta_label = "limit in" if sooner else "ETA"
+    return criteria
 
 
 def _fraction(value: float, start: float, target: float) -> float:
@@ -200,7 +217,8 @@ class ProgressDisplay:
         return f"pending (iter {due}{eta})"
 
     def criteria(self, r: dict[str, Any]) -> list[CriterionProgress]:
-        """Progress and ETA of every stop criterion that has a target, in the Stop's order."""
+        """Progress and ETA of every stop criterion that has a target, in the Stop's order; an
+        estimate another criterion may beat reads "limit in" (see :func:`_label_limits`)."""
         stop, out = self.stop, []
         if stop.reward is not None:
             ret = r.get("episode_return_mean")
@@ -246,7 +264,7 @@ class ProgressDisplay:
                     _eta(stop.iterations - it, 1 / per_it if per_it else None),
                 )
             )
-        return out
+        return _label_limits(out)
 
     def figures(self, r: dict[str, Any], best: Optional[float]) -> list[tuple[str, str]]:
         """``(label, value)`` pairs of the status: iteration, headline, its best, steps/s, episodes."""

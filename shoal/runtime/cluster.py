@@ -174,6 +174,7 @@ def _watch_raylet() -> None:
     signals.RAYLET_LOST.clear()
     global _raylet, _raylet_gcs
     _raylet, _raylet_gcs = raylet, ray.get_runtime_context().gcs_address
+    _condense_raylet_death_dump()
 
     def watch() -> None:
         while ray.is_initialized() and not _shutting_down.is_set():
@@ -184,6 +185,45 @@ def _watch_raylet() -> None:
             time.sleep(WATCH_PERIOD_S)
 
     threading.Thread(target=watch, name="shoal-raylet-watch", daemon=True).start()
+
+
+RAYLET_DEATH_DUMP = "Raylet is terminated."  # how Ray's report of a raylet that died begins
+_raylet_death: dict = {"log": None, "shown": False}  # the local raylet's log; whether its death was shown
+
+
+def _condense_raylet_death_dump() -> None:
+    """Ray's report of a local raylet that died unexpectedly (published by its two agents, each
+    with the last 20 lines of the raylet's log: 42 lines of state dump before shoal's paragraph)
+    prints as one line that says where that log is. Anything else Ray prints (the actors' output,
+    other errors) passes as it was; a remote cluster's reports too (their log is on another node)."""
+    import ray._private.worker as ray_worker
+
+    node = getattr(ray_worker, "_global_node", None)
+    try:
+        logs = node.get_logs_dir_path() if node is not None else None
+    except Exception:  # noqa: BLE001 - a Ray without it: the line says less
+        logs = None
+    _raylet_death.update(log=os.path.join(logs, "raylet.out") if logs else "Ray's session logs", shown=False)
+    original = getattr(ray_worker, "print_to_stdstream", None)
+    if original is None or getattr(original, "_shoal_condensed", False):
+        return
+
+    def print_to_stdstream(data, ignore_prefix):
+        lines = data.get("lines") if isinstance(data, dict) else None
+        if (
+            lines
+            and _raylet is not None
+            and data.get("pid") == "raylet"
+            and str(lines[0]).startswith(RAYLET_DEATH_DUMP)
+        ):
+            if _raylet_death["shown"]:  # the second agent's copy
+                return None
+            _raylet_death["shown"] = True
+            data = {**data, "lines": [f"Raylet is terminated; its last log lines are in {_raylet_death['log']}"]}
+        return original(data, ignore_prefix)
+
+    print_to_stdstream._shoal_condensed = True  # type: ignore[attr-defined]
+    ray_worker.print_to_stdstream = print_to_stdstream
 
 
 _watchdog = None  # the watchdog process of the local Ray instance this process started

@@ -28,7 +28,8 @@ class SaveAborted(KeyboardInterrupt):
 
 class StartInterrupted(KeyboardInterrupt):
     """Ctrl-C while the run was starting (building the algorithm, starting Ray and its actors),
-    before its first iteration: nothing was trained, and a new run wrote no run directory."""
+    before its first iteration: nothing was trained, a new run wrote no run directory and a
+    resumed one is as its checkpoint left it."""
 
 
 class RayletDied(KeyboardInterrupt):
