@@ -7,7 +7,9 @@ Trains the preset until the budget is spent (the last iteration may run over by 
 ``min_time_s_per_iteration``). Every ``--every-s`` seconds, and at the end, it computes
 exactly (OpenSpiel's best response on the tabular form of each policy): main's
 exploitability, and the exploitability of the league's Nash mixture over its frozen players
-(the meta-game solved as PSRO does). Uniform random play scores 2.37; a Nash equilibrium 0.
+(the meta-game solved as PSRO does); a Nash equilibrium scores 0, and uniform random play
+what the JSON's ``uniform_random_exploitability`` says, computed for the configured game (2.37 in
+Leduc, 0.458 in Kuhn poker).
 Progress goes to stderr; the last stdout line is one JSON object:
 
     {"benchmark": "league_leduc", "budget_s": .., "main_exploitability": .., "mixture_exploitability": ..,
@@ -41,6 +43,19 @@ def support(mix) -> dict[str, float]:
     return {p: round(float(w), 3) for p, w in order if w > 1e-6}
 
 
+def uniform_random_exploitability(cfg: AlphaStarConfig) -> float:
+    """Uniform random play's exploitability in the OpenSpiel game ``cfg`` names (``env`` and
+    ``env_config``): the figure a league starts from."""
+    from shoal.envs.openspiel import PREFIX, OpenSpielEnv
+    from shoal.league.exploitability import uniform_exploitability
+
+    if not (isinstance(cfg.env, str) and cfg.env.startswith(PREFIX)):
+        raise SystemExit(
+            f"league_leduc.py scores OpenSpiel games (env: openspiel:<game>); the config plays {cfg.env!r}"
+        )
+    return uniform_exploitability(OpenSpielEnv(cfg.env[len(PREFIX) :], **cfg.env_config).game)
+
+
 def draw(curve: list, path: Path) -> None:
     """The curve as ``shoal league`` draws a run's (main and the mixture against env steps)."""
     from shoal.league.report import exploitability_figure
@@ -70,7 +85,8 @@ def main() -> None:
     data.pop("algo", None)
     data.pop("stop", None)
     cfg = AlphaStarConfig(**data)
-    log(f"budget {args.budget_s:.0f} s, config {args.config.name}, env {cfg.env}")
+    uniform = uniform_random_exploitability(cfg)
+    log(f"budget {args.budget_s:.0f} s, config {args.config.name}, env {cfg.env} (uniform random play: {uniform:.4g})")
     t0 = time.perf_counter()
     curve, r, next_at = [], {}, 0.0
     eval_s = 0.0  # time spent measuring, left out of the training budget
@@ -123,7 +139,7 @@ def main() -> None:
                 "players": players,
                 "env_steps": steps,
                 "env_steps_per_s": round(steps / max(train_s, 1e-9), 1),
-                "uniform_random_exploitability": 2.3736,
+                "uniform_random_exploitability": round(uniform, 4),
                 "mixture_support": support(mix),
                 "curve": curve,
             }

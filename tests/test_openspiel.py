@@ -14,7 +14,7 @@ pytest.importorskip("pyspiel")  # the openspiel extra; `make test` installs it
 from shoal.envs.multi_agent import make_multi_agent_env  # noqa: E402
 from shoal.envs.openspiel import OpenSpielEnv  # noqa: E402
 from shoal.errors import EnvError  # noqa: E402
-from shoal.league.exploitability import exploitability, module_exploitability, tabular_policy  # noqa: E402
+from shoal.league.exploitability import exploitability, module_exploitability, tabular_policy, uniform_exploitability  # noqa: E402
 
 
 def play(adapter, rng, episodes, seed=0):
@@ -69,6 +69,27 @@ def test_observation_is_the_acting_players_information_state_with_its_legal_mask
     small = OpenSpielEnv("leduc_poker", observation="observation")
     small.reset(seed=3)
     assert small.observe(small.agent_selection)["observation"].shape == (16,)
+
+
+def test_the_acting_players_info_names_its_information_state():
+    """What a league's Nash mixture is keyed by (a tensor may be several states'): the acting
+    player's information-state string, in its info on every turn, through shoal's adapter too."""
+    env = OpenSpielEnv("leduc_poker", observation="observation")
+    env.reset(seed=5)
+    while not env.state.is_terminal():
+        agent = env.agent_selection
+        player = env.possible_agents.index(agent)
+        *_, info = env.last()
+        assert info == {"information_state": env.state.information_state_string(player)}
+        assert env.infos[env.possible_agents[1 - player]] == {}
+        env.step(int(np.flatnonzero(env.observe(agent)["action_mask"])[-1]))
+    assert all(info == {} for info in env.infos.values())
+    adapter = make_multi_agent_env("openspiel:kuhn_poker")
+    adapter.reset(seed=0)
+    step = adapter.step({adapter.env.agent_selection: 0})
+    (agent,) = step.to_act
+    player = adapter.possible_agents.index(agent)
+    assert step.infos[agent]["information_state"] == adapter.env.state.information_state_string(player)
 
 
 def test_chance_is_sampled_from_the_seed():
@@ -149,6 +170,29 @@ class Uniform(torch.nn.Module):
 def test_uniform_play_has_the_published_exploitability(game, expected):
     env = OpenSpielEnv(game)
     assert module_exploitability(env, Uniform(env.action_space("player_0").n)) == pytest.approx(expected, abs=1e-6)
+    assert uniform_exploitability(env.game) == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "config, expected",
+    [({"env": "openspiel:kuhn_poker"}, 0.458333333), ("examples/alpha_star_leduc.yaml", 2.373611111)],
+)
+def test_the_league_benchmark_scores_uniform_play_in_its_configured_game(config, expected):
+    """benchmarks/league_leduc.py takes any OpenSpiel game through --config: its
+    uniform_random_exploitability was Leduc's 2.3736 whatever the game."""
+    import importlib.util
+    from pathlib import Path
+
+    from shoal.algorithms.alpha_star import AlphaStarConfig
+    from shoal.config import load_yaml
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("league_leduc", root / "benchmarks" / "league_leduc.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    if isinstance(config, str):  # the benchmark's default config, read as the benchmark reads it
+        config = {k: v for k, v in load_yaml(root / config).items() if k not in ("algo", "stop")}
+    assert bench.uniform_random_exploitability(AlphaStarConfig(**config)) == pytest.approx(expected, abs=1e-6)
 
 
 # Kuhn poker's equilibrium with alpha = 0 (Kuhn 1950), by information state: the card (0 J, 1 Q,
@@ -381,6 +425,159 @@ def test_load_policy_gives_a_league_player_and_the_leagues_nash_mixture(tmp_path
         shoal.load_policy(path, policy="mian")
     with pytest.raises(ValueError, match="not one of the game's information states"):
         nash.predict(np.full(obs["observation"].shape, 7.0, np.float32))
+
+
+def asked_at_every_state(game, policy, observation="information_state"):
+    """OpenSpiel's TabularPolicy of a loaded policy: its action probabilities at every information
+    state of ``game``, asked with what the env gives the acting player (the ``observation``
+    tensor, the legal mask and ``info["information_state"]``)."""
+    from open_spiel.python import policy as os_policy
+
+    table = os_policy.TabularPolicy(game)
+    obs, masks, names = [], [], []
+    for state in table.states:
+        player = state.current_player()
+        obs.append(
+            state.information_state_tensor(player)
+            if observation == "information_state"
+            else state.observation_tensor(player)
+        )
+        masks.append(np.isin(np.arange(game.num_distinct_actions()), state.legal_actions(player)))
+        names.append(state.information_state_string(player))
+    rows = policy.action_probabilities(np.asarray(obs, np.float32), np.asarray(masks), information_state=names)
+    table.action_probability_array[:] = rows
+    return table
+
+
+def keyed_by_observation(game, table):
+    """``table`` as the league mixture was loaded before it was keyed by information state: a row
+    per observation tensor, the last of the states sharing one overwriting the others, then kept
+    to each state's legal actions; and how many tensors there are."""
+    from open_spiel.python import policy as os_policy
+
+    def key(state):
+        return np.asarray(state.observation_tensor(state.current_player()), np.float32).tobytes()
+
+    by_tensor = {key(state): table.action_probability_array[i] for i, state in enumerate(table.states)}
+    out = os_policy.TabularPolicy(game)
+    for i, state in enumerate(out.states):
+        legal = out.legal_actions_mask[i]
+        p = by_tensor[key(state)] * legal
+        out.action_probability_array[i] = p / p.sum() if p.sum() > 0 else legal / legal.sum()
+    return out, len(by_tensor)
+
+
+def test_a_mixture_plays_its_own_row_at_information_states_that_share_an_observation():
+    """Leduc's observation tensor: 936 information states share 516 tensors, where a mixture of
+    two policies (each a function of the tensor) still acts differently, as its players' reach
+    of the states differs. Keyed by tensor, the loaded mixture was another, more exploitable policy."""
+    from collections import Counter
+
+    import pyspiel
+
+    from shoal.league.mixture import LeagueMixture, meta_game, mixture_policy, walk_tree
+    from shoal.league.policies import MixturePolicy
+
+    game = pyspiel.load_game("leduc_poker")
+
+    def softmax_policy(seed):
+        w = np.random.default_rng(seed).normal(size=(game.observation_tensor_size(), game.num_distinct_actions()))
+        return lambda obs, masks: np.exp(obs @ w)
+
+    tables = [tabular_policy(game, softmax_policy(seed), "observation") for seed in (0, 1)]
+    totals = walk_tree(game, tables)
+    table = mixture_policy(game, tables, np.array([0.5, 0.5]), totals)
+    mix = LeagueMixture(["a", "b"], np.array([0.5, 0.5]), table, exploitability(game, table), meta_game(totals.values))
+    old, tensors = keyed_by_observation(game, table)
+    assert (len(table.states), tensors) == (936, 516)
+    assert abs(exploitability(game, old) - mix.exploitability) > 0.01  # what the old keying loaded
+
+    nash = MixturePolicy(game, mix, "observation", seed=0)
+    loaded = asked_at_every_state(game, nash, "observation")
+    np.testing.assert_allclose(loaded.action_probability_array, table.action_probability_array, atol=1e-12)
+    assert exploitability(game, loaded) == pytest.approx(mix.exploitability, abs=1e-9)
+
+    # without the information state: a tensor that is one state's alone still names it; a shared one asks
+    def asked(state):
+        player = state.current_player()
+        tensor = np.asarray(state.observation_tensor(player), np.float32)
+        return tensor, np.isin(np.arange(3), state.legal_actions()), state.information_state_string(player)
+
+    counts = Counter(asked(state)[0].tobytes() for state in table.states)
+    alone = next(state for state in table.states if counts[asked(state)[0].tobytes()] == 1)
+    tensor, mask, name = asked(alone)
+    np.testing.assert_allclose(nash.action_probabilities(tensor, mask), table.policy_for_key(name), atol=1e-12)
+    shared = next(state for state in table.states if counts[asked(state)[0].tobytes()] > 1)
+    tensor, mask, name = asked(shared)
+    np.testing.assert_allclose(nash.action_probabilities(tensor, mask, name), table.policy_for_key(name), atol=1e-12)
+    with pytest.raises(
+        ValueError, match=r"several information states share this observation tensor.*information_state="
+    ):
+        nash.predict(tensor, mask)
+    with pytest.raises(ValueError, match="'nowhere' is not one of the game's information states"):
+        nash.predict(tensor, mask, information_state="nowhere")
+    with pytest.raises(ValueError, match="the observation is not the one of information state"):
+        nash.predict(asked(alone)[0], information_state=name)
+    assert nash.predict(np.stack([tensor] * 4), np.stack([mask] * 4), information_state=[name] * 4).shape == (4,)
+
+
+def test_the_loaded_league_mixture_is_the_one_whose_exploitability_is_reported(tmp_path):
+    """A league trained on Leduc with its observation tensor, where the Nash mixture mixes (three
+    players with weight) and information states share tensors: shoal.load_policy's mixture, asked
+    at every information state, is exactly as exploitable as the league reports."""
+    import pyspiel
+
+    import shoal
+    from shoal.algorithms.alpha_star import AlphaStarConfig
+
+    cfg = AlphaStarConfig(
+        env="openspiel:leduc_poker",
+        env_config={"observation": "observation"},
+        seed=1,
+        lr=0.05,
+        entropy_coeff=0.0,
+        rollout_fragment_length=4,
+        train_batch_size=64,
+        num_sgd_iter=1,
+        max_num_policies_to_train=3,
+        min_time_s_per_iteration=0.0,
+        league={
+            "type": "alpha_star",
+            "seed": 1,
+            "num_main_exploiters": 1,
+            "num_league_exploiters": 1,
+            "num_random_policies": 1,
+            "main_self_play_prob": 0.0,
+            "main_snapshot_every_games": 10,
+            "exploiter_timeout_games": 10,
+            "min_games_for_snapshot": 5,
+            "win_rate_window": 10,
+        },
+        model={"hiddens": [16]},
+        resources={"num_envs_per_worker": 8},
+    )
+    with cfg.build() as algo:
+        for _ in range(30):  # ~2 s: a snapshot every 10 games, exploiters that cycle
+            algo.train()
+        reported = algo.league_mixture()
+        path = algo.save(tmp_path / "ckpt")
+    assert (reported.weights > 1e-6).sum() >= 2, f"a pure mixture cannot tell the keyings apart: {reported.weights}"
+    game = pyspiel.load_game("leduc_poker")
+    old, tensors = keyed_by_observation(game, reported.policy)
+    assert tensors < len(reported.policy.states)
+    assert abs(exploitability(game, old) - reported.exploitability) > 1e-3
+
+    nash = shoal.load_policy(path, policy="league_nash")
+    assert nash.policy_ids == reported.policy_ids and nash.exploitability == reported.exploitability
+    loaded = asked_at_every_state(game, nash, "observation")
+    assert exploitability(game, loaded) == pytest.approx(reported.exploitability, abs=1e-9)
+    np.testing.assert_allclose(loaded.action_probability_array, reported.policy.action_probability_array, atol=1e-12)
+
+    env = OpenSpielEnv("leduc_poker", observation="observation")  # and it plays a hand from what the env gives
+    env.reset(seed=0)
+    while not env.state.is_terminal():
+        obs, _, _, _, info = env.last()
+        env.step(nash.predict(obs["observation"], obs["action_mask"], information_state=info["information_state"]))
 
 
 def test_a_league_run_and_its_evaluation_say_what_matters_on_poker(tmp_path, monkeypatch):

@@ -7,7 +7,10 @@ history, what exploitability is defined over) or ``"observation"`` (the game's s
 observation tensor). Chance nodes (dealt cards, dice) are sampled inside the env from its own
 seeded generator, so agents only see their own turns. Each observation is a dict: the player's
 tensor as float32 (``"observation"``) and the legal actions as an int8 mask (``"action_mask"``),
-all zeros when it is not that player's turn.
+all zeros when it is not that player's turn. The acting player's info holds its information
+state as OpenSpiel names it (``infos[agent]["information_state"]``), the string a league's Nash
+mixture is keyed by: a tensor need not name one state alone (Leduc's 936 information states have
+516 distinct observation tensors). The other players' infos are empty.
 
 On the terminal step every player receives its return (``state.returns()``) as its reward,
 then the AEC dead steps remove the agents. (Shimmy's ``OpenSpielCompatibilityV0`` was checked
@@ -160,6 +163,7 @@ class OpenSpielEnv(AECEnv):
             }
         )
         self._act_space = gym.spaces.Discrete(n)
+        self._names_states = kind.provides_information_state_string
         self._rng = np.random.default_rng()
         self.state: Any = None
 
@@ -202,6 +206,7 @@ class OpenSpielEnv(AECEnv):
             returns = self.state.returns()
             self.rewards = {a: float(returns[i]) for i, a in enumerate(self.possible_agents)}
             self.terminations = {a: True for a in self.agents}
+            self.infos = {a: {} for a in self.agents}
         else:
             self._select()
         self._accumulate_rewards()
@@ -228,7 +233,12 @@ class OpenSpielEnv(AECEnv):
             self.state.apply_action(int(self._rng.choice(outcomes, p=np.asarray(probs) / np.sum(probs))))
 
     def _select(self) -> None:
-        self.agent_selection = self.possible_agents[self.state.current_player()]
+        """The player to move acts next; its info names its information state."""
+        player = self.state.current_player()
+        self.agent_selection = agent = self.possible_agents[player]
+        self.infos = {a: {} for a in self.agents}
+        if self._names_states:
+            self.infos[agent]["information_state"] = self.state.information_state_string(player)
 
 
 def env(game: str, **env_config: Any) -> OpenSpielEnv:
