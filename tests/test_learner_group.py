@@ -8,7 +8,6 @@ import signal
 
 import numpy as np
 import pytest
-import torch
 
 from shoal.algorithms.appo import APPOConfig
 from shoal.algorithms.impala import IMPALA, IMPALAConfig
@@ -102,41 +101,37 @@ def test_data_by_ref_leaves_the_data_in_the_store_and_fetches_the_info(ray_clust
         group.stop()
 
 
-def _first_fragment(cfg, index: int) -> Batch:
-    """One fragment of fresh CartPoles: 4 steps cannot end an episode, so every row is valid."""
-    from shoal.rollout import ActorCriticPolicy
-    from shoal.rollout.env_runner import EnvRunner
-    from shoal.rollout.postprocessing import sequence_postprocess
-
-    runner = EnvRunner(cfg, index, ActorCriticPolicy, sequence_postprocess, cfg.fragment_length())
-    try:
-        batch, _ = runner.sample()
-    finally:
-        runner.stop()
-    assert bool(np.all(batch[Col.VALID])), "a 4-step fragment of fresh CartPoles should have no reset rows"
-    return batch
+def _learned(group, n: int) -> list:
+    results: list = []
+    for _ in range(600):
+        results += group.drain(timeout_s=0.1)
+        if len(results) >= n:
+            break
+    assert len(results) == n, results
+    return results
 
 
 @pytest.mark.ray
 def test_two_learners_take_the_step_one_learner_takes_on_the_union_batch(ray_cluster):
-    """Data parallel: each replica learns on half the batch, the averaged gradient equals the
-    gradient of the whole batch, so after one Adam step both replicas equal the single learner
-    that saw the union (and each other, bit for bit)."""
+    """Data parallel, through the real group: each replica learns on its part of the round, with
+    unevenly many reset rows and APPO's advantages standardized (over the union); after each
+    Adam step both replicas equal the single learner that saw the union (and each other, bit for
+    bit). A round where learner 1 gets nothing (its fragments lost) is still a step of both, the
+    single learner's on learner 0's part; trained env steps count valid rows."""
     import ray
+    import union_batch_helpers as ub
 
     from shoal.algorithms.learner_group import GroupLearner, LearnerGroup
     from shoal.runtime import make_actor_group
 
-    small = {"rollout_fragment_length": 4, "train_batch_size": 16, "lr": 0.01, "grad_clip": 0.5}
-    cfg = IMPALAConfig(**{**SMALL, **small, "resources": {**SMALL["resources"], "num_envs_per_worker": 2}})
-    halves = [_first_fragment(cfg, 1), _first_fragment(cfg, 2)]
-    info_runner = halves[0]
+    cfg = ub.make_config("appo")
+    parts = ub.uneven_parts(cfg)
+    valid = [int(p[Col.VALID].sum()) for p in parts]
     obs_space, action_space = _spaces(cfg)
-    single = IMPALA._policy_learner(cfg, obs_space, action_space, 0)
+    single = cfg.algorithm_cls._policy_learner(cfg, obs_space, action_space, 0)
     start = single.get_state()
-    single.learner.update_minibatch(Batch.concat(halves).to_torch("cpu"))
-    expected = single.get_weights()
-    assert not _equal(expected, IMPALA._policy_learner(cfg, obs_space, action_space, 0).get_weights())
+    expected = [ub.one_step(single.learner, Batch.concat(parts))[1], ub.one_step(single.learner, parts[0])[1]]
+    assert not _equal(expected[0], cfg.algorithm_cls._policy_learner(cfg, obs_space, action_space, 0).get_weights())
 
     def make():
         return make_actor_group(
@@ -153,18 +148,16 @@ def test_two_learners_take_the_step_one_learner_takes_on_the_union_batch(ray_clu
     group = LearnerGroup(make, num_learners=2, queue_size=2, local_state=lambda: start, on_weights=lambda ref: None)
     try:
         group.start()
-        assert group.add([[ray.put(halves[0])], [ray.put(halves[1])]], sampled_steps=0)
-        results = []
-        for _ in range(600):
-            results += group.drain(timeout_s=0.1)
-            if len(results) == 2:
-                break
-        assert len(results) == 2 and sum(r.env_steps for r in results) == len(info_runner) * 2
-        got = [group.group.call(i, "get_weights") for i in (0, 1)]
-        assert _equal(got[0], got[1])
-        for k in expected:
-            torch.testing.assert_close(torch.tensor(got[0][k]), torch.tensor(expected[k]), atol=1e-6, rtol=1e-5)
-        assert group.num_updates == 1 and group.num_regroups == 0
+        refs = [ray.put(p) for p in parts]
+        for k, (round_refs, steps) in enumerate([([[refs[0]], [refs[1]]], sum(valid)), ([[refs[0]], []], valid[0])]):
+            assert group.add(round_refs, sampled_steps=0)
+            results = _learned(group, 2)
+            assert sum(r.env_steps for r in results) == steps  # valid rows, not rows
+            got = [group.group.call(i, "get_weights") for i in (0, 1)]
+            assert _equal(got[0], got[1])
+            for key in expected[k]:
+                np.testing.assert_allclose(got[0][key], expected[k][key], rtol=1e-6, atol=1e-6, err_msg=f"{k} {key}")
+        assert group.num_updates == 2 and group.num_regroups == 0
     finally:
         group.stop()
 
@@ -177,6 +170,115 @@ def _spaces(cfg):
         return env.observation_space, env.action_space
     finally:
         env.close()
+
+
+# ---- the union batch's step, at the level of the math (two gloo processes, no Ray) -------------------
+def _spawn_ranks(target, world: int, *args):
+    import torch.multiprocessing as mp
+
+    from shoal.learn.distributed import free_port
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    return procs, out
+
+
+def _per_replica_mean_step(cfg, start, parts) -> np.ndarray:
+    """The gradient the group used to apply: each replica's own (standardized over its own part),
+    averaged with equal weights."""
+    import union_batch_helpers as ub
+
+    from shoal.learn.distributed import flatten_grads
+
+    grads = []
+    for part in parts:
+        policy = cfg.algorithm_cls._policy_learner(cfg, *ub.spaces(cfg), 0)
+        policy.set_state(start)
+        policy.learner.compute_gradients(part.to_torch())
+        grads.append(flatten_grads(policy.learner.params).numpy().copy())
+    return np.mean(grads, axis=0)
+
+
+def _relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+@pytest.mark.timeout(240)
+def test_two_replicas_take_one_learners_step_on_the_union_batch_with_reset_rows_and_standardized_advantages():
+    """Replicas holding unevenly many valid rows (reset rows inside their fragments), advantages
+    standardized: both replicas' all-reduced gradient, and their weights after the step, are those
+    of one learner on the concatenated batch (to 1e-6), for IMPALA's and APPO's losses. A replica
+    with an empty batch (every fragment of its round lost) takes part with zero weight: the step is
+    the other replica's batch's, and both replicas take it."""
+    import union_batch_helpers as ub
+
+    cases, expected = [], []
+    for algo in ("impala", "appo"):
+        cfg = ub.make_config(algo)
+        parts = ub.uneven_parts(cfg)
+        single = cfg.algorithm_cls._policy_learner(cfg, *ub.spaces(cfg), 0)
+        start = single.get_state()
+        want = ub.one_step(single.learner, Batch.concat(parts))
+        # the data exercises the fix: the old unweighted mean of per-replica steps is far off
+        assert _relative_error(_per_replica_mean_step(cfg, start, parts), want[0]) > 0.05
+        cases.append((algo, {}, start, parts))
+        expected.append(want)
+    single = cfg.algorithm_cls._policy_learner(cfg, *ub.spaces(cfg), 0)
+    single.set_state(start)
+    cases.append(("appo", {}, start, [parts[0], None]))
+    expected.append(ub.one_step(single.learner, parts[0]))
+
+    procs, out = _spawn_ranks(ub.union_rank, 2, cases)
+    got = dict(out.get(timeout=180) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    assert sorted(got) == [0, 1] and all(len(g) == len(cases) for g in got.values())
+    for case, (want_grad, want_weights), r0, r1 in zip(cases, expected, got[0], got[1]):
+        assert np.array_equal(r0[0], r1[0]) and _equal(r0[1], r1[1]), case[0]  # the replicas stay equal
+        np.testing.assert_allclose(r0[0], want_grad, rtol=1e-6, atol=1e-6, err_msg=case[0])
+        for k in want_weights:
+            np.testing.assert_allclose(r0[1][k], want_weights[k], rtol=1e-6, atol=1e-6, err_msg=f"{case[0]} {k}")
+
+
+def test_a_member_counts_valid_rows_as_trained_steps_and_learns_an_empty_batch_with_zero_weight():
+    """Alone (no process group), a group member's thread: a batch's trained env steps are its valid
+    rows (a single learner's count, not its rows with the reset rows), and an empty batch is still
+    a step (its result trains 0 steps and the weights stay), so replicas keep step in a group."""
+    import union_batch_helpers as ub
+
+    from shoal.algorithms.learner_group import _GroupThread
+    from shoal.learn.distributed import UnionBatchLearner
+
+    cfg = ub.make_config("appo")
+    parts = ub.uneven_parts(cfg)
+    policy = cfg.algorithm_cls._policy_learner(cfg, *ub.spaces(cfg), 0, learner_cls=UnionBatchLearner)
+    thread = _GroupThread(policy, learner_queue_size=4, name="test-group-thread")
+    thread.start()
+    try:
+        thread.offer((parts[1], 0, None))
+        results = []
+        for _ in range(200):
+            results += thread.drain(timeout_s=0.05)
+            if results:
+                break
+        (r,) = results
+        assert r.env_steps == int(parts[1][Col.VALID].sum()) < len(parts[1]) == r.agent_steps
+        before = policy.get_weights()
+        thread.offer((Batch.concat([]), 0, None))
+        for _ in range(200):
+            results = thread.drain(timeout_s=0.05)
+            if results:
+                break
+        (r,) = results
+        assert (r.env_steps, r.agent_steps) == (0, 0) and "policy_loss" not in r.stats  # no loss of its own
+        assert thread.num_updates == 2 and policy.learner.num_empty_steps == 1
+        assert _equal(policy.get_weights(), before)  # alone, a zero-weight step moves nothing
+    finally:
+        thread.stop()
 
 
 # ---- whole runs --------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ from shoal.config import AlgorithmConfig
 from shoal.learn.losses import LossRecord
 from shoal.learn.masking import ActionMasked
 from shoal.learn.sequences import VTraceParams, policy_advantages, time_major, unroll, value_and_entropy, vtrace_for
-from shoal.learn.stats import masked_mean
+from shoal.learn.stats import STANDARDIZE_SUMS, masked_mean
 from shoal.learn.target import AdaptiveKL, TargetNetwork
 from shoal.logging.metrics import Phase
 from shoal.models.recurrent import run_sequences
@@ -158,6 +158,9 @@ class APPOLoss(LossRecord):
             "entropy_coeff": cfg.entropy_coeff,
         }
 
+    def group_sum_sizes(self) -> tuple[int, ...]:
+        return (STANDARDIZE_SUMS,) if self.normalize_advantages else ()  # policy_advantages over the group
+
     def _target_net(self, module, batch: dict):
         """The target network beside ``module`` (a per-device copy on a multi-device learner)."""
         if Col.ACTION_MASK in batch:  # ``module`` is the masked view: the target's logits get the same mask
@@ -178,7 +181,7 @@ class APPOLoss(LossRecord):
             target_dist = module.dist_cls(target_inputs)
             target_logp = time_major(target_dist.logp(batch[Col.ACTIONS]), T)
         vt = vtrace_for(u, target_logp, self.vtrace)
-        advantages = policy_advantages(vt, u, self.normalize_advantages)
+        advantages = policy_advantages(vt, u, self.normalize_advantages, learner)
         kl = self.kl if self.kl is not None and self.kl.enabled else None
         kl_terms = time_major(target_dist.kl(u.dist), T) if kl is not None else None
         terms = appo_loss_terms(

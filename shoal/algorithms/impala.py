@@ -39,7 +39,7 @@ from shoal.config import AlgorithmConfig
 from shoal.learn.losses import LossRecord
 from shoal.learn.masking import ActionMasked
 from shoal.learn.sequences import VTraceParams, policy_advantages, unroll, value_and_entropy, vtrace_for
-from shoal.learn.stats import masked_mean
+from shoal.learn.stats import STANDARDIZE_SUMS, masked_mean
 from shoal.logging.metrics import Phase
 
 
@@ -103,12 +103,15 @@ class IMPALALoss(LossRecord):
             "entropy_coeff": cfg.entropy_coeff,
         }
 
+    def group_sum_sizes(self) -> tuple[int, ...]:
+        return (STANDARDIZE_SUMS,) if self.normalize_advantages else ()  # policy_advantages over the group
+
     def __call__(self, module, batch: dict, learner=None) -> tuple[torch.Tensor, dict]:
         if Col.ACTION_MASK in batch:
             module = ActionMasked(module, batch[Col.ACTION_MASK])
         u = unroll(module, batch, self.seq_len, self.gamma)
         vt = vtrace_for(u, u.logp, self.vtrace)
-        advantages = policy_advantages(vt, u, self.normalize_advantages)
+        advantages = policy_advantages(vt, u, self.normalize_advantages, learner)
         terms = impala_loss_terms(
             u.logp,
             u.entropy,

@@ -4,8 +4,11 @@ With ``resources.num_learners: K`` above 1 the driver no longer trains. K learne
 (Ray actors, each on ``num_cpus_per_learner`` CPUs and ``num_gpus_per_learner`` GPUs) each
 hold a replica of the policy and run the learner thread the single learner runs (the ring of
 ``minibatch_buffer_size`` batches, each learned ``num_sgd_iter`` times); every SGD step
-averages the replicas' gradients with one all-reduce (torch.distributed: gloo on CPUs, NCCL
-when each learner has a whole GPU), so replicas that start equal stay equal.
+all-reduces the replicas' gradients (torch.distributed: gloo on CPUs, NCCL when each learner
+has a whole GPU), so replicas that start equal stay equal. The step is the one a single
+learner takes on the round's union batch (:class:`~shoal.learn.distributed.UnionBatchLearner`):
+each replica's gradient weighted by its valid rows, advantages standardized over the union
+(its count, sum and sum of squares all-reduced), and trained env steps counted as valid rows.
 
     rollout actors --(ref, metrics)--> driver --[refs] x K--> learner 0 .. K-1
                                                                | all-reduce |
@@ -19,7 +22,9 @@ when each learner has a whole GPU), so replicas that start equal stay equal.
 - **Lockstep.** Every replica must take the same number of SGD steps, or one waits in an
   all-reduce for a peer that never comes. So the driver sends batches only in rounds of one
   per learner, and only while every learner has room for another (at most
-  ``learner_queue_size`` outstanding each): no learner's queue ever refuses a batch.
+  ``learner_queue_size`` outstanding each): no learner's queue ever refuses a batch. A learner
+  whose fragments of a round were all lost queues an empty batch: its steps are zero-weight
+  parts of the all-reduces, so the replicas stay in step.
 - **Weights** are broadcast from learner 0: its weights stay in the object store, and the
   rollout actors get the reference with their next sample request (as with one learner).
   Checkpoints, evaluation and ``get_weights`` fetch learner 0's state when they need it.
@@ -41,10 +46,10 @@ import time
 from typing import Any, Callable, Optional
 
 from shoal import runtime
-from shoal.batch import Batch
+from shoal.batch import Batch, Col
 from shoal.learn.distributed import (
     CollectiveError,
-    DistributedLearner,
+    UnionBatchLearner,
     destroy_process_group,
     form_group,
     free_port,
@@ -63,7 +68,8 @@ REPORT_WAIT_S = 0.25  # how long a learner holds the driver's report request ope
 class _GroupThread(LearnerThread):
     """The learner thread of a group member: each in-queue item carries the env steps sampled when
     the driver sent it, and any config change made since (``update_config``), so every replica
-    moves its lr schedule and takes a new config at the same SGD step."""
+    moves its lr schedule and takes a new config at the same SGD step. A batch counts its valid
+    rows as trained env steps (a single learner's count: the masked reset rows are not steps)."""
 
     def __init__(self, policy, *args: Any, **kwargs: Any) -> None:
         super().__init__(policy.learner, *args, **kwargs)
@@ -76,7 +82,7 @@ class _GroupThread(LearnerThread):
             self.policy.apply_config(config, set_lr="lr" in keys)
         for learner in self.learners.values():
             learner.set_env_steps(sampled)
-        return batch, None
+        return batch, int(batch[Col.VALID].sum()) if Col.VALID in batch else len(batch)
 
 
 class GroupLearner:
@@ -89,9 +95,9 @@ class GroupLearner:
         res = config.resources
         device = runtime.assigned_cuda_device() if res.num_gpus_per_learner > 0 else "cpu"
         self.policy = config.algorithm_cls._policy_learner(
-            config, obs_space, action_space, None, learner_cls=DistributedLearner, device=device
+            config, obs_space, action_space, None, learner_cls=UnionBatchLearner, device=device
         )
-        self.learner: DistributedLearner = self.policy.learner
+        self.learner: UnionBatchLearner = self.policy.learner
         self.thread: Optional[_GroupThread] = None
         self.epoch = 0  # the group formation this member's thread belongs to
         self.num_added = 0
@@ -132,18 +138,17 @@ class GroupLearner:
     def add(self, refs: list, sampled_steps: int, change: Optional[tuple] = None) -> None:
         """Read the fragments (from this node's object store), join them into one train batch and
         queue it, with ``change`` (a changed config and the keys that changed) to apply before it.
-        A fragment whose object was lost (its rollout actor's node died) is left out."""
+        A fragment whose object was lost (its rollout actor's node died) is left out; when all
+        were, the batch is empty and still queued: its steps are zero-weight parts of the group's
+        all-reduces (:class:`~shoal.learn.distributed.UnionBatchLearner`), so this replica keeps
+        step with its peers and takes ``change`` at the same step."""
         assert self.thread is not None, "join_group first"
         parts, lost = runtime.fetch_objects(refs)
         self.num_lost_fragments += lost
         if self.thread.ident is None:
             self.thread.start()
         self.num_added += 1
-        if parts:
-            self.thread.offer((Batch.concat(parts), int(sampled_steps), change))
-        elif change is not None:  # no batch to carry it: apply it now, between two steps
-            with self.thread.hold():
-                self.policy.apply_config(change[0], set_lr="lr" in change[1])
+        self.thread.offer((Batch.concat(parts), int(sampled_steps), change))
 
     def report(self, wait_s: float = 0.0) -> dict[str, Any]:
         """The batches learned since the last report, waiting up to ``wait_s`` for one (a long poll:

@@ -10,8 +10,11 @@ applies the same averaged gradient, so replicas that start equal stay equal.
   first leaves any group this process was in, so a group can be re-formed after a peer died;
 - :func:`flatten_grads` / :func:`unflatten_grads_`: the single-buffer layout;
 - :class:`DistributedLearner`: a :class:`~shoal.learn.Learner` whose ``reduce_gradients``
-  averages over the group. A failed collective (a dead peer, a timeout) raises
+  averages over the group (DD-PPO's). A failed collective (a dead peer, a timeout) raises
   :class:`CollectiveError`, which callers catch to re-form the group;
+- :class:`UnionBatchLearner`: a DistributedLearner whose step is one learner's on the union of
+  the replicas' batches (gradients weighted by valid rows, statistics summed over the group,
+  an empty batch a zero-weight part): IMPALA's and APPO's learner group;
 - :func:`form_group`: (re-)form the process group over an actor group's members and give them
   one state (DD-PPO's workers, IMPALA/APPO's learner group).
 """
@@ -28,6 +31,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from shoal.batch import Col
 from shoal.errors import WorkerError
 from shoal.learn.learner import Learner
 
@@ -119,8 +123,8 @@ def unflatten_grads_(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None
         raise ValueError(f"gradient buffer has {flat.numel()} elements, the parameters {offset}")
 
 
-def all_reduce_mean_(flat: torch.Tensor, spin: bool = False) -> None:
-    """Average ``flat`` in place over the current group (sum, then divide: gloo has no AVG op).
+def all_reduce_sum_(t: torch.Tensor, spin: bool = False, what: str = "gradient") -> None:
+    """Sum ``t`` in place over the current group; a failed collective raises :class:`CollectiveError`.
 
     ``spin``: wait for the result by polling (yielding the CPU to any other runnable thread)
     instead of sleeping. A worker that reaches the all-reduce first waits for its peer; when
@@ -130,14 +134,21 @@ def all_reduce_mean_(flat: torch.Tensor, spin: bool = False) -> None:
     """
     try:
         if spin:
-            work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)
+            work = dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True)
             while not work.is_completed():
                 os.sched_yield()
             work.wait()
         else:
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
     except RuntimeError as e:  # DistBackendError and gloo's plain RuntimeErrors alike
-        raise CollectiveError(f"gradient all-reduce failed: {e}") from e
+        raise CollectiveError(f"{what} all-reduce failed: {e}") from e
+
+
+def all_reduce_mean_(flat: torch.Tensor, spin: bool = False) -> None:
+    """Average ``flat`` in place over the current group (sum, then divide: gloo has no AVG op), every
+    replica counting the same (DD-PPO's minibatches; :class:`UnionBatchLearner` weighs them by rows).
+    ``spin``: see :func:`all_reduce_sum_`."""
+    all_reduce_sum_(flat, spin)
     flat.div_(dist.get_world_size())
 
 
@@ -167,6 +178,90 @@ class DistributedLearner(Learner):
         t0 = time.perf_counter()
         flat = flatten_grads(self.params)
         all_reduce_mean_(flat, spin=self.spin_wait)
+        unflatten_grads_(self.params, flat)
+        self.allreduce_s += time.perf_counter() - t0
+        self.num_allreduces += 1
+
+
+class UnionBatchLearner(DistributedLearner):
+    """A DistributedLearner whose step is the step one learner takes on the union of the replicas'
+    batches (IMPALA's and APPO's learner group), for a loss that is a mean over its batch's valid
+    rows (``Col.VALID``; every row without that column), as theirs is:
+
+    - the gradient: replica i's is that of a mean over its n_i valid rows, so it counts n_i / N
+      of the union's (N the sum of the n_i). One all-reduce of the flat ``n_i * grad_i`` with
+      n_i appended, divided by the summed N; an unweighted mean, when the replicas hold
+      different numbers of valid rows (an episode ended inside a fragment), is not the union's;
+    - statistics over the batch: the loss sums what it needs over the group with
+      ``sum_over_group`` (advantage standardization: the valid steps' count, sum and sum of
+      squares, :func:`~shoal.learn.stats.standardize_over_group`), so it standardizes over the
+      union, not over its own part;
+    - a replica with nothing to learn (an empty batch ``{}``: every fragment of its round was lost)
+      still takes its step: zero sums of the lengths the loss declares
+      (``loss_fn.group_sum_sizes()``) in the loss's place, a zero-weight gradient, then the same
+      optimizer step as its peers, so no all-reduce ever pairs steps of different rounds.
+
+    A single learner's path is untouched: outside a process group (or alone in one) the loss's
+    sums are its own and nothing is reduced.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.sum_over_group = self._sum_over_group
+        self.num_empty_steps = 0  # steps taken with an empty batch (zero weight)
+        self._weight: Optional[torch.Tensor] = None  # the valid rows of the batch being learned
+        self._sums: list[int] = []  # the lengths of what the loss summed over the group this step
+
+    def _declared_sums(self) -> tuple[int, ...]:
+        declared = getattr(self.loss_fn, "group_sum_sizes", None)
+        return tuple(declared()) if declared is not None else ()
+
+    def _sum_over_group(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` summed over the group (a new tensor; ``t`` itself alone in a group)."""
+        self._sums.append(t.numel())
+        if self.world_size == 1:
+            return t
+        t0 = time.perf_counter()
+        out = t.detach().clone()
+        all_reduce_sum_(out, spin=self.spin_wait, what="statistics")
+        self.allreduce_s += time.perf_counter() - t0
+        return out
+
+    def compute_gradients(self, batch: dict) -> dict:
+        self._sums = []
+        if not batch:  # nothing this round: a zero-weight part in the group's collectives
+            self.optimizer.zero_grad(set_to_none=True)
+            self.last_batch_rows = 0
+            self._weight = torch.zeros((), device=self.device)
+            for n in self._declared_sums():
+                self._sum_over_group(torch.zeros(n, dtype=torch.float64, device=self.device))
+            self._last_stats = {}
+            self.num_empty_steps += 1
+            return {}
+        valid = batch.get(Col.VALID)
+        if valid is not None:
+            self._weight = valid.sum().float()
+        else:
+            self._weight = torch.tensor(float(len(next(iter(batch.values())))), device=self.device)
+        stats = super().compute_gradients(batch)
+        if tuple(self._sums) != self._declared_sums():
+            raise RuntimeError(
+                f"the loss {type(self.loss_fn).__name__} summed vectors of lengths {tuple(self._sums)} over the "
+                f"learner group, but its group_sum_sizes() declares {self._declared_sums()}: a replica with an "
+                "empty batch makes the declared sums in its place, so they must match or the collectives pair up wrong"
+            )
+        return stats
+
+    def reduce_gradients(self) -> None:
+        if self.world_size == 1:
+            return
+        t0 = time.perf_counter()
+        assert self._weight is not None, "compute_gradients first"
+        grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params]
+        buf = torch.cat([*grads, torch.ones(1, dtype=grads[0].dtype, device=grads[0].device)])
+        buf.mul_(self._weight.to(buf.dtype))  # [n_i * grad_i, n_i]
+        all_reduce_sum_(buf, spin=self.spin_wait)
+        flat = buf[:-1].div_(buf[-1].clamp(min=1.0))  # / N; when N is 0 every part is zero
         unflatten_grads_(self.params, flat)
         self.allreduce_s += time.perf_counter() - t0
         self.num_allreduces += 1

@@ -85,6 +85,10 @@ LossFn = Callable[[torch.nn.Module, dict, "Learner"], tuple[torch.Tensor, dict]]
 
 
 class Learner:
+    # A data-parallel learner's sum of a statistic over its group, for a loss whose statistics
+    # span the batch (advantage standardization): None for a learner on its own.
+    sum_over_group: Callable[[torch.Tensor], torch.Tensor] | None = None
+
     def __init__(
         self,
         module: torch.nn.Module,

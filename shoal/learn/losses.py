@@ -36,5 +36,12 @@ class LossRecord:
         """The same loss with ``cfg``'s values (its objects kept): what ``update_config`` swaps in."""
         return dataclasses.replace(self, **self.config_values(cfg))
 
+    def group_sum_sizes(self) -> tuple[int, ...]:
+        """The lengths of the vectors one call sums over a learner group with ``learner.sum_over_group``,
+        in order (IMPALA's and APPO's standardized advantages: one of 3, the count, sum and sum of
+        squares). A group member with no batch in a round sums zeros of these lengths instead of
+        calling the loss, so every member makes the same collectives."""
+        return ()
+
     def __call__(self, module, batch: dict, learner=None):
         raise NotImplementedError

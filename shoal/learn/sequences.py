@@ -97,6 +97,9 @@ def value_and_entropy(values, vs, entropy, valid) -> tuple[torch.Tensor, torch.T
     return 0.5 * masked_mean((values - vs).pow(2), valid), masked_mean(entropy, valid)
 
 
-def policy_advantages(vt: VTraceReturns, u: Unroll, normalize: bool) -> torch.Tensor:
-    """The advantages the policy gradient weighs: V-trace's, standardized when ``normalize``."""
-    return standardize(vt.pg_advantages, u.valid) if normalize else vt.pg_advantages
+def policy_advantages(vt: VTraceReturns, u: Unroll, normalize: bool, learner: Any = None) -> torch.Tensor:
+    """The advantages the policy gradient weighs: V-trace's, standardized when ``normalize`` (over
+    the learner group's union batch when ``learner`` is a group member's: its ``sum_over_group``)."""
+    if not normalize:
+        return vt.pg_advantages
+    return standardize(vt.pg_advantages, u.valid, getattr(learner, "sum_over_group", None))

@@ -8,13 +8,23 @@ for the device, so it happens once per device, not once per step and key).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
+STANDARDIZE_SUMS = 3  # the length of what standardize_over_group sums over the group: count, sum, sum of squares
 
-def standardize(advantages: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+
+def standardize(
+    advantages: torch.Tensor,
+    valid: torch.Tensor | None = None,
+    sum_over_group: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """``(A - mean) / (std + 1e-8)`` over the valid steps (all when ``valid`` is None); masked steps stay 0.
+
+    ``sum_over_group``: a data-parallel learner's sum over its group (a learner group member's
+    ``Learner.sum_over_group``); the mean and std are then those of the valid steps of every
+    replica's batch, the union batch one learner would standardize over (:func:`standardize_over_group`).
 
     Standardizing removes each batch's mean and gives the surrogate unit scale, the scale PPO's
     clip_param is tuned for. It is a change of scale, not a rescue of a lost signal: measured on
@@ -22,6 +32,8 @@ def standardize(advantages: torch.Tensor, valid: torch.Tensor | None = None) -> 
     multiplies them by about 2-4), and near the uniform policy the entropy bonus's gradient is
     14-1300x smaller than the policy gradient's.
     """
+    if sum_over_group is not None:
+        return standardize_over_group(advantages, valid, sum_over_group)
     if valid is None:
         return (advantages - advantages.mean()) / (advantages.std() + 1e-8) if len(advantages) > 1 else advantages
     mask = valid.to(advantages.dtype)
@@ -31,6 +43,26 @@ def standardize(advantages: torch.Tensor, valid: torch.Tensor | None = None) -> 
     mean = (advantages * mask).sum() / n
     var = (((advantages - mean) * mask) ** 2).sum() / (n - 1)
     return (advantages - mean) / (var.sqrt() + 1e-8) * mask
+
+
+def standardize_over_group(
+    advantages: torch.Tensor, valid: torch.Tensor | None, sum_over_group: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """:func:`standardize` over the union of the replicas' batches: one sum over the group of the
+    valid steps' (count, sum, sum of squares), in float64 so that the one-pass variance (sum of
+    squares less n mean^2) keeps float32's precision through the cancellation. Every replica makes
+    the call, one whose batch is empty too (with zeros), so the sums pair up; the result is the
+    single learner's on the union batch, to float32 rounding."""
+    a = advantages.detach().double()
+    mask = torch.ones_like(a) if valid is None else valid.to(a.dtype)
+    moments = sum_over_group(torch.stack([mask.sum(), (a * mask).sum(), (a * a * mask).sum()]))  # STANDARDIZE_SUMS
+    n, total, squares = moments.unbind()
+    if n < 2:
+        return advantages
+    mean = total / n
+    var = ((squares - n * mean * mean) / (n - 1)).clamp(min=0.0)
+    out = (advantages - mean.to(advantages.dtype)) / (var.sqrt().to(advantages.dtype) + 1e-8)
+    return out if valid is None else out * valid.to(advantages.dtype)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
