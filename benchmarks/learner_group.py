@@ -17,7 +17,10 @@ Per K it trains ``--warmup-s`` seconds (the learner processes start, import torc
 group), then measures ``--seconds``: trained rows per second (``env_steps_trained``), the
 learner's busy fraction, milliseconds per all-reduce, and the driver process's CPU use. The
 last stdout line is one JSON object with ``speedup_2_vs_1`` (trained rows/s with two learners
-over one; the issue's target: >= 1.6) and the runs.
+over one learner with one torch thread), ``speedup_2_vs_1_same_threads`` (over one learner
+allowed two torch threads, as many as the two learners have together: the fair comparison,
+since otherwise the figure may only show that two processes use two cores; skipped with
+``--no-same-threads`` or ``--gpus``) and the runs.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def log(msg: str) -> None:
     print(f"[learner_group] {msg}", file=sys.stderr, flush=True)
 
 
-def config(args, num_learners: int, num_workers: int) -> dict[str, Any]:
+def config(args, num_learners: int, num_workers: int, torch_threads: int = 1) -> dict[str, Any]:
     return {
         "env": ds.SHAPES[args.shape]["env"],
         "model": ds.SHAPES[args.shape]["model"],
@@ -58,6 +61,7 @@ def config(args, num_learners: int, num_workers: int) -> dict[str, Any]:
             "num_envs_per_worker": args.envs,
             "num_cpus_per_worker": 0.001,
             "num_learners": num_learners,
+            "torch_threads": torch_threads,
             "num_cpus_per_learner": 0.45,  # Ray's accounting only: 2 learners and the driver on 2 cores
             # --gpus G: one learner in the driver on G GPUs, or K learner processes sharing them
             **({"num_gpus": args.gpus} if args.gpus and num_learners == 1 else {}),
@@ -77,7 +81,7 @@ def sample_once(args) -> Any:
         algo.stop()
 
 
-def run_one(args, num_learners: int, sample_result: Any) -> dict[str, Any]:
+def run_one(args, num_learners: int, sample_result: Any, torch_threads: int = 1) -> dict[str, Any]:
     import ray
 
     from shoal.algorithms.appo import APPOConfig
@@ -86,7 +90,7 @@ def run_one(args, num_learners: int, sample_result: Any) -> dict[str, Any]:
     hosts = [host_cls.remote(ray.put(sample_result), args.actors / args.rate)]
     ray.get([h.counts.remote() for h in hosts])
     ds.install_virtual_actors(hosts)
-    algo = APPOConfig(**config(args, num_learners, args.actors)).build()
+    algo = APPOConfig(**config(args, num_learners, args.actors, torch_threads)).build()
     try:
         t_end = time.monotonic() + args.warmup_s
         while time.monotonic() < t_end:
@@ -107,6 +111,7 @@ def run_one(args, num_learners: int, sample_result: Any) -> dict[str, Any]:
         driver_cpu = time.process_time() - cpu0 - (ds.thread_cpu_s(getattr(thread, "native_id", None)) - learner_cpu0)
         out = {
             "num_learners": num_learners,
+            "torch_threads": torch_threads,
             "seconds": round(wall, 1),
             "trained_rows_per_s": round(trained / wall, 1),
             "learner_busy_fraction": round(1.0 - sum(idle) / len(idle), 3) if idle else None,
@@ -135,6 +140,11 @@ def main() -> None:
     p.add_argument("--actors", type=int, default=8, help="virtual rollout actors")
     p.add_argument("--rate", type=float, default=60.0, help="fragments/s the actors offer at most")
     p.add_argument("--gpus", type=float, default=0.0, help="GPUs for the learners (a GPU machine): 0 trains on CPU")
+    p.add_argument(
+        "--no-same-threads",
+        action="store_true",
+        help="skip the fair baseline: one learner allowed as many torch threads as K learners have in all",
+    )
     args = p.parse_args()
 
     import torch
@@ -157,6 +167,16 @@ def main() -> None:
             summary[f"speedup_{k}_vs_1"] = round(
                 by_k[k]["trained_rows_per_s"] / max(by_k[1]["trained_rows_per_s"], 1e-9), 2
             )
+    # The fair baseline: one learner with as many torch threads as the K learners have together
+    # (K processes x 1 thread), so a speedup is not only "K processes use K cores". Off a GPU only.
+    if not args.no_same_threads and not args.gpus and 1 in by_k:
+        for k in counts:
+            if k > 1:
+                same = run_one(args, 1, result, torch_threads=k)
+                runs.append(same)
+                summary[f"speedup_{k}_vs_1_same_threads"] = round(
+                    by_k[k]["trained_rows_per_s"] / max(same["trained_rows_per_s"], 1e-9), 2
+                )
     print(
         json.dumps(
             {

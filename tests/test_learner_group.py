@@ -347,9 +347,11 @@ def test_the_benchmark_compares_one_learner_with_two_and_prints_the_speedup():
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["benchmark"] == "learner_group" and out["speedup_2_vs_1"] > 0
-    one, two = out["runs"]
+    assert out["speedup_2_vs_1_same_threads"] > 0
+    one, two, same = out["runs"]
     assert one["num_learners"] == 1 and two["num_learners"] == 2
-    assert one["trained_rows_per_s"] > 0 and two["trained_rows_per_s"] > 0
+    assert same["num_learners"] == 1 and same["torch_threads"] == 2 and one["torch_threads"] == 1
+    assert one["trained_rows_per_s"] > 0 and two["trained_rows_per_s"] > 0 and same["trained_rows_per_s"] > 0
     assert two["learner_batches_lost"] == 0 and two["allreduce_ms"] is not None
 
 
