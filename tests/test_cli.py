@@ -378,3 +378,17 @@ def test_license_matches_pyproject_and_the_package_is_typed():
     assert (root / "shoal" / "py.typed").is_file()
     assert "py.typed" in meta["tool"]["setuptools"]["package-data"]["shoal"]
     assert (root / "CHANGELOG.md").is_file()
+
+
+def test_a_run_with_no_stop_criterion_says_so_and_names_the_flags(capsys):
+    """An env without a reward threshold and no stop given: the note names each way to stop."""
+    from shoal.app import cli
+    from shoal.app.trainer import Stop
+
+    cli._start_notes(None, Stop())
+    err = capsys.readouterr().err
+    assert "training until Ctrl-C" in err and "no reward threshold" in err
+    for flag in ("--stop-reward", "--stop-steps", "--stop-time", "--stop-iters", "stop:"):
+        assert flag in err, flag
+    cli._start_notes(None, Stop(iterations=3))  # a criterion: nothing to say
+    assert capsys.readouterr().err == ""

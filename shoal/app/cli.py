@@ -381,12 +381,6 @@ def train(
         flags = dict(zip(STOP_KEYS, (stop_reward, stop_steps, stop_time, stop_iters)))
         stop = _train_stop(cfg, yaml_stop, flags, no_stop_reward)
 
-        def notes() -> None:  # once the run starts: a config that fails to build shows only its error
-            if preset_note:
-                err.print(preset_note, highlight=False, soft_wrap=True)
-            if stop.is_empty():
-                err.print("No stop criterion and no reward threshold: training until Ctrl-C.")
-
         summary = run_train(
             cfg,
             stop,
@@ -395,22 +389,55 @@ def train(
             keep_checkpoints=keep_checkpoints,
             progress=not quiet,
             config_note=preset_note,
-            on_start=notes,
-        )
+            on_start=lambda: _start_notes(preset_note, stop),  # once the run starts: a config that
+        )  # fails to build shows only its error
     except ShoalError as e:
         _fail(e)
     except SaveAborted:
         _save_aborted()
     except StartInterrupted:
+        _start_interrupted(
+            "starting (building the algorithm, starting Ray and the actors)", "no run directory was written"
+        )
+    _print_summary(summary, stop)
+    _exit_for(summary)
+
+
+def _start_notes(preset_note: Optional[str], stop) -> None:
+    if preset_note:
+        err.print(preset_note, highlight=False, soft_wrap=True)
+    if stop.is_empty():
         err.print(
-            "Interrupted while the run was starting (building the algorithm, starting Ray and the actors), "
-            "before its first iteration: nothing was trained and no run directory was written.",
+            "No stop criterion and the env has no reward threshold: training until Ctrl-C (which saves a "
+            "checkpoint). To stop on your terms give --stop-reward R, --stop-steps N, --stop-time SECONDS or "
+            "--stop-iters N, or a stop: section in the config.",
             highlight=False,
             soft_wrap=True,
         )
-        raise typer.Exit(130) from None
-    _print_summary(summary, stop)
-    _exit_for(summary)
+
+
+def _start_interrupted(while_: str, state: str) -> None:
+    """Ctrl-C before the first iteration: what that left, one paragraph, exit 130."""
+    err.print(
+        f"Interrupted while the run was {while_}, before its first iteration: nothing was trained and {state}.",
+        highlight=False,
+        soft_wrap=True,
+    )
+    raise typer.Exit(130) from None
+
+
+def _already_met(run_dir: Path, summary) -> None:
+    flag = {
+        "reward": "--stop-reward (or --no-stop-reward)",
+        "env_steps": "--stop-steps",
+        "time": "--stop-time",
+        "iterations": "--stop-iters",
+    }
+    out.print(
+        f"Nothing to train: {run_dir} at {summary.last_checkpoint.name} already meets its stop criterion "
+        f"{summary.stop_detail}. Give a larger {flag[summary.stop_reason]} to go on.",
+        highlight=False,
+    )
 
 
 def _save_aborted() -> None:
@@ -759,17 +786,7 @@ def resume(
             no_stop_reward=no_stop_reward,
         )
         if summary.already_met:
-            flag = {
-                "reward": "--stop-reward (or --no-stop-reward)",
-                "env_steps": "--stop-steps",
-                "time": "--stop-time",
-                "iterations": "--stop-iters",
-            }
-            out.print(
-                f"Nothing to train: {run_dir} at {summary.last_checkpoint.name} already meets its stop criterion "
-                f"{summary.stop_detail}. Give a larger {flag[summary.stop_reason]} to go on.",
-                highlight=False,
-            )
+            _already_met(run_dir, summary)
             return
         from shoal.files import safe_yaml
 
@@ -779,14 +796,10 @@ def resume(
     except SaveAborted:
         _save_aborted()
     except StartInterrupted:
-        err.print(
-            "Interrupted while the run was resuming (rebuilding the algorithm from its checkpoint, starting "
-            "Ray and the actors), before its first iteration: nothing was trained and the run is as its "
-            f"checkpoint left it; continue with `shoal resume {run_dir}`.",
-            highlight=False,
-            soft_wrap=True,
+        _start_interrupted(
+            "resuming (rebuilding the algorithm from its checkpoint, starting Ray and the actors)",
+            f"the run is as its checkpoint left it; continue with `shoal resume {run_dir}`",
         )
-        raise typer.Exit(130) from None
     _print_summary(summary, stop)
     _exit_for(summary)
 

@@ -609,6 +609,45 @@ def resume(
         return _resume_locked(run_dir, stop, overrides, progress, trust, changes or {}, no_stop_reward)
 
 
+@contextlib.contextmanager
+def _starting():
+    """A Ctrl-C inside is :class:`~shoal.runtime.signals.StartInterrupted` (nothing trained yet),
+    unless the raylet watch sent it: Ray is gone, and that interrupt goes on as it is."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if raylet_lost():
+            raise
+        raise signals.StartInterrupted() from None
+
+
+def _already_met(run_dir: Path, at: dict[str, Any], reason: str, start: Path, stop: Stop) -> TrainSummary:
+    """The summary of a resume that has nothing to train: the checkpoint already meets ``stop``."""
+    best = run_dir / "checkpoints" / "best"
+    return TrainSummary(
+        run_dir=run_dir,
+        result=at,
+        stop_reason=reason,
+        solved=reason == "reward",
+        best_return=math.nan,
+        wall_s=0.0,
+        last_checkpoint=start,
+        best_checkpoint=best if best.is_dir() else None,
+        stop_detail=stop.explain(at),
+    )
+
+
+def _resumed_stop(settings: dict[str, Any], stop: Stop | dict | None, given: Stop, no_stop_reward: bool) -> Stop:
+    """The run's saved stop criteria with the ones given on top (and the reward one dropped if asked)."""
+    saved_stop = _as_stop(settings.get("stop"))
+    if stop is not None:
+        merged = {**saved_stop.model_dump(), **{k: v for k, v in given.model_dump().items() if v is not None}}
+        saved_stop = _as_stop(merged)
+    if no_stop_reward:
+        saved_stop = saved_stop.model_copy(update={"reward": None})
+    return saved_stop
+
+
 def _resume_locked(
     run_dir: Path,
     stop: Stop | dict | None,
@@ -638,42 +677,18 @@ def _resume_locked(
             f"'{run_dir}' has no checkpoints/checkpoint_* to resume from; is it a shoal run directory?"
         )
     start = newest_intact_checkpoint(checkpoints)
-    saved_stop = _as_stop(settings.get("stop"))
-    if stop is not None:
-        merged = {**saved_stop.model_dump(), **{k: v for k, v in given.model_dump().items() if v is not None}}
-        saved_stop = _as_stop(merged)
-    if no_stop_reward:
-        saved_stop = saved_stop.model_copy(update={"reward": None})
+    saved_stop = _resumed_stop(settings, stop, given, no_stop_reward)
     at = checkpoint_progress(start)
     reason = saved_stop.reached(at)
     if reason:  # nothing to do: say so, without building the algorithm or starting actors
-        best = run_dir / "checkpoints" / "best"
-        return TrainSummary(
-            run_dir=run_dir,
-            result=at,
-            stop_reason=reason,
-            solved=reason == "reward",
-            best_return=math.nan,
-            wall_s=0.0,
-            last_checkpoint=start,
-            best_checkpoint=best if best.is_dir() else None,
-            stop_detail=saved_stop.explain(at),
-        )
-    try:  # Ctrl-C while Ray and the actors start: nothing trained, the run as its checkpoint left it
+        return _already_met(run_dir, at, reason, start, saved_stop)
+    with _starting():  # Ctrl-C while Ray and the actors start: nothing trained, the run as its checkpoint left it
         algo = Algorithm.from_checkpoint(start, overrides=overrides, trust=trust)
-    except KeyboardInterrupt:
-        if raylet_lost():  # the raylet watch's interrupt: Ray is gone
-            raise
-        raise signals.StartInterrupted() from None
     try:
-        try:
+        with _starting():
             if changes:  # after the restore, which put back the optimizer's saved lr
                 algo.update_config(changes)
             truncate_results(run_dir, algo.iteration)  # drops only rows past the checkpoint
-        except KeyboardInterrupt:
-            if raylet_lost():
-                raise
-            raise signals.StartInterrupted() from None
         return train(
             algo.config,
             saved_stop,
