@@ -342,7 +342,7 @@ def test_the_benchmark_compares_one_learner_with_two_and_prints_the_speedup():
     from pathlib import Path
 
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "learner_group.py"
-    args = ["--shape", "cartpole", "--seconds", "3", "--warmup-s", "4", "--train-batch-size", "256"]
+    args = ["--shape", "cartpole", "--seconds", "2", "--warmup-s", "3", "--train-batch-size", "256"]
     proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
