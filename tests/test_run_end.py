@@ -373,12 +373,9 @@ def test_a_driver_killed_inside_ray_init_leaves_no_ray_process(tmp_path):
     assert not alive(), f"Ray processes left: {alive()}"
 
 
-def test_ctrl_c_while_ray_starts_ends_the_run_as_ctrl_c_does(tmp_path):
-    """SIGINT as soon as the local raylet exists (inside ray.init): the run stops there with exit
-    130 and one paragraph, instead of the interrupt being lost in Ray's start-up."""
+def _ctrl_c_when_the_raylet_appears(proc: subprocess.Popen, tmp_path) -> str:
+    """SIGINT to ``proc`` as soon as its local raylet exists; its output once it has ended with 130."""
     import psutil
-
-    proc = _start(tmp_path, "--workers", "1")  # no stop but 100000 iterations: training on would not end
 
     def raylet() -> bool:
         try:
@@ -396,6 +393,16 @@ def test_ctrl_c_while_ray_starts_ends_the_run_as_ctrl_c_does(tmp_path):
         pytest.fail(f"the run went on after Ctrl-C: {_output(tmp_path)[-2000:]}")
     out = _output(tmp_path)
     assert proc.returncode == 130, out
+    return out
+
+
+def test_ctrl_c_while_ray_starts_ends_the_run_as_ctrl_c_does(tmp_path):
+    """SIGINT as soon as the local raylet exists (inside ray.init): the run stops there with exit
+    130 and one paragraph, instead of the interrupt being lost in Ray's start-up."""
+
+    proc = _start(tmp_path, "--workers", "1")  # no stop but 100000 iterations: training on would not end
+
+    out = _ctrl_c_when_the_raylet_appears(proc, tmp_path)
     text = " ".join(out.split())
     assert "Interrupted while the run was starting" in text and "no run directory was written" in text, out
     assert "Traceback" not in out, out
@@ -405,7 +412,6 @@ def test_ctrl_c_while_ray_starts_ends_the_run_as_ctrl_c_does(tmp_path):
 def test_ctrl_c_while_resume_starts_ends_with_a_paragraph_and_leaves_the_run_as_it_was(tmp_path):
     """SIGINT as soon as `shoal resume`'s raylet exists (the algorithm being rebuilt from its
     checkpoint): exit 130 and one paragraph saying the run directory is as it was, not a bare 130."""
-    import psutil
 
     first = subprocess.run(
         [
@@ -439,22 +445,7 @@ def test_ctrl_c_while_resume_starts_ends_with_a_paragraph_and_leaves_the_run_as_
             text=True,
         )
 
-    def raylet() -> bool:
-        try:
-            return any(p.name() == "raylet" for p in psutil.Process(proc.pid).children())
-        except psutil.Error:
-            return False
-
-    _wait_for(raylet, proc, "the raylet", timeout_s=240)
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=180)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        pytest.fail(f"the run went on after Ctrl-C: {_output(tmp_path)[-2000:]}")
-    out = _output(tmp_path)
-    assert proc.returncode == 130, out
+    out = _ctrl_c_when_the_raylet_appears(proc, tmp_path)
     text = " ".join(out.split())
     assert "Interrupted while the run was resuming" in text and f"shoal resume {run}" in text, out
     assert "Traceback" not in out and "Aborted" not in out, out
