@@ -103,9 +103,10 @@ def destroy_process_group() -> None:
 
 
 # ---- gradients -----------------------------------------------------------------------------
-def flatten_grads(params: Sequence[torch.Tensor]) -> torch.Tensor:
-    """All gradients in one contiguous 1-D buffer, in ``params`` order (a missing grad is zeros)."""
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+def flatten_grads(params: Sequence[torch.Tensor], *tail: torch.Tensor) -> torch.Tensor:
+    """All gradients in one contiguous 1-D buffer, in ``params`` order (a missing grad is zeros),
+    followed by ``tail`` (e.g. a weight reduced in the same all-reduce)."""
+    return torch.cat([*((p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params), *tail])
 
 
 def unflatten_grads_(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
@@ -257,9 +258,8 @@ class UnionBatchLearner(DistributedLearner):
             return
         t0 = time.perf_counter()
         assert self._weight is not None, "compute_gradients first"
-        grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params]
-        buf = torch.cat([*grads, torch.ones(1, dtype=grads[0].dtype, device=grads[0].device)])
-        buf.mul_(self._weight.to(buf.dtype))  # [n_i * grad_i, n_i]
+        one = torch.ones(1, dtype=self.params[0].dtype, device=self.params[0].device)
+        buf = flatten_grads(self.params, one).mul_(self._weight.to(one.dtype))  # [n_i * grad_i, n_i]
         all_reduce_sum_(buf, spin=self.spin_wait)
         flat = buf[:-1].div_(buf[-1].clamp(min=1.0))  # / N; when N is 0 every part is zero
         unflatten_grads_(self.params, flat)

@@ -34,7 +34,6 @@ class _Loader(BackgroundThread):
     def __init__(self, owner: ReplayLearnerThread) -> None:
         super().__init__(name="shoal-replay-loader")
         self.owner = owner
-        self.load_s = 0.0  # seconds spent loading (the host-side work taken off the learning thread)
 
     def step(self) -> None:
         owner = self.owner
@@ -44,9 +43,7 @@ class _Loader(BackgroundThread):
             return
         tag, batch = item
         assert owner.load_fn is not None
-        t0 = time.perf_counter()
         ready = (tag, len(batch), owner.load_fn(batch))
-        self.load_s += time.perf_counter() - t0
         with self.idle():  # a full ready queue: the learner is the slower side
             while not self.stopped.is_set():
                 try:
@@ -110,10 +107,6 @@ class ReplayLearnerThread(LearnerThreadBase):
             put_stop(self.ready)
             self.loader.stop(timeout_s)
         super().stop(timeout_s)
-
-    def load_time_s(self) -> float:
-        """Seconds the loader thread has spent moving batches to the device (0 without one)."""
-        return self.loader.load_s if self.loader is not None else 0.0
 
     # ---- learning ----------------------------------------------------------------------
     def step(self) -> None:
