@@ -198,6 +198,15 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     return meta
 
 
+class DamagedCheckpoint(CheckpointError):
+    """A checkpoint that cannot be used: ``problem`` says what is wrong; the message adds the advice
+    to use another checkpoint of the run (which a caller that has tried them all leaves out)."""
+
+    def __init__(self, problem: str, advice: str = "Use an earlier checkpoint of the run.") -> None:
+        super().__init__(f"{problem} {advice}")
+        self.problem = problem
+
+
 def read_run_meta(path: str | Path) -> dict[str, Any]:
     """:func:`read_meta` of an algorithm's checkpoint, checked to hold what rebuilds the run: the
     algorithm's name, its config and the iteration, and what stop criteria read there (env steps,
@@ -217,9 +226,9 @@ def read_run_meta(path: str | Path) -> dict[str, Any]:
         negative = isinstance(value, (int, float)) and not value >= 0  # NaN too
         if not isinstance(value, kind) or isinstance(value, bool) or negative:
             found = "is missing" if key not in meta else f"is {type(value).__name__} {value!r}"[:120]
-            raise CheckpointError(
-                f"'{Path(path) / META_FILE}' is damaged: its '{key}' {found}; shoal writes {what} "
-                "there. Use another checkpoint of the run."
+            raise DamagedCheckpoint(
+                f"'{Path(path) / META_FILE}' is damaged: its '{key}' {found}; shoal writes {what} there.",
+                "Use another checkpoint of the run.",
             )
     return meta
 
@@ -237,9 +246,8 @@ def load_state(file: Path, map_location: str = "cpu", mmap: bool = False) -> dic
         raise CheckpointError(f"Cannot load '{file}': the file does not exist.")
     size = file.stat().st_size
     if size == 0:
-        raise CheckpointError(
-            f"Cannot load '{file}': it is empty (0 bytes), probably because the process writing "
-            "it was killed. Use an earlier checkpoint of the run."
+        raise DamagedCheckpoint(
+            f"Cannot load '{file}': it is empty (0 bytes), probably because the process writing it was killed."
         )
     try:
         state = torch.load(file, map_location=map_location, weights_only=True, mmap=mmap)
@@ -251,9 +259,9 @@ def load_state(file: Path, map_location: str = "cpu", mmap: bool = False) -> dic
     except Exception as e:  # noqa: BLE001 - a torn zip archive fails in many ways
         detail = str(e).strip().splitlines()[0].split(". ")[0][:160] if str(e).strip() else ""
         detail = f"{type(e).__name__}: {detail}" if detail and "weights_only" not in detail else type(e).__name__
-        raise CheckpointError(
+        raise DamagedCheckpoint(
             f"Cannot load '{file}' ({size:,} bytes): it is truncated or corrupt, not a complete "
-            f"torch archive ({detail}). Use an earlier checkpoint of the run."
+            f"torch archive ({detail})."
         ) from None
     if not isinstance(state, dict):
         raise CheckpointError(f"Cannot load '{file}': it holds a {type(state).__name__}, not a shoal state dict.")

@@ -389,6 +389,11 @@ class AlphaStar(Algorithm):
         game, else its win rate against a fixed opponent, with evaluation on)."""
         return [(f"learner/main/{k}", f"main/{k}") for k in ("policy_loss", "vf_loss", "entropy")]
 
+    def samples_when_evaluated(self) -> bool:
+        """On an OpenSpiel game: its figure, exploitability, is of the sampling policy, and its
+        greedy player is a pure strategy a best response exploits (:meth:`LeagueEvaluator.samples`)."""
+        return self.evaluator.samples()
+
     def summary_lines(self, results: list[dict[str, Any]]) -> list[str]:
         """The league's closing figures: main's latest exploitability or win rate against a fixed
         opponent (the mean return of zero-sum self-play is ~0 however well main plays), then the

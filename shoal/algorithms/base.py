@@ -251,6 +251,11 @@ class Algorithm:
         whose learner reports other figures overrides it. A key missing from a result shows "-"."""
         return [("learner/policy_loss", "policy_loss"), ("learner/vf_loss", "vf_loss"), ("learner/entropy", "entropy")]
 
+    def samples_when_evaluated(self) -> bool:
+        """Whether ``shoal evaluate`` samples this algorithm's actions unless told ``--greedy``
+        (the default: greedy; a league on an OpenSpiel game samples, see ``AlphaStar``)."""
+        return False
+
     def summary_lines(self, results: list[dict[str, Any]]) -> list[str]:
         """What a run's closing summary says of ``results`` (this session's iterations) when the
         mean return says little: the first line takes its place in the opening line ("Stopped on

@@ -565,7 +565,7 @@ def evaluate(
     trust: TrustOpt = False,
 ) -> None:
     """Load a checkpoint and report its returns over N episodes: greedy or sampled, recorded to a video, or games against an opponent."""
-    from shoal.app.evaluation import load_for_evaluation, samples_by_default, select_checkpoint, tune_best_trial
+    from shoal.app.evaluation import load_for_evaluation, select_checkpoint, tune_best_trial
 
     try:
         if video_episodes is not None and video is None:
@@ -578,7 +578,7 @@ def evaluate(
         p = select_checkpoint(path, checkpoint)
         algo = load_for_evaluation(p, seed, trust=trust)
         try:
-            samples = samples_by_default(algo)  # a league on an OpenSpiel game
+            samples = algo.samples_when_evaluated()  # a league on an OpenSpiel game
             deterministic = not (samples if stochastic is None else stochastic)
             req = _EvalRequest(
                 episodes, deterministic, opponent, video, video_episodes, video_length, render, seed, trust, not as_json

@@ -281,14 +281,6 @@ def is_game(algo) -> bool:
     return hasattr(algo, "league") or getattr(algo, "is_multi_agent", False)
 
 
-def samples_by_default(algo) -> bool:
-    """Whether ``shoal evaluate`` samples ``algo``'s actions unless told ``--greedy``: a league on an
-    OpenSpiel game, whose figure (exploitability) is of its sampling policy, and whose greedy
-    player is a pure strategy a best response exploits (see ``LeagueEvaluator.samples``)."""
-    samples = getattr(getattr(algo, "evaluator", None), "samples", None)
-    return hasattr(algo, "league") and callable(samples) and bool(samples())
-
-
 def payoff_unit(env: Any) -> str:
     """The unit of a game's return, as the evaluate line names it: "chips" in poker (OpenSpiel's
     utilities: a hand's net winnings), else "" (the board games pay +1 a win, 0 a draw, -1 a loss)."""
@@ -412,7 +404,6 @@ __all__ = [
     "payoff_unit",
     "play_games",
     "report",
-    "samples_by_default",
     "select_checkpoint",
     "tune_best_trial",
     "VideoWriter",

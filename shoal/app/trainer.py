@@ -12,7 +12,6 @@ import errno
 import logging
 import math
 import numbers
-import re
 import textwrap
 import time
 import warnings
@@ -427,15 +426,11 @@ def train(
         check_out_dir(out)
     config.logging.check_installed()  # a missing wandb/mlflow package is a config error, before anything starts
     t_start = time.perf_counter()
-    try:
+    with _starting():  # Ctrl-C while Ray and the actors start: nothing trained, nothing written
         algo = _algo or config.build()
         _start_actors(
             algo, owned=_algo is None
         )  # a cluster too small for the run fails before the run directory is written
-    except KeyboardInterrupt:  # Ctrl-C while Ray and the actors start: nothing trained, nothing written
-        if raylet_lost():  # the raylet watch's interrupt: Ray is gone
-            raise
-        raise signals.StartInterrupted() from None
     if on_start is not None:
         on_start()
     run_dir, lock, session = _open_run(
@@ -767,13 +762,12 @@ def newest_intact_checkpoint(ckpt_dir: Path, warn: bool = True) -> Path:
         try:
             ckpt.verify_checkpoint(p)
         except CheckpointError as e:
-            problems.append((p, str(e)))
+            problems.append((p, e.problem if isinstance(e, ckpt.DamagedCheckpoint) else str(e)))
             continue
         for bad, problem in problems if warn else ():
             log.warning("%s is damaged, so the run resumes from %s: %s", bad.name, p.name, problem)
         return p
-    # each problem's advice to use another checkpoint of the run: there is none
-    detail = " ".join(re.sub(r" Use (an earlier|another) checkpoint of the run\.$", "", m) for _, m in problems)
+    detail = " ".join(m for _, m in problems)  # without the advice to use another checkpoint: there is none
     raise CheckpointError(
         f"No intact checkpoint in '{ckpt_dir}' to resume from: {detail} The run cannot go on; start a new "
         f"one from its config: shoal train -c {ckpt_dir.parent / 'config.yaml'}."

@@ -594,14 +594,12 @@ def best_trial_dir(tune_dir: Path) -> tuple[Path, str]:
 
 
 def _last_result(trial_dir: Path) -> dict[str, Any]:
-    import json
+    """The last whole row of a trial's result.json (Tune writes one JSON object a line, as results.jsonl)."""
+    from shoal.logging.results import parse_row
 
     for line in reversed((trial_dir / "result.json").read_text(encoding="utf-8").splitlines()):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
+        row = parse_row(line)
+        if row is not None:
             return row
     return {}
 
