@@ -204,8 +204,9 @@ def _hold(a):
     return a.learner_thread.hold() if hasattr(a, "learner_thread") else a.thread.hold()
 
 
-def measure_learner(algo: str, repeats: int = 20) -> dict[str, Any]:
-    """The learner's fixed host cost per update (a 2-row update) and its ops at the preset's shape."""
+def _ops_and_cpu(data: dict[str, Any], algo: str, repeats: int) -> tuple[int, float]:
+    """One update's aten ops and its mean CPU seconds (over ``repeats``, after one to warm up), on
+    a batch ``algo`` built from ``data`` sampled for its learner."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):
@@ -215,42 +216,32 @@ def measure_learner(algo: str, repeats: int = 20) -> dict[str, Any]:
             Count.n += 1
             return func(*args, **(kwargs or {}))
 
-    data = preset(algo, envs=2)
-    rows_per_update = data["train_batch_size"]
-    a, learner, full = _captured_update(data, algo)
+    a, learner, batch = _captured_update(data, algo)
     try:
         with _hold(a):
-            Count.n = 0
+            learner.update_minibatch(batch)  # warm
             with Count():
-                learner.update_minibatch(full)
-            ops = Count.n
-            n_full = 3
+                learner.update_minibatch(batch)
             t0 = time.thread_time()
-            for _ in range(n_full):
-                learner.update_minibatch(full)
-            full_update = (time.thread_time() - t0) / n_full
+            for _ in range(repeats):
+                learner.update_minibatch(batch)
+            return Count.n, (time.thread_time() - t0) / repeats
     finally:
         a.stop()
+
+
+def measure_learner(algo: str, repeats: int = 20) -> dict[str, Any]:
+    """The learner's fixed host cost per update (a 2-row update) and its ops at the preset's shape."""
+    data = preset(algo, envs=2)
+    rows_per_update = data["train_batch_size"]
+    ops, full_update = _ops_and_cpu(data, algo, 3)
     # the same learner on 2-row updates (Ape-X: 2 transitions; V-trace: 2 sequences of 1 step)
     tiny = {**data, "train_batch_size": 2}
     if algo == "apex":
         tiny["learning_starts"] = 64
     else:
         tiny.update(rollout_fragment_length=1, minibatch_buffer_size=1, num_sgd_iter=1)
-    a, learner, small = _captured_update(tiny, algo)
-    try:
-        with _hold(a):
-            learner.update_minibatch(small)  # warm
-            Count.n = 0
-            with Count():
-                learner.update_minibatch(small)
-            small_ops = Count.n
-            t0 = time.thread_time()
-            for _ in range(repeats):
-                learner.update_minibatch(small)
-            per_update = (time.thread_time() - t0) / repeats
-    finally:
-        a.stop()
+    small_ops, per_update = _ops_and_cpu(tiny, algo, repeats)
     # frames per learned row: 4 (frame skip) over the times each row is learned (Ape-X: its
     # training intensity; APPO: its passes over each batch)
     passes = data.get("training_intensity", 1.0) if algo == "apex" else data.get("num_sgd_iter", 1)
