@@ -17,8 +17,10 @@ import re
 import shutil
 import time
 import uuid
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
@@ -68,6 +70,7 @@ def nonfinite_tensor(state: Any, where: str = "") -> str | None:
     """
     if isinstance(state, torch.Tensor):
         return where if state.is_floating_point() and not bool(torch.isfinite(state).all()) else None
+    items: Iterable[tuple[Any, Any]]
     if isinstance(state, dict):
         items = ((k, v) for k, v in state.items() if k != "replay")
     elif isinstance(state, (list, tuple)):
@@ -208,11 +211,15 @@ class DamagedCheckpoint(CheckpointError):
 
 
 def read_run_meta(path: str | Path) -> dict[str, Any]:
-    """:func:`read_meta` of an algorithm's checkpoint, checked to hold what rebuilds the run: the
-    algorithm's name, its config and the iteration, and what stop criteria read there (env steps,
-    training seconds; a checkpoint written before meta.json held those may lack them); a
-    CheckpointError naming what is wrong."""
-    meta = read_meta(path)
+    """:func:`read_meta` of an algorithm's checkpoint, checked by :func:`check_run_meta`."""
+    return check_run_meta(path, read_meta(path))
+
+
+def check_run_meta(path: str | Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` (checkpoint ``path``'s meta.json, as :func:`read_meta` read it), checked to hold what
+    rebuilds the run: the algorithm's name, its config and the iteration, and what stop criteria read
+    there (env steps, training seconds; a checkpoint written before meta.json held those may lack
+    them); a CheckpointError naming what is wrong."""
     for key, kind, what, required in (
         ("algo", str, "a string naming the algorithm", True),
         ("config", dict, "a mapping of the run's config", True),
@@ -233,10 +240,57 @@ def read_run_meta(path: str | Path) -> dict[str, Any]:
     return meta
 
 
-def load_checkpoint(path: str | Path, map_location: str = "cpu") -> tuple[dict[str, Any], dict[str, Any]]:
-    path = resolve_checkpoint(path)
-    meta = read_meta(path)
-    return load_state(path / STATE_FILE, map_location), meta
+@dataclass(frozen=True, eq=False)
+class OpenedCheckpoint:
+    """A checkpoint opened once, by :func:`open_checkpoint`: its directory (``path``, resolved from a
+    run directory if that was given), its meta.json (``meta``, read and checked), and its state.pt
+    (``state``), loaded the first time it is asked for and kept while this value lives.
+
+    ``Algorithm.from_checkpoint``, ``shoal.load_policy``, evaluation and export take it in place of a
+    path, and read nothing of the checkpoint again. ``str()`` and ``os.fspath()`` give its directory."""
+
+    path: Path
+    meta: dict[str, Any]
+
+    @property
+    def state_file(self) -> Path:
+        return self.path / STATE_FILE
+
+    @cached_property
+    def state(self) -> dict[str, Any]:
+        """state.pt (:func:`load_state`, on the CPU): loaded once, when first asked for."""
+        return load_state(self.state_file)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+
+def open_checkpoint(
+    path: str | Path | OpenedCheckpoint, prefer: str = "latest", *, run: bool = True, resolve: bool = True
+) -> OpenedCheckpoint:
+    """Checkpoint ``path`` opened: the directory :func:`resolve_checkpoint` finds (``prefer``: "latest"
+    or "best"; ``resolve`` False: ``path`` is the checkpoint directory itself) and its meta.json read
+    by :func:`read_meta`, and with ``run`` checked by :func:`check_run_meta` (an algorithm's checkpoint).
+    Its state is not loaded yet. An :class:`OpenedCheckpoint` is returned as it is (with ``run``, its
+    meta checked again: a look at a dict, not a read)."""
+    if isinstance(path, OpenedCheckpoint):
+        if run:
+            check_run_meta(path.path, path.meta)
+        return path
+    directory = resolve_checkpoint(path, prefer) if resolve else Path(path)
+    meta = read_meta(directory)
+    return OpenedCheckpoint(directory, check_run_meta(directory, meta) if run else meta)
+
+
+def load_checkpoint(
+    path: str | Path | OpenedCheckpoint, map_location: str = "cpu"
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(state, meta)`` of a checkpoint (or a run directory's latest one), the state loaded anew."""
+    opened = open_checkpoint(path, run=False)
+    return load_state(opened.state_file, map_location), opened.meta
 
 
 def load_state(file: Path, map_location: str = "cpu", mmap: bool = False) -> dict[str, Any]:
@@ -281,7 +335,8 @@ def remove_leftovers(ckpt_dir: str | Path) -> list[str]:
     """Clean up after a save that was killed: a checkpoint moved aside (``.NAME.old-*``) whose
     replacement never landed is put back; other ``.NAME.old-*``, ``.NAME.tmp-*`` and ``.NAME.del-*``
     (a checkpoint being deleted) directories are removed. Returns what was done, one line each."""
-    d, done = Path(ckpt_dir), []
+    d = Path(ckpt_dir)
+    done: list[str] = []
     if not d.is_dir():
         return done
     for p in sorted(d.iterdir()):

@@ -26,7 +26,7 @@ import difflib
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Callable, ClassVar, Iterable, Literal, Optional, Union
+from typing import TYPE_CHECKING, Annotated, Any, Callable, ClassVar, Iterable, Literal, Optional, Union
 
 import yaml
 from pydantic import (
@@ -44,6 +44,9 @@ from shoal.errors import ConfigError
 from shoal.files import YamlRefused, redact_secrets, safe_yaml
 from shoal.imports import import_path
 from shoal.seeding import MAX_SEED
+
+if TYPE_CHECKING:
+    from shoal.algorithms.base import Algorithm
 
 
 def _schedule_points(key: str, value: str) -> Callable[[Any], Any]:
@@ -503,11 +506,18 @@ class MlflowConfig(Section):
 LOGGER_EXTRAS = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}  # writer -> (module, pip extra)
 
 
+WriterName = Literal["tensorboard", "wandb", "mlflow"]
+
+
+def _default_writers() -> list[WriterName]:
+    return ["tensorboard"]
+
+
 class LoggingConfig(Section):
     """Where each iteration's result goes besides results.jsonl and progress.csv (always written)."""
 
-    writers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
-        default_factory=lambda: ["tensorboard"],
+    writers: list[WriterName] = Field(
+        default_factory=_default_writers,
         description="Loggers of the run directory: any of tensorboard, "
         "wandb (pip install -e '.[wandb]' in the shoal checkout), mlflow (pip install -e '.[mlflow]').",
     )
@@ -560,7 +570,7 @@ class AlgorithmConfig(Section):
     """Defaults for an env with ``Box`` (continuous) actions, by dotted key, where they differ from
     the class's: applied when the run is built (:meth:`for_env`) to the keys the config leaves
     unset, and shown beside the plain defaults by ``shoal config``."""
-    algorithm_cls: ClassVar[Optional[type]] = None
+    algorithm_cls: ClassVar[Optional[type[Algorithm]]] = None
     """The :class:`~shoal.algorithms.base.Algorithm` subclass that ``build()`` makes. An algorithm
     class that names this class as its ``config_cls`` sets it when it is defined, so importing
     an algorithm's module (as the registry does to find its config class) registers it."""
@@ -671,6 +681,12 @@ class AlgorithmConfig(Section):
                     "cut into whole training sequences"
                 )
         return self
+
+    if TYPE_CHECKING:  # a hook every shoal algorithm's config defines; a custom config class may leave it out
+
+        def fragment_length(self) -> int:
+            """Steps per env per sample request (``rollout_fragment_length``, an 'auto' one derived)."""
+            ...
 
     def state_sequence_length(self) -> int:
         """Steps per training sequence of a recurrent model: the runner records the state at each
@@ -908,7 +924,8 @@ def used_keys(model: type[BaseModel]) -> list[str]:
 
 def _unused_message(model: type[BaseModel], key: str, prefix: str = "", owner: str = "") -> str:
     owner = owner or getattr(model, "algo", "") or model.__name__
-    return f"Config key '{prefix}{key}' is not used by {owner}, so it may not be set: {model.unused_keys[key]}."
+    why = getattr(model, "unused_keys", {})[key]
+    return f"Config key '{prefix}{key}' is not used by {owner}, so it may not be set: {why}."
 
 
 def unused_keys_given(model: type[BaseModel], data: dict[str, Any], prefix: str = "", owner: str = "") -> list[str]:
@@ -946,7 +963,7 @@ def _drop_unused(model: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]
 # ---- error formatting -------------------------------------------------------------------
 def _fields_of(model: type[BaseModel], loc: tuple) -> tuple[type[BaseModel] | None, str]:
     """Walk ``loc`` (minus its last part) through nested sections; return the model and a dotted prefix."""
-    prefix = []
+    prefix: list[str] = []
     for part in loc[:-1]:
         sub = _section_type(model, str(part))
         if sub is None:

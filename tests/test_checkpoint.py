@@ -177,6 +177,29 @@ def test_resolve_checkpoint_in_run_dir(tmp_path):
     assert ckpt.list_checkpoints(tmp_path / "missing") == []
 
 
+def test_an_opened_checkpoint_reads_its_meta_once_and_its_state_when_first_asked(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    ckpt.save_checkpoint(run / "checkpoints" / "checkpoint_000001", state(1.0), {"iteration": 1})
+    ckpt.save_checkpoint(run / "checkpoints" / "best", state(2.0), {"iteration": 1})
+    loads, real_load = [], torch.load
+    monkeypatch.setattr(torch, "load", lambda f, *a, **k: loads.append(f) or real_load(f, *a, **k))
+    opened = ckpt.open_checkpoint(run, prefer="best", run=False)
+    assert opened.path == run / "checkpoints" / "best" and str(opened) == str(opened.path)
+    assert opened.meta["iteration"] == 1 and opened.meta["format"] == ckpt.FORMAT
+    assert loads == []  # nothing loaded until the state is asked for
+    assert opened.state["weights"]["w"][0, 0].item() == 2.0
+    assert opened.state is opened.state and len(loads) == 1  # loaded once, then kept
+    assert ckpt.open_checkpoint(opened, run=False) is opened  # an opened checkpoint is not opened again
+    assert ckpt.open_checkpoint(run, run=False).path == run / "checkpoints" / "checkpoint_000001"
+    # an algorithm's checkpoint must say what rebuilds it: checked on the meta already read
+    with pytest.raises(ckpt.DamagedCheckpoint, match="its 'algo' is missing"):
+        ckpt.open_checkpoint(opened)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        ckpt.open_checkpoint(tmp_path / "nope")
+    with pytest.raises(CheckpointError, match="not a shoal checkpoint"):
+        ckpt.open_checkpoint(run / "checkpoints", resolve=False, run=False)  # the directory itself
+
+
 # ---- algorithm level ----------------------------------------------------------------------
 def small_config(**kw) -> PPOConfig:
     return PPOConfig(

@@ -64,6 +64,41 @@ def game_checkpoint(tmp_path_factory):
 
 
 # ---- which checkpoint ----------------------------------------------------------------------------
+def test_evaluate_resolves_the_run_dir_once_and_reads_meta_and_state_once(tmp_path, monkeypatch):
+    """`shoal evaluate RUN_DIR` opens the checkpoint once (shoal.checkpoint.open_checkpoint): one
+    resolution of the run directory, one parse of meta.json, one torch.load of state.pt."""
+    from pathlib import Path
+
+    import torch
+
+    from shoal import checkpoint as ckpt
+
+    run = tmp_path / "run"
+    best = run / "checkpoints" / "best"
+    untrained(run / "checkpoints", "checkpoint_000001", env="CartPole-v1")
+    shutil.copytree(run / "checkpoints" / "checkpoint_000001", best)
+    calls = {"resolve_checkpoint": 0, "meta.json": 0, "state.pt": 0}
+    real_resolve, real_read, real_load = ckpt.resolve_checkpoint, Path.read_text, torch.load
+
+    def resolve(*a, **k):
+        calls["resolve_checkpoint"] += 1
+        return real_resolve(*a, **k)
+
+    def read_text(self, *a, **k):
+        calls["meta.json"] += self.name == ckpt.META_FILE
+        return real_read(self, *a, **k)
+
+    def load(f, *a, **k):
+        calls["state.pt"] += Path(getattr(f, "name", f)).name == ckpt.STATE_FILE
+        return real_load(f, *a, **k)
+
+    monkeypatch.setattr(ckpt, "resolve_checkpoint", resolve)
+    monkeypatch.setattr(Path, "read_text", read_text)
+    monkeypatch.setattr(torch, "load", load)
+    assert evaluate_json(run, "-n", 1, "--seed", 0)["checkpoint"] == str(best)
+    assert calls == {"resolve_checkpoint": 1, "meta.json": 1, "state.pt": 1}
+
+
 def test_checkpoint_best_and_last_pick_the_run_s_directories(run_dir):
     ckpts = run_dir / "checkpoints"
     assert select_checkpoint(run_dir, "last") == ckpts / "checkpoint_000003"

@@ -459,16 +459,22 @@ class Algorithm:
         """Write a checkpoint directory atomically; returns its path."""
         return ckpt.save_checkpoint(path, self.get_state(), self.checkpoint_meta())
 
-    def restore(self, path: str | Path) -> None:
+    def restore(self, path: str | Path | ckpt.OpenedCheckpoint) -> None:
         """Load a checkpoint of this algorithm into this instance (weights, optimizer state, counters)."""
         restore_into(self, path)
 
     @classmethod
     def from_checkpoint(
-        cls, path: str | Path, overrides: dict[str, Any] | None = None, trust: bool = False, **config_kwargs: Any
+        cls,
+        path: str | Path | ckpt.OpenedCheckpoint,
+        overrides: dict[str, Any] | None = None,
+        trust: bool = False,
+        **config_kwargs: Any,
     ) -> "Algorithm":
         """Rebuild the algorithm a checkpoint was written by, and restore its state.
 
+        ``path``: a checkpoint, a run directory (its latest checkpoint), or a checkpoint opened by
+        :func:`shoal.checkpoint.open_checkpoint` (not read again here).
         ``overrides`` is a nested dict merged into the saved config (e.g. fewer workers);
         ``config_kwargs`` replace top-level keys, e.g. ``env=my_callable`` for an env that
         was a lambda and has no import path.
@@ -477,11 +483,11 @@ class Algorithm:
         is imported only when the checkpoint is signed with your key (you wrote it on this
         machine), when you give that key again, or with ``trust=True``: see :mod:`shoal.trust`.
         """
-        path = ckpt.resolve_checkpoint(path)
-        algo, name = rebuild(path, {**(overrides or {}), **config_kwargs}, trust)
+        opened = ckpt.open_checkpoint(path)
+        algo, name = rebuild(opened, {**(overrides or {}), **config_kwargs}, trust)
         if cls is not Algorithm and not isinstance(algo, cls):
-            raise CheckpointError(f"Checkpoint '{path}' holds a '{name}' run, not {cls.__name__}.")
-        algo.restore(path)
+            raise CheckpointError(f"Checkpoint '{opened.path}' holds a '{name}' run, not {cls.__name__}.")
+        algo.restore(opened)
         return algo
 
     def stop(self) -> None:

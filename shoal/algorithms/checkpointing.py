@@ -14,6 +14,7 @@ from shoal.errors import CheckpointError
 
 if TYPE_CHECKING:
     from shoal.algorithms.base import Algorithm
+    from shoal.config import AlgorithmConfig
 
 
 def saved_norm_stats(state: dict[str, Any]) -> RunningStats:
@@ -26,20 +27,24 @@ def saved_norm_stats(state: dict[str, Any]) -> RunningStats:
     return RunningStats.from_state(state["normalize"])
 
 
-def checkpoint_config_data(path: Path, given: dict[str, Any], trust: bool, destinations: bool = True):
-    """``(config class, meta, config data, approved import paths)`` to rebuild checkpoint ``path``
-    with the caller's ``given`` keys merged into its saved config; raises UntrustedCodeError when
-    that config names code nobody vouched for, or, with ``destinations`` (the caller builds an
-    algorithm, which may connect), a Ray cluster or tracker (:func:`shoal.trust.check_checkpoint_code`)."""
+def checkpoint_config_data(
+    checkpoint: Path | ckpt.OpenedCheckpoint, given: dict[str, Any], trust: bool, destinations: bool = True
+) -> tuple[type["AlgorithmConfig"], dict[str, Any], dict[str, Any], frozenset[str] | None]:
+    """``(config class, meta, config data, approved import paths)`` to rebuild ``checkpoint`` (opened,
+    or the directory of one) with the caller's ``given`` keys merged into its saved config; raises
+    UntrustedCodeError when that config names code nobody vouched for, or, with ``destinations`` (the
+    caller builds an algorithm, which may connect), a Ray cluster or tracker
+    (:func:`shoal.trust.check_checkpoint_code`)."""
     from shoal.algorithms import get_config_class
     from shoal.config import deep_merge
     from shoal.trust import check_checkpoint_code
 
-    meta = ckpt.read_run_meta(path)
+    opened = ckpt.open_checkpoint(checkpoint, resolve=False)
+    meta = opened.meta
     config_cls = get_config_class(meta["algo"])
     # keys declared unused since the checkpoint was written never had an effect: drop them
     data = deep_merge(config_cls.without_unused(meta["config"]), given)
-    approved = check_checkpoint_code(f"Checkpoint '{path}'", meta, data, given, trust, destinations)
+    approved = check_checkpoint_code(f"Checkpoint '{opened.path}'", meta, data, given, trust, destinations)
     return config_cls, meta, data, approved
 
 
@@ -62,13 +67,15 @@ def checkpoint_meta(algo: "Algorithm", **extra: Any) -> dict[str, Any]:
     }
 
 
-def restore_into(algo: "Algorithm", path: str | Path) -> None:
-    """Load checkpoint ``path`` into ``algo``; a state that does not fit its run is a CheckpointError."""
-    state, meta = ckpt.load_checkpoint(path)
+def restore_into(algo: "Algorithm", path: str | Path | ckpt.OpenedCheckpoint) -> None:
+    """Load checkpoint ``path`` (opened, or a path: a run directory's latest) into ``algo``; a state
+    that does not fit its run is a CheckpointError."""
+    opened = ckpt.open_checkpoint(path, run=False)
+    meta, path = opened.meta, opened.path
     if meta.get("algo") != algo.config.algo:
         raise CheckpointError(f"Checkpoint '{path}' is for algorithm '{meta.get('algo')}', not '{algo.config.algo}'.")
     try:
-        algo.set_state(state)
+        algo.set_state(opened.state)
     except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise CheckpointError(
@@ -78,11 +85,11 @@ def restore_into(algo: "Algorithm", path: str | Path) -> None:
         ) from None
 
 
-def rebuild(path: Path, given: dict[str, Any], trust: bool) -> tuple["Algorithm", str]:
-    """The algorithm checkpoint ``path`` (resolved) was written by, built from its saved config with
-    ``given`` merged in, and its algo name; its state not yet restored."""
+def rebuild(checkpoint: ckpt.OpenedCheckpoint, given: dict[str, Any], trust: bool) -> tuple["Algorithm", str]:
+    """The algorithm ``checkpoint`` was written by, built from its saved config with ``given`` merged
+    in, and its algo name; its state not yet restored."""
     from shoal.trust import import_gate
 
-    config_cls, meta, data, approved = checkpoint_config_data(path, given, trust)
+    config_cls, meta, data, approved = checkpoint_config_data(checkpoint, given, trust)
     with import_gate(approved):
         return config_cls.from_dict(data).build(), meta["algo"]

@@ -565,18 +565,17 @@ def evaluate(
     trust: TrustOpt = False,
 ) -> None:
     """Load a checkpoint and report its returns over N episodes: greedy or sampled, recorded to a video, or games against an opponent."""
-    from shoal.app.evaluation import load_for_evaluation, select_checkpoint, tune_best_trial
+    from shoal.app.evaluation import load_selected, tune_best_trial
 
     try:
         if video_episodes is not None and video is None:
             raise ConfigError("--video-episodes says how many episodes to record; give --video FILE too.")
         if video is not None:
             _check_output_file(video, "--video", VIDEO_SUFFIXES)
-        picked = tune_best_trial(path)[1]
+        trial, picked = tune_best_trial(path)
         if picked is not None:  # on stderr: --json keeps stdout one object
             err.print(f"{path} is a `shoal tune` run: evaluating {picked}.", highlight=False, soft_wrap=True)
-        p = select_checkpoint(path, checkpoint)
-        algo = load_for_evaluation(p, seed, trust=trust)
+        p, algo = load_selected(trial, checkpoint, seed, trust)  # the checkpoint opened and read once
         try:
             samples = algo.samples_when_evaluated()  # a league on an OpenSpiel game
             deterministic = not (samples if stochastic is None else stochastic)
@@ -686,7 +685,7 @@ def _games_report(p: Path, algo, req: _EvalRequest) -> dict[str, Any]:
                 f"--opponent must be {', '.join(ev.SCRIPTED_OPPONENTS)} or a checkpoint path; "
                 f"'{opponent}' is none of these (no such file or directory)."
             )
-        other = ev.load_for_evaluation(ev.select_checkpoint(opponent), req.seed, trust=req.trust)
+        other = ev.load_selected(opponent, None, req.seed, req.trust)[1]
     try:
         games = ev.play_games(algo, opponent, req.episodes, req.deterministic, opponent_algo=other)
     finally:

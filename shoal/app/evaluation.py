@@ -1,6 +1,7 @@
 """What ``shoal evaluate`` does: pick a checkpoint, play episodes with its policy, report them.
 
-- :func:`select_checkpoint`: ``best``, ``last`` or a named checkpoint of a run directory.
+- :func:`select_checkpoint`: ``best``, ``last`` or a named checkpoint of a run directory;
+  :func:`load_selected` opens it once and rebuilds its algorithm (:func:`load_for_evaluation`).
 - :func:`play_episodes`: single-agent episodes with :meth:`Algorithm.predict`, greedy or
   sampled, optionally recording the first few as RGB frames to a :class:`VideoWriter`.
 - :func:`play_games`: a game checkpoint's main policy against ``random``, ``heuristic`` or
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -93,21 +94,33 @@ def select_checkpoint(path: str | Path, choice: str | None = None) -> Path:
     return found
 
 
-def load_for_evaluation(path: str | Path, seed: int | None = None, trust: bool = False):
-    """The algorithm of checkpoint ``path``, rebuilt to run in this process (no rollout or evaluation
-    actors; an algorithm that needs workers, DD-PPO, keeps them but starts none), ``seed`` replacing its seed.
+def load_for_evaluation(path: str | Path | ckpt.OpenedCheckpoint, seed: int | None = None, trust: bool = False):
+    """The algorithm of checkpoint ``path`` (a run directory: its best; an opened checkpoint: not read
+    again), rebuilt to run in this process (no rollout or evaluation actors; an algorithm that needs
+    workers, DD-PPO, keeps them but starts none), ``seed`` replacing its seed.
     ``trust``: import the code its config names even if the checkpoint is not signed with your key."""
     from shoal.algorithms import get_config_class
     from shoal.app.trainer import load
 
-    cfg_cls = get_config_class(ckpt.read_run_meta(path)["algo"])
+    opened = ckpt.open_checkpoint(path, prefer="best")
+    cfg_cls = get_config_class(opened.meta["algo"])
     overrides: dict[str, Any] = {"resources": {"num_workers": 0}} if cfg_cls.min_workers == 0 else {}
     evaluation_cls = cfg_cls.model_fields["evaluation"].annotation
     if "evaluation_num_workers" not in evaluation_cls.unused_keys:
         overrides["evaluation"] = {"evaluation_num_workers": 0}
     if seed is not None:
         overrides["seed"] = seed
-    return load(path, overrides=overrides, trust=trust)
+    return load(opened, overrides=overrides, trust=trust)
+
+
+def load_selected(
+    path: str | Path, choice: str | None = None, seed: int | None = None, trust: bool = False
+) -> tuple[Path, Any]:
+    """``(checkpoint, algorithm)``: :func:`select_checkpoint`'s checkpoint of ``path``, opened once
+    (:func:`shoal.checkpoint.open_checkpoint`) and rebuilt by :func:`load_for_evaluation`. The opened
+    checkpoint, and the state it loaded, are not kept: the algorithm holds what it restored."""
+    opened = ckpt.open_checkpoint(select_checkpoint(path, choice), resolve=False)
+    return opened.path, load_for_evaluation(opened, seed, trust)
 
 
 # ---- single-agent episodes ------------------------------------------------------------------------
@@ -351,8 +364,8 @@ def play_games(algo, opponent: str, num_games: int, deterministic: bool = True, 
 def report(
     checkpoint: Path,
     algo,
-    returns: list[float],
-    lengths: list[float],
+    returns: Sequence[float],
+    lengths: Sequence[float],
     deterministic: bool,
     games: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -399,6 +412,7 @@ __all__ = [
     "agents_of",
     "is_game",
     "load_for_evaluation",
+    "load_selected",
     "main_policy",
     "play_episodes",
     "payoff_unit",

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from shoal import checkpoint as ckpt
 from shoal.errors import ConfigError, ShoalError
 from shoal.models.catalog import DictTorso
 from shoal.spaces import flat_obs_dim, image_entries, preprocess_obs, row_layout, stack_obs
@@ -54,18 +55,25 @@ _SUFFIX = {"torchscript": ".pt", "onnx": ".onnx"}
 class ExportedPolicy(nn.Module):
     """Raw observations in, ``(action, dist_inputs or q_values, [value], [state])`` out; see the module doc."""
 
+    module: Any  # a shoal network: an actor-critic (``step``, ``state_size`` when recurrent), a Q network or an actor
+    action_start: torch.Tensor
+    low: torch.Tensor
+    high: torch.Tensor
+
     def __init__(self, module: nn.Module, obs_space: gym.Space, action_space: gym.Space) -> None:
         super().__init__()
         self.module = module
+        self.space = obs_space
         for m in module.modules():  # Dict torsos: no dtype view in the traced graph
             if isinstance(m, DictTorso):
                 m.bitcast = False
         self.squashed = bool(getattr(module, "squashed_gaussian", False))
         self.q_network = not hasattr(module, "dist_cls") and not self.squashed
         self.recurrent = bool(getattr(module, "recurrent", False))
-        self.discrete_obs = isinstance(obs_space, gym.spaces.Discrete)
-        self.obs_n = int(obs_space.n) if self.discrete_obs else 0
-        self.obs_start = int(obs_space.start) if self.discrete_obs else 0
+        discrete = obs_space if isinstance(obs_space, gym.spaces.Discrete) else None
+        self.discrete_obs = discrete is not None
+        self.obs_n = int(discrete.n) if discrete is not None else 0
+        self.obs_start = int(discrete.start) if discrete is not None else 0
         self.structured = isinstance(obs_space, (gym.spaces.Dict, gym.spaces.Tuple))  # rows come ready made
         if self.structured:
             self.uint8 = bool(image_entries(obs_space))
@@ -78,7 +86,7 @@ class ExportedPolicy(nn.Module):
         self.register_buffer(
             "action_start", torch.as_tensor(np.asarray(0 if start is None else start), dtype=torch.int64)
         )
-        if self.box_actions:
+        if isinstance(action_space, gym.spaces.Box):
             self.register_buffer("low", torch.as_tensor(action_space.low, dtype=torch.float32))
             self.register_buffer("high", torch.as_tensor(action_space.high, dtype=torch.float32))
 
@@ -155,11 +163,15 @@ def example_inputs(model: ExportedPolicy, space: gym.Space, batch: int = 2, seed
         obs = torch.as_tensor(preprocess_obs(space, stack_obs([space.sample() for _ in range(batch)])))
     elif model.discrete_obs:
         obs = torch.as_tensor(rng.integers(model.obs_start, model.obs_start + model.obs_n, size=batch))
-    else:
+    elif isinstance(space, gym.spaces.Box):
         low = np.broadcast_to(np.maximum(space.low, -10.0), space.shape)
         high = np.broadcast_to(np.minimum(space.high, 10.0), space.shape)
         raw = rng.uniform(low, high, size=(batch, *space.shape))
         obs = torch.as_tensor(raw.round() if model.uint8 else raw, dtype=torch.uint8 if model.uint8 else torch.float32)
+    else:
+        raise ConfigError(
+            f"shoal export takes Box, Discrete, Dict and Tuple observations; this policy observes {space}."
+        )
     if not model.recurrent:
         return (obs,)
     return obs, torch.zeros(batch, model.module.state_size)
@@ -221,32 +233,37 @@ def _to_onnx(model: ExportedPolicy, inputs: tuple[torch.Tensor, ...], out: Path)
             dynamic_shapes=dynamic,
             verbose=False,
         )
+        if program is None:  # never with dynamo=True (None is the legacy exporter's return)
+            raise ShoalError("torch.onnx.export returned no ONNX program to save.")
         program.save(str(out))
 
 
 def export_policy(
-    path: str | Path, format: str = "torchscript", out: str | Path | None = None, trust: bool = False
+    path: str | Path | ckpt.OpenedCheckpoint,
+    format: str = "torchscript",
+    out: str | Path | None = None,
+    trust: bool = False,
 ) -> Path:
-    """Export the policy of checkpoint (or run directory) ``path`` to ``out``; returns the file written.
+    """Export the policy of checkpoint (a run directory: its best; or a checkpoint opened by
+    :func:`shoal.checkpoint.open_checkpoint`) ``path`` to ``out``; returns the file written.
 
     ``format`` is ``torchscript`` (``torch.jit.load`` runs it) or ``onnx`` (onnxruntime runs it,
     with a dynamic batch axis). ``out`` defaults to ``policy.pt`` / ``policy.onnx`` in the
     checkpoint directory. A sidecar ``<out>.json`` describes inputs and outputs. ``trust``: import
     the code the checkpoint's config names even if it is not signed with your key (:mod:`shoal.trust`).
     """
-    from shoal import checkpoint as ckpt
     from shoal.app.evaluation import load_for_evaluation
 
     if format not in FORMATS:
         raise ConfigError(f"Unknown export format {format!r}; choose one of {', '.join(FORMATS)}.")
-    p = ckpt.resolve_checkpoint(path, prefer="best")
-    algo = load_for_evaluation(p, trust=trust)
+    opened = ckpt.open_checkpoint(path, prefer="best")
+    p, algo = opened.path, load_for_evaluation(opened, trust=trust)
+    del opened  # the state it loaded is the algorithm's now: not kept twice while exporting
     try:
         model = policy_model(algo)
         space, action_space = algo.env_info.observation_space, algo.env_info.action_space
     finally:
         algo.stop()
-    model.space = space
     target = Path(out) if out is not None else p / f"policy{_SUFFIX[format]}"
     target.parent.mkdir(parents=True, exist_ok=True)
     inputs = example_inputs(model, space)
@@ -265,7 +282,7 @@ def sidecar(
     model: ExportedPolicy, format: str, space: gym.Space, action_space: gym.Space, checkpoint: Path
 ) -> dict[str, Any]:
     names_in, names_out = exported_signature(model)
-    obs_shape = [] if model.discrete_obs else [flat_obs_dim(space)] if model.structured else list(space.shape)
+    obs_shape = [flat_obs_dim(space)] if model.structured else list(space.shape or ())  # Discrete: ()
     obs_dtype = "int64" if model.discrete_obs else ("uint8" if model.uint8 else "float32")
     layout = {"row_layout": row_layout(space)} if model.structured else {}
     return {

@@ -66,13 +66,14 @@ class Policy:
 
 
 def load_policy(
-    path: str | Path,
+    path: str | Path | ckpt.OpenedCheckpoint,
     trust: bool = False,
     overrides: dict[str, Any] | None = None,
     policy: str | None = None,
     **config_kwargs: Any,
 ) -> Any:
-    """The policy of a checkpoint, or of a run directory's best checkpoint. ``overrides`` (a nested
+    """The policy of a checkpoint, or of a run directory's best checkpoint (or of a checkpoint opened by
+    :func:`shoal.checkpoint.open_checkpoint`, not read again here). ``overrides`` (a nested
     dict) and keyword arguments change the saved config as in ``Algorithm.from_checkpoint`` (e.g.
     ``env=my_callable`` for an env saved without an import path).
 
@@ -87,15 +88,16 @@ def load_policy(
     from shoal.algorithms.env_checks import describe_gym_env
     from shoal.trust import import_gate
 
-    path = ckpt.resolve_checkpoint(path, prefer="best")
+    opened = ckpt.open_checkpoint(path, prefer="best")
+    path = opened.path
     # a policy connects nowhere: the run's Ray cluster and trackers need no vouching here
     given = {**(overrides or {}), **config_kwargs}
-    config_cls, meta, data, approved = checkpoint_config_data(path, given, trust, destinations=False)
+    config_cls, meta, data, approved = checkpoint_config_data(opened, given, trust, destinations=False)
     algo_cls = config_cls.algorithm_cls
     if meta["algo"] == "alpha_star":
         with import_gate(approved):
             config = config_cls.from_dict(data)
-        return _league_policy(path, config, policy)
+        return _league_policy(opened, config, policy)
     if policy is not None:
         raise ConfigError(
             f"policy={policy!r} picks a player of a league run (alpha_star); checkpoint '{path}' "
@@ -111,22 +113,23 @@ def load_policy(
             )
         info = describe_gym_env(config)
         acting = algo_cls.policy_cls(info.observation_space, info.action_space, config, config.seed)
-    state, _ = ckpt.load_checkpoint(path)
+    state = opened.state
     acting.set_weights(algo_cls.policy_weights(state))
     acting.on_global_vars({"env_steps": int(state["counters"]["env_steps_sampled"])})  # e.g. DQN's epsilon then
     norm_stats = saved_norm_stats(state) if config.normalize.enabled() else None
     return Policy(config, info, acting, norm_stats)
 
 
-def _league_policy(path: Path, config, policy: str | None):
-    """A league player's policy, or its Nash mixture (``"league_nash"``), from checkpoint ``path``."""
+def _league_policy(opened: ckpt.OpenedCheckpoint, config, policy: str | None):
+    """A league player's policy, or its Nash mixture (``"league_nash"``), from checkpoint ``opened``."""
+    import gymnasium as gym
     import torch
 
     from shoal.envs.multi_agent import make_multi_agent_env
     from shoal.league.policies import LEAGUE_NASH, LeaguePolicy, MixturePolicy
     from shoal.models import build_actor_critic
 
-    state, _ = ckpt.load_checkpoint(path)
+    state, path = opened.state, opened.path
     players = list(state["weights"])
     if policy is None:
         raise ConfigError(
@@ -137,6 +140,10 @@ def _league_policy(path: Path, config, policy: str | None):
     agent = env.possible_agents[0]
     obs_space, action_space = env.observation_space(agent), env.action_space(agent)
     env.close()
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise ConfigError(
+            f"Checkpoint '{path}': a league's players pick one of n actions; its env acts in {action_space}."
+        )
 
     def module(pid: str) -> torch.nn.Module:
         m = build_actor_critic(obs_space, action_space, config.model)

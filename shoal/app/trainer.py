@@ -142,8 +142,9 @@ class BestMetric:
         v = result.get(self.metric)
         if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
             return False
-        if math.isnan(self.value) or (v > self.value if self.mode == "max" else v < self.value):
-            self.value = float(v)
+        value = float(v)
+        if math.isnan(self.value) or (value > self.value if self.mode == "max" else value < self.value):
+            self.value = value
             return True
         return False
 
@@ -201,7 +202,7 @@ def new_run_dir(out: str | Path, config: AlgorithmConfig) -> Path:
 
 def _write_config(run_dir: Path, config: AlgorithmConfig, config_note: str | None) -> None:
     """config.yaml, led by ``config_note`` as YAML comment lines."""
-    if config.callbacks is not None and config.to_dict()["callbacks"] is None:
+    if isinstance(config.callbacks, type) and config.to_dict()["callbacks"] is None:
         warnings.warn(
             f"callbacks class {config.callbacks.__qualname__} is defined in __main__ or inside a function, "
             "so config.yaml and checkpoints record no callbacks (resume and evaluate run without them); "
@@ -322,12 +323,15 @@ class _Session:
         return e
 
     def _save_numbered(self, final: bool = False) -> Path:
-        p = self.algo.save(self.ckpt_dir / f"checkpoint_{self.algo.iteration:06d}")
-        for old in ckpt.list_checkpoints(self.ckpt_dir)[: -self.keep_checkpoints]:
+        ckpt_dir = self.ckpt_dir
+        if ckpt_dir is None:
+            raise RuntimeError("A run without a run directory writes no checkpoint.")
+        p = self.algo.save(ckpt_dir / f"checkpoint_{self.algo.iteration:06d}")
+        for old in ckpt.list_checkpoints(ckpt_dir)[: -self.keep_checkpoints]:
             ckpt.delete_checkpoint(old)
         self._saved(p, "final" if final else "numbered")
         if self._best_state is not None and self._saved_best_iter != self._best_iter:
-            self._saved(ckpt.save_checkpoint(self.ckpt_dir / "best", self._best_state, self._best_meta), "best")
+            self._saved(ckpt.save_checkpoint(ckpt_dir / "best", self._best_state, self._best_meta), "best")
             self._saved_best_iter = self._best_iter
         return p
 
@@ -367,11 +371,12 @@ STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.E
 
 def storage_error(e: OSError, run_dir: Path | None) -> RunDirectoryError:
     where = f"'{e.filename}'" if e.filename else (f"the run directory '{run_dir}'" if run_dir else "a file")
-    advice = {
+    advices: dict[int | None, str] = {
         errno.ENOSPC: "The disk is full: free space on it",
         errno.EDQUOT: "The disk quota is used up: free some",
         errno.EROFS: "The file system is read-only: make it writable",
-    }.get(e.errno, "shoal may not write there: fix the permissions (or the owner) of the run directory")
+    }
+    advice = advices.get(e.errno, "shoal may not write there: fix the permissions (or the owner) of the run directory")
     return RunDirectoryError(
         f"Writing {where} failed: {e.strerror}. {advice}, then continue with `shoal resume {run_dir}`."
         if run_dir
@@ -801,12 +806,13 @@ def checkpoint_progress(path: Path) -> dict[str, Any]:
     }
 
 
-def load(path: str | Path, **kwargs: Any):
-    """An algorithm restored from a checkpoint (or a run directory's best checkpoint).
+def load(path: str | Path | ckpt.OpenedCheckpoint, **kwargs: Any):
+    """An algorithm restored from a checkpoint (or a run directory's best checkpoint, or a checkpoint
+    opened by :func:`shoal.checkpoint.open_checkpoint`).
 
     Keyword arguments go to ``Algorithm.from_checkpoint``: ``overrides`` (a nested dict
     merged into the saved config) and top-level config keys such as ``env=my_callable``.
     """
     from shoal.algorithms.base import Algorithm
 
-    return Algorithm.from_checkpoint(ckpt.resolve_checkpoint(path, prefer="best"), **kwargs)
+    return Algorithm.from_checkpoint(ckpt.open_checkpoint(path, prefer="best"), **kwargs)

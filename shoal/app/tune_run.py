@@ -15,7 +15,7 @@ import math
 import re
 import time
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, TypeGuard, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -59,7 +59,7 @@ class SearchSpec(_Strict):
         lo_hi = getattr(self, kind) if kind in ("uniform", "loguniform", "randint") else None
         if lo_hi is not None and not lo_hi[0] < lo_hi[1]:
             raise ValueError(f"{kind} needs [lo, hi] with lo < hi, got {list(lo_hi)}")
-        if kind == "loguniform" and lo_hi[0] <= 0:
+        if kind == "loguniform" and lo_hi is not None and lo_hi[0] <= 0:
             raise ValueError(f"loguniform needs lo > 0, got {lo_hi[0]}")
         return self
 
@@ -255,7 +255,7 @@ def _check_scheduler(data: Any) -> None:
     """The scheduler section on its own, so a wrong key is named within it."""
     if data is None or not isinstance(data, dict):
         return
-    kinds = {"asha": AshaSpec, "pbt": PbtSpec}
+    kinds: dict[str, type[BaseModel]] = {"asha": AshaSpec, "pbt": PbtSpec}
     if data.get("type") not in kinds:
         raise ConfigError(
             f"scheduler.type must be 'asha' or 'pbt' (got {data.get('type')!r}); leave out the "
@@ -382,7 +382,9 @@ def _progress_callback(progress: TuneProgress):
     """A Tune Callback that feeds ``progress`` (made here, as Tune is imported only when a search runs)."""
     from shoal.runtime.tune_api import tune_module
 
-    class _Callback(tune_module().Callback):
+    callback_base: Any = tune_module().Callback  # a class known when Tune is imported
+
+    class _Callback(callback_base):
         def on_trial_result(self, iteration, trials, trial, result, **info):
             progress.result(trial.trial_id, trial.config, result)
 
@@ -412,7 +414,7 @@ def _scheduler(spec: TuneSpec):
         )
     if isinstance(s, PbtSpec):
         mutations = _nest(
-            {k: (list(v.choice) if v.kind == "choice" else v.domain()) for k, v in spec.pbt_mutations().items()}
+            {k: (list(v.choice) if v.choice is not None else v.domain()) for k, v in spec.pbt_mutations().items()}
         )
         return PopulationBasedTraining(
             time_attr=s.time_attr,
@@ -456,7 +458,7 @@ def run_tune(spec: TuneSpec, out: Path = Path("runs"), address: str | None = Non
     checkpoints = tune.CheckpointConfig(
         num_to_keep=4 if pbt else 2,
         checkpoint_at_end=True,
-        checkpoint_frequency=spec.scheduler.perturbation_interval if pbt else 0,
+        checkpoint_frequency=spec.scheduler.perturbation_interval if isinstance(spec.scheduler, PbtSpec) else 0,
     )
     callbacks = [_progress_callback(TuneProgress(spec, metric))] if verbose else []
     if verbose:
@@ -581,6 +583,7 @@ def best_trial_dir(tune_dir: Path) -> tuple[Path, str]:
             f"reported a finite metric, or the search did not finish). Give one trial's directory; its trials: {names}."
         )
     metric, value, name = found.group(1), found.group(2), found.group(3)
+    trial: Path | None
     if name is not None and (tune_dir / name).is_dir():
         trial = tune_dir / name
     else:
@@ -611,5 +614,5 @@ def _get(config: dict[str, Any], dotted: str) -> Any:
     return node
 
 
-def _finite(v: Any) -> bool:
+def _finite(v: Any) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and math.isfinite(v)

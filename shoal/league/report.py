@@ -241,11 +241,11 @@ def _load_state(source: Union[str, Path, dict[str, Any], LeagueBuilder]) -> tupl
         if state is None:
             raise CheckpointError("The given state holds no league state (no dict with format 'shoal-league').")
         return state, None
-    from shoal.checkpoint import load_checkpoint, resolve_checkpoint
+    from shoal.checkpoint import open_checkpoint
 
     path = Path(source)
-    ckpt = resolve_checkpoint(path)
-    state = find_league_state(load_checkpoint(ckpt)[0])
+    opened = open_checkpoint(path, run=False)
+    ckpt, state = opened.path, find_league_state(opened.state)
     if state is None:
         raise CheckpointError(f"Checkpoint '{ckpt}' holds no league state: was '{path}' a league run (alpha_star)?")
     run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt
