@@ -610,6 +610,13 @@ class AlgorithmConfig(Section):
     min_env_steps_per_iteration: int = Field(
         0, ge=0, description="An iteration repeats training steps until it has sampled this many env steps."
     )
+    episode_window: int = Field(
+        100,
+        ge=1,
+        le=100_000,
+        description="Finished episodes averaged into episode_return_mean (and its min, max and episode_len_mean): "
+        "the figure stop.reward reads.",
+    )
     resources: ResourcesConfig = Field(
         default_factory=ResourcesConfig,
         description="Where things run: rollout actors, envs per actor, CPUs, GPUs, Ray address.",

@@ -104,6 +104,22 @@ def test_noise_is_per_env_and_greedy_actions_are_the_actors():
     np.testing.assert_allclose(env_actions[:, 0], [-2.0, 0.0, 2.0, 2.0])
 
 
+def test_random_warmup_steps_are_uniform_then_the_noisy_actor():
+    cfg = ApeXTD3Config(env="Pendulum-v1", model={"hiddens": [8]}, random_warmup_steps=3000)
+    space = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+    policy = NoisyDeterministicPolicy(gym.spaces.Box(-1, 1, (3,), np.float32), space, cfg, seed=0)
+    obs = np.random.default_rng(0).normal(size=(2000, 3)).astype(np.float32)
+    expected = torch.tanh(policy.module(torch.from_numpy(obs))[0]).detach().numpy()
+    greedy, _ = policy.act(obs, explore=False)  # evaluation is never random and uses up no warm-up
+    np.testing.assert_allclose(greedy, expected, rtol=1e-6)
+    for _ in range(2):  # 4,000 steps of the 2,000-env vector cover the 3,000 warm-up steps
+        warm, _ = policy.act(obs, explore=True)
+        assert warm.min() < -0.9 and warm.max() > 0.9 and abs(float(warm.mean())) < 0.05  # uniform in [-1, 1]
+        assert np.corrcoef(warm[:, 0], expected[:, 0])[0, 1] < 0.1
+    after, _ = policy.act(obs, explore=True)  # epsilon 0: the actor's own actions
+    np.testing.assert_allclose(after, expected, rtol=1e-6)
+
+
 def test_apex_td3_refuses_what_it_cannot_train():
     with pytest.raises(ConfigError, match=r"apex_td3 needs a bounded Box action space.*Discrete"):
         ApeXTD3Config(env="CartPole-v1", resources={"num_workers": 0}).build()

@@ -33,12 +33,13 @@ from torch import nn
 from shoal.algorithms.apex import ApeX, ApeXKeys, ApeXResourcesConfig
 from shoal.algorithms.config_groups import ReplayKeys
 from shoal.algorithms.policies import build_policy_module
-from shoal.algorithms.sac import _ACT, BoxPolicy, SACModelConfig, TwinQ, action_dim, check_sac_spaces
+from shoal.algorithms.sac import _ACT, BoxPolicy, SACModelConfig, action_dim, check_sac_spaces
 from shoal.batch import Col
 from shoal.config import AlgorithmConfig
 from shoal.learn import resolve_device
 from shoal.learn.losses import LossRecord
 from shoal.learn.policy_learner import PolicyLearner
+from shoal.models.twin_q import TwinQ
 from shoal.models.weights import load_numpy_weights, weights_to_numpy
 from shoal.spaces import flat_obs_dim
 
@@ -103,6 +104,19 @@ class ApeXTD3Config(ApeXKeys, ReplayKeys, AlgorithmConfig):
     policy_delay: int = Field(2, ge=1, description="Critic updates per actor (and target) update.")
     target_noise: float = Field(0.2, ge=0, description="Std of the noise on the target actor's next actions.")
     target_noise_clip: float = Field(0.5, ge=0, description="That noise is clipped to [-clip, clip].")
+    episode_window: int = Field(
+        20,
+        ge=1,
+        le=100_000,
+        description="Finished episodes (of the reporting actors) averaged into episode_return_mean, the figure "
+        "stop.reward reads (20 here: continuous-control episodes are long).",
+    )
+    random_warmup_steps: int = Field(
+        0,
+        ge=0,
+        description="Each rollout actor's first this many env steps take uniform random actions (the TD3 "
+        "paper's and Stable-Baselines3's warm-up; 0: the noisy actor from the start).",
+    )
 
     @classmethod
     def small_machine_preset(cls) -> dict[str, Any]:
@@ -254,14 +268,19 @@ class TD3PolicyLearner(PolicyLearner):
 class NoisyDeterministicPolicy(BoxPolicy):
     """``tanh(mu(s))`` plus Gaussian noise of std ``epsilon`` (a float, or one per env of the
     vector), clipped to [-1, 1] and scaled to the env's bounds; greedy: no noise. Ape-X's rollout
-    actors set ``epsilon`` per actor (:func:`shoal.algorithms.apex.actor_epsilons`)."""
+    actors set ``epsilon`` per actor (:func:`shoal.algorithms.apex.actor_epsilons`). The first
+    ``random_warmup_steps`` env steps it explores are uniform random actions instead."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, config, seed: int | None = None) -> None:
         super().__init__(obs_space, action_space, config, seed, DeterministicActor)
         self.epsilon: float | np.ndarray = 0.0
+        self.warmup_left = int(getattr(config, "random_warmup_steps", 0))  # uniform actions still to take
 
     def act(self, obs: np.ndarray, explore: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         n = len(obs)
+        if explore and self.warmup_left > 0:
+            self.warmup_left -= n
+            return self.rng.uniform(-1.0, 1.0, (n, *self.shape)).astype(np.float32), {}
         with torch.inference_mode():
             actions = self.module.action(torch.from_numpy(obs).float()).reshape(n, -1).numpy()
         if explore:

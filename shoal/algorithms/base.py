@@ -123,7 +123,7 @@ class Algorithm:
         self.norm_stats = normalization_stats(config, self.env_info, self.is_multi_agent)  # merged from the actors
         self.iteration = 0
         self.counters: dict[str, float] = {k: 0 for k in COUNTERS}
-        self.episodes = EpisodeWindow(100)
+        self.episodes = EpisodeWindow(self.config.episode_window)
         self.callbacks: Callbacks = build_callbacks(config.callbacks) or Callbacks()  # the driver's instance
         self.custom_metrics: list[dict[str, float]] = []  # on_episode_end's, since the last result
         self.timers = Timers()

@@ -4,7 +4,7 @@ Reads in order: config, networks, loss, policy learner, rollout policy, training
 
 The actor is a squashed Gaussian: ``a = tanh(u)``, ``u ~ N(mu(s), sigma(s))``, in [-1, 1]
 (the rollout policy scales it to the env's bounds; replay and learner stay in [-1, 1]). Two
-critics Q1, Q2 are one ensemble network (one batched matmul per layer for both), with a
+critics Q1, Q2 are one ensemble network (``shoal.models.twin_q``), with a
 target copy blended by ``tau`` after every update. One update minimizes, on a replayed batch,
 
     critic:  0.5 * sum_i (Q_i(s, a) - y)^2,   y = r + gamma^n (1 - done) (min_i Q'_i(s', a') - alpha log pi(a'|s'))
@@ -42,6 +42,7 @@ from shoal.learn.losses import LossRecord
 from shoal.learn.policy_learner import PolicyLearner
 from shoal.logging.metrics import Phase
 from shoal.models.catalog import _ACTIVATIONS, _FUNCTIONAL
+from shoal.models.twin_q import TwinQ
 from shoal.models.weights import load_numpy_weights, weights_to_numpy
 from shoal.rollout.policies import InferencePolicy
 from shoal.spaces import flat_obs_dim, image_entries
@@ -107,6 +108,13 @@ class SACConfig(ReplayKeys, AlgorithmConfig):
     min_env_steps_per_iteration: int = Field(
         1000, ge=0, description="An iteration (one result row) repeats training steps until it has sampled this many."
     )
+    episode_window: int = Field(
+        20,
+        ge=1,
+        le=100_000,
+        description="Finished episodes averaged into episode_return_mean, the figure stop.reward reads (20 here: "
+        "continuous-control episodes are long, and 100 of them lag the policy by 20k steps on Pendulum).",
+    )
 
     @model_validator(mode="after")
     def _check_sac(self):
@@ -171,49 +179,33 @@ class Actor(nn.Module):
         mu, log_std = self.head(x).chunk(2, dim=-1)
         return mu, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
 
+    def sample_action(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """A squashed action drawn as :meth:`sample` draws it, without its log-probability (acting)."""
+        mu, log_std = self(obs)
+        noise = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
+        return torch.tanh(mu + log_std.exp() * noise)
+
     def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """A reparameterized squashed action and its log-probability (change of variables through tanh)."""
         mu, log_std = self(obs)
         noise = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
         u = mu + log_std.exp() * noise
-        return torch.tanh(u), squashed_logp(u, mu, log_std)
+        return torch.tanh(u), squashed_logp_of_noise(u, noise, log_std)
 
 
 def squashed_logp(u: torch.Tensor, mu: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
     """log pi(tanh(u)) for u ~ N(mu, exp(log_std)), summed over action dimensions:
     the Gaussian's log-density minus log|d tanh(u)/du| = log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))."""
-    gauss = -0.5 * ((u - mu) / log_std.exp()).pow(2) - log_std - 0.5 * math.log(2 * math.pi)
+    return squashed_logp_of_noise(u, (u - mu) / log_std.exp(), log_std)
+
+
+def squashed_logp_of_noise(u: torch.Tensor, noise: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+    """:func:`squashed_logp` of a reparameterized ``u = mu + exp(log_std) * noise``: the standardized
+    ``(u - mu) / std`` is the drawn noise, a constant, so it is read rather than recomputed (the same
+    values and gradients, four fewer ops each way)."""
+    gauss = -0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
     log_det = 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))
     return (gauss - log_det).sum(-1)
-
-
-class TwinQ(nn.Module):
-    """``n`` critics ``Q_i(s, a)`` as one ensemble: layer weights of shape ``(n, in, out)``, so each
-    layer is one batched matmul for all critics. ``forward`` returns ``(n, batch)``."""
-
-    def __init__(self, in_dim: int, hiddens: list[int], activation: str, n: int = 2) -> None:
-        super().__init__()
-        dims = [in_dim, *hiddens, 1]
-        self.weights = nn.ParameterList()
-        self.biases = nn.ParameterList()
-        for a, b in zip(dims[:-1], dims[1:]):
-            bound = 1.0 / math.sqrt(a)  # nn.Linear's default initialization, per critic
-            self.weights.append(nn.Parameter(torch.empty(n, a, b).uniform_(-bound, bound)))
-            self.biases.append(nn.Parameter(torch.empty(n, 1, b).uniform_(-bound, bound)))
-        self.n = n
-        self.act = _ACT[activation]
-
-    def forward(self, obs: torch.Tensor, actions: torch.Tensor, detach: bool = False) -> torch.Tensor:
-        """``detach``: the weights act as constants (the actor's loss reads the critics without training them)."""
-        x = torch.cat([obs, actions], dim=-1).expand(self.n, -1, -1)
-        last = len(self.weights) - 1
-        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
-            if detach:
-                w, b = w.detach(), b.detach()
-            x = torch.baddbmm(b, x, w)
-            if i < last:
-                x = self.act(x)
-        return x.squeeze(-1)
 
 
 class SACModule(nn.Module):
@@ -363,7 +355,7 @@ class SquashedGaussianPolicy(BoxPolicy):
         x = torch.from_numpy(obs).float()
         with torch.inference_mode():
             if explore:
-                actions, _ = self.module.sample(x, self.generator)
+                actions = self.module.sample_action(x, self.generator)
             else:
                 actions = torch.tanh(self.module(x)[0])
         return actions.reshape(n, *self.shape).numpy(), {}

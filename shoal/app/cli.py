@@ -298,7 +298,8 @@ StopRewardOpt = Annotated[
     Optional[float],
     typer.Option(
         "--stop-reward",
-        help="Stop when the mean return of the last 100 episodes reaches R. Default: the env's reward threshold, "
+        help="Stop when the mean return of the last episode_window episodes (100 unless the config says) reaches R. "
+        "Default: the env's reward threshold, "
         "if it has one, also beside other --stop-* criteria (the first criterion met stops the run).",
     ),
 ]

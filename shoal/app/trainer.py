@@ -53,7 +53,10 @@ class Stop(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     reward: Optional[float] = Field(
-        None, allow_inf_nan=False, description="episode_return_mean (last 100 episodes) reaches this (a finite number)."
+        None,
+        allow_inf_nan=False,
+        description="episode_return_mean (over the last episode_window episodes, 100 by default) reaches this "
+        "(a finite number).",
     )
     env_steps: Optional[int] = Field(None, ge=1, description="env_steps_sampled reaches this.")
     time_s: Optional[float] = Field(None, gt=0, description="time_total_s (training time) reaches this.")

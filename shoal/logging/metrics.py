@@ -12,8 +12,9 @@ import numpy as np
 
 
 class EpisodeWindow:
-    """Returns and lengths of the last ``size`` finished episodes (100 by default: the window of
-    every algorithm's ``episode_return_mean``, the figure ``Stop.reward`` reads)."""
+    """Returns and lengths of the last ``size`` finished episodes (an algorithm's
+    ``episode_window``, 100 by default: the window of its ``episode_return_mean``, the figure
+    ``Stop.reward`` reads)."""
 
     def __init__(self, size: int = 100) -> None:
         self.returns: deque[float] = deque(maxlen=size)
