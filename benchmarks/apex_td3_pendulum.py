@@ -1,21 +1,30 @@
-"""Ape-X TD3 on Pendulum-v1 with 2 rollout actors: seconds from process start until the mean
-return of the last 20 episodes reaches -200, beside Stable-Baselines3's TD3 with the RL Zoo's
-settings.
+"""TD3 on Pendulum-v1: seconds from process start until the mean return of the last 20 episodes
+reaches -200, shoal's Ape-X TD3 beside Stable-Baselines3's TD3 on SB3's settings (the
+like-for-like row), and shoal's tuned preset as a separate, labelled row.
+
+Rows (``--only``, all by default):
+
+- ``sb3``: ``TD3("MlpPolicy", "Pendulum-v1")`` with the RL Zoo's ``td3.yml`` entry for
+  Pendulum-v1: gamma 0.98, buffer 200,000, 10,000 random steps first, Gaussian action noise of
+  std 0.1, one update per env step done after each episode, lr 1e-3, [400, 300] networks.
+- ``shoal``: ``benchmarks/configs/apex_td3_pendulum_sb3.yaml`` (``--config``): the same
+  settings key for key, with one rollout actor (one env) beside the learner thread in the driver,
+  so shoal's run uses the machine's second core for acting where SB3 acts and learns in turn in
+  one process; every episode counted.
+- ``shoal_preset``: ``examples/apex_td3_pendulum.yaml`` (``--preset``): 2 rollout actors of
+  different noise, [64, 64] networks, 1,000 warm-up steps, 3-step returns, priorities, counting
+  the lowest-noise actor's episodes: not like for like, reported as its own row.
 
 Each run is a fresh Python process (this script in child mode), so interpreter start, Ray's
-start, imports and set-up count. shoal trains ``examples/apex_td3_pendulum.yaml`` (2 rollout
-actors, 2 replay shards, the learner thread in the driver); its episodes are those Ape-X
-reports, the lowest-noise third of the envs (here the second actor's). SB3 trains
-``TD3("MlpPolicy", "Pendulum-v1")`` with the RL Zoo's ``td3.yml`` entry for Pendulum-v1: gamma
-0.98, buffer 200,000, 10,000 random steps first, Gaussian action noise of std 0.1, one update
-per env step done after each episode, lr 1e-3, [400, 300] networks. One torch thread each
-(``--threads``). A run stops at the target or at ``--max-seconds``.
+start, imports and set-up count; one torch thread each (``--threads``). Every row checks the
+target after every episode. A run stops at the target or at ``--max-seconds``.
 
-    python benchmarks/apex_td3_pendulum.py [--seeds 3] [--max-seconds 180] [--only shoal,sb3] [--config F]
+    python benchmarks/apex_td3_pendulum.py [--seeds 3] [--max-seconds 180] [--only shoal,sb3,shoal_preset]
+                                           [--config F] [--preset F]
 
-Progress goes to stderr; the last stdout line is one JSON object like ``sac_pendulum.py``'s:
-``{"benchmark": "apex_td3_pendulum", "target", "shoal_median_seconds", "shoal_median_env_steps",
-"shoal_solved", "sb3_median_seconds", "sb3_median_env_steps", "sb3_solved", "speedup", "runs"}``.
+Progress goes to stderr; the last stdout line is one JSON object with the keys of
+``sac_pendulum.py``'s (``speedup_like_for_like``, ``env_steps_ratio_like_for_like``,
+``speedup_preset``, per-row medians and ranges, ``runs``), ``benchmark`` "apex_td3_pendulum".
 """
 
 from __future__ import annotations
@@ -25,7 +34,8 @@ from pathlib import Path
 from sac_pendulum import compare, sb3_until_target, train_shoal
 
 REPO = Path(__file__).resolve().parent.parent
-CONFIG = REPO / "examples" / "apex_td3_pendulum.yaml"
+CONFIG = REPO / "benchmarks" / "configs" / "apex_td3_pendulum_sb3.yaml"
+PRESET = REPO / "examples" / "apex_td3_pendulum.yaml"
 
 
 def child_shoal(seed: int, spawn_time: float, max_seconds: float, threads: int, config: str) -> dict:
@@ -62,7 +72,8 @@ def child_sb3(seed: int, spawn_time: float, max_seconds: float, threads: int, co
 
 
 def main() -> None:
-    compare("apex_td3_pendulum", __doc__, {"shoal": child_shoal, "sb3": child_sb3}, CONFIG, __file__)
+    children = {"shoal": child_shoal, "sb3": child_sb3, "shoal_preset": child_shoal}
+    compare("apex_td3_pendulum", __doc__, children, CONFIG, PRESET, __file__)
 
 
 if __name__ == "__main__":
