@@ -1,7 +1,8 @@
 """AlphaStar league on Leduc poker for a fixed wall-clock budget, scored by exploitability.
 
     python benchmarks/league_leduc.py [--budget-s 900] [--config examples/alpha_star_leduc.yaml]
-                                      [--every-s 60] [--png curve.png] [--save DIR]
+                                      [--every-s 60] [--png curve.png] [--save DIR] [--seed K]
+                                      [--seeds N]
 
 Trains the preset until the budget is spent (the last iteration may run over by up to
 ``min_time_s_per_iteration``). Every ``--every-s`` seconds, and at the end, it computes
@@ -15,12 +16,21 @@ Progress goes to stderr; the last stdout line is one JSON object:
     {"benchmark": "league_leduc", "budget_s": .., "main_exploitability": .., "mixture_exploitability": ..,
      "best_main_exploitability": .., "players": .., "env_steps": .., "env_steps_per_s": ..,
      "mixture_support": {player: weight, ...}, "curve": [[seconds, env_steps, main, mixture], ...], ...}
+
+``--seed K`` sets the config's ``seed`` and ``league.seed``. ``--seeds N`` runs seeds 0..N-1 one
+after another, each in a fresh process, and prints instead ``{"benchmark": "league_leduc_seeds",
+"seeds", "budget_s", "config", "main_exploitability_median", "main_exploitability_range",
+"mixture_exploitability_median", "mixture_exploitability_range", "uniform_random_exploitability",
+"runs": [each seed's JSON object]}``; ``--png`` then draws every seed's main and mixture curves
+against minutes of training.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -66,25 +76,98 @@ def draw(curve: list, path: Path) -> None:
         log(f"curve: {path}")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budget-s", type=float, default=900.0)
     p.add_argument("--config", type=Path, default=ROOT / "examples" / "alpha_star_leduc.yaml")
     p.add_argument("--every-s", type=float, default=60.0, help="seconds between exploitability measurements")
-    p.add_argument("--png", type=Path, default=None, help="also draw the curve into this PNG")
+    p.add_argument("--png", type=Path, default=None, help="also draw the curve(s) into this PNG")
     p.add_argument(
         "--save",
         type=Path,
         default=None,
         help="also save the league at the end as a checkpoint in this directory (shoal league, load_policy)",
     )
+    p.add_argument("--seed", type=int, default=None, help="the config's seed and league.seed (default: the config's)")
+    p.add_argument("--seeds", type=int, default=1, help="run seeds 0..N-1, each in a fresh process; median and range")
     args = p.parse_args()
+    if args.seeds < 1:
+        p.error(f"--seeds must be at least 1; got {args.seeds}")
+    if args.seeds > 1 and (args.seed is not None or args.save is not None):
+        p.error("--seeds runs seeds 0..N-1 itself; give --seed or --save only for one run")
+    return args
 
-    torch.set_num_threads(1)
+
+def config_for(args: argparse.Namespace) -> AlphaStarConfig:
     data = load_yaml(args.config)
     data.pop("algo", None)
     data.pop("stop", None)
-    cfg = AlphaStarConfig(**data)
+    if args.seed is not None:
+        data["seed"] = args.seed
+        data.setdefault("league", {})["seed"] = args.seed
+    return AlphaStarConfig(**data)
+
+
+def run_seeds(args: argparse.Namespace) -> dict:
+    """Seeds 0..N-1, one fresh process each (this script with ``--seed``), and their summary."""
+    runs = []
+    for seed in range(args.seeds):
+        cmd = [sys.executable, __file__, "--budget-s", str(args.budget_s), "--config", str(args.config)]
+        cmd += ["--every-s", str(args.every_s), "--seed", str(seed)]
+        log(f"seed {seed} of {args.seeds}")
+        out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False).stdout
+        lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+        runs.append({"seed": seed, **json.loads(lines[-1])} if lines else {"seed": seed, "error": "no result"})
+    done = [r for r in runs if "error" not in r]
+    summary: dict = {"benchmark": "league_leduc_seeds", "seeds": args.seeds, "budget_s": args.budget_s}
+    summary["config"] = args.config.name
+    for key in ("main_exploitability", "mixture_exploitability"):
+        values = [r[key] for r in done]
+        summary[f"{key}_median"] = statistics.median(values) if values else None
+        summary[f"{key}_range"] = [min(values), max(values)] if values else None
+    summary["uniform_random_exploitability"] = done[0]["uniform_random_exploitability"] if done else None
+    summary["runs"] = runs
+    return summary
+
+
+def draw_seeds(runs: list[dict], path: Path) -> None:
+    """Every seed's main (solid) and mixture (dashed) exploitability against minutes of training."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in runs:
+        if "curve" not in r:
+            continue
+        minutes = [c[0] / 60 for c in r["curve"]]
+        (line,) = ax.plot(minutes, [c[2] for c in r["curve"]], label=f"main, seed {r['seed']}")
+        ax.plot(minutes, [c[3] for c in r["curve"]], "--", color=line.get_color(), label=f"mixture, seed {r['seed']}")
+    ax.set_xlabel("minutes of training")
+    ax.set_ylabel("exploitability")
+    ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    log(f"curves: {path}")
+
+
+def main() -> None:
+    args = parse_args()
+    if args.seeds > 1:
+        summary = run_seeds(args)
+        if args.png is not None:
+            draw_seeds(summary["runs"], args.png)
+        print(json.dumps(summary))
+        return
+    run_one(args)
+
+
+def run_one(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    cfg = config_for(args)
     uniform = uniform_random_exploitability(cfg)
     log(f"budget {args.budget_s:.0f} s, config {args.config.name}, env {cfg.env} (uniform random play: {uniform:.4g})")
     t0 = time.perf_counter()
@@ -131,6 +214,7 @@ def main() -> None:
             {
                 "benchmark": "league_leduc",
                 "budget_s": args.budget_s,
+                "seed": cfg.seed,
                 "config": args.config.name,
                 "main_exploitability": round(main_x, 4),
                 "mixture_exploitability": round(mix.exploitability, 4),
