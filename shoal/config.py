@@ -689,11 +689,19 @@ class AlgorithmConfig(Section):
                 )
         return self
 
-    if TYPE_CHECKING:  # a hook every shoal algorithm's config defines; a custom config class may leave it out
-
-        def fragment_length(self) -> int:
-            """Steps per env per sample request (``rollout_fragment_length``, an 'auto' one derived)."""
-            ...
+    def fragment_length(self) -> int:
+        """Steps per env per sample request: ``rollout_fragment_length``. What 'auto' means is the
+        algorithm's (PPO: the train batch over the envs; IMPALA: the V-trace sequence length; the
+        Q-learners: 16 steps), so a config class that allows 'auto' overrides this; the base has
+        no rule for it and raises a ConfigError."""
+        frag = self.rollout_fragment_length
+        if isinstance(frag, int):
+            return frag
+        raise ConfigError(
+            f"rollout_fragment_length is {frag!r}, but {type(self).__name__} does not say what that means: "
+            "set rollout_fragment_length to a number of steps, or define fragment_length() on the config "
+            "class to resolve it."
+        )
 
     def state_sequence_length(self) -> int:
         """Steps per training sequence of a recurrent model: the runner records the state at each

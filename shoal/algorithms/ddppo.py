@@ -217,7 +217,7 @@ def ppo_policy_learner(
     worker's DistributedLearner. No KL penalty: each replica learns alone, with nothing central
     to adapt a coefficient."""
     module = build_actor_critic(obs_space, action_space, config.model)
-    extra = {"spin_wait": config.spin_wait()} if issubclass(learner_cls, DistributedLearner) else {}
+    extra: dict[str, Any] = {"spin_wait": config.spin_wait()} if issubclass(learner_cls, DistributedLearner) else {}
     return PolicyLearner(
         module, config, lambda c, **_: PPOLoss.from_config(c), device=device, learner_cls=learner_cls, **extra
     )

@@ -182,7 +182,7 @@ def check_env_memory(config: Any, obs_space: gym.Space | None) -> None:
 
     res, row = config.resources, 4 * obs_nbytes(obs_space) + 64  # obs, next obs, copies; a few scalars
     processes = max(1, res.num_workers)
-    frag = config.fragment_length() if hasattr(config, "fragment_length") else 1
+    frag = config.fragment_length()
     batch = f"train_batch_size={getattr(config, 'train_batch_size', 0)}"
     # an 'auto' fragment length is derived from train_batch_size: that is the key to name
     frag_key = (

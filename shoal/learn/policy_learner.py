@@ -18,6 +18,7 @@ import torch
 
 from shoal.batch import Batch
 from shoal.learn.learner import Learner
+from shoal.learn.learner_params import LearnerParams
 from shoal.learn.losses import LossRecord
 from shoal.learn.target import AdaptiveKL, TargetNetwork, Unit
 
@@ -35,9 +36,12 @@ class LearnerOutput:
 
 
 class PolicyLearner:
-    """``make_loss(config, target=, kl=)`` builds the loss record; ``target_period`` (learner
-    updates) adds a target network refreshed that often; the KL coefficient is on when the
-    config's ``use_kl_loss`` is. ``learner_cls`` (with ``learner_kwargs``) is the Learner kind,
+    """``make_loss(config, target=, kl=)`` builds the loss record; ``learner_params`` (by default
+    :meth:`LearnerParams.from_config <shoal.learn.learner_params.LearnerParams.from_config>` of
+    ``config``) is every learner-level value (lr and its schedule, clip, entropy schedule,
+    non-finite limit, KL penalty): nothing else of the config is read here. ``target_period``
+    (learner updates) adds a target network refreshed that often; the KL coefficient is on when
+    ``learner_params.use_kl_loss`` is. ``learner_cls`` (with ``learner_kwargs``) is the Learner kind,
     e.g. DD-PPO's all-reducing :class:`~shoal.learn.distributed.DistributedLearner`."""
 
     def __init__(
@@ -49,14 +53,13 @@ class PolicyLearner:
         device: Any = "cpu",
         target_period: Optional[int] = None,
         learner_cls: type[Learner] = Learner,
+        learner_params: Optional[LearnerParams] = None,
         **learner_kwargs: Any,
     ) -> None:
-        self.config = config
-        self.kl = AdaptiveKL(
-            getattr(config, "kl_coeff", 0.0),
-            getattr(config, "kl_target", 0.01),
-            enabled=getattr(config, "use_kl_loss", False),
-        )
+        self.config = config  # what the loss record is built from (and the algorithm reads back)
+        params = LearnerParams.from_config(config) if learner_params is None else learner_params
+        self.learner_params = params
+        self.kl = AdaptiveKL(params.kl_coeff, params.kl_target, enabled=params.use_kl_loss)
         module = module.to(device)  # on its device before the target copies it
         self.target: Optional[TargetNetwork] = None
         if target_period is not None:
@@ -64,12 +67,8 @@ class PolicyLearner:
         self.learner = learner_cls(
             module,
             make_loss(config, target=self.target, kl=self.kl),
-            lr=config.lr,
-            grad_clip=config.grad_clip,
-            lr_schedule=config.lr_schedule,
-            loss_schedules={"entropy_coeff": getattr(config, "entropy_coeff_schedule", None)},
-            max_nonfinite_updates=config.max_nonfinite_updates,
             device=device,
+            **params.learner_kwargs(),
             **learner_kwargs,
         )
         # KL(target || policy) measured by the loss at each update that completes a target period:
@@ -129,18 +128,18 @@ class PolicyLearner:
 
     def apply_config(self, config, *, set_lr: bool = True) -> None:
         """A changed config (``update_config``): a rebuilt loss record (one attribute store, so a
-        learner thread never sees a half-changed loss), the optimizer's clip, its lr when
-        ``set_lr`` (and no lr_schedule decides it), the KL target."""
+        learner thread never sees a half-changed loss) and learner record, the optimizer's clip,
+        its lr when ``set_lr`` (and no lr_schedule decides it), the KL target."""
         self.config = config
+        self.learner_params = params = LearnerParams.from_config(config)
         loss = self.learner.loss_fn
         assert isinstance(loss, LossRecord), "a PolicyLearner's loss is a loss record"
         self.learner.loss_fn = loss.with_config(config)
         self.learner.set_env_steps(self.learner.env_steps)  # scheduled loss fields keep their schedule
-        self.learner.grad_clip = config.grad_clip
-        if set_lr and not config.lr_schedule:
-            self.learner.set_lr(config.lr)
-        if hasattr(config, "kl_target"):
-            self.kl.target = float(config.kl_target)
+        self.learner.grad_clip = params.grad_clip
+        if set_lr and not params.lr_schedule:
+            self.learner.set_lr(params.lr)
+        self.kl.target = params.kl_target
 
     def add_target(
         self, online: str, net: str, period: int, *, unit: Unit = "updates", tau: float = 1.0
