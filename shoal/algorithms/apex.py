@@ -1,132 +1,36 @@
 """Ape-X DQN: epsilon-greedy rollout actors, sharded prioritized replay, a background learner.
 
-Reads in order: config, rollout actor, training_step. The loss, n-step postprocessing and
-the SGD step are DQN's functions (``dqn.py``).
-
-Data flow (docs/architecture.md, "Ape-X"): rollout actor i of N explores with epsilon
-``0.4 ** (1 + 7 i / (N - 1))``, computes n-step transitions and their initial priorities
-itself and pushes each batch straight into a random replay shard. Replay shards are actors
-on the driver's node. The driver keeps up to 4 sample requests in flight per actor,
-refreshes an actor's weights once it has sampled ``max_weight_sync_delay`` steps since its
-last refresh (one object-store put), asks shards for replay batches at the training
-intensity, feeds the ready ones to the learner thread without blocking, and sends each
-batch's new priorities back to its shard. The headline episode metrics count only the
-episodes of the third of envs with the lowest epsilon (:func:`reporting_envs`), as the
-reference does; ``all_envs/*`` count every env's.
-
-Training intensity: as in the reference, sampled env steps accumulate until a train batch's
-worth has come in, which then owes ``collected / train_batch_size * training_intensity``
-replay requests (the fraction is carried over rather than rounded). Owed requests are never
-dropped: they go out as room appears (learner queue, counting requests in flight; shards
-under their request cap), and one that comes back empty or is lost with a failed shard is
-owed again. While owed requests wait, the learner is behind: no new sample requests go out
-(back-pressure), so trained / sampled stays at ``training_intensity`` (``replay_ratio``);
-except after an empty answer, since an empty (e.g. recreated) shard fills only by sampling.
+The pipeline (rollout actors writing into replay shards, the training intensity, the request
+pipeline, the learner thread) is ``apex_pipeline.py``'s, shared with Ape-X TD3; the config,
+the loss and the policy learner are Q-learning's (``q_learning.py``), shared with DQN. What is
+Ape-X DQN's own is below: DQN's keys joined to the pipeline's with DQN's epsilon schedule
+refused, epsilon-greedy rollout actors that compute their transitions' initial priorities from
+their own Q-values, and the Q-network learner.
 """
 
 from __future__ import annotations
 
-import functools
-import math
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 from pydantic import Field
 
-from shoal.algorithms.base import Algorithm
-from shoal.algorithms.dqn import (
-    Q_DISPLAY_METRICS,
-    DQNConfig,
-    QPolicyLearner,
-    check_replay_fits,
-    learn_on_replay_tensors,
-    load_replay_batch,
-    n_step_postprocess,
-    q_network_weights,
-    q_target,
-    replay_kwargs,
+from shoal.algorithms.apex_pipeline import (  # noqa: F401 (unused ones: re-exported)
+    ApeXKeys,
+    ApeXPipeline,
+    ApeXResourcesConfig,
+    ApeXRunner,
+    actor_epsilons,
+    reporting_envs,
 )
-from shoal.batch import Col
-from shoal.config import AlgorithmConfig, ResourcesConfig, Section
-from shoal.errors import ConfigError, NodeResourceError
-from shoal.learn.replay_learner import ReplayLearnerThread
-from shoal.learn.threads import LearnerResult
-from shoal.logging.metrics import EpisodeWindow, Phase
-from shoal.replay.storage import lz4_block
-from shoal.rollout import EnvRunner
-from shoal.rollout.policies import EpsilonGreedyQPolicy, apex_epsilon
-from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
-from shoal.runtime.placement import DRIVER, BundleGroup
-from shoal.seeding import component_seed
-
+from shoal.algorithms.q_learning import Q_DISPLAY_METRICS, DQNConfig, QPolicyLearner, q_network_weights
+from shoal.rollout.policies import EpsilonGreedyQPolicy
 
 # ---- config -----------------------------------------------------------------------------
-class ApeXResourcesConfig(ResourcesConfig):
-    num_replay_shards: int = Field(
-        4, ge=1, description="Replay shard actors; the replay capacity is split evenly over them."
-    )
-    replay_shard_cpus: float = Field(
-        1.0,
-        ge=0,
-        description="CPUs each replay shard reserves, 1 as in the reference Ape-X "
-        "(0: shards share the driver's; the small-machine preset's choice).",
-    )
-    replay_shards_on_driver_node: bool = Field(
-        True, description="Place replay shards on the driver's node (beside the learner)."
-    )
-
-
 _FIXED_EPSILONS = (
     "Ape-X gives rollout actor i of N the fixed epsilon exploration_base ** (1 + exploration_alpha * i "
     "/ (N - 1)) instead of annealing one; set exploration_base and exploration_alpha"
 )
-
-
-class ApeXKeys(Section):
-    """The Ape-X pipeline, whatever learns at its end (Ape-X DQN, Ape-X TD3): per-actor exploration,
-    replay shards, n-step transitions, the training intensity and the request pipeline."""
-
-    resources: ApeXResourcesConfig = Field(
-        default_factory=ApeXResourcesConfig, description="Rollout actors plus the replay shards."
-    )
-    n_step: int = Field(3, ge=1, description="Rewards summed per transition before bootstrapping.")
-    replay_capacity: int = Field(2_000_000, ge=1, description="Total over all replay shards.")
-    learning_starts: int = Field(50_000, ge=0, description="Sampled env steps before the learner starts.")
-    train_batch_size: int = Field(512, ge=1, description="Transitions per replayed batch (one SGD step).")
-    rollout_fragment_length: Union[int, str] = Field(50, description="Steps per env per sample call.")
-    training_intensity: float = Field(1.0, gt=0, description="Replayed env steps per sampled env step.")
-    prioritized_replay: bool = Field(True, description="Sample by TD-error priority; false: uniformly.")
-    min_time_s_per_iteration: float = Field(
-        1.0, ge=0, description="Asynchronous: one result (and row) per second, not per step."
-    )
-    min_env_steps_per_iteration: int = Field(
-        0,
-        ge=0,
-        description="An iteration repeats training steps until it has "
-        "sampled this many env steps (Ape-X reports by time instead).",
-    )
-    max_weight_sync_delay: int = Field(
-        400, ge=1, description="Steps an actor samples before its weights are refreshed."
-    )
-    max_requests_in_flight_per_worker: int = Field(4, ge=1, description="Sample requests kept open per rollout actor.")
-    max_replay_requests_in_flight_per_shard: int = Field(
-        16, ge=1, description="Replay requests kept open per replay shard."
-    )
-    learner_queue_size: int = Field(
-        64,
-        ge=1,
-        description="Replayed batches waiting for the learner thread; with the "
-        "requests in flight it bounds how far replay runs ahead of learning.",
-    )
-    final_prioritized_replay_beta: float = Field(0.4, ge=0, le=1, description="Ape-X keeps beta fixed by default.")
-    exploration_base: float = Field(0.4, gt=0, lt=1, description="Epsilon base of the per-actor schedule.")
-    exploration_alpha: float = Field(7.0, ge=0, description="Epsilon exponent spread of the per-actor schedule.")
-
-    def epsilon_schedule(self) -> None:  # Ape-X: fixed per-actor exploration instead of an annealed one
-        return None
-
-    def fragment_length(self) -> int:
-        return self.rollout_fragment_length if isinstance(self.rollout_fragment_length, int) else 50
 
 
 class ApeXConfig(ApeXKeys, DQNConfig):
@@ -172,394 +76,22 @@ class ApeXConfig(ApeXKeys, DQNConfig):
         }
 
 
-# ---- rollout actor ----------------------------------------------------------------------
-def actor_epsilons(num_workers: int, num_envs: int, base: float, alpha: float) -> dict[int, np.ndarray]:
-    """The epsilon of every env of every rollout actor, by actor id.
-
-    Rollout actor i of N (ids 1..N) explores with ``base ** (1 + alpha * (i - 1) / (N - 1))`` on
-    all its envs; with ``num_workers=0`` the driver's runner (id 0) spreads the schedule over the
-    envs of its vector instead, env j of ``num_envs`` getting the j-th epsilon.
-    """
-    if num_workers > 0:
-        return {i: np.full(num_envs, apex_epsilon(i - 1, num_workers, base, alpha)) for i in range(1, num_workers + 1)}
-    return {0: np.array([apex_epsilon(j, num_envs, base, alpha) for j in range(num_envs)])}
-
-
-def reporting_envs(epsilons: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-    """Per actor id, a mask of the envs whose episodes the headline metrics count: the third of
-    all envs with the lowest epsilon (at least one), with the envs tied with the last of them.
-
-    Envs with epsilon 0.4 play far worse than the greedy policy, so counting their episodes
-    would bias ``episode_return_mean`` (and the ``best`` checkpoint it picks) low. With several
-    actors, whose envs share their actor's epsilon, the ties make this the third of actors with
-    the lowest epsilon (rounded up).
-    """
-    ranked = np.sort(np.concatenate(list(epsilons.values())))
-    cutoff = ranked[math.ceil(len(ranked) / 3) - 1]
-    return {i: eps <= cutoff for i, eps in epsilons.items()}
-
-
-class ApeXRunner(EnvRunner):
-    """An EnvRunner that writes its own batches (with initial priorities) into a random replay shard."""
-
-    def __init__(self, config: ApeXConfig, worker_index: int, *args, **kwargs) -> None:
-        super().__init__(config, worker_index, *args, **kwargs)
-        n = config.resources.num_workers
-        eps = actor_epsilons(n, self.num_envs, config.exploration_base, config.exploration_alpha)[worker_index]
-        self.policy.epsilon = float(eps[0]) if n > 0 else eps  # one per env when sampling in the driver
-        self.shards: list = []
-        self.rng = np.random.default_rng(self.seed)
-
-    def set_shards(self, shards: list) -> None:
-        self.shards = list(shards)
-
-    def sample_into_replay(self):
-        batch, metrics = self.sample()
-        priorities = batch.data.pop(Col.PRIORITIES, None)  # None without worker-side prioritization
-        if self.shards:
-            self.shards[int(self.rng.integers(len(self.shards)))].add(batch, priorities)
-        return metrics
-
-
 # ---- algorithm --------------------------------------------------------------------------
-class ApeX(Algorithm):
+class ApeX(ApeXPipeline):
+    """The Ape-X pipeline with epsilon-greedy rollout actors and DQN's :class:`QPolicyLearner`."""
+
     config_cls = ApeXConfig
     config: ApeXConfig
-    shards: Any  # the replay shards' actor group (a LazyActorGroup); None once stopped
     policy_cls = EpsilonGreedyQPolicy  # what the rollout actors act with (``epsilon`` set per actor)
-    learner_cls = QPolicyLearner  # what learns from the replayed batches (Ape-X TD3: TD3PolicyLearner)
-    result_keys = (
-        *Algorithm.result_keys,
-        *("learner_busy_fraction", "learner_queue_size", "replay_ratio", "num_replay_requests_owed"),
-        *("num_learner_updates", "num_replay_batches_dropped", "num_stale_priority_batches"),
-        *("num_replay_shard_restarts", "num_target_updates"),
-    )
+    learner_cls = QPolicyLearner  # what learns from the replayed batches
 
     def worker_priorities(self) -> bool:
         """Whether rollout actors compute their transitions' initial priorities (from their Q-values)."""
         return self.config.worker_side_prioritization and self.config.prioritized_replay
 
-    def setup(self) -> None:
-        cfg: ApeXConfig = self.config
-        res = cfg.resources
-        check_replay_fits(cfg, self.env_info.observation_space, res.num_replay_shards)  # not in shard actors
-        self.policies = self.build_policies(self.learner_cls)
-        policy = self.policies.only
-        self.learner, self.target = policy.learner, q_target(self.policies)
-        self.learner_thread = ReplayLearnerThread(
-            functools.partial(learn_on_replay_tensors, self.learner),
-            policy.get_weights,
-            queue_size=cfg.learner_queue_size,
-            load_fn=functools.partial(load_replay_batch, self.learner),
-        )
-        self.learner_thread.start()
-        self.shards = self._replay_shards()
-        self._shard_restarts_seen = 0
-        postprocess = functools.partial(
-            n_step_postprocess, n_step=cfg.n_step, gamma=cfg.gamma, priorities=self.worker_priorities()
-        )
-        self.env_runners = self.make_env_runners(
-            self.policy_cls,
-            postprocess,
-            cfg.fragment_length(),
-            max_in_flight=cfg.max_requests_in_flight_per_worker,
-            runner_cls=ApeXRunner,
-        )
-        self.reporting_envs = reporting_envs(
-            actor_epsilons(res.num_workers, res.num_envs_per_worker, cfg.exploration_base, cfg.exploration_alpha)
-        )
-        self.all_env_episodes = EpisodeWindow(100)  # every env's episodes, high epsilons included
-        self.steps_since_sync = {i: 0 for i in self.env_runners.actor_ids}
-        self.broadcast_weights()
-        self.num_stale_priority_batches = 0  # learned batches whose shard was recreated since: priorities dropped
-        self.learning_started_at: tuple[float, float] | None = None  # (sampled, trained) env steps then
-        self._steps_not_owed = 0  # sampled env steps not yet turned into owed replay requests
-        self._owed = 0.0  # replay requests owed (the fraction of one included)
-        self._replay_in_flight = 0  # replay requests sent and not yet returned, as this driver counts them
-        self._shard_was_empty = False  # the last replay answer was None
-
-    def _replay_shards(self) -> LazyActorGroup:
-        """The replay shard actors (in-process shards with num_workers 0), started on first use."""
-        cfg: ApeXConfig = self.config
-        res = cfg.resources
-        per_shard = math.ceil(cfg.replay_capacity / res.num_replay_shards)
-        if cfg.replay_compression == "lz4":
-            lz4_block()  # here, not as replay shard actors that fail to start
-        seed = cfg.seed
-
-        def shard_ctor(i: int):
-            return (per_shard,), replay_kwargs(cfg, component_seed(seed, i), res.num_replay_shards)
-
-        from shoal.replay import ReplayShard
-
-        def make_shards():
-            try:
-                return make_actor_group(
-                    ReplayShard,
-                    res.num_replay_shards,
-                    shard_ctor,
-                    remote=res.num_workers > 0,
-                    resources=self.actor_resources(
-                        "replay shard",
-                        num_cpus=res.replay_shard_cpus,
-                        node="driver" if res.replay_shards_on_driver_node else None,
-                    )
-                    if res.num_workers > 0
-                    else ActorResources.of_workers(res),
-                    max_in_flight=cfg.max_replay_requests_in_flight_per_shard,
-                    name="replay shard",
-                    first_index=0,
-                )
-            except NodeResourceError as e:
-                raise NodeResourceError(
-                    f"{e} Replay shards go to the driver's node (resources.replay_shards_on_driver_node): "
-                    "lower resources.replay_shard_cpus (0 shares the driver's CPUs), or set "
-                    "resources.replay_shards_on_driver_node to false to place them on any node."
-                ) from None
-
-        # Lazy like the rollout actors (which get the shards' handles when they start): a run
-        # restored only to evaluate starts no actor.
-        return LazyActorGroup(
-            make_shards, res.num_replay_shards, first_index=0, max_in_flight=cfg.max_replay_requests_in_flight_per_shard
-        )
-
     def display_metrics(self) -> list[tuple[str, str]]:
         return Q_DISPLAY_METRICS
-
-    def get_weights(self):
-        return self.learner_thread.get_weights()
 
     @classmethod
     def policy_weights(cls, state: dict[str, Any]) -> dict[str, np.ndarray]:
         return q_network_weights(state)
-
-    def restart_calls(self):
-        return [("set_shards", (list(self.shards.proxies().values()),))]
-
-    @classmethod
-    def resource_plan(cls, config: AlgorithmConfig) -> list[BundleGroup]:
-        """The shared plan plus the replay shards (remote with rollout actors), pinned to the driver's
-        node when ``resources.replay_shards_on_driver_node`` is set."""
-        assert isinstance(config, ApeXKeys)
-        plan, res = super().resource_plan(config), config.resources
-        if res.num_workers > 0:
-            plan.insert(
-                1,
-                BundleGroup(
-                    "replay shard",
-                    res.num_replay_shards,
-                    res.replay_shard_cpus,
-                    node=DRIVER if res.replay_shards_on_driver_node else None,
-                    cpu_key="resources.replay_shard_cpus",
-                ),
-            )
-        return plan
-
-    def start_actors(self) -> None:
-        """The replay shards first, waiting until they are up (so iteration times measure training),
-        then the rollout actors, which get the shards' handles when they start."""
-        self.shards.start()
-        self.shards.foreach("ping")
-        super().start_actors()
-
-    def training_step(self) -> dict[str, Any]:
-        cfg: ApeXConfig = self.config
-        self.learner_thread.check()
-        # back-pressure: requests are owed because the learner is behind; sample nothing new (unless
-        # a shard answered empty: it fills only by sampling, e.g. a recreated one)
-        held = self._owed >= 1 and not self._shard_was_empty
-        with self.timers.time(Phase.SAMPLE):
-            if not held:
-                self.env_runners.submit("sample_into_replay")
-            ready = self.env_runners.fetch_ready(timeout_s=0.01)
-            collected = self.record_actor_rollouts(ready)
-        with self.timers.time(Phase.SYNC_WEIGHTS):
-            self._sync_stale_actors()
-        sampled = self.counters["env_steps_sampled"]
-        if self.learning_started_at is None and sampled >= cfg.learning_starts:
-            # steps sampled from here owe replay
-            self.learning_started_at = (sampled, self.counters["env_steps_trained"])
-        elif self.learning_started_at is not None:
-            self._owe_replay(collected)
-        if self.learning_started_at is not None:
-            with self.timers.time(Phase.REPLAY):
-                if cfg.lr_schedule:
-                    with self.learner_thread.hold():
-                        self.learner.set_env_steps(sampled)
-                self._request_replay(cfg.beta(sampled))
-                self._queue_replayed()
-        with self.timers.time(Phase.UPDATE_PRIORITIES):
-            stats = self._send_priorities(self.learner_thread.drain(timeout_s=0.01 if held and not ready else 0.0))
-        self._resync_restarted_shards()
-        return {**{f"learner/{k}": v for k, v in stats.items()}, **self.replay_metrics()}
-
-    def _sync_stale_actors(self) -> None:
-        """Actors that sampled max_weight_sync_delay steps since their last weights get the current ones."""
-        delay = self.config.max_weight_sync_delay
-        stale = [i for i in self.steps_since_sync if self.steps_since_sync[i] >= delay]
-        if stale:
-            ref = self.env_runners.put(self.get_weights())
-            self._weights_ref = ref
-            self.env_runners.foreach("set_weights", ref, actor_ids=stale, wait=False)
-            for i in stale:
-                self.steps_since_sync[i] = 0
-
-    def train(self) -> dict[str, Any]:
-        result = super().train()
-        result["learner_busy_fraction"] = self.learner_thread.busy_fraction()  # over this iteration
-        everyone = self.all_env_episodes.metrics()
-        for key in ("episode_return_mean", "episode_len_mean", "episodes_total"):
-            result[f"all_envs/{key}"] = everyone[key]
-        return result
-
-    # ---- training intensity ---------------------------------------------------------------
-    def _owe_replay(self, collected: int) -> None:
-        """Like the reference: once a train batch's worth of sampled steps has come in, it owes
-        ``steps / train_batch_size * training_intensity`` requests (the fraction is kept)."""
-        cfg: ApeXConfig = self.config
-        self._steps_not_owed += collected
-        if self._steps_not_owed >= cfg.train_batch_size:
-            self._owed += self._steps_not_owed / cfg.train_batch_size * cfg.training_intensity
-            self._steps_not_owed = 0
-
-    def _request_replay(self, beta: float) -> None:
-        """Send owed requests while the learner queue (counting requests in flight) has room,
-        each to a random shard under its request cap; the rest stay owed."""
-        cfg: ApeXConfig = self.config
-        room = cfg.learner_queue_size - self.learner_thread.queued() - self.shards.num_in_flight()
-        n = min(int(self._owed), room)
-        if n <= 0:
-            return
-        free = {sid: self.shards.max_in_flight - self.shards.num_in_flight(sid) for sid in self.shards.actor_ids}
-        for _ in range(n):
-            open_ids = [sid for sid, f in free.items() if f > 0]
-            if not open_ids:
-                return
-            sid = open_ids[int(self.rng.integers(len(open_ids)))]
-            if self.shards.submit("sample", cfg.train_batch_size, beta, actor_ids=[sid]):
-                free[sid] -= 1
-                self._owed -= 1
-                self._replay_in_flight += 1
-            else:
-                free[sid] = 0
-
-    def _queue_replayed(self) -> None:
-        """Hand the replayed batches that are ready to the learner; an empty shard's answer, a
-        full queue or a request lost with a failed shard owes the request again."""
-        ready = self.shards.fetch_ready(timeout_s=0.0)
-        in_flight = self.shards.num_in_flight()
-        self._owed += max(0, self._replay_in_flight - len(ready) - in_flight)  # lost with a recreated shard
-        self._replay_in_flight = in_flight
-        for sid, batch in ready:
-            if isinstance(batch, ConfigError):  # the shard refused the rows (replay would not fit in memory)
-                raise batch
-            self._shard_was_empty = batch is None
-            if batch is None:
-                self._owed += 1
-            elif not self.learner_thread.add(sid, batch, self.shards.generation(sid)):  # counted as dropped
-                self._owed += 1
-
-    def _send_priorities(self, results: list[LearnerResult]) -> dict[str, float]:
-        """Count trained steps; send new priorities to each batch's shard unless it was recreated
-        since the batch was sampled (its slots now hold other rows, or none)."""
-        stats: dict[str, float] = {}
-        for r in results:
-            self.counters["env_steps_trained"] += r.env_steps
-            stats = r.stats
-            if not self.config.prioritized_replay or r.priorities is None:  # None: a skipped NaN/inf update
-                continue
-            tag = r.replay
-            assert tag is not None, "a learned replay batch carries its tag"
-            if tag.shard_id in self.shards.actor_ids and tag.generation == self.shards.generation(tag.shard_id):
-                self.shards.foreach(
-                    "update_priorities", tag.indices, r.priorities, tag.row_ids, actor_ids=[tag.shard_id], wait=False
-                )
-            else:
-                self.num_stale_priority_batches += 1
-        return stats
-
-    def replay_ratio(self) -> float:
-        """Env steps trained per env step sampled since learning started (0 before)."""
-        if self.learning_started_at is None:
-            return 0.0
-        sampled0, trained0 = self.learning_started_at
-        sampled = self.counters["env_steps_sampled"] - sampled0
-        return (self.counters["env_steps_trained"] - trained0) / sampled if sampled > 0 else 0.0
-
-    def record_actor_rollouts(self, ready) -> int:
-        """Count every actor's steps and episodes; the headline metrics (and callbacks' custom
-        metrics) take only the episodes of the lowest-epsilon third of envs."""
-        steps = 0
-        for i, m in ready:
-            steps += m.env_steps
-            self.counters["num_env_failures"] += m.env_failures
-            self.steps_since_sync[i] = self.steps_since_sync.get(i, 0) + m.env_steps
-            self.all_env_episodes.add(m.episode_returns, m.episode_lengths)
-            counted = np.flatnonzero(self.reporting_envs[i][m.episode_envs])  # positions in the episode lists
-            self.episodes.add([m.episode_returns[j] for j in counted], [m.episode_lengths[j] for j in counted])
-            if m.custom_metrics:  # one dict per finished episode, in the same order
-                self.custom_metrics.extend(m.custom_metrics[j] for j in counted)
-        self.counters["env_steps_sampled"] += steps
-        return steps
-
-    def _resync_restarted_shards(self) -> None:
-        """A recreated (empty) shard has a new handle: hand fresh proxies to every rollout actor."""
-        if self.shards.num_restarts != self._shard_restarts_seen:
-            self._shard_restarts_seen = self.shards.num_restarts
-            self.env_runners.foreach("set_shards", list(self.shards.proxies().values()), wait=False)
-
-    def replay_metrics(self) -> dict[str, Any]:
-        t = self.learner_thread
-        return {
-            "learner_queue_size": t.inqueue.qsize(),
-            "replay_ratio": self.replay_ratio(),
-            "num_replay_requests_owed": int(self._owed),
-            "num_learner_updates": t.num_updates,
-            "num_replay_batches_dropped": t.num_dropped,
-            "num_stale_priority_batches": self.num_stale_priority_batches,
-            "num_replay_shard_restarts": self.shards.num_restarts,
-            "num_target_updates": self.target.num_updates,
-            "learner/lr": self.learner.lr,
-        }
-
-    def get_state(self) -> dict[str, Any]:
-        with self.learner_thread.hold():  # the policy's learner and target, at the top of the state
-            state = {
-                **super().get_state(),
-                "num_learner_updates": self.learner_thread.num_updates,
-                "all_env_episodes": self.all_env_episodes.get_state(),
-            }
-            # requests in flight or queued are lost with this process: a restored run owes them again
-            owed = self._owed + self._replay_in_flight + self.learner_thread.queued()
-            state["replay_schedule"] = {
-                "owed": float(owed),
-                "steps_not_owed": int(self._steps_not_owed),
-                "learning_started_at": list(self.learning_started_at or ()),
-            }
-        if self.config.checkpoint_replay:
-            state["replay"] = self.shards.foreach("get_state")
-        return state
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        with self.learner_thread.hold():
-            super().set_state(state)
-            # the thread's SGD steps go on from the checkpoint (older ones did not save it: the learner's count)
-            self.learner_thread.num_updates = int(state.get("num_learner_updates", self.learner.num_updates))
-        if "all_env_episodes" in state:  # older checkpoints kept only the headline window
-            self.all_env_episodes.set_state(state["all_env_episodes"])
-        schedule = state.get("replay_schedule")
-        if schedule is not None:
-            self._owed, self._steps_not_owed = float(schedule["owed"]), int(schedule["steps_not_owed"])
-            started = schedule["learning_started_at"]
-            self.learning_started_at = (float(started[0]), float(started[1])) if started else None
-        if "replay" in state:
-            for sid, s in zip(self.shards.actor_ids, state["replay"]):
-                self.shards.call(sid, "set_state", s)
-        self.broadcast_weights()
-
-    def stop(self) -> None:
-        self.learner_thread.stop()
-        if self.shards is not None:
-            self.shards.stop()
-            self.shards = None
-        super().stop()

@@ -2,9 +2,11 @@
 
 Reads in order: config, networks, loss, policy learner, rollout policy, algorithm.
 
-Everything between the rollout actors and the learner is Ape-X's (``apex.py``): replay shards,
-n-step transitions, the training intensity, the request pipeline, the learner thread. What
-changes is what acts and what learns:
+Everything between the rollout actors and the learner is the Ape-X pipeline's
+(``apex_pipeline.py``, shared with Ape-X DQN): replay shards, n-step transitions, the training
+intensity, the request pipeline, the learner thread. The model section, the spaces check and the
+Box rollout policy are shared with SAC (``continuous.py``). What changes is what acts and what
+learns:
 
 - Rollout actor i of N acts with a deterministic actor ``a = tanh(mu(s))`` plus Gaussian noise
   whose standard deviation (in the [-1, 1] action scale) is Ape-X's per-actor epsilon,
@@ -30,10 +32,10 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from shoal.algorithms.apex import ApeX, ApeXKeys, ApeXResourcesConfig
+from shoal.algorithms.apex_pipeline import ApeXKeys, ApeXPipeline, ApeXResourcesConfig
 from shoal.algorithms.config_groups import ReplayKeys
+from shoal.algorithms.continuous import _ACT, BoxPolicy, ContinuousModelConfig, action_dim, check_box_spaces
 from shoal.algorithms.policies import build_policy_module
-from shoal.algorithms.sac import _ACT, BoxPolicy, SACModelConfig, action_dim, check_sac_spaces
 from shoal.batch import Col
 from shoal.config import AlgorithmConfig
 from shoal.learn import resolve_device
@@ -45,7 +47,7 @@ from shoal.spaces import flat_obs_dim
 
 
 # ---- config -----------------------------------------------------------------------------
-class TD3ModelConfig(SACModelConfig):
+class TD3ModelConfig(ContinuousModelConfig):
     """The actor's and each critic's MLP ([256, 256] with ReLU unless given)."""
 
     unused_keys = {
@@ -245,7 +247,7 @@ class TD3PolicyLearner(PolicyLearner):
     Rollout actors receive the actor's weights only."""
 
     def __init__(self, config: ApeXTD3Config, obs_space, action_space, seed: Optional[int] = None) -> None:
-        check_sac_spaces(obs_space, action_space, config.algo)
+        check_box_spaces(obs_space, action_space, config.algo)
         module = build_policy_module(TD3Module, obs_space, action_space, config, seed)
         super().__init__(
             module,
@@ -268,7 +270,7 @@ class TD3PolicyLearner(PolicyLearner):
 class NoisyDeterministicPolicy(BoxPolicy):
     """``tanh(mu(s))`` plus Gaussian noise of std ``epsilon`` (a float, or one per env of the
     vector), clipped to [-1, 1] and scaled to the env's bounds; greedy: no noise. Ape-X's rollout
-    actors set ``epsilon`` per actor (:func:`shoal.algorithms.apex.actor_epsilons`). The first
+    actors set ``epsilon`` per actor (:func:`shoal.algorithms.apex_pipeline.actor_epsilons`). The first
     ``random_warmup_steps`` env steps it explores are uniform random actions instead."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, config, seed: int | None = None) -> None:
@@ -290,13 +292,13 @@ class NoisyDeterministicPolicy(BoxPolicy):
 
 
 # ---- algorithm --------------------------------------------------------------------------
-class ApeXTD3(ApeX):
-    """Ape-X with :class:`TD3PolicyLearner` and :class:`NoisyDeterministicPolicy` (module docstring)."""
+class ApeXTD3(ApeXPipeline):
+    """The Ape-X pipeline with :class:`TD3PolicyLearner` and :class:`NoisyDeterministicPolicy` (module docstring)."""
 
-    config_cls = ApeXTD3Config  # type: ignore[assignment]
-    config: ApeXTD3Config  # type: ignore[assignment]
-    policy_cls = NoisyDeterministicPolicy  # type: ignore[assignment]
-    learner_cls = TD3PolicyLearner  # type: ignore[assignment]
+    config_cls = ApeXTD3Config
+    config: ApeXTD3Config
+    policy_cls = NoisyDeterministicPolicy
+    learner_cls = TD3PolicyLearner
 
     def worker_priorities(self) -> bool:
         return False  # the actors hold no critic: new rows get the shard's running maximum

@@ -1,6 +1,8 @@
 """SAC: soft actor-critic for continuous (Box) actions, on shoal's replay.
 
-Reads in order: config, networks, loss, policy learner, rollout policy, training_step.
+Reads in order: config, networks, loss, policy learner, rollout policy, training_step. The
+replay loop is shared with DQN (``replay_loop.py``); the model section, the spaces check and the
+Box rollout policy with Ape-X TD3 (``continuous.py``).
 
 The actor is a squashed Gaussian: ``a = tanh(u)``, ``u ~ N(mu(s), sigma(s))``, in [-1, 1]
 (the rollout policy scales it to the env's bounds; replay and learner stay in [-1, 1]). Two
@@ -32,33 +34,26 @@ from torch import nn
 from torch.nn import functional as F
 
 from shoal.algorithms.config_groups import ReplayKeys, check_replay_start
-from shoal.algorithms.dqn import ReplayAlgorithm, check_replay_fits, make_replay, n_step_postprocess
+from shoal.algorithms.continuous import _ACT, BoxPolicy, ContinuousModelConfig, action_dim, check_box_spaces
 from shoal.algorithms.policies import build_policy_module
+from shoal.algorithms.replay_loop import ReplayAlgorithm, check_replay_fits, make_replay, n_step_postprocess
 from shoal.batch import Col
-from shoal.config import AlgorithmConfig, ModelConfig
-from shoal.errors import ConfigError
+from shoal.config import AlgorithmConfig
 from shoal.learn import resolve_device
 from shoal.learn.losses import LossRecord
 from shoal.learn.policy_learner import PolicyLearner
 from shoal.logging.metrics import Phase
-from shoal.models.catalog import _ACTIVATIONS, _FUNCTIONAL
 from shoal.models.twin_q import TwinQ
 from shoal.models.weights import load_numpy_weights, weights_to_numpy
-from shoal.rollout.policies import InferencePolicy
-from shoal.spaces import flat_obs_dim, image_entries
+from shoal.spaces import flat_obs_dim
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # the actor's log std is clamped here (the SAC paper's code)
 
 
 # ---- config -----------------------------------------------------------------------------
-class SACModelConfig(ModelConfig):
+class SACModelConfig(ContinuousModelConfig):
     """The actor's and each critic's MLP ([256, 256] with ReLU, as the SAC references use, also when a
     config gives only some of the section's keys)."""
-
-    hiddens: list[int] = Field(
-        default_factory=lambda: [256, 256], description="Hidden layer sizes of the actor and of each critic."
-    )
-    activation: str = Field("relu", description="tanh, relu or elu.")
 
     unused_keys = {
         "vf_share_layers": "SAC's actor and critics are separate networks",
@@ -128,36 +123,9 @@ class SACConfig(ReplayKeys, AlgorithmConfig):
 
 
 # ---- networks ---------------------------------------------------------------------------
-_ACT = {name: _FUNCTIONAL[layer] for name, layer in _ACTIVATIONS.items()}  # catalog's activations, as functions
-
-
-def check_sac_spaces(obs_space: gym.Space, action_space: gym.Space, algo: str = "sac") -> None:
-    """A ConfigError naming the space unless actions are a bounded Box and observations vectors
-    (SAC's and Ape-X TD3's actors squash actions into [low, high] and are MLPs)."""
-    if not isinstance(action_space, gym.spaces.Box):
-        raise ConfigError(
-            f"{algo} needs a bounded Box action space (it squashes actions into [low, high]); this env's is "
-            f"{action_space}. For Discrete actions use dqn, apex, ppo, impala or appo."
-        )
-    if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
-        raise ConfigError(f"{algo} needs finite action bounds; this env's Box is {action_space}.")
-    if isinstance(obs_space, gym.spaces.Box) and obs_space.dtype == np.uint8:
-        raise ConfigError(
-            f"{algo} here takes vector observations (a float Box, Discrete, or a Dict or Tuple of them); this "
-            f"env's are {obs_space}. For image observations use ppo, appo or dqn."
-        )
-    flat_obs_dim(obs_space)  # an EnvError naming the space when no MLP takes it
-    images = image_entries(obs_space)
-    if images:
-        raise ConfigError(
-            f"{algo} here takes vector observations; entry [{images[0][0]!r}] is an image ({images[0][1]}). "
-            "For image observations use ppo, appo or dqn."
-        )
-
-
-def action_dim(space: gym.Space) -> int:
-    assert isinstance(space, gym.spaces.Box), "check_sac_spaces first"
-    return int(np.prod(space.shape))
+def check_sac_spaces(obs_space: gym.Space, action_space: gym.Space) -> None:
+    """A ConfigError naming the space unless actions are a bounded Box and observations vectors."""
+    check_box_spaces(obs_space, action_space, "sac")
 
 
 class Actor(nn.Module):
@@ -296,46 +264,6 @@ class SACPolicyLearner(PolicyLearner):
 
 
 # ---- rollout policy ---------------------------------------------------------------------
-class BoxPolicy(InferencePolicy):
-    """A rollout policy of bounded Box actions from an actor network: actions in [-1, 1] (replay
-    and learner stay there), scaled to the env's bounds on the way out; the actor is built by
-    ``make_actor(obs_dim, act_dim, hiddens, activation)``, seeded."""
-
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, config, seed: int | None, make_actor) -> None:
-        check_sac_spaces(obs_space, action_space, config.algo)
-        self.module: Any = build_policy_module(  # the subclass's actor
-            lambda o, a, m: make_actor(flat_obs_dim(o), action_dim(a), list(m.hiddens), m.activation),
-            obs_space,
-            action_space,
-            config.model,
-            seed,
-        )
-        self.module.eval()
-        self.generator = torch.Generator()
-        if seed is not None:
-            self.generator.manual_seed(seed)
-        else:
-            self.generator.seed()
-        self.rng = np.random.default_rng(seed)
-        assert isinstance(action_space, gym.spaces.Box)
-        self.low = action_space.low.astype(np.float32)
-        self.high = action_space.high.astype(np.float32)
-        self.shape: tuple[int, ...] = action_space.shape
-
-    def bootstrap(self, obs: np.ndarray) -> dict[str, np.ndarray]:
-        return {}
-
-    def to_env_actions(self, actions: np.ndarray) -> np.ndarray:
-        """[-1, 1] -> [low, high]."""
-        return self.low + (np.clip(actions, -1.0, 1.0) + 1.0) * 0.5 * (self.high - self.low)
-
-    def get_weights(self) -> dict[str, np.ndarray]:
-        return weights_to_numpy(self.module)
-
-    def set_weights(self, weights: dict) -> None:
-        load_numpy_weights(self.module, weights)
-
-
 class SquashedGaussianPolicy(BoxPolicy):
     """Samples ``tanh(u)`` from the actor (its mean when greedy) and scales it to the env's bounds;
     uniform random actions until the driver reports ``learning_starts`` sampled env steps."""

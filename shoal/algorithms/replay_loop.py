@@ -1,0 +1,182 @@
+"""What the replay algorithms share (DQN, SAC, Ape-X DQN, Ape-X TD3): worker-side n-step
+postprocessing, sizing and building a replay, one SGD step on a replayed batch, and
+:class:`ReplayAlgorithm`, the synchronous loop around a replay in the driver (DQN, SAC).
+
+n-step returns are computed on the rollout worker (:func:`n_step_postprocess`), never across an
+episode end; a truncated episode bootstraps from its final observation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from shoal.algorithms.base import Algorithm
+from shoal.algorithms.config_groups import ReplayKeys
+from shoal.batch import Batch, Col
+from shoal.learn import Learner
+from shoal.learn.loading import copy_to_device
+from shoal.learn.target import TargetNetwork
+from shoal.rollout import Fragment, flatten_valid
+from shoal.rollout.postprocessing import n_step_targets, q_td_errors
+
+
+# ---- worker side ------------------------------------------------------------------------
+def n_step_postprocess(fragment: Fragment, n_step: int, gamma: float, priorities: bool) -> Batch:
+    """Worker-side: n-step transitions of the valid steps, optionally with initial priorities."""
+    dones = fragment.terminateds | fragment.truncateds
+    returns, discounts, terminated, nxt = n_step_targets(
+        fragment.rewards, fragment.terminateds, dones, fragment.valid, n_step, gamma
+    )
+    env_col = np.arange(fragment.rewards.shape[1])[None, :]
+    cols = {
+        Col.OBS: fragment.obs[:-1],
+        Col.ACTIONS: fragment.actions,
+        Col.REWARDS: returns,
+        Col.NEXT_OBS: fragment.obs[nxt, env_col],
+        Col.TERMINATEDS: terminated,
+        Col.DISCOUNTS: discounts,
+    }
+    if fragment.masks is not None:  # the target's max runs over the legal actions of the next observation
+        cols[Col.NEXT_ACTION_MASK] = fragment.masks[nxt, env_col]
+    if priorities:
+        # Q(s, .) was recorded while acting, including on each reset step's input (the final
+        # observation of the episode before): every bootstrap Q is at hand without a forward pass.
+        q_all = np.concatenate([fragment.extras[Col.Q_VALUES], fragment.last_extras[Col.Q_VALUES][None]])
+        q_sa = np.take_along_axis(q_all[:-1], fragment.actions[..., None].astype(np.int64), axis=-1)[..., 0]
+        q_next = q_all[nxt, env_col]
+        if fragment.masks is not None:
+            q_next = np.where(cols[Col.NEXT_ACTION_MASK], q_next, -np.inf)
+        cols[Col.PRIORITIES] = q_td_errors(q_sa, q_next, returns, discounts, terminated)
+    return Batch(flatten_valid(cols, fragment.valid))
+
+
+# ---- learner side -----------------------------------------------------------------------
+REPLAY_TAGS = (Col.INDICES, Col.ROW_IDS)  # where replayed rows came from: they stay on the host
+
+
+def load_replay_batch(learner: Learner, batch: Batch) -> dict:
+    """A replayed batch's columns on the learner's device (what a loader thread prepares ahead)."""
+    return copy_to_device(batch, learner.device, exclude=REPLAY_TAGS)
+
+
+def learn_on_replay_tensors(learner: Learner, tensors: dict) -> tuple[np.ndarray | None, dict]:
+    """One SGD step on a replayed batch already on the device (the learner's post-update hooks
+    refresh the target network); returns the new priorities (|TD|), or None when the step was
+    skipped for a NaN/inf loss (the rows keep their priorities), and scalar stats. The priorities
+    and every statistic come back to the host in one copy (one device sync, not one per value)."""
+    stats = learner.update_minibatch(tensors)
+    td = stats.pop("td_error").detach().abs().reshape(-1).float()
+    names = list(stats)
+    scalars = [torch.as_tensor(stats[k], device=td.device).detach().float().reshape(1) for k in names]
+    host = torch.cat([td, *scalars]).cpu().numpy()
+    td_host = host[: td.numel()]
+    values = host[td.numel() :].tolist()
+    return (td_host if np.isfinite(td_host).all() else None), dict(zip(names, values))
+
+
+def learn_on_replay_batch(learner: Learner, batch: Batch) -> tuple[np.ndarray | None, dict]:
+    """:func:`load_replay_batch` then :func:`learn_on_replay_tensors`, in the calling thread."""
+    return learn_on_replay_tensors(learner, load_replay_batch(learner, batch))
+
+
+def only_target(policies) -> TargetNetwork:
+    """The one policy's target network (DQN, Ape-X DQN and Ape-X TD3 train one policy, with one)."""
+    target = policies.only.target
+    assert target is not None, "a replay policy learner always has its target"
+    return target
+
+
+# ---- the replay -------------------------------------------------------------------------
+def check_replay_fits(config: ReplayKeys, obs_space: gym.Space, num_shards: int = 1) -> None:
+    """ConfigError before any replay is built when one shard's priority tree and plain rows cannot fit in
+    its share of the available memory (compressed rows are sized later, from the first rows stored)."""
+    from shoal.replay import storage
+    from shoal.spaces import obs_nbytes
+
+    per_shard = -(-config.replay_capacity // num_shards)
+    needed = 32 * (1 << (per_shard - 1).bit_length()) if config.prioritized_replay else 0  # the sum tree
+    compressed = config.replay_compression != "none" and getattr(obs_space, "dtype", None) == np.uint8
+    if not compressed:
+        needed += per_shard * 2 * obs_nbytes(obs_space)
+    storage.check_fits(per_shard, needed, compressed, 1.0 / num_shards)
+
+
+def replay_kwargs(config: Any, seed: int | None, num_shards: int = 1) -> dict[str, Any]:
+    """:class:`~shoal.replay.ReplayShard` keyword arguments of one of ``num_shards`` shards
+    (each may plan to use an equal part of the machine's available memory)."""
+    return {
+        "prioritized": config.prioritized_replay,
+        "alpha": config.prioritized_replay_alpha,
+        "beta": config.prioritized_replay_beta,
+        "eps": config.prioritized_replay_eps,
+        "seed": seed,
+        "compression": config.replay_compression,
+        "memory_share": 1.0 / num_shards,
+        "retain_freed_memory": config.resources.retain_freed_memory,
+    }
+
+
+def make_replay(config: Any, capacity: int, seed: int | None):
+    from shoal.replay import ReplayShard
+
+    return ReplayShard(capacity, **replay_kwargs(config, seed))
+
+
+# ---- algorithm --------------------------------------------------------------------------
+class ReplayAlgorithm(Algorithm):
+    """What DQN and SAC share around their losses: one replay buffer in the driver (``self.replay``,
+    saved with checkpoints when ``checkpoint_replay``), learned from by credit (a fraction of an
+    update carries over to the next step), and rollout actors that follow the sampled env-step
+    count (epsilon schedules, random warm-up actions) through global variables."""
+
+    replay: Any
+    learner: Learner
+    config: Any  # a config with ReplayKeys and train_batch_size (DQNConfig, SACConfig)
+    _update_credit = 0.0
+
+    def store(self, results) -> None:
+        """The sampled batches into the replay, with the initial priorities the actors computed (if any)."""
+        for batch, _ in results:
+            self.replay.add(batch, batch.data.pop(Col.PRIORITIES, None))
+
+    def sync_actors(self) -> None:
+        """The sampled env-step count and the current weights to every rollout actor."""
+        self.env_runners.foreach("set_global_vars", {"env_steps": self.counters["env_steps_sampled"]}, wait=False)
+        self.broadcast_weights()
+
+    def learn_on_replay(self, updates: float) -> dict[str, float]:
+        """``updates`` more SGD steps' credit: as many whole steps as it buys, each on a replayed
+        ``train_batch_size`` batch whose |TD| become its rows' new priorities. The last step's stats."""
+        cfg = self.config
+        sampled = self.counters["env_steps_sampled"]
+        self.learner.set_env_steps(sampled)
+        self._update_credit += updates
+        beta = cfg.beta(sampled)
+        stats: dict[str, float] = {}
+        while self._update_credit >= 1.0:
+            self._update_credit -= 1.0
+            replayed = self.replay.sample(cfg.train_batch_size, beta)
+            td, stats = learn_on_replay_batch(self.learner, replayed)
+            if td is not None:
+                self.replay.update_priorities(replayed[Col.INDICES], td)
+            self.counters["env_steps_trained"] += len(replayed)
+        return stats
+
+    def restart_calls(self):
+        return [("set_global_vars", ({"env_steps": self.counters["env_steps_sampled"]},))]
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()  # the policy's learner and target, at the top as before
+        if self.config.checkpoint_replay:
+            state["replay"] = self.replay.get_state()
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        if "replay" in state:
+            self.replay.set_state(state["replay"])
+        self.sync_actors()
