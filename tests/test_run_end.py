@@ -106,7 +106,22 @@ def test_a_full_disk_ends_with_one_paragraph_and_exit_2(tmp_path, monkeypatch):
     assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == ["checkpoint_000001"]
 
 
-def test_a_sigint_held_during_ray_start_is_raised_when_the_block_is_done(capsys):
+@pytest.fixture
+def default_sigint():
+    """Python's own SIGINT handler for the test, whatever an earlier test or the terminal left in place
+    (an ignored SIGINT would make these tests about something else)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def _sigint_default() -> None:
+    """preexec_fn of the runs Ctrl-C is sent to: SIGINT handled as a terminal's Ctrl-C would be (a child
+    inherits an ignored SIGINT, and Python then leaves it ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_a_sigint_held_during_ray_start_is_raised_when_the_block_is_done(capsys, default_sigint):
     before = signal.getsignal(signal.SIGINT)
     reached_the_end = False
     with pytest.raises(KeyboardInterrupt):
@@ -118,7 +133,7 @@ def test_a_sigint_held_during_ray_start_is_raised_when_the_block_is_done(capsys)
     assert "stopping as soon as Ray has started; press Ctrl-C again" in capsys.readouterr().err
 
 
-def test_a_second_sigint_leaves_a_block_holding_sigint_at_once():
+def test_a_second_sigint_leaves_a_block_holding_sigint_at_once(default_sigint):
     before = signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):
         with signals.sigint_held():
@@ -218,6 +233,7 @@ def _start(tmp_path: Path, *extra: str, pause: tuple[str, int, Path] | None = No
         stdout=log,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=_sigint_default,
     )
 
 
@@ -443,6 +459,7 @@ def test_ctrl_c_while_resume_starts_ends_with_a_paragraph_and_leaves_the_run_as_
             stdout=log,
             stderr=subprocess.STDOUT,
             text=True,
+            preexec_fn=_sigint_default,
         )
 
     out = _ctrl_c_when_the_raylet_appears(proc, tmp_path)
