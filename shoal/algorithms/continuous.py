@@ -16,7 +16,7 @@ from pydantic import Field
 from shoal.algorithms.policies import build_policy_module
 from shoal.config import ModelConfig
 from shoal.errors import ConfigError
-from shoal.models.catalog import _ACTIVATIONS, _FUNCTIONAL
+from shoal.models.catalog import ACTIVATION_FNS
 from shoal.models.weights import load_numpy_weights, weights_to_numpy
 from shoal.rollout.policies import InferencePolicy
 from shoal.spaces import flat_obs_dim, image_entries
@@ -35,7 +35,7 @@ class ContinuousModelConfig(ModelConfig):
 
 
 # ---- networks ---------------------------------------------------------------------------
-_ACT = {name: _FUNCTIONAL[layer] for name, layer in _ACTIVATIONS.items()}  # catalog's activations, as functions
+_ACT = ACTIVATION_FNS  # the catalog's activations, as functions
 
 
 def check_box_spaces(obs_space: gym.Space, action_space: gym.Space, algo: str) -> None:

@@ -147,17 +147,19 @@ class Actor(nn.Module):
         mu, log_std = self.head(x).chunk(2, dim=-1)
         return mu, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
 
-    def sample_action(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """A squashed action drawn as :meth:`sample` draws it, without its log-probability (acting)."""
+    def _draw(self, obs: torch.Tensor, generator: torch.Generator | None) -> tuple[torch.Tensor, ...]:
+        """``u = mu + std * noise`` (pre-squash), the noise and the log std."""
         mu, log_std = self(obs)
         noise = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
-        return torch.tanh(mu + log_std.exp() * noise)
+        return mu + log_std.exp() * noise, noise, log_std
+
+    def sample_action(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """A squashed action drawn as :meth:`sample` draws it, without its log-probability (acting)."""
+        return torch.tanh(self._draw(obs, generator)[0])
 
     def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """A reparameterized squashed action and its log-probability (change of variables through tanh)."""
-        mu, log_std = self(obs)
-        noise = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
-        u = mu + log_std.exp() * noise
+        u, noise, log_std = self._draw(obs, generator)
         return torch.tanh(u), squashed_logp_of_noise(u, noise, log_std)
 
 

@@ -52,6 +52,7 @@ def _init(layer: nn.Linear | nn.Conv2d, gain: float = np.sqrt(2)) -> nn.Linear |
 
 
 _FUNCTIONAL = {nn.Tanh: torch.tanh, nn.ReLU: torch.relu, nn.ELU: F.elu}
+ACTIVATION_FNS = {name: _FUNCTIONAL[layer] for name, layer in _ACTIVATIONS.items()}  # by config name
 
 
 def run_mlp(seq: nn.Sequential, x: torch.Tensor) -> torch.Tensor:

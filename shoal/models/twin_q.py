@@ -22,7 +22,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh, "elu": F.elu}
+from shoal.models.catalog import ACTIVATION_FNS
+
+ACTIVATIONS = ACTIVATION_FNS  # the catalog's activations, as functions, by config name
 ACTIVATIONS_ = {"relu": torch.relu_, "tanh": torch.tanh_, "elu": F.elu_}  # in place: on a fresh matmul output
 
 
