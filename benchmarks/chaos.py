@@ -292,7 +292,7 @@ class Chaos:
         log(f"  {self.algo}: SIGKILL the driver ({len(tracked)} processes under it); resuming")
         _await_exit(tracked, self.report)
         _check_checkpoints(self.run_dir, self.report)
-        from shoal.app.trainer import newest_intact_checkpoint
+        from shoal.app.resume_point import newest_intact_checkpoint
 
         self.killed_results = _inode(self.run_dir / "results.jsonl")
         try:

@@ -236,7 +236,7 @@ def test_bad_stop_value(tmp_path):
 
 
 def test_apex_cli_uses_the_small_machine_preset_only_without_resources():
-    from shoal.app.cli import _build_config
+    from shoal.app.cli_config import _build_config
 
     flags = {
         "env": "CartPole-v1",
@@ -382,13 +382,13 @@ def test_license_matches_pyproject_and_the_package_is_typed():
 
 def test_a_run_with_no_stop_criterion_says_so_and_names_the_flags(capsys):
     """An env without a reward threshold and no stop given: the note names each way to stop."""
-    from shoal.app import cli
+    from shoal.app.cli_reports import _start_notes
     from shoal.app.trainer import Stop
 
-    cli._start_notes(None, Stop())
+    _start_notes(None, Stop())
     err = capsys.readouterr().err
     assert "training until Ctrl-C" in err and "no reward threshold" in err
     for flag in ("--stop-reward", "--stop-steps", "--stop-time", "--stop-iters", "stop:"):
         assert flag in err, flag
-    cli._start_notes(None, Stop(iterations=3))  # a criterion: nothing to say
+    _start_notes(None, Stop(iterations=3))  # a criterion: nothing to say
     assert capsys.readouterr().err == ""

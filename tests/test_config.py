@@ -328,7 +328,7 @@ def test_every_example_config_validates():
     for path in examples:
         data = yaml.safe_load(path.read_text())
         if "search" in data:  # a `shoal tune` file: the algorithm is its `algo` key
-            from shoal.app.tune_run import TuneSpec
+            from shoal.app.tune_spec import TuneSpec
 
             TuneSpec.parse(data)
             continue

@@ -22,7 +22,8 @@ import torch
 
 from shoal import checkpoint as ckpt
 from shoal.algorithms.base import Algorithm
-from shoal.app.trainer import newest_intact_checkpoint, resume
+from shoal.app.resume_point import newest_intact_checkpoint
+from shoal.app.trainer import resume
 
 REPO = Path(__file__).resolve().parent.parent
 PPO_ARGS = [

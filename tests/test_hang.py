@@ -267,7 +267,7 @@ def test_start_timeouts_in_a_row_below_the_limit_let_the_run_go_on(ray_cluster, 
 def test_shoal_train_reads_a_registered_ids_reward_threshold_without_building_the_env(monkeypatch):
     import gymnasium as gym
 
-    from shoal.app.cli import _reward_threshold
+    from shoal.app.cli_config import _reward_threshold
 
     def no_build(*args, **kwargs):
         raise AssertionError("the env was built")

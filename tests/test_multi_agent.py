@@ -21,7 +21,8 @@ from shoal.envs.multi_agent import (
     resolve_multi_agent_env,
 )
 from shoal.errors import ConfigError, EnvError
-from shoal.rollout.multi_agent import MatchSampler, MultiAgentEnvRunner, PolicyReturnWindows
+from shoal.rollout.multi_agent import MultiAgentEnvRunner, PolicyReturnWindows
+from shoal.rollout.multi_agent_matches import MatchSampler
 from shoal.rollout.policies import ActorCriticPolicy
 
 TTT = "pettingzoo.classic:tictactoe_v3"

@@ -8,9 +8,9 @@ from datetime import datetime
 import gymnasium as gym
 
 from shoal.algorithms.ppo import PPOConfig
-from shoal.app import trainer
+from shoal.app import run_files
 from shoal.app.plotting import _label
-from shoal.app.trainer import new_run_dir
+from shoal.app.run_files import new_run_dir
 
 
 def make_env(**kwargs):
@@ -63,7 +63,7 @@ class _OneSecond(datetime):
 
 
 def test_runs_started_in_one_second_get_distinct_directories(tmp_path, monkeypatch):
-    monkeypatch.setattr(trainer, "datetime", _OneSecond)
+    monkeypatch.setattr(run_files, "datetime", _OneSecond)
     cfg = PPOConfig(env="CartPole-v1")
     made = [new_run_dir(tmp_path / "runs", cfg) for _ in range(3)]
     assert [d.name for d in made] == [
@@ -79,7 +79,7 @@ def test_a_name_another_process_takes_first_is_passed_over(tmp_path, monkeypatch
     """Two `shoal train --out SAME` in one second: the other process makes the directory between
     this one's choice of the name and its mkdir. The name is claimed by the mkdir itself, so this
     run takes the next name instead of failing with FileExistsError."""
-    monkeypatch.setattr(trainer, "datetime", _OneSecond)
+    monkeypatch.setattr(run_files, "datetime", _OneSecond)
     out = tmp_path / "runs"
     out.mkdir()
     rival = out / "ppo_CartPole-v1_20261122-101500"

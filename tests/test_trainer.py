@@ -175,7 +175,7 @@ def test_resume_cli_says_which_criterion_is_met(two_iteration_run, monkeypatch):
 def test_best_metric_takes_numpy_scalars_and_ignores_what_is_not_a_number():
     import numpy as np
 
-    from shoal.app.trainer import BestMetric
+    from shoal.app.run_session import BestMetric
 
     best = BestMetric(ScoredPPO.__new__(ScoredPPO))  # only the class attributes are read
     offers = [

@@ -12,7 +12,7 @@ from helpers import invoke
 from shoal import PPOConfig
 from shoal.algorithms.apex import ApeXConfig
 from shoal.app.tune import changed_keys, trial_bundles
-from shoal.app.tune_run import TuneSpec, load_spec
+from shoal.app.tune_spec import TuneSpec, load_spec
 from shoal.errors import ConfigError, ResourceError
 from shoal.runtime.placement import BundleGroup, RunPlacement, tune_bundles
 
@@ -278,7 +278,7 @@ def test_every_key_a_result_holds_passes_the_metric_check():
     """``Algorithm.result_keys`` lists every key without a '/' that ``train()`` reports."""
     from shoal.algorithms.dqn import DQNConfig
     from shoal.algorithms.sac import SACConfig
-    from shoal.app.tune_run import TUNE_RESULT_KEYS
+    from shoal.app.tune_spec import TUNE_RESULT_KEYS
 
     replay = {"learning_starts": 32, "train_batch_size": 32, "rollout_fragment_length": 16}
     configs = [
@@ -443,8 +443,8 @@ def test_the_summary_says_which_trials_asha_stopped_and_names_the_best_checkpoin
     best_config.yaml but not the best trial's checkpoint."""
     from helpers import flat
 
-    from shoal.app.cli import _print_tune_summary
-    from shoal.app.tune_run import _summarize, trial_ending
+    from shoal.app.cli_reports import _print_tune_summary
+    from shoal.app.tune_trials import _summarize, trial_ending
 
     spec = TuneSpec.parse(_spec(scheduler={"type": "asha", "max_t": 6, "grace_period": 2}, stop={"iterations": 6}))
     assert trial_ending(spec, {"training_iteration": 6}) == "finished (iterations 6)"
@@ -473,7 +473,7 @@ def test_the_summary_says_which_trials_asha_stopped_and_names_the_best_checkpoin
 def test_shoal_evaluate_takes_a_tune_directory_and_says_which_trial_it_picked(tmp_path):
     from helpers import flat
 
-    from shoal.app.tune_run import _summarize
+    from shoal.app.tune_trials import _summarize
 
     spec = TuneSpec.parse(_spec())
     tune_dir, results = _tune_dir(tmp_path, {"abc_00000": 12.25, "abc_00001": 40.5})
@@ -503,7 +503,7 @@ def test_shoal_evaluate_takes_a_tune_directory_and_says_which_trial_it_picked(tm
 
 
 def test_tune_progress_is_a_line_per_result_and_one_per_trial_that_ends():
-    from shoal.app.tune_run import TuneProgress
+    from shoal.app.tune_trials import TuneProgress
 
     spec = TuneSpec.parse(_spec(scheduler={"type": "asha", "max_t": 6, "grace_period": 2}, stop={"iterations": 6}))
     lines: list[str] = []

@@ -6,22 +6,64 @@ and exit with code 2; Ctrl-C saves a checkpoint and exits with 130.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, List, Optional
+from typing import List, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from shoal.errors import ConfigError, EnvError, ShoalError
+from shoal.app.cli_config import STOP_KEYS, _build_config, _train_stop
+from shoal.app.cli_console import _fail, _print_table, err, out
+from shoal.app.cli_evaluate import _EvalRequest, _evaluation_line, _evaluation_report, _video_line
+from shoal.app.cli_options import (
+    TRUST_HELP,
+    VIDEO_SUFFIXES,
+    AddressOpt,
+    AlgoArg,
+    CheckpointEveryOpt,
+    CheckpointOpt,
+    ConfigOpt,
+    EnvOpt,
+    EnvsPerWorkerOpt,
+    EpisodesOpt,
+    EvalPathArg,
+    EvalSeedOpt,
+    JsonOpt,
+    KeepCheckpointsOpt,
+    NoStopRewardOpt,
+    OpponentOpt,
+    OutDirOpt,
+    QuietOpt,
+    RenderOpt,
+    SeedOpt,
+    SetOpt,
+    StochasticOpt,
+    StopItersOpt,
+    StopRewardOpt,
+    StopStepsOpt,
+    StopTimeOpt,
+    TrustOpt,
+    VideoEpisodesOpt,
+    VideoLengthOpt,
+    VideoOpt,
+    WorkersOpt,
+    _check_output_file,
+)
+from shoal.app.cli_reports import (
+    _already_met,
+    _exit_for,
+    _print_summary,
+    _print_tune_summary,
+    _save_aborted,
+    _start_interrupted,
+    _start_notes,
+)
+from shoal.errors import ConfigError, ShoalError
 from shoal.runtime.signals import SaveAborted, StartInterrupted
-from shoal.seeding import MAX_SEED
 
 app = typer.Typer(
     name="shoal",
@@ -31,27 +73,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-
-
-VIDEO_SUFFIXES = (".mp4", ".gif", ".webm", ".mkv", ".avi", ".mov")
-
-
-def _check_output_file(path: Path, flag: str, suffixes: tuple[str, ...] = ()) -> None:
-    """A ConfigError, before any work, unless ``path`` can be written as a new file of one of ``suffixes``."""
-    if suffixes and path.suffix.lower() not in suffixes:
-        raise ConfigError(
-            f"{flag} '{path}': '{path.suffix or 'no suffix'}' is not a file type shoal writes there; "
-            f"end the name with one of {', '.join(suffixes)}."
-        )
-    if path.is_dir():
-        raise ConfigError(
-            f"{flag} '{path}' is a directory; give a file name (e.g. {path / ('out' + (suffixes or ('.pt',))[0])})."
-        )
-    from shoal.files import unwritable_ancestor
-
-    ancestor = unwritable_ancestor(path.parent)
-    if ancestor is not None:
-        raise ConfigError(f"{flag} '{path}': '{ancestor}' is not a writable directory; give a path you can write.")
 
 
 def _print_version(value: bool) -> None:
@@ -69,280 +90,6 @@ def _root(
     ),
 ) -> None:
     """Distributed reinforcement learning on Ray and PyTorch. `shoal algos` lists the algorithms."""
-
-
-OFF_TERMINAL_WIDTH = 100_000  # a pipe, a log file, CI: lines are written whole, never split mid-word
-
-
-def _console(stderr: bool = False) -> Console:
-    """A rich console that wraps at the terminal's width on a terminal (or at ``COLUMNS`` when
-    set), and off one writes each line and table row whole, so a path is never split."""
-    stream = sys.stderr if stderr else sys.stdout
-    if getattr(stream, "isatty", lambda: False)() or os.environ.get("COLUMNS"):
-        return Console(stderr=stderr)
-    return Console(stderr=stderr, width=OFF_TERMINAL_WIDTH, soft_wrap=True)
-
-
-out = _console()
-err = _console(stderr=True)
-
-
-def _print_table(table: Table) -> None:
-    """``table`` on stdout. On a terminal rich fits it to the width; off one each row is one line
-    (never split) and ends with its text: rich pads every row to the longest (~500 columns)."""
-    if out.width < OFF_TERMINAL_WIDTH:
-        out.print(table)
-        return
-    with out.capture() as captured:
-        out.print(table)
-    for line in captured.get().splitlines():
-        out.print(line.rstrip(), highlight=False, markup=False, soft_wrap=True)
-
-
-STOP_KEYS = ("reward", "env_steps", "time_s", "iterations")
-TRUST_HELP = (
-    "Import the code this run's config names (its env factory, model, callbacks) and connect where it says "
-    "(its Ray cluster, MLflow or W&B server) even though its checkpoint is not signed with your key: only for "
-    "a run directory you know. Your own runs need no --trust."
-)
-
-
-def _fail(e: ShoalError) -> None:
-    # escaped: a message may hold brackets that are not markup (pip install -e '.[video]')
-    err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
-
-
-def _build_config(algo: Optional[str], config_file: Optional[Path], sets: List[str], flags: dict[str, Any]):
-    """defaults < small-machine preset (only when no resources are given) < YAML file < --set < explicit flags.
-    ``algo`` None: the config file's ``algo:``.
-
-    Returns (config, stop-from-yaml, preset note or None).
-    """
-    from shoal.algorithms import get_config_class
-    from shoal.config import deep_merge, load_yaml, parse_set_overrides
-
-    data: dict[str, Any] = load_yaml(config_file) if config_file else {}
-    yaml_stop = data.pop("stop", None) or {}
-    yaml_algo = data.pop("algo", None)
-    if algo is None:
-        if yaml_algo is None:
-            raise ConfigError(
-                "No algorithm given: name it (shoal train ppo ...; `shoal algos` lists them)"
-                + (f", or add a line `algo: ppo` to '{config_file}'." if config_file else ".")
-            )
-        algo = str(yaml_algo)
-    cfg_cls = get_config_class(algo)
-    if yaml_algo is not None and yaml_algo != cfg_cls.algo:
-        raise ShoalError(
-            f"Config file '{config_file}' is for algorithm '{yaml_algo}', but you asked to train '{algo}'."
-        )
-    if not isinstance(yaml_stop, dict) or set(yaml_stop) - set(STOP_KEYS):
-        raise ShoalError(
-            f"Config file '{config_file}': `stop` must be a mapping with keys among {', '.join(STOP_KEYS)}."
-        )
-    data = deep_merge(data, parse_set_overrides(sets))
-    data = deep_merge(data, {k: v for k, v in flags.items() if v is not None and k != "resources"})
-    res = {k: v for k, v in flags.get("resources", {}).items() if v is not None}
-    if res:
-        data = deep_merge(data, {"resources": res})
-    preset = cfg_cls.small_machine_preset()
-    note = None
-    if preset is not None and "resources" not in data:
-        # No resources given at all: start from the algorithm's small-machine preset (e.g. Ape-X).
-        note = _preset_note(cfg_cls, preset, data)
-        data = deep_merge(preset, data)
-    if "env" not in data:
-        raise ShoalError("No env given: pass --env (e.g. --env CartPole-v1) or set `env:` in a config file.")
-    return cfg_cls(**data), yaml_stop, note
-
-
-def _preset_note(cfg_cls, preset: dict[str, Any], given: dict[str, Any]) -> str:
-    """One line: the preset is used, the settings it changes from the defaults, and how to opt out.
-
-    A preset key the user also gave is left out (the user's value wins), and so is one whose
-    value is the default anyway: what remains is exactly what the preset changes.
-    """
-    user = _dotted(given)
-    changes = [f"{k}={v}" for k, v in _dotted(preset).items() if k not in user and v != _default(cfg_cls, k)]
-    return (
-        f"No resources given: starting from {cfg_cls.__name__}.small_machine_preset(), which changes "
-        f"{', '.join(changes) or 'nothing'} from the defaults. Give any resources setting (--workers, "
-        "--envs-per-worker, --set resources.KEY=VALUE or a `resources:` section) to start from the defaults instead."
-    )
-
-
-def _dotted(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"resources": {"num_workers": 2}}`` -> ``{"resources.num_workers": 2}``."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_dotted(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
-    return out
-
-
-def _default(model, dotted: str) -> Any:
-    """The default of a dotted config key (``resources.num_workers``), reaching into sections."""
-    head, _, rest = dotted.partition(".")
-    value = model.model_fields[head].get_default(call_default_factory=True)
-    return _default(type(value), rest) if rest else value
-
-
-def _reward_threshold(cfg) -> Optional[float]:
-    """The env's reward threshold (its Gymnasium spec's), or None when it has none.
-
-    A multi-agent (PettingZoo) env is no Gymnasium env and has none: for an algorithm that
-    checks its env its own way (alpha_star, a multi_agent section) a failure here gives None,
-    and building the algorithm reports a bad env. For any other a bad env is reported now,
-    before any note about the stop criteria.
-
-    A registered Gymnasium id's threshold is read from its spec, without building the env (building
-    the algorithm checks the env next). Anything else is built under the time limit the
-    algorithm's own build uses: a constructor that hangs ends the run with a message, not silently.
-    """
-    import gymnasium as gym
-
-    from shoal.algorithms.base import Algorithm
-    from shoal.algorithms.env_checks import EnvBuildTimeout, driver_build_time_limit
-    from shoal.envs import env_info
-    from shoal.envs.atari import is_ale_id
-
-    if isinstance(cfg.env, str) and cfg.env in gym.envs.registry and not is_ale_id(cfg.env):
-        return gym.spec(cfg.env).reward_threshold
-    algorithm_cls = type(cfg).algorithm_cls
-    gymnasium_env = (
-        getattr(cfg, "multi_agent", None) is None
-        and algorithm_cls is not None
-        and algorithm_cls.describe_env is Algorithm.describe_env
-    )
-    try:
-        with driver_build_time_limit(cfg, "to read its reward threshold"):
-            return env_info(cfg.env, cfg.env_config, cfg.env_preprocessing).reward_threshold
-    except EnvBuildTimeout:
-        raise  # the algorithm's build would hang on it again
-    except EnvError:
-        if gymnasium_env:
-            raise
-        return None
-
-
-def _print_summary(s, stop) -> None:
-    r = s.result
-    steps = r.get("env_steps_sampled", 0)
-    ret = r.get("episode_return_mean", math.nan)
-    # a league leads with its own figures (the mean return of zero-sum self-play is ~0 however main plays)
-    figures = escape(s.summary_lines[0]) if s.summary_lines else f"mean return {ret:.1f}"
-    if s.stop_reason == "reward":
-        head = f"[bold green]Solved[/]: mean return {ret:.1f} >= {stop.reward:g}"
-    elif s.stop_reason in ("interrupted", "terminated"):
-        head = f"[yellow]{'Interrupted' if s.stop_reason == 'interrupted' else 'Terminated (SIGTERM)'}[/]: {figures}"
-    else:
-        target = f" (target {stop.reward:g} not reached)" if stop.reward is not None else ""
-        head = f"[yellow]Stopped on {s.stop_reason}[/]: {figures}{target}"
-    best = f"{s.best_value:.4g}" if math.isfinite(s.best_value) else "- (never reported)"
-    out.print(
-        f"{head} after {steps:,} env steps, {r.get('iteration', 0)} iterations, "
-        f"{r.get('time_total_s', 0):.1f} s training ({s.wall_s:.1f} s wall). Best {s.best_metric} {best}.",
-        highlight=False,
-    )
-    for line in s.summary_lines[1:]:
-        out.print(line, highlight=False, markup=False)
-    if s.run_dir:
-        out.print(f"Run directory: {s.run_dir}", highlight=False)
-        if s.best_checkpoint:
-            out.print(f"Best checkpoint: {s.best_checkpoint}   (shoal evaluate {s.run_dir})", highlight=False)
-
-
-# ---- shoal train's options (Annotated, so the command's signature stays one line per option) ----
-AlgoArg = Annotated[
-    Optional[str],
-    typer.Argument(
-        help="Algorithm to train, e.g. ppo (see `shoal algos`); may be left out when the config file names it "
-        "(`algo: ppo`)."
-    ),
-]
-EnvOpt = Annotated[
-    Optional[str], typer.Option("--env", "-e", help="Gymnasium id (CartPole-v1) or import path 'pkg.module:make_env'.")
-]
-WorkersOpt = Annotated[
-    Optional[int],
-    typer.Option(
-        "--workers", "-w", help="Remote rollout actors (resources.num_workers); 0 runs in-process without Ray."
-    ),
-]
-EnvsPerWorkerOpt = Annotated[
-    Optional[int],
-    typer.Option("--envs-per-worker", help="Vectorized envs per rollout actor (resources.num_envs_per_worker)."),
-]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed; with 0 workers the run is reproducible.")]
-ConfigOpt = Annotated[
-    Optional[Path],
-    typer.Option(
-        "--config",
-        "-c",
-        help="YAML file of config keys; may hold a `stop:` mapping (reward, env_steps, time_s, iterations).",
-    ),
-]
-SetOpt = Annotated[
-    List[str],
-    typer.Option(
-        "--set",
-        "-s",
-        help="Override a config key: --set lr=0.001 --set resources.num_workers=2 (repeatable; dotted keys reach "
-        "sections).",
-    ),
-]
-StopRewardOpt = Annotated[
-    Optional[float],
-    typer.Option(
-        "--stop-reward",
-        help="Stop when the mean return of the last episode_window episodes (100 unless the config says) reaches R. "
-        "Default: the env's reward threshold, "
-        "if it has one, also beside other --stop-* criteria (the first criterion met stops the run).",
-    ),
-]
-NoStopRewardOpt = Annotated[
-    bool,
-    typer.Option(
-        "--no-stop-reward",
-        help="No reward criterion: neither the env's reward threshold nor a config file's stop.reward.",
-    ),
-]
-StopStepsOpt = Annotated[Optional[int], typer.Option("--stop-steps", help="Stop after N sampled env steps.")]
-StopTimeOpt = Annotated[Optional[float], typer.Option("--stop-time", help="Stop after SECONDS of training.")]
-StopItersOpt = Annotated[Optional[int], typer.Option("--stop-iters", help="Stop after N iterations.")]
-OutDirOpt = Annotated[Path, typer.Option("--out", "-o", help="Parent directory of the run directory.")]
-AddressOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--address",
-        help="Ray cluster to connect to ('auto' or 'ray://host:port'); default starts a local Ray when workers > 0.",
-    ),
-]
-CheckpointEveryOpt = Annotated[int, typer.Option("--checkpoint-every", help="Write a checkpoint every N iterations.")]
-KeepCheckpointsOpt = Annotated[
-    int, typer.Option("--keep-checkpoints", help="Numbered checkpoints to keep (plus `best`).")
-]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No live progress display.")]
-
-
-def _train_stop(cfg: Any, yaml_stop: dict[str, Any], flags: dict[str, Any], no_stop_reward: bool) -> Any:
-    """shoal train's stop criteria: the config file's, overridden by --stop-* flags, and the env's reward
-    threshold unless a reward is given or --no-stop-reward says none."""
-    from shoal.app.trainer import _as_stop
-
-    if no_stop_reward and flags["reward"] is not None:
-        raise ConfigError(
-            f"--stop-reward {flags['reward']:g} and --no-stop-reward contradict each other; give one of them."
-        )
-    stop_d = {**yaml_stop, **{k: v for k, v in flags.items() if v is not None}}
-    if no_stop_reward:
-        stop_d.pop("reward", None)
-    elif stop_d.get("reward") is None:
-        stop_d["reward"] = _reward_threshold(cfg)
-    return _as_stop(stop_d)  # a bad value is a ConfigError (exit 2), not a traceback
 
 
 @app.command()
@@ -404,152 +151,6 @@ def train(
     _exit_for(summary)
 
 
-def _start_notes(preset_note: Optional[str], stop) -> None:
-    if preset_note:
-        err.print(preset_note, highlight=False, soft_wrap=True)
-    if stop.is_empty():
-        err.print(
-            "No stop criterion and the env has no reward threshold: training until Ctrl-C (which saves a "
-            "checkpoint). To stop on your terms give --stop-reward R, --stop-steps N, --stop-time SECONDS or "
-            "--stop-iters N, or a stop: section in the config.",
-            highlight=False,
-            soft_wrap=True,
-        )
-
-
-def _start_interrupted(while_: str, state: str) -> None:
-    """Ctrl-C before the first iteration: what that left, one paragraph, exit 130."""
-    err.print(
-        f"Interrupted while the run was {while_}, before its first iteration: nothing was trained and {state}.",
-        highlight=False,
-        soft_wrap=True,
-    )
-    raise typer.Exit(130) from None
-
-
-def _already_met(run_dir: Path, summary) -> None:
-    flag = {
-        "reward": "--stop-reward (or --no-stop-reward)",
-        "env_steps": "--stop-steps",
-        "time": "--stop-time",
-        "iterations": "--stop-iters",
-    }
-    out.print(
-        f"Nothing to train: {run_dir} at {summary.last_checkpoint.name} already meets its stop criterion "
-        f"{summary.stop_detail}. Give a larger {flag[summary.stop_reason]} to go on.",
-        highlight=False,
-    )
-
-
-def _save_aborted() -> None:
-    err.print(
-        "Stopped: the checkpoint being written was abandoned on the third signal; the run's previous "
-        "checkpoint is its newest.",
-        highlight=False,
-        soft_wrap=True,
-    )
-    raise typer.Exit(130)
-
-
-def _exit_for(summary) -> None:
-    """Exit 130 after Ctrl-C and 143 after SIGTERM, as a shell reports a process those signals ended."""
-    from shoal.runtime.signals import EXIT_CODES
-
-    if summary.stop_reason in EXIT_CODES:
-        raise typer.Exit(EXIT_CODES[summary.stop_reason])
-
-
-# ---- shoal evaluate's options ----
-EvalPathArg = Annotated[
-    Path,
-    typer.Argument(
-        help="A checkpoint directory, a run directory (its best checkpoint unless --checkpoint says otherwise), or "
-        "a `shoal tune` directory (its best trial's latest checkpoint)."
-    ),
-]
-EpisodesOpt = Annotated[int, typer.Option("--episodes", "-n", min=1, help="Episodes (games, with --opponent) to run.")]
-CheckpointOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--checkpoint",
-        help="Which checkpoint of a run directory: best, last (the newest numbered one), or a checkpoint directory "
-        "(a path, or a name in the run's checkpoints/).",
-    ),
-]
-StochasticOpt = Annotated[
-    Optional[bool],
-    typer.Option(
-        "--stochastic/--greedy",
-        help="Sample actions from the policy (DQN: epsilon-greedy at the checkpoint's epsilon), or take the most "
-        "likely one. Default: greedy, except a league on an OpenSpiel game, which samples (its exploitability is "
-        "of the sampling policy).",
-        show_default=False,
-    ),
-]
-OpponentOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--opponent",
-        help="Two-player games: play the checkpoint's main policy against random, heuristic (one-step lookahead: "
-        "wins, blocks), heuristic2 (also never lets the opponent win on its reply), or another checkpoint (a "
-        "path); seats alternate. Default for a two-player game: random.",
-    ),
-]
-VideoOpt = Annotated[
-    Optional[Path],
-    typer.Option(
-        "--video",
-        help="Record the episodes to this file (e.g. out.mp4) from render_mode='rgb_array' frames; needs pip "
-        "install -e '.\\[video]' in the shoal checkout.",
-    ),
-]
-VideoEpisodesOpt = Annotated[
-    Optional[int], typer.Option("--video-episodes", min=1, help="With --video: record only the first K episodes.")
-]
-VideoLengthOpt = Annotated[
-    int,
-    typer.Option(
-        "--video-length", min=1, help="With --video: at most this many frames (frames stream to the file as they come)."
-    ),
-]
-JsonOpt = Annotated[
-    bool,
-    typer.Option(
-        "--json", help="Print one JSON object with the figures and per-episode returns, and nothing else, on stdout."
-    ),
-]
-RenderOpt = Annotated[
-    bool,
-    typer.Option("--render", help="Render each episode on screen (render_mode='human'; needs a display and pygame)."),
-]
-EvalSeedOpt = Annotated[
-    Optional[int],
-    typer.Option(
-        "--seed",
-        min=0,
-        max=MAX_SEED,
-        help="Seed for the evaluation envs and the sampling; episode i resets with seed + i.",
-    ),
-]
-TrustOpt = Annotated[bool, typer.Option("--trust", help=TRUST_HELP)]
-
-
-@dataclass(frozen=True)
-class _EvalRequest:
-    """What `shoal evaluate` was asked to play."""
-
-    episodes: int
-    deterministic: bool
-    opponent: Optional[str]
-    video: Optional[Path]
-    video_episodes: Optional[int]
-    video_length: int
-    render: bool
-    seed: Optional[int]
-    trust: bool
-    progress: bool
-
-
 @app.command()
 def evaluate(
     path: EvalPathArg,
@@ -604,116 +205,6 @@ def evaluate(
         )
     if video is not None:
         out.print(_video_line(req, rep["video_frames"]), highlight=False)
-
-
-def _video_line(req: _EvalRequest, frames: int) -> str:
-    n = req.episodes
-    k = min(req.video_episodes or n, n)
-    what = f"the first {k} of {n} episodes" if k < n else f"{k} episode{'s' * (k > 1)}"
-    cut = f", cut at --video-length {req.video_length}" if frames >= req.video_length else ""
-    return f"Video: {req.video} ({frames} frames: {what}{cut})"
-
-
-def _evaluation_report(p: Path, algo, req: _EvalRequest) -> dict[str, Any]:
-    """Play what `shoal evaluate` asked for and return :func:`shoal.app.evaluation.report`'s figures
-    (plus ``video_frames`` with a video)."""
-    from shoal.app import evaluation as ev
-
-    if not ev.is_game(algo):
-        if req.opponent is not None:
-            raise ConfigError(
-                f"--opponent plays two-player games (PettingZoo envs trained with a multi_agent section or "
-                f"alpha_star); {algo.config.env!r} is a single-agent env. Leave --opponent out."
-            )
-        return _episodes_report(p, algo, req)
-    if req.video is not None or req.render:
-        raise ConfigError(
-            "--video and --render show single-agent episodes; a multi-agent env has no rgb_array recording here."
-        )
-    n = req.episodes
-    if req.opponent is None and len(ev.agents_of(algo)) != 2:
-        if not algo.is_multi_agent:  # a league
-            raise ConfigError(
-                f"shoal evaluate plays a league's main policy in two-player games; {algo.config.env!r} "
-                f"has agents {', '.join(ev.agents_of(algo))}."
-            )
-        returns, lengths, _ = algo.evaluation_episodes(n, explore=not req.deterministic)
-        return ev.report(p, algo, returns[:n], lengths[:n], req.deterministic)
-    return _games_report(p, algo, req)
-
-
-def _episodes_report(p: Path, algo, req: _EvalRequest) -> dict[str, Any]:
-    """Single-agent episodes, recorded to a video or rendered when asked."""
-    from shoal.app import evaluation as ev
-
-    n = req.episodes
-    record = min(req.video_episodes or n, n) if req.video is not None else 0
-    writer = ev.VideoWriter(req.video, max_frames=req.video_length) if req.video is not None else None
-
-    def episode_done(i: int, ret: float, length: int) -> None:  # a recording (Atari: minutes) shows it advances
-        if req.progress and writer is not None:
-            err.print(
-                f"episode {i + 1}/{n}: return {ret:g}, {length} steps, {writer.count} frames recorded", highlight=False
-            )
-
-    try:
-        eps = ev.play_episodes(
-            algo, n, req.deterministic, record=record, human=req.render, video=writer, on_episode=episode_done
-        )
-    except Exception as e:  # noqa: BLE001 - rendering needs optional deps; report plainly
-        if req.render and not isinstance(e, ShoalError):
-            raise ShoalError(
-                f"Rendering failed: {e}. Rendering needs a display and the env's render dependencies "
-                "(e.g. pip install pygame); run without --render to evaluate only."
-            ) from None
-        raise
-    finally:
-        if writer is not None:
-            writer.close()
-    rep = ev.report(p, algo, eps.returns, eps.lengths, req.deterministic)
-    return rep if writer is None else {**rep, "video_frames": writer.count}
-
-
-def _games_report(p: Path, algo, req: _EvalRequest) -> dict[str, Any]:
-    """Two-player games of the checkpoint's main policy against a scripted player or another checkpoint."""
-    from shoal.app import evaluation as ev
-
-    opponent = req.opponent or "random"
-    other = None
-    if opponent not in ev.SCRIPTED_OPPONENTS:
-        if not Path(opponent).exists():
-            raise ConfigError(
-                f"--opponent must be {', '.join(ev.SCRIPTED_OPPONENTS)} or a checkpoint path; "
-                f"'{opponent}' is none of these (no such file or directory)."
-            )
-        other = ev.load_selected(opponent, None, req.seed, req.trust)[1]
-    try:
-        games = ev.play_games(algo, opponent, req.episodes, req.deterministic, opponent_algo=other)
-    finally:
-        if other is not None:
-            other.stop()
-    return ev.report(p, algo, games["returns"], games["lengths"], req.deterministic, games)
-
-
-def _evaluation_line(rep: dict[str, Any]) -> str:
-    how = "greedy" if rep["deterministic"] else "stochastic"
-    if "wins" in rep:
-        from shoal.app.evaluation import payoff_unit
-
-        unit = payoff_unit(rep["env"])
-        meaning = "the chips it won or lost in a hand" if unit else "its return in a game"
-        return (
-            f"{rep['checkpoint']}: {rep['player']} vs {rep['opponent']} over {rep['episodes']} {how} games: "
-            f"{rep['wins']} wins, {rep['draws']} draws, {rep['losses']} losses (win rate {rep['win_rate']:.2f}, "
-            f"draw rate {rep['draw_rate']:.2f}, loss rate {rep['loss_rate']:.2f}; mean length {rep['length_mean']:.1f}); "
-            f"mean payoff {rep['return_mean']:+.2f}{' ' + unit if unit else ''} per game "
-            f"(± {rep['return_std']:.2f}; {meaning}, averaged)"
-        )
-    return (
-        f"{rep['checkpoint']}: mean return {rep['return_mean']:.2f} ± {rep['return_std']:.2f} over "
-        f"{rep['episodes']} {how} episodes (min {rep['return_min']:.2f}, max {rep['return_max']:.2f}, "
-        f"mean length {rep['length_mean']:.1f})"
-    )
 
 
 @app.command("export")
@@ -826,53 +317,14 @@ def tune(
 ) -> None:
     """Search over an algorithm's config with Ray Tune (grid/random search, ASHA, PBT); prints every trial and writes best_config.yaml."""
     try:
-        from shoal.app.tune_run import load_spec, run_tune
+        from shoal.app.tune_run import run_tune
+        from shoal.app.tune_spec import load_spec
 
         spec = load_spec(config, set_)
         summary = run_tune(spec, out=out_dir, address=address, verbose=0 if quiet else 1)
     except ShoalError as e:
         _fail(e)
     _print_tune_summary(summary)
-
-
-def _print_tune_summary(summary) -> None:
-    table = Table(show_header=True, header_style="bold", box=None)
-    for column in ("trial", "params", "iterations", summary.metric, "ended"):
-        table.add_column(column, overflow="fold")
-    for row in summary.trials:
-        params = ", ".join(f"{k}={_short(v)}" for k, v in row["params"].items())
-        table.add_row(
-            *map(Text, (str(row["trial"]), params, str(row["iterations"]), _short(row["metric"]), row["ended"]))
-        )
-    out.print(table)
-    early, n = len(summary.stopped_early), len(summary.trials)
-    finished = sum(r["ended"].startswith("finished") for r in summary.trials)
-    if early:  # Tune calls both TERMINATED
-        out.print(
-            f"{early} of {n} trials were stopped early by the scheduler (the weaker ones at a rung); "
-            f"{finished} ran to {'its' if finished == 1 else 'their'} stop.",
-            highlight=False,
-        )
-    out.print(f"Tune results: {summary.run_dir}", highlight=False)
-    if summary.best_config is None:
-        out.print(f"No trial reported a finite {summary.metric}: no best config.", highlight=False)
-        return
-    out.print(
-        f"Best {summary.metric}: {summary.best_metric:g} (trial {summary.best_trial}); its config: "
-        f"{summary.best_config_path} (shoal train {summary.best_config['algo']} -c {summary.best_config_path})",
-        highlight=False,
-        soft_wrap=True,
-    )
-    if summary.best_checkpoint is not None:
-        out.print(
-            f"Its last checkpoint: {summary.best_checkpoint}   (shoal evaluate {summary.run_dir})",
-            highlight=False,
-            soft_wrap=True,
-        )
-
-
-def _short(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else "-" if v is None else str(v)
 
 
 @app.command()

@@ -39,7 +39,7 @@ def _checkpoint_names(d: Path) -> list[str]:
 def tune_best_trial(path: Path) -> tuple[Path, str | None]:
     """``path``, or for a ``shoal tune`` run directory its best trial's directory (whose latest
     checkpoint is the one evaluated) and the words saying which trial that is."""
-    from shoal.app.tune_run import best_trial_dir, is_tune_dir
+    from shoal.app.tune_trials import best_trial_dir, is_tune_dir
 
     if not is_tune_dir(path):
         return path, None

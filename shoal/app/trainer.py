@@ -1,30 +1,33 @@
 """The training loop the CLI runs: run directory, writers, checkpoints, progress, stop criteria.
 
 It is the body of ``shoal.train()`` (the public API entry), kept out of ``shoal/__init__.py``
-so that importing shoal stays cheap.
+so that importing shoal stays cheap. Its parts live beside it: the stop criteria
+(stop_criteria.py), a session's bookkeeping and summary (run_session.py), a run directory's
+files (run_files.py) and where a resumed run starts (resume_point.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import errno
 import logging
 import math
-import numbers
-import textwrap
 import time
-import warnings
-from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Optional
-
-import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any, Callable
 
 from shoal import checkpoint as ckpt
+from shoal.app.resume_point import (
+    _already_met,
+    _check_changes,
+    _check_overrides,
+    _resumed_stop,
+    checkpoint_progress,
+    newest_intact_checkpoint,
+)
+from shoal.app.run_files import _run_settings, _write_config, _write_run_settings, check_out_dir, new_run_dir
 from shoal.app.run_lock import run_lock
+from shoal.app.run_session import STORAGE_ERRNOS, TrainSummary, _Session, storage_error
+from shoal.app.stop_criteria import Stop, _as_stop
 from shoal.config import AlgorithmConfig, deep_merge
 from shoal.errors import (
     CheckpointError,
@@ -33,201 +36,18 @@ from shoal.errors import (
     EnvFailureError,
     NonFiniteEnvError,
     RayLostError,
-    RunDirectoryError,
-    ShoalError,
     WorkerError,
 )
-from shoal.files import safe_yaml, unwritable_ancestor
 from shoal.gym_ids import is_ale_id
 from shoal.logging.progress import ProgressDisplay
 from shoal.logging.results import read_results
-from shoal.logging.writers import TensorBoardWriter, build_writers, truncate_results
+from shoal.logging.writers import truncate_results
 from shoal.runtime import deadline, signals
 from shoal.runtime.signals import raylet_lost
 
+__all__ = ["Stop", "TrainSummary", "load", "resume", "train"]  # the public API (docs/api/trainer.md)
+
 log = logging.getLogger("shoal.app.trainer")
-
-
-class Stop(BaseModel):
-    """Stop when any criterion is met. Steps, time and iterations count over a resumed run too."""
-
-    model_config = ConfigDict(extra="forbid")
-    reward: Optional[float] = Field(
-        None,
-        allow_inf_nan=False,
-        description="episode_return_mean (over the last episode_window episodes, 100 by default) reaches this "
-        "(a finite number).",
-    )
-    env_steps: Optional[int] = Field(None, ge=1, description="env_steps_sampled reaches this.")
-    time_s: Optional[float] = Field(None, gt=0, description="time_total_s (training time) reaches this.")
-    iterations: Optional[int] = Field(None, ge=1)
-
-    def reached(self, r: dict[str, Any]) -> str | None:
-        """The first criterion result ``r`` meets (reward, env_steps, time, iterations), or None."""
-        met = self._first_met(r)
-        return met[0] if met else None
-
-    def explain(self, r: dict[str, Any]) -> str | None:
-        """The first criterion ``r`` meets, with its figures, e.g. ``"iterations 4 >= 4"``; or None."""
-        met = self._first_met(r)
-        return met[1] if met else None
-
-    def _first_met(self, r: dict[str, Any]) -> tuple[str, str] | None:
-        checks = (  # reason, words, result value, target, format of the value
-            ("reward", "mean return", r.get("episode_return_mean"), self.reward, ".1f"),
-            ("env_steps", "env steps", r.get("env_steps_sampled"), self.env_steps, ","),
-            ("time", "training time", r.get("time_total_s"), self.time_s, ".1f"),
-            ("iterations", "iterations", r.get("iteration"), self.iterations, ""),
-        )
-        for reason, words, value, target, spec in checks:
-            if target is not None and value is not None and math.isfinite(value) and value >= target:
-                unit = " s" if reason == "time" else ""
-                return reason, f"{words} {value:{spec}}{unit} >= {_number(target)}{unit}"
-        return None
-
-    def is_empty(self) -> bool:
-        return all(v is None for v in self.model_dump().values())
-
-
-def _number(x: float) -> str:
-    """475.0 -> '475', 1000000 -> '1,000,000', 0.5 -> '0.5'."""
-    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
-
-
-@dataclass
-class TrainSummary:
-    """What ``train`` and ``resume`` return: the run directory, the last result, why
-    training stopped (``stop_reason``, ``stop_detail``), whether a reward criterion was met
-    (``solved``), the best value of the algorithm's ``best_metric`` and the checkpoints written."""
-
-    run_dir: Path | None
-    result: dict[str, Any]
-    stop_reason: str | None  # reward / env_steps / time / iterations / interrupted (Ctrl-C) / terminated (SIGTERM)
-    solved: bool
-    best_return: float  # the highest episode_return_mean of this session
-    wall_s: float
-    last_checkpoint: Path | None = None
-    best_checkpoint: Path | None = None
-    results: list[dict[str, Any]] = field(default_factory=list, repr=False)  # this session's iterations
-    stop_detail: str | None = None  # the criterion met, with its figures: "iterations 4 >= 4"
-    best_metric: str = "episode_return_mean"  # the algorithm's Algorithm.best_metric: what picked best_checkpoint
-    best_value: float = math.nan  # its best value this session (NaN: never reported)
-    # Algorithm.summary_lines: a league's figures in place of its mean return (empty: the mean return)
-    summary_lines: list[str] = field(default_factory=list)
-
-    @property
-    def already_met(self) -> bool:
-        """``resume`` found a stop criterion met at the checkpoint and trained nothing."""
-        return not self.results and self.stop_reason not in (None, "interrupted", "terminated")
-
-
-class BestMetric:
-    """The best value of an algorithm's ``best_metric`` so far; ``offer`` says when a result beats it."""
-
-    def __init__(self, algo) -> None:
-        self.metric, self.mode = algo.best_metric, algo.best_metric_mode
-        if self.mode not in ("max", "min"):
-            raise ConfigError(f"{type(algo).__name__}.best_metric_mode is {self.mode!r}; it must be 'max' or 'min'.")
-        self.value = math.nan
-
-    def remember(self, best_dir: Path) -> None:
-        """Take the value a run's ``checkpoints/best`` was saved with, so a resumed run only replaces it when better."""
-        try:
-            meta = ckpt.read_meta(best_dir)
-        except CheckpointError:
-            return  # no best yet, or a damaged one: the first result of this session becomes it
-        v = meta.get("best_value")
-        if meta.get("best_metric") == self.metric and isinstance(v, (int, float)) and math.isfinite(v):
-            self.value = float(v)
-
-    def offer(self, result: dict[str, Any]) -> bool:
-        """Take ``result``'s value if it is better; a missing, non-numeric or NaN value never is."""
-        v = result.get(self.metric)
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
-            return False
-        value = float(v)
-        if math.isnan(self.value) or (value > self.value if self.mode == "max" else value < self.value):
-            self.value = value
-            return True
-        return False
-
-
-def _as_stop(stop: Stop | dict | None) -> Stop:
-    if stop is None:
-        return Stop()
-    if isinstance(stop, Stop):
-        return stop
-    try:
-        return Stop(**stop)
-    except Exception as e:  # noqa: BLE001 - pydantic error -> one paragraph
-        from pydantic import ValidationError
-
-        from shoal.config import format_validation_error
-
-        detail = format_validation_error(Stop, e) if isinstance(e, ValidationError) else f"{e}."
-        raise ConfigError(
-            f"Invalid stop criteria {stop!r}: {detail} Allowed keys: reward, env_steps, time_s, iterations."
-        ) from None
-
-
-def check_out_dir(out: str | Path) -> None:
-    """A ConfigError unless run directories can be made under ``out``: an existing directory, or a
-    path whose nearest existing ancestor is a writable directory."""
-    p = Path(out)
-    if p.exists() and not p.is_dir():
-        raise ConfigError(
-            f"--out '{out}' is not a directory (run directories are made inside it); give a directory such as runs/."
-        )
-    ancestor = unwritable_ancestor(p)
-    if ancestor is not None:
-        raise ConfigError(
-            f"--out '{out}': '{ancestor}' is not a writable directory, so no run directory can be made "
-            "there; give a directory you can write."
-        )
-
-
-def new_run_dir(out: str | Path, config: AlgorithmConfig) -> Path:
-    """A new run directory ``<algo>_<env>_<timestamp>`` under ``out``, or ``..._<timestamp>-1``,
-    ``-2``, ... when that name is taken. Each name is claimed by its mkdir (which fails on an
-    existing directory), not by a look first: two runs started in the same second, in separate
-    processes, never get the same directory."""
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = Path(out) / f"{config.algo}_{config.env_name()}_{stamp}"
-    base.parent.mkdir(parents=True, exist_ok=True)
-    d, i = base, 1
-    while True:
-        try:
-            d.mkdir()
-            return d
-        except FileExistsError:
-            d, i = base.with_name(f"{base.name}-{i}"), i + 1
-
-
-def _write_config(run_dir: Path, config: AlgorithmConfig, config_note: str | None) -> None:
-    """config.yaml, led by ``config_note`` as YAML comment lines."""
-    if isinstance(config.callbacks, type) and config.to_dict()["callbacks"] is None:
-        warnings.warn(
-            f"callbacks class {config.callbacks.__qualname__} is defined in __main__ or inside a function, "
-            "so config.yaml and checkpoints record no callbacks (resume and evaluate run without them); "
-            "define it in a module to keep it.",
-            stacklevel=3,
-        )
-    comment = "".join(f"# {line}\n" for line in textwrap.wrap(config_note or "", 100, break_on_hyphens=False))
-    (run_dir / "config.yaml").write_text(comment + config.to_yaml())
-
-
-def _write_run_settings(run_dir: Path, stop: Stop, checkpoint_every: int, keep_checkpoints: int) -> None:
-    """run.yaml: what ``resume`` needs besides the checkpoint (stop criteria, checkpoint cadence)."""
-    ckpt.write_text_atomic(
-        run_dir / "run.yaml",
-        yaml.safe_dump(
-            {  # resume rewrites it: never leave it torn
-                "stop": stop.model_dump(),
-                "checkpoint_every": checkpoint_every,
-                "keep_checkpoints": keep_checkpoints,
-            }
-        ),
-    )
 
 
 def _start_actors(algo, owned: bool) -> None:
@@ -238,153 +58,6 @@ def _start_actors(algo, owned: bool) -> None:
         if owned:
             algo.stop()
         raise
-
-
-class _Session:
-    """One ``train()`` call's bookkeeping: result files, this session's results and best figures,
-    and the checkpoints (numbered ones, of which the last ``keep_checkpoints`` stay, and ``best``).
-
-    Without a run directory it writes nothing and only tracks the results and best figures.
-    """
-
-    def __init__(self, algo, run_dir: Path | None, keep_checkpoints: int) -> None:
-        self.algo, self.run_dir, self.keep_checkpoints = algo, run_dir, keep_checkpoints
-        self.writers = build_writers(run_dir, algo.config, algo.best_metric) if run_dir else []
-        self.ckpt_dir = run_dir / "checkpoints" if run_dir else None
-        self.best = BestMetric(algo)
-        self.best_return = -math.inf  # the highest episode_return_mean, whatever best_metric is
-        self.results: list[dict[str, Any]] = []
-        self.last_ckpt: Path | None = None
-        # best_metric's best iteration: its state, kept in memory until the next numbered checkpoint
-        self._best_state = self._best_meta = self._best_iter = self._saved_best_iter = None
-        self._finished_counters: dict[str, Any] | None = None
-        self._finished_iteration = 0
-        self.iteration_done()
-
-    def record(self, result: dict[str, Any]) -> None:
-        """Write one iteration's result and take note of a new best."""
-        algo = self.algo
-        self.results.append(result)
-        for w in self.writers:
-            w.write(result)
-        ret = result.get("episode_return_mean", math.nan)
-        if math.isfinite(ret) and ret > self.best_return:
-            self.best_return = ret
-        if self.best.offer(result):
-            self._best_iter = algo.iteration
-            if self.ckpt_dir is not None:
-                self._best_state = copy.deepcopy(algo.get_state())
-                self._best_meta = algo.checkpoint_meta(best_metric=self.best.metric, best_value=self.best.value)
-
-    def checkpoint(self, result: dict[str, Any], final: bool = False) -> None:
-        """A numbered checkpoint (and ``best``, when it changed), then the algorithm's TensorBoard extras."""
-        self.last_ckpt = self._save_numbered(final)
-        tb = next((w.w for w in self.writers if isinstance(w, TensorBoardWriter) and w.w is not None), None)
-        if tb is not None:  # e.g. the league's tables and heatmap
-            self.algo.log_tensorboard_extras(tb, int(result.get("env_steps_sampled", self.algo.iteration)))
-
-    def iteration_done(self) -> None:
-        """The counters and number of the last finished iteration: those its results row shows."""
-        self._finished_counters = dict(self.algo.counters)
-        self._finished_iteration = self.algo.iteration
-
-    def save_interrupted(self) -> None:
-        """On Ctrl-C, SIGTERM or the stop time: a numbered checkpoint of the last finished iteration,
-        unless it has one already. An iteration cut short has sampled (and maybe learned) some
-        more; the checkpoint keeps the counters and number of the finished one, so they agree with
-        results.jsonl (a signal may land after ``train()`` counted the iteration, before its row is written)."""
-        if self._finished_counters is not None:
-            self.algo.counters.update(self._finished_counters)
-        self.algo.iteration = self._finished_iteration
-        it = self.algo.iteration
-        if (
-            self.ckpt_dir is not None
-            and it
-            and (self.last_ckpt is None or not self.last_ckpt.name.endswith(f"{it:06d}"))
-        ):
-            self.last_ckpt = self._save_numbered(final=True)
-
-    def fatal(self, e: ShoalError) -> ShoalError:
-        """``e``, which stops the run, told where the last good checkpoint is. An env that kept failing
-        (or sent NaN) leaves the learner's state good, so that state is saved first; a divergence saves nothing."""
-        if self.ckpt_dir is None:
-            return e
-        if not isinstance(e, DivergenceError):
-            try:
-                self.save_interrupted()
-            except DivergenceError:
-                pass
-            except OSError as err:  # the disk that failed the run fails the save too: say so, keep the first error
-                if err.errno not in STORAGE_ERRNOS:
-                    raise
-                e.args = (f"{e} Saving a checkpoint failed too ({err.strerror}).",)
-        last = ckpt.list_checkpoints(self.ckpt_dir)
-        note = (
-            f"The newest checkpoint (finite weights) is {last[-1]}." if last else "No checkpoint had been written yet."
-        )
-        e.args = (f"{e} {note}",)
-        return e
-
-    def _save_numbered(self, final: bool = False) -> Path:
-        ckpt_dir = self.ckpt_dir
-        if ckpt_dir is None:
-            raise RuntimeError("A run without a run directory writes no checkpoint.")
-        p = self.algo.save(ckpt_dir / f"checkpoint_{self.algo.iteration:06d}")
-        for old in ckpt.list_checkpoints(ckpt_dir)[: -self.keep_checkpoints]:
-            ckpt.delete_checkpoint(old)
-        self._saved(p, "final" if final else "numbered")
-        if self._best_state is not None and self._saved_best_iter != self._best_iter:
-            self._saved(ckpt.save_checkpoint(ckpt_dir / "best", self._best_state, self._best_meta), "best")
-            self._saved_best_iter = self._best_iter
-        return p
-
-    def _saved(self, path: Path, kind: str) -> None:
-        """A checkpoint is on disk: tell the writers that track them, then the user's callbacks."""
-        for w in self.writers:
-            if hasattr(w, "checkpoint"):
-                w.checkpoint(path, kind)
-        self.algo.callbacks.on_checkpoint(self.algo, path, kind)
-
-    def close(self) -> None:
-        for w in self.writers:
-            w.close()
-
-    def summary(self, stop: Stop, result: dict[str, Any], reason: str | None, wall_s: float) -> TrainSummary:
-        best = self.ckpt_dir / "best" if self.ckpt_dir is not None else None
-        return TrainSummary(
-            run_dir=self.run_dir,
-            result=result,
-            stop_reason=reason,
-            stop_detail=stop.explain(result) if reason not in (None, "interrupted", "terminated") else None,
-            solved=stop.reward is not None and reason == "reward",
-            best_return=self.best_return,
-            wall_s=wall_s,
-            last_checkpoint=self.last_ckpt,
-            best_checkpoint=best if best is not None and best.exists() else None,
-            results=self.results,
-            best_metric=self.best.metric,
-            best_value=self.best.value,
-            summary_lines=self.algo.summary_lines(self.results),
-        )
-
-
-STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
-"""Write errors that are the run directory's storage (full, read-only, not ours), not a bug."""
-
-
-def storage_error(e: OSError, run_dir: Path | None) -> RunDirectoryError:
-    where = f"'{e.filename}'" if e.filename else (f"the run directory '{run_dir}'" if run_dir else "a file")
-    advices: dict[int | None, str] = {
-        errno.ENOSPC: "The disk is full: free space on it",
-        errno.EDQUOT: "The disk quota is used up: free some",
-        errno.EROFS: "The file system is read-only: make it writable",
-    }
-    advice = advices.get(e.errno, "shoal may not write there: fix the permissions (or the owner) of the run directory")
-    return RunDirectoryError(
-        f"Writing {where} failed: {e.strerror}. {advice}, then continue with `shoal resume {run_dir}`."
-        if run_dir
-        else f"Writing {where} failed: {e.strerror}."
-    )
 
 
 def _ray_lost(session: "_Session", run_dir: Path | None) -> RayLostError:
@@ -624,33 +297,6 @@ def _starting():
         raise signals.StartInterrupted() from None
 
 
-def _already_met(run_dir: Path, at: dict[str, Any], reason: str, start: Path, stop: Stop) -> TrainSummary:
-    """The summary of a resume that has nothing to train: the checkpoint already meets ``stop``."""
-    best = run_dir / "checkpoints" / "best"
-    return TrainSummary(
-        run_dir=run_dir,
-        result=at,
-        stop_reason=reason,
-        solved=reason == "reward",
-        best_return=math.nan,
-        wall_s=0.0,
-        last_checkpoint=start,
-        best_checkpoint=best if best.is_dir() else None,
-        stop_detail=stop.explain(at),
-    )
-
-
-def _resumed_stop(settings: dict[str, Any], stop: Stop | dict | None, given: Stop, no_stop_reward: bool) -> Stop:
-    """The run's saved stop criteria with the ones given on top (and the reward one dropped if asked)."""
-    saved_stop = _as_stop(settings.get("stop"))
-    if stop is not None:
-        merged = {**saved_stop.model_dump(), **{k: v for k, v in given.model_dump().items() if v is not None}}
-        saved_stop = _as_stop(merged)
-    if no_stop_reward:
-        saved_stop = saved_stop.model_copy(update={"reward": None})
-    return saved_stop
-
-
 def _resume_locked(
     run_dir: Path,
     stop: Stop | dict | None,
@@ -704,109 +350,6 @@ def _resume_locked(
         )
     finally:
         algo.stop()
-
-
-def _run_settings(run_dir: Path) -> dict[str, Any]:
-    """A run directory's run.yaml (stop criteria, checkpoint settings); {} when it has none."""
-    run_file = run_dir / "run.yaml"
-    if not run_file.is_file():
-        return {}
-    try:
-        settings = safe_yaml(run_file.read_text(encoding="utf-8")) or {}
-    except (UnicodeDecodeError, yaml.YAMLError) as e:
-        detail = "it is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else " ".join(str(e).split())
-        raise CheckpointError(
-            f"'{run_file}' cannot be read ({detail}); it holds the run's stop criteria and "
-            "checkpoint settings as `shoal train` wrote them. Restore it, or delete it to resume "
-            "with no stop criterion but the ones you give."
-        ) from None
-    if not isinstance(settings, dict):
-        raise CheckpointError(
-            f"'{run_file}' holds {type(settings).__name__}, not the mapping `shoal train` writes; "
-            "restore it, or delete it to resume with the stop criteria you give."
-        )
-    for key in ("checkpoint_every", "keep_checkpoints"):
-        value = settings.get(key, 1)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise CheckpointError(
-                f"'{run_file}': {key} is {value!r}, but it must be a whole number of at least 1 "
-                f"(`shoal train` wrote one). Fix that line, or delete run.yaml to resume with the "
-                "defaults and the stop criteria you give."
-            )
-    return settings
-
-
-def _check_changes(path: Path, changes: dict[str, Any]) -> None:
-    """A ConfigError now for a key of ``changes`` the run's algorithm cannot change mid-run."""
-    from shoal.algorithms import get_config_class
-
-    config_cls = get_config_class(ckpt.read_run_meta(path)["algo"])
-    allowed = config_cls.mutable_keys
-    bad = sorted(set(changes) - allowed)
-    if bad:
-        raise ConfigError(
-            f"{config_cls.algo} cannot change {', '.join(map(repr, bad))} when a run resumes (it shapes buffers, "
-            f"actors or the network); keys that can change: {', '.join(sorted(allowed)) or 'none'}. For the others, "
-            f"start a new run: shoal train {config_cls.algo} -c CONFIG."
-        )
-
-
-def _check_overrides(path: Path, overrides: dict[str, Any], trust: bool) -> None:
-    """A ConfigError now if ``overrides`` do not fit the checkpoint's config (e.g. a negative worker count)."""
-    from shoal.algorithms.checkpointing import checkpoint_config_data
-    from shoal.trust import import_gate
-
-    config_cls, _, data, approved = checkpoint_config_data(path, overrides, trust)
-    with import_gate(approved):
-        config_cls.from_dict(data)
-
-
-def newest_intact_checkpoint(ckpt_dir: Path, warn: bool = True) -> Path:
-    """The newest numbered checkpoint that loads; each broken newer one is skipped, with a warning
-    naming the checkpoint the run resumes from (``warn``). None loads: a CheckpointError listing
-    what is wrong with each, and no word of an earlier checkpoint."""
-    problems: list[tuple[Path, str]] = []
-    for p in reversed(ckpt.list_checkpoints(ckpt_dir)):
-        try:
-            ckpt.verify_checkpoint(p)
-        except CheckpointError as e:
-            problems.append((p, e.problem if isinstance(e, ckpt.DamagedCheckpoint) else str(e)))
-            continue
-        for bad, problem in problems if warn else ():
-            log.warning("%s is damaged, so the run resumes from %s: %s", bad.name, p.name, problem)
-        return p
-    detail = " ".join(m for _, m in problems)  # without the advice to use another checkpoint: there is none
-    raise CheckpointError(
-        f"No intact checkpoint in '{ckpt_dir}' to resume from: {detail} The run cannot go on; start a new "
-        f"one from its config: shoal train -c {ckpt_dir.parent / 'config.yaml'}."
-    )
-
-
-def checkpoint_progress(path: Path) -> dict[str, Any]:
-    """What stop criteria read (iteration, env steps, training time, mean return) at a checkpoint.
-
-    From meta.json; a checkpoint written before meta.json held them all is read from state.pt.
-    """
-    from shoal.logging.metrics import EpisodeWindow
-
-    meta = ckpt.read_run_meta(path)  # a missing or negative iteration is a CheckpointError, not a KeyError
-    if "time_total_s" not in meta or "env_steps_sampled" not in meta:
-        state, _ = ckpt.load_checkpoint(path)
-        window = EpisodeWindow()
-        window.set_state(state["episodes"])
-        meta = {
-            **meta,
-            "env_steps_sampled": meta.get("env_steps_sampled", int(state["counters"]["env_steps_sampled"])),
-            "time_total_s": meta.get("time_total_s", state["counters"]["time_total_s"]),
-            "episode_return_mean": window.metrics()["episode_return_mean"],
-        }
-    ret = meta.get("episode_return_mean")
-    return {
-        "iteration": meta["iteration"],
-        "env_steps_sampled": meta["env_steps_sampled"],
-        "time_total_s": meta["time_total_s"],
-        "episode_return_mean": math.nan if ret is None else ret,
-    }
 
 
 def load(path: str | Path | ckpt.OpenedCheckpoint, **kwargs: Any):

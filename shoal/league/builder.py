@@ -111,7 +111,7 @@ class MatchResult:
     """One finished match: ``policies`` in seat order, ``winner`` a policy id (None on a draw),
     ``match_type`` (None when the matchmaking gave none).
 
-    The rollout runner (:func:`shoal.rollout.multi_agent.match_outcome`) fills in the rest:
+    The rollout runner (:func:`shoal.rollout.multi_agent_matches.match_outcome`) fills in the rest:
     ``agents`` (agent id -> policy id), ``returns`` (agent id -> episode return),
     ``winner_agent``, ``length``, ``episode_id`` and ``worker_index``.
     """

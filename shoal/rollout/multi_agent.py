@@ -36,71 +36,27 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from shoal.batch import Batch, Col, pack_per_sequence
+from shoal.batch import Batch, Col
 from shoal.callbacks import Episode, build_callbacks, call_episode_end, overrides
 from shoal.envs.multi_agent import SCRIPTED_PLAYERS, MultiAgentEnvAdapter, make_multi_agent_env, make_scripted_player
 from shoal.errors import ConfigError
 from shoal.league.builder import MatchResult, PlayerSpec
-from shoal.models.recurrent import pack_state
 from shoal.process import configure_process
 from shoal.rollout.env_runner import RolloutMetrics
 from shoal.rollout.faults import check_batch_finite
+from shoal.rollout.multi_agent_evaluation import HeadToHeadEvaluation
+from shoal.rollout.multi_agent_matches import EpisodeInfo, MatchSampler, _FnMapping, match_outcome
+from shoal.rollout.multi_agent_streams import _OpenStep, _reset_row, _Row, sequences_to_batch
 from shoal.rollout.policies import STATE_OUT, ActorCriticPolicy
-from shoal.seeding import evaluation_seed, policy_seed, worker_seed
+from shoal.seeding import policy_seed, worker_seed
 
 DEFAULT_SEQUENCE_LENGTH = 50
 _SPEC_KEYS = {"weights", "model", "agent", "trainable"}
 _LEAGUE_SPEC_KEYS = {"type", "parent", "created_iteration"}  # a league player's spec: metadata, ignored here
-_COLUMNS = (
-    Col.OBS,
-    Col.NEXT_OBS,
-    Col.ACTIONS,
-    Col.ACTION_LOGP,
-    Col.REWARDS,
-    Col.TERMINATEDS,
-    Col.VALID,
-    Col.ACTION_MASK,
-)
 
 
 def _is_weights(spec: Mapping) -> bool:
     return bool(spec) and all(isinstance(v, (np.ndarray, torch.Tensor)) for v in spec.values())
-
-
-@dataclass(slots=True)
-class _OpenStep:
-    """An agent's decision waiting for its next observation: what it saw and did, and the
-    reward it has received since."""
-
-    obs: np.ndarray
-    mask: np.ndarray | None  # the action mask it acted under (None: every action legal)
-    action: Any
-    logp: float
-    reward: float = 0.0
-    state: np.ndarray | None = None  # a recurrent policy's state before this decision
-
-
-class _Row(NamedTuple):
-    """One decision in a stream: a row of the policy's batch, fields in the order of ``_COLUMNS``."""
-
-    obs: np.ndarray
-    next_obs: np.ndarray
-    action: Any
-    logp: float
-    reward: float
-    terminated: bool
-    valid: bool
-    mask: np.ndarray
-    state: np.ndarray | None = None  # recurrent policies: the state before this row (not a column of its own)
-
-
-def _reset_row(last: _Row, state: np.ndarray | None = None) -> _Row:
-    """The masked row that ends a stream's episode without termination (like a single-agent reset
-    row): it holds ``last``'s next observation, which V-trace bootstraps from (a recurrent policy
-    from ``state``, its state after ``last``'s decision)."""
-    return _Row(
-        last.next_obs, last.next_obs, np.zeros_like(last.action), 0.0, 0.0, False, False, np.ones_like(last.mask), state
-    )
 
 
 class _ActRequest(NamedTuple):
@@ -112,156 +68,6 @@ class _ActRequest(NamedTuple):
     mask: np.ndarray | None
 
 
-# ---- episodes and matchmaking -----------------------------------------------------------------
-@dataclass
-class EpisodeInfo:
-    """What a mapping function sees (``episode``), and what the runner tracks per game."""
-
-    id: int
-    env_index: int
-    worker_index: int
-    agents: list[str]
-    policies: dict[str, str] = field(default_factory=dict)  # agent -> policy id, fixed for the episode
-    match_type: str | None = None
-    user_data: dict[str, Any] = field(default_factory=dict)  # free for mapping functions
-    returns: dict[str, float] = field(default_factory=dict)
-    length: int = 0  # env steps
-
-
-class MatchSampler:
-    """Draws each new episode's seat -> policy mapping from matchmaking data (which policies
-    play, with which probabilities: plain data, picklable, sent with the weights).
-
-    Accepted forms (``data``):
-
-    * ``{"matches": [{"policies": ["main", "main_v1"], "prob": 0.5, "match_type": "vs_snapshot"}, ...],
-      "shuffle_seats": True}`` or just the list. ``policies`` is a list in seat order
-      (``possible_agents``), shuffled per episode when ``shuffle_seats`` (default) so each side
-      plays first half the time; or a dict ``{agent: policy_id}`` (seats kept). One policy id
-      alone plays every seat. ``prob`` values are weights (normalised); ``match_type`` is optional.
-    * an object with ``to_matches()`` returning one of the above (e.g. the league's
-      :class:`shoal.league.Matchmaking`).
-    """
-
-    def __init__(self, data: Any) -> None:
-        if hasattr(data, "to_matches"):
-            data = data.to_matches()
-        shuffle = True
-        if isinstance(data, Mapping):
-            if "matches" not in data:
-                raise ConfigError(f"matchmaking data needs a 'matches' list, got keys {sorted(data)}")
-            shuffle = bool(data.get("shuffle_seats", True))
-            data = data["matches"]
-        entries = list(data)
-        if not entries:
-            raise ConfigError("matchmaking data has no matches")
-        self.shuffle_seats = shuffle
-        self.entries: list[tuple[Any, str | None]] = []
-        probs = []
-        for e in entries:
-            if not isinstance(e, Mapping) or "policies" not in e:
-                raise ConfigError(
-                    f"each matchmaking entry needs 'policies' (and optional 'prob', 'match_type'), got {e!r}"
-                )
-            pol = e["policies"]
-            pol = dict(pol) if isinstance(pol, Mapping) else ([pol] if isinstance(pol, str) else list(pol))
-            self.entries.append((pol, e.get("match_type")))
-            probs.append(float(e.get("prob", 1.0)))
-        p = np.asarray(probs)
-        if (p < 0).any() or p.sum() <= 0:
-            raise ConfigError(f"matchmaking probabilities must be >= 0 and not all 0, got {probs}")
-        self.probs = p / p.sum()
-
-    def policy_ids(self) -> set[str]:
-        out: set[str] = set()
-        for pol, _ in self.entries:
-            out.update(pol.values() if isinstance(pol, dict) else pol)
-        return out
-
-    def check(self, agents: list[str]) -> None:
-        for pol, _ in self.entries:
-            if isinstance(pol, dict):
-                if set(pol) != set(agents):
-                    raise ConfigError(f"matchmaking seats {sorted(pol)} are not the env's agents {agents}")
-            elif len(pol) not in (1, len(agents)):
-                raise ConfigError(
-                    f"matchmaking entry {pol} names {len(pol)} policies for {len(agents)} agents "
-                    "(give one per agent, or one for all)"
-                )
-
-    def assign(self, episode: EpisodeInfo, rng: np.random.Generator) -> tuple[dict[str, str], str | None]:
-        pol, match_type = self.entries[int(rng.choice(len(self.entries), p=self.probs))]
-        agents = episode.agents
-        if isinstance(pol, dict):
-            return dict(pol), match_type
-        if len(pol) == 1:
-            return {a: pol[0] for a in agents}, match_type
-        order = rng.permutation(len(pol)) if self.shuffle_seats else range(len(pol))
-        return {a: pol[j] for a, j in zip(agents, order)}, match_type
-
-
-class _FnMapping:
-    """A ``policy_mapping_fn(agent_id, episode) -> policy_id``, called once per agent when an episode starts."""
-
-    def __init__(self, fn: Callable[[str, EpisodeInfo], str]) -> None:
-        self.fn = fn
-
-    def assign(self, episode: EpisodeInfo, rng: np.random.Generator) -> tuple[dict[str, str], str | None]:
-        return {a: self.fn(a, episode) for a in episode.agents}, episode.user_data.get("match_type")
-
-
-# ---- evaluation records -------------------------------------------------------------------------
-@dataclass(slots=True)
-class _EvalGame:
-    """One evaluation game in progress on an evaluation env copy."""
-
-    seat: int  # the evaluated policy's seat: 0 plays first
-    mapping: dict[str, Any]  # agent -> the policy object playing it
-    to_act: dict  # agent -> (obs, mask) of the agents that must act next
-    returns: dict[str, float]  # agent -> reward so far
-    length: int = 0  # env steps
-
-
-@dataclass
-class _EvalTally:
-    """Finished evaluation games: wins, draws and losses per seat of the evaluated policy, and lengths."""
-
-    wins: list[int] = field(default_factory=lambda: [0, 0])
-    draws: list[int] = field(default_factory=lambda: [0, 0])
-    losses: list[int] = field(default_factory=lambda: [0, 0])
-    lengths: list[int] = field(default_factory=list)
-    returns: list[float] = field(default_factory=list)  # the evaluated policy's return in each game
-
-    def add(self, game: _EvalGame, agents: list[str]) -> None:
-        mine, theirs = game.returns[agents[game.seat]], game.returns[agents[1 - game.seat]]
-        outcome = self.wins if mine > theirs else self.draws if mine == theirs else self.losses
-        outcome[game.seat] += 1
-        self.lengths.append(game.length)
-        self.returns.append(float(mine))
-
-    def _games(self, seat: int) -> int:
-        return self.wins[seat] + self.draws[seat] + self.losses[seat]
-
-    def summary(self) -> dict[str, Any]:
-        """Counts and rates, the win rate per seat, the mean length, and ``returns``: one per game in finishing order."""
-        wins, draws, losses = sum(self.wins), sum(self.draws), sum(self.losses)
-        n = wins + draws + losses
-        return {
-            "games": n,
-            "wins": wins,
-            "draws": draws,
-            "losses": losses,
-            "win_rate": wins / n,
-            "draw_rate": draws / n,
-            "loss_rate": losses / n,
-            "win_rate_first": self.wins[0] / max(1, self._games(0)),
-            "win_rate_second": self.wins[1] / max(1, self._games(1)),
-            "mean_length": float(np.mean(self.lengths)),
-            "returns": list(self.returns),
-            "lengths": list(self.lengths),
-        }
-
-
 # ---- metrics ----------------------------------------------------------------------------------
 @dataclass
 class MultiAgentRolloutMetrics(RolloutMetrics):
@@ -271,26 +77,6 @@ class MultiAgentRolloutMetrics(RolloutMetrics):
     policy_returns: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     policy_agent_steps: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     matches: list[MatchResult] = field(default_factory=list)
-
-
-def match_outcome(episode: EpisodeInfo) -> MatchResult:
-    """Per-match record: ``policies`` in seat order, ``winner`` a policy id (None on a draw)."""
-    agents = episode.agents
-    rets = {a: float(episode.returns.get(a, 0.0)) for a in agents}
-    best = max(rets.values())
-    top = [a for a in agents if rets[a] == best]
-    winner_agent = top[0] if len(top) == 1 else None
-    return MatchResult(
-        policies=tuple(episode.policies[a] for a in agents),
-        winner=episode.policies[winner_agent] if winner_agent else None,
-        match_type=episode.match_type,
-        agents=dict(episode.policies),
-        returns=rets,
-        winner_agent=winner_agent,
-        length=episode.length,
-        episode_id=episode.id,
-        worker_index=episode.worker_index,
-    )
 
 
 class PolicyReturnWindows:
@@ -309,7 +95,7 @@ class PolicyReturnWindows:
 
 
 # ---- the runner -------------------------------------------------------------------------------
-class MultiAgentEnvRunner:
+class MultiAgentEnvRunner(HeadToHeadEvaluation):
     """``num_envs`` copies of a PettingZoo env played by a set of policies.
 
     Args:
@@ -512,7 +298,7 @@ class MultiAgentEnvRunner:
         with torch.inference_mode():
             for _ in range(self.ticks_per_sample):
                 self._tick(explore)
-        batches = {pid: self._sequences_to_batch(seqs) for pid, seqs in self._ready.items() if seqs}
+        batches = {pid: sequences_to_batch(seqs) for pid, seqs in self._ready.items() if seqs}
         self._ready = defaultdict(list)
         check_batch_finite(batches, self.config.env_name(), self.worker_index)
         metrics, self._metrics = self._metrics, MultiAgentRolloutMetrics(worker_index=self.worker_index)
@@ -658,101 +444,6 @@ class MultiAgentEnvRunner:
         self._to_act[i] = self.envs[i].reset()
         self._episodes[i] = self._new_episode(i)
 
-    def _sequences_to_batch(self, seqs: list[list[_Row]]) -> Batch:
-        rows = [row for seq in seqs for row in seq]
-        cols = list(zip(*rows))
-        dtypes = (np.float32, np.float32, None, np.float32, np.float32, bool, bool, bool)
-        batch = Batch(
-            {
-                name: np.asarray(np.stack(col) if np.ndim(col[0]) else col, dtype=dt)
-                for name, col, dt in zip(_COLUMNS, cols, dtypes)
-            }
-        )
-        T = len(seqs[0])
-        if seqs[0][0].state is not None:  # a recurrent policy: each sequence's start state (shoal.models.recurrent)
-            batch[Col.STATE_IN] = pack_state(np.stack([seq[0].state for seq in seqs]), T)
-        # V-trace's bootstrap, as single-agent sequences carry it (PPO's GAE reads NEXT_OBS on every row)
-        batch[Col.BOOTSTRAP_OBS] = pack_per_sequence(batch[Col.NEXT_OBS][T - 1 :: T], T)
-        return batch
-
-    # ---- evaluation ----------------------------------------------------------------------------
-    def evaluate_vs(
-        self,
-        policy_id: str,
-        opponent: str = "random",
-        num_games: int = 100,
-        *,
-        explore: bool = False,
-        num_envs: int | None = None,
-    ) -> dict[str, float]:
-        """Win rate of ``policy_id`` against ``opponent`` ("random", "heuristic" or a policy id).
-
-        Two-player games on separate env copies (training games keep their state); ``policy_id``
-        takes the first seat in half of the games. ``explore`` False plays the policy greedily
-        (among legal actions); the opponent, if a policy, plays the same way.
-        """
-        if len(self.agents) != 2:
-            raise ValueError(f"evaluate_vs needs a two-player env; this one has agents {self.agents}")
-        player = self.policies[policy_id]
-        opp = self._eval_opponent(opponent)
-        k = min(num_envs or self.num_envs, num_games)
-        while len(self._eval_envs) < k:
-            self._eval_envs.append(make_multi_agent_env(self.config.env, self.config.env_config))
-        with torch.inference_mode():
-            tally = self._play_eval_games(player, opp, num_games, k, explore)
-        return tally.summary()
-
-    def _eval_opponent(self, opponent: str):
-        """The policy ``opponent`` names, or a new scripted player of that kind."""
-        if opponent in self.policies:
-            return self.policies[opponent]
-        env = self.envs[0]
-        return make_scripted_player(
-            opponent,
-            env.observation_space(self.agents[0]),
-            env.action_space(self.agents[0]),
-            evaluation_seed(self.seed),
-        )
-
-    def _play_eval_games(self, player, opp, num_games: int, k: int, explore: bool) -> _EvalTally:
-        """``num_games`` games on the first ``k`` evaluation env copies, a new one starting on a
-        copy as soon as its game ends; every tick, one forward per policy over the live games."""
-        tally = _EvalTally()
-        games: list[_EvalGame | None] = [self._start_eval_game(j, j, player, opp) for j in range(k)]
-        started = k
-        states: dict[tuple[int, str], np.ndarray] = {}  # recurrent players' states, per evaluation game
-        while any(g is not None for g in games):
-            live = [j for j in range(k) if games[j] is not None]
-            actions = self._act(
-                [(j, games[j].mapping, games[j].to_act) for j in live], explore, record=False, states=states
-            )
-            for j in live:
-                if not self._step_eval_game(j, games[j], actions[j]):
-                    continue
-                for agent in self.agents:
-                    states.pop((j, agent), None)
-                tally.add(games[j], self.agents)
-                games[j] = None
-                if started < num_games:
-                    games[j] = self._start_eval_game(j, started, player, opp)
-                    started += 1
-        return tally
-
-    def _start_eval_game(self, j: int, number: int, player, opp) -> _EvalGame:
-        """Game ``number`` (from 0) on evaluation env copy ``j``: the player takes seat ``number % 2``."""
-        seat = number % 2
-        mapping = {self.agents[seat]: player, self.agents[1 - seat]: opp}
-        return _EvalGame(seat, mapping, self._eval_envs[j].reset(), dict.fromkeys(self.agents, 0.0))
-
-    def _step_eval_game(self, j: int, game: _EvalGame, actions: dict[str, Any]) -> bool:
-        """One env step of ``game`` on evaluation env copy ``j``; True when the game is over."""
-        out = self._eval_envs[j].step(actions)
-        game.length += 1
-        for a, r in out.rewards.items():
-            game.returns[a] += r
-        game.to_act = out.to_act
-        return out.done
-
     # ---- weights -------------------------------------------------------------------------------
     def get_weights(self, policy_ids=None) -> dict[str, dict[str, np.ndarray]]:
         ids = self.policies if policy_ids is None else policy_ids
@@ -784,11 +475,4 @@ class MultiAgentEnvRunner:
             env.close()
 
 
-__all__ = [
-    "EpisodeInfo",
-    "MatchSampler",
-    "MultiAgentEnvRunner",
-    "MultiAgentRolloutMetrics",
-    "PolicyReturnWindows",
-    "match_outcome",
-]
+__all__ = ["MultiAgentEnvRunner", "MultiAgentRolloutMetrics", "PolicyReturnWindows"]
