@@ -24,7 +24,8 @@ import sys
 import time
 
 from shoal import runtime
-from shoal.algorithms.ppo import PPOConfig, gae_postprocess
+from shoal.algorithms.ppo import PPOConfig
+from shoal.algorithms.ppo_loss import gae_postprocess
 from shoal.rollout import ActorCriticPolicy, EnvRunner
 
 

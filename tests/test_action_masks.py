@@ -130,7 +130,7 @@ def test_predict_never_picks_an_illegal_action_even_when_it_scores_best():
 @pytest.mark.parametrize("algo_cls", [PPOConfig, IMPALAConfig])
 def test_losses_see_the_masks_the_actions_were_sampled_under(algo_cls):
     from shoal.algorithms.impala import IMPALALoss
-    from shoal.algorithms.ppo import PPOLoss
+    from shoal.algorithms.ppo_loss import PPOLoss
 
     algo = algo_cls(env=MaskedSignal, seed=0, resources={"num_envs_per_worker": 2}).build()
     try:

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from shoal.algorithms.ppo import PPOConfig, gae_postprocess
+from shoal.algorithms.ppo import PPOConfig
+from shoal.algorithms.ppo_loss import gae_postprocess
 from shoal.batch import Col
 from shoal.rollout import ActorCriticPolicy, EnvRunner, Fragment, fragment_to_batch
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from shoal.algorithms.appo import APPOConfig, APPOLoss, appo_loss_terms
+from shoal.algorithms.appo import APPOConfig
+from shoal.algorithms.appo_loss import APPOLoss, appo_loss_terms
 from shoal.algorithms.impala import IMPALAConfig, IMPALALoss, impala_loss_terms
 from shoal.batch import Col, pack_per_sequence, unpack_per_sequence
 from shoal.config import load_yaml

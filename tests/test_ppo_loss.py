@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from shoal.algorithms.ppo import ppo_loss_terms
+from shoal.algorithms.ppo_loss import ppo_loss_terms
 from shoal.learn.target import update_kl_coeff
 from shoal.models.distributions import Categorical, DiagGaussian, masked_logits
 

@@ -64,7 +64,7 @@ def test_episode_starts_follow_reset_rows_within_each_sequence():
 def _runner(config):
     import functools
 
-    from shoal.algorithms.ppo import gae_postprocess
+    from shoal.algorithms.ppo_loss import gae_postprocess
     from shoal.rollout import ActorCriticPolicy, EnvRunner
 
     post = functools.partial(gae_postprocess, gamma=config.gamma, gae_lambda=config.gae_lambda)

@@ -15,7 +15,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from shoal.algorithms.appo import APPOLoss
+from shoal.algorithms.appo_loss import APPOLoss
 from shoal.batch import Batch
 from shoal.errors import ActorLostError
 from shoal.learn.distributed_learners import REPLAY_LOST, ReplayLost, resolve_learner_device

@@ -1,6 +1,7 @@
 """APPO: IMPALA's asynchronous pipeline with a PPO-style clipped surrogate and a target network.
 
-Reads in order: config, loss, training_step. APPO reuses IMPALA's functions (sequences, the
+Reads in order: config, training_step; the loss is in ``appo_loss.py`` (shared with the
+league's policy learner). APPO reuses IMPALA's functions (sequences, the
 learner and its thread) and the :class:`~shoal.algorithms.pipeline.AsyncPipeline`, not
 IMPALA's class.
 
@@ -27,13 +28,11 @@ The design, kept simple:
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from typing import Any, Optional
 
-import torch
 from pydantic import Field, model_validator
 
+from shoal.algorithms.appo_loss import APPOLoss
 from shoal.algorithms.config_groups import (
     ASYNC_PER_RUN_KEYS,
     AsyncSamplingKeys,
@@ -50,15 +49,8 @@ from shoal.algorithms.config_groups import (
     check_whole_sequences,
 )
 from shoal.algorithms.pipeline import AsyncAlgorithm, make_async_policy_learner
-from shoal.batch import Col
 from shoal.config import AlgorithmConfig
-from shoal.learn.losses import LossRecord
-from shoal.learn.masking import ActionMasked
-from shoal.learn.sequences import VTraceParams, policy_advantages, time_major, unroll, value_and_entropy, vtrace_for
-from shoal.learn.stats import STANDARDIZE_SUMS, masked_mean
-from shoal.learn.target import AdaptiveKL, TargetNetwork
 from shoal.logging.metrics import Phase
-from shoal.models.recurrent import run_sequences
 
 
 # ---- config -----------------------------------------------------------------------------
@@ -83,125 +75,6 @@ class APPOConfig(
         check_kl_against_target(self)
         check_multi_agent(self, ASYNC_PER_RUN_KEYS)
         return self
-
-
-# ---- loss -------------------------------------------------------------------------------
-def appo_loss_terms(
-    logp,
-    target_logp,
-    pg_advantages,
-    values,
-    vs,
-    entropy,
-    valid,
-    kl=None,
-    *,
-    clip_param: float,
-    vf_loss_coeff: float,
-    entropy_coeff: float,
-    kl_coeff: float = 0.0,
-) -> dict[str, torch.Tensor]:
-    """The APPO objective (means over the valid steps); ``total_loss`` is minimised.
-
-    r           = exp(logp - target_logp)
-    policy_loss = -mean(min(r * A, clip(r, 1 - eps, 1 + eps) * A))
-    vf_loss     = 0.5 * mean((V - vs)^2)
-    total_loss  = policy_loss + vf_loss_coeff * vf_loss - entropy_coeff * mean(H) + kl_coeff * mean(KL)
-    """
-    ratio = torch.exp(logp - target_logp)
-    surr = torch.min(ratio * pg_advantages, ratio.clamp(1 - clip_param, 1 + clip_param) * pg_advantages)
-    policy_loss = -masked_mean(surr, valid)
-    vf_loss, mean_entropy = value_and_entropy(values, vs, entropy, valid)
-    total = policy_loss + vf_loss_coeff * vf_loss - entropy_coeff * mean_entropy
-    if kl is not None:
-        mean_kl = masked_mean(kl, valid)
-        total = total + kl_coeff * mean_kl
-    else:  # report the low-variance estimate of KL(pi_target || pi)
-        mean_kl = masked_mean((ratio - 1) - (logp - target_logp), valid).detach()
-    return {
-        "total_loss": total,
-        "policy_loss": policy_loss,
-        "vf_loss": vf_loss,
-        "entropy": mean_entropy,
-        "kl": mean_kl,
-        "clip_fraction": masked_mean(((ratio - 1).abs() > clip_param).float(), valid),
-    }
-
-
-@dataclass(frozen=True)
-class APPOLoss(LossRecord):
-    """APPO's loss (:func:`appo_loss_terms`: the clipped surrogate against the target network,
-    V-trace with the target as its target policy) from the keys it reads; a Learner's
-    ``loss_fn``. ``target``: the learner's target network; ``kl``: the KL penalty's coefficient
-    when ``use_kl_loss`` is on. A batch with ``ACTION_MASK`` (an env or game with action masks) has
-    both networks' logits masked by it."""
-
-    seq_len: int  # T, the rollout fragment length: rows per sequence
-    gamma: float
-    vtrace: VTraceParams
-    normalize_advantages: bool
-    clip_param: float
-    vf_loss_coeff: float
-    entropy_coeff: float
-    target: TargetNetwork = dataclasses.field(compare=False)
-    kl: Optional[AdaptiveKL] = dataclasses.field(default=None, compare=False)
-
-    @classmethod
-    def config_values(cls, cfg) -> dict[str, Any]:
-        return {
-            "seq_len": cfg.fragment_length(),
-            "gamma": cfg.gamma,
-            "vtrace": VTraceParams.from_config(cfg),
-            "normalize_advantages": cfg.normalize_advantages,
-            "clip_param": cfg.clip_param,
-            "vf_loss_coeff": cfg.vf_loss_coeff,
-            "entropy_coeff": cfg.entropy_coeff,
-        }
-
-    def group_sum_sizes(self) -> tuple[int, ...]:
-        return (STANDARDIZE_SUMS,) if self.normalize_advantages else ()  # policy_advantages over the group
-
-    def _target_net(self, module, batch: dict):
-        """The target network beside ``module`` (a per-device copy on a multi-device learner)."""
-        if Col.ACTION_MASK in batch:  # ``module`` is the masked view: the target's logits get the same mask
-            return ActionMasked(self.target.for_module(module.module), batch[Col.ACTION_MASK])
-        return self.target.for_module(module)
-
-    def __call__(self, module, batch: dict, learner=None) -> tuple[torch.Tensor, dict]:
-        if Col.ACTION_MASK in batch:
-            module = ActionMasked(module, batch[Col.ACTION_MASK])
-        T = self.seq_len
-        u = unroll(module, batch, T, self.gamma)
-        with torch.no_grad():
-            target_net = self._target_net(module, batch)
-            if getattr(module, "recurrent", False):
-                target_inputs = run_sequences(target_net, batch, T)[0]
-            else:
-                target_inputs, _ = target_net(batch[Col.OBS])
-            target_dist = module.dist_cls(target_inputs)
-            target_logp = time_major(target_dist.logp(batch[Col.ACTIONS]), T)
-        vt = vtrace_for(u, target_logp, self.vtrace)
-        advantages = policy_advantages(vt, u, self.normalize_advantages, learner)
-        kl = self.kl if self.kl is not None and self.kl.enabled else None
-        kl_terms = time_major(target_dist.kl(u.dist), T) if kl is not None else None
-        terms = appo_loss_terms(
-            u.logp,
-            target_logp,
-            advantages,
-            u.values,
-            vt.vs,
-            u.entropy,
-            u.valid,
-            kl_terms,
-            clip_param=self.clip_param,
-            vf_loss_coeff=self.vf_loss_coeff,
-            entropy_coeff=self.entropy_coeff,
-            kl_coeff=kl.coeff if kl is not None else 0.0,
-        )
-        loss = terms.pop("total_loss")
-        stats = {k: v.detach() for k, v in terms.items()}
-        stats["mean_rho"] = masked_mean(vt.rhos, u.valid)
-        return loss, stats
 
 
 # ---- algorithm --------------------------------------------------------------------------

@@ -14,7 +14,7 @@ timeout), the driver forms a new process group over the survivors and the new wo
 copies the full learner state (weights and optimizer) of one survivor to every other
 member before training goes on.
 
-Reads in order: config, the worker (sample + loss via PPO's functions), training_step.
+Reads in order: config, the worker (sample + loss via PPO's, from ``ppo_loss.py``), training_step.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pydantic import Field, field_validator, model_validator
 from shoal.algorithms.base import Algorithm
 from shoal.algorithms.config_groups import PPOLossKeys
 from shoal.algorithms.policies import PolicySet
-from shoal.algorithms.ppo import PPOLoss, gae_postprocess, sgd_sequence_length, transitions
+from shoal.algorithms.ppo_loss import PPOLoss, gae_postprocess, sgd_sequence_length, transitions
 from shoal.config import AlgorithmConfig, ResourcesConfig
 from shoal.errors import DivergenceError
 from shoal.learn import Learner, resolve_device
