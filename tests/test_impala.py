@@ -490,45 +490,6 @@ def test_gpus_asked_for_but_absent_is_a_config_error(monkeypatch):
 
 
 # ---- weights reach each rollout actor with its next request ------------------------------------
-class _Recorder:
-    """A rollout actor that records the calls it gets, in order."""
-
-    def __init__(self, i: int) -> None:
-        self.log: list[tuple] = []
-
-    def set_weights(self, weights) -> None:
-        self.log.append(("set_weights", weights))
-
-    def set_normalizer(self, state) -> None:
-        self.log.append(("set_normalizer", state))
-
-    def sample(self) -> str:
-        self.log.append(("sample",))
-        return "fragment"
-
-
-def test_latest_weights_go_to_each_actor_once_just_before_its_next_request():
-    from shoal.algorithms.pipeline import LatestWeights
-    from shoal.runtime import make_actor_group
-
-    group = make_actor_group(_Recorder, 3, lambda i: ((i,), {}), remote=False, max_in_flight=1)
-    latest = LatestWeights(group)
-    assert group.submit("sample", prelude=latest.due) == 3  # nothing published yet: nothing before it
-    group.fetch_ready()
-    latest.publish([("set_weights", ("w1",)), ("set_normalizer", ("n1",))])
-    latest.publish([("set_weights", ("w2",)), ("set_normalizer", ("n2",))])  # two versions, no request between
-    group.submit("sample", actor_ids=[1, 2], prelude=latest.due)
-    group.fetch_ready()
-    group.submit("sample", actor_ids=[1], prelude=latest.due)  # actor 1 has version 2 already
-    group.fetch_ready()
-    group.restart(2)  # a recreated actor is sent the latest again with its next request
-    group.submit("sample", actor_ids=[2, 3], prelude=latest.due)
-    logs = {i: a.log for i, a in group.actors.items()}
-    assert logs[1] == [("sample",), ("set_weights", "w2"), ("set_normalizer", "n2"), ("sample",), ("sample",)]
-    assert logs[2] == [("set_weights", "w2"), ("set_normalizer", "n2"), ("sample",)]
-    assert logs[3] == [("sample",), ("set_weights", "w2"), ("set_normalizer", "n2"), ("sample",)]
-
-
 def test_impala_broadcasts_cost_nothing_per_idle_actor_and_each_sample_uses_the_latest_weights():
     """With the driver's runner (num_workers=0) standing for an actor: one set_weights per
     published version that a sample request followed, never one per broadcast without a request."""
@@ -544,19 +505,19 @@ def test_impala_broadcasts_cost_nothing_per_idle_actor_and_each_sample_uses_the_
 
         def counted_sample(*a, **k):
             calls["sample"] += 1
-            current = algo.pipeline.latest.calls[0][1][0]  # the latest published weights
+            current = algo.publisher.calls[0][1][0]  # the latest published weights
             mine = runner.get_weights()
             calls["stale"] += any(not np.array_equal(mine[k], v) for k, v in current.items())
             return sample(*a, **k)
 
         runner.set_weights, runner.sample = counted_set_weights, counted_sample
-        published = algo.pipeline.latest.version
+        published = algo.publisher.version
         for _ in range(40):
             algo.train()
-            if algo.pipeline.latest.version - published >= 3:
+            if algo.publisher.version - published >= 3:
                 break
-        assert algo.pipeline.latest.version - published >= 3  # broadcasts happened
+        assert algo.publisher.version - published >= 3  # broadcasts happened
         assert 1 <= calls["set_weights"] <= calls["sample"] and calls["stale"] == 0
-        assert calls["set_weights"] <= algo.pipeline.latest.version - published + 1
+        assert calls["set_weights"] <= algo.publisher.version - published + 1
     finally:
         algo.stop()

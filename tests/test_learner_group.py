@@ -409,7 +409,7 @@ def test_a_group_that_loses_every_learner_resumes_from_the_last_broadcast_weight
             group.drain(timeout_s=0.05)
             if not group._weights_asked:
                 break
-        published = ray.get(algo._weights_ref)
+        published = ray.get(algo.publisher.latest())
         assert not _equal(published, initial)
         for pid in [group.group.call(i, "pid") for i in sorted(group.group.actor_ids)]:
             os.kill(pid, signal.SIGKILL)

@@ -196,7 +196,7 @@ def test_ray_rollout_actors_play_with_the_broadcast_weights():
         runners = a.env_runners
         while runners.num_in_flight():  # a broadcast reaches each actor with its next sample request
             runners.fetch_ready(timeout_s=1.0)
-        assert runners.submit("sample", prelude=a.pipeline.latest.due) == 2
+        assert runners.submit("sample", prelude=a.publisher.due) == 2
         for i in runners.actor_ids:
             acting = a.env_runners.call(i, "get_weights")
             assert all(np.array_equal(acting[p][k], w[p][k]) for p in w for k in w[p])

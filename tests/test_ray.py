@@ -316,7 +316,7 @@ def test_small_broadcasts_travel_inline_and_large_ones_through_the_object_store(
         ).build()
         try:
             algo.train()
-            assert isinstance(algo._weights_ref, ray.ObjectRef) is not inline, hidden
+            assert isinstance(algo.publisher.latest(), ray.ObjectRef) is not inline, hidden
             ray.kill(algo.env_runners.actors[1], no_restart=True)
             algo.train()
             assert algo.train()["num_worker_restarts"] == 1

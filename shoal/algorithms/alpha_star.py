@@ -43,6 +43,7 @@ from shoal.algorithms.config_groups import (
 )
 from shoal.algorithms.league_evaluator import LeagueEvaluator
 from shoal.algorithms.pipeline import WAIT_S
+from shoal.algorithms.weights_publisher import WeightsPublisher
 from shoal.config import AlgorithmConfig, EnvSpec, EvaluationConfig, ResourcesConfig
 from shoal.envs.multi_agent import make_multi_agent_env
 from shoal.errors import ConfigError, EnvError
@@ -269,7 +270,11 @@ class AlphaStar(Algorithm):
             first_index=first,
             max_in_flight=cfg.max_requests_in_flight_per_worker,
         )
-        self.env_runners.on_restart = lambda: [("sync", (self._message(full=True),))]
+        # a published sync message holds only what changed; a recreated actor is sent the whole league
+        self.publisher = WeightsPublisher(
+            lambda: self.env_runners, full=lambda: [("sync", (self._message(full=True),))]
+        )
+        self.env_runners.on_restart = self.publisher.restart_calls
         self.best_metric, self.best_metric_mode = self.evaluator.best_metric()
 
     @classmethod
@@ -444,8 +449,8 @@ class AlphaStar(Algorithm):
     def broadcast(self) -> None:
         """One put: the changed weights, the matchmaking, who learns, where to store batches, who left."""
         self.sync.replay_restarts_sent = self.learners.num_replay_restarts
-        ref = self.env_runners.put(self._message())
-        self.env_runners.foreach("sync", ref, wait=False)
+        self.publisher.publish([("sync", (self.publisher.put(self._message()),))])
+        self.publisher.send()
         self.sync.changed, self.sync.removed = {}, []
         self.sync.learned_since_broadcast = 0
 

@@ -345,9 +345,8 @@ class ApeXPipeline(Algorithm):
         delay = self.config.max_weight_sync_delay
         stale = [i for i in self.steps_since_sync if self.steps_since_sync[i] >= delay]
         if stale:
-            ref = self.env_runners.put(self.get_weights())
-            self._weights_ref = ref
-            self.env_runners.foreach("set_weights", ref, actor_ids=stale, wait=False)
+            self.publish_weights()
+            self.publisher.send(actor_ids=stale)
             for i in stale:
                 self.steps_since_sync[i] = 0
 

@@ -25,6 +25,7 @@ from shoal.algorithms.inference import DriverPredictor
 from shoal.algorithms.multi_agent import Agents
 from shoal.algorithms.policies import BuildLearner, PolicySet
 from shoal.algorithms.rollout_group import base_resource_plan, rollout_group
+from shoal.algorithms.weights_publisher import WeightsPublisher
 from shoal.callbacks import Callbacks, aggregate_custom, build_callbacks
 from shoal.config import AlgorithmConfig
 from shoal.errors import CheckpointError, ConfigError, DivergenceError
@@ -130,7 +131,7 @@ class Algorithm:
         self.env_runners: Any = None  # the rollout actor group (LazyActorGroup), made by setup()
         self.evaluator = self.evaluator_cls(self)
         self._predictor = DriverPredictor(self)
-        self._weights_ref = None  # the last broadcast, replayed on recreated rollout actors
+        self.publisher = WeightsPublisher(lambda: self.env_runners)  # the rollout actors' weights, one owner
         self.placement = RunPlacement(
             self.resource_plan(config), what=f"This {config.algo} run", wait_s=config.resources.resource_wait_s
         )
@@ -270,19 +271,17 @@ class Algorithm:
         so far as ``step``; a league adds its tables and win-rate heatmap.
         """
 
-    def broadcast_weights(self, groups=None) -> None:
-        """One object-store put of the current weights; every actor takes the same reference."""
-        groups = groups or [self.env_runners]
-        weights = self.get_weights()
-        for g in groups:
-            if g is None:
-                continue
-            ref = g.put(weights)
-            if g is self.env_runners:
-                self._weights_ref = ref
-            g.foreach("set_weights", ref, wait=False)
-            for method, args in self.normalizer_calls():  # the merged statistics travel with the weights
-                g.foreach(method, *args, wait=False)
+    def broadcast_weights(self) -> None:
+        """Publish the current weights (one object-store put; the normalizer's merged statistics
+        travel with them) and send them to every rollout actor (``self.publisher``)."""
+        self.publish_weights()
+        self.publisher.send()
+
+    def publish_weights(self) -> Any:
+        """A new version of the rollout actors' weights in ``self.publisher``, not yet delivered;
+        returns the weights' reference. An algorithm delivers it its own way (all at once,
+        with each actor's next request, or to the stale actors)."""
+        return self.publisher.publish_weights(self.get_weights(), self.normalizer_calls())
 
     def record_rollouts(self, metrics: list[RolloutMetrics]) -> int:
         steps = 0

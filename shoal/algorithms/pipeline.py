@@ -40,6 +40,7 @@ from shoal import runtime
 from shoal.algorithms.base import Algorithm
 from shoal.algorithms.learner_group import GroupLearner, LearnerGroup
 from shoal.algorithms.policies import PolicySet, build_policy_module
+from shoal.algorithms.weights_publisher import WeightsPublisher
 from shoal.batch import Batch, Col
 from shoal.learn import resolve_device
 from shoal.learn.policy_learner import MakeLoss, PolicyLearner
@@ -54,37 +55,21 @@ from shoal.runtime.placement import BundleGroup
 WAIT_S = 0.02  # longest a training step blocks on sample results or learner results
 
 
-class LatestWeights:
-    """The rollout actors' latest weights: published once per version (one object-store put) and
-    sent to each actor with its next sample request, not to every actor at each broadcast. A
-    broadcast then costs the driver nothing per actor, and each request at most one extra call,
-    whatever the number of actors (``benchmarks/driver_scaling.py`` measures it)."""
-
-    def __init__(self, group) -> None:
-        self.group = group
-        self.version = 0
-        self.calls: list[tuple[str, tuple]] = []  # what an actor is sent: set_weights, the normalizer's
-        self.sent: dict[int, tuple[int, int]] = {}  # actor id -> (its generation, the version it was sent)
-
-    def publish(self, calls: list[tuple[str, tuple]]) -> None:
-        self.version += 1
-        self.calls = calls
-
-    def due(self, actor_id: int) -> list[tuple[str, tuple]]:
-        """The calls actor ``actor_id`` has not had yet (a recreated actor is sent them again)."""
-        mark = (self.group.generation(actor_id), self.version)
-        if not self.calls or self.sent.get(actor_id) == mark:
-            return []
-        self.sent[actor_id] = mark
-        return self.calls
-
-
 class AsyncPipeline:
     def __init__(
-        self, env_runners, thread, *, train_batch_size: int, broadcast_interval: int, max_ready: int = 1
+        self,
+        env_runners,
+        thread,
+        *,
+        train_batch_size: int,
+        broadcast_interval: int,
+        max_ready: int = 1,
+        publisher: Optional[WeightsPublisher] = None,
     ) -> None:
         self.env_runners = env_runners
-        self.latest = LatestWeights(env_runners)
+        # the weights go out with each actor's next sample request (WeightsPublisher.due): a broadcast
+        # costs the driver nothing per actor, and a request at most one extra call
+        self.publisher = publisher or WeightsPublisher(lambda: env_runners)
         self.thread = thread
         self.train_batch_size = train_batch_size
         self.broadcast_interval = broadcast_interval
@@ -97,7 +82,7 @@ class AsyncPipeline:
         self.broadcast_at = 0  # thread.num_updates at the last broadcast
 
     @classmethod
-    def from_config(cls, env_runners, thread, config) -> "AsyncPipeline":
+    def from_config(cls, env_runners, thread, config, publisher: Optional[WeightsPublisher] = None) -> "AsyncPipeline":
         rows = config.fragment_length() * config.resources.num_envs_per_worker  # one sample result's rows
         return cls(
             env_runners,
@@ -105,6 +90,7 @@ class AsyncPipeline:
             train_batch_size=config.train_batch_size,
             broadcast_interval=config.broadcast_interval,
             max_ready=-(-rows // config.train_batch_size),
+            publisher=publisher,
         )
 
     # ---- the phases, in the order a training step calls them ------------------------------
@@ -115,7 +101,7 @@ class AsyncPipeline:
         if self.thread.ident is None:
             self.thread.start()
         if len(self.ready) < self.max_ready:
-            self.env_runners.submit("sample", prelude=self.latest.due)
+            self.env_runners.submit("sample", prelude=self.publisher.due)
         return [r for _, r in self.env_runners.fetch_ready(timeout_s=WAIT_S)]
 
     def enqueue(self, sampled: list[Any]) -> None:
@@ -193,9 +179,23 @@ class RefPipeline(AsyncPipeline):
     while some learner has no room: the group never drops a batch, sampling pauses instead."""
 
     def __init__(
-        self, env_runners, group, *, train_batch_size: int, broadcast_interval: int, fragment_rows: int, sampled_steps
+        self,
+        env_runners,
+        group,
+        *,
+        train_batch_size: int,
+        broadcast_interval: int,
+        fragment_rows: int,
+        sampled_steps,
+        publisher: WeightsPublisher,
     ) -> None:
-        super().__init__(env_runners, group, train_batch_size=train_batch_size, broadcast_interval=broadcast_interval)
+        super().__init__(
+            env_runners,
+            group,
+            train_batch_size=train_batch_size,
+            broadcast_interval=broadcast_interval,
+            publisher=publisher,
+        )
         self.per_learner = train_batch_size // (group.num_learners * fragment_rows)  # fragments
         self.sampled_steps = sampled_steps  # () -> env steps sampled so far (the learners' lr schedule)
         self.refs: list[Any] = []
@@ -205,7 +205,7 @@ class RefPipeline(AsyncPipeline):
         if self.thread.ident is None:
             self.thread.start()
         if not self.thread.full():
-            self.env_runners.submit("sample", prelude=self.latest.due, data_by_ref=True)
+            self.env_runners.submit("sample", prelude=self.publisher.due, data_by_ref=True)
         return [r for _, r in self.env_runners.fetch_ready(timeout_s=WAIT_S)]
 
     def enqueue(self, sampled: list[Any]) -> None:
@@ -248,10 +248,11 @@ class AsyncAlgorithm(Algorithm):
                 broadcast_interval=cfg.broadcast_interval,
                 fragment_rows=cfg.fragment_length() * cfg.resources.num_envs_per_worker,
                 sampled_steps=lambda: int(self.counters["env_steps_sampled"]),
+                publisher=self.publisher,
             )
         else:
             self.thread = make_learner_thread(self.policies.learners(), cfg)
-            self.pipeline = AsyncPipeline.from_config(self.env_runners, self.thread, cfg)
+            self.pipeline = AsyncPipeline.from_config(self.env_runners, self.thread, cfg, self.publisher)
         self.broadcast_weights()
 
     @classmethod
@@ -326,7 +327,7 @@ class AsyncAlgorithm(Algorithm):
         start): the driver's copy, with the weights last published to the rollout actors (learner
         0's latest, so a group that lost every learner at once loses no training but the in-flight
         batches; the optimizer's moments are the copy's, from the last checkpoint or pull)."""
-        latest = runtime.resolve(self._weights_ref)  # a reference, or the weights themselves when small
+        latest = runtime.resolve(self.publisher.latest())  # a reference, or the weights themselves when small
         if latest is not None:
             self.policies.only.set_weights(latest)
         return self.policies.only.get_state()
@@ -338,8 +339,8 @@ class AsyncAlgorithm(Algorithm):
             self.policies.only.set_state(group.call("get_state"))
 
     def _publish_weights(self, ref) -> None:
-        self._weights_ref = ref  # what a recreated actor is sent
-        self.pipeline.latest.publish([("set_weights", (ref,)), *self.normalizer_calls()])
+        """A learner group's weights (learner 0's, put by the group) become the rollout actors' latest."""
+        self.publisher.publish([("set_weights", (ref,)), *self.normalizer_calls()])
 
     def display_metrics(self) -> list[tuple[str, str]]:  # V-trace's mean importance ratio too
         return self.policies.display(super().display_metrics() + [("learner/mean_rho", "mean_rho")])
@@ -353,18 +354,15 @@ class AsyncAlgorithm(Algorithm):
         with self.thread.hold():  # never a half-applied update
             return super().get_weights()
 
-    def broadcast_weights(self, groups=None) -> None:
+    def broadcast_weights(self) -> None:
         """The rollout actors' weights (and the normalizer's statistics) are published, one put, and
-        reach each actor with its next sample request (:class:`LatestWeights`); other groups get
-        them at once. A running learner group publishes learner 0's, which the driver never fetches."""
-        if groups is not None:
-            super().broadcast_weights(groups)
-            return
+        reach each actor with its next sample request (``WeightsPublisher.due``). A running learner
+        group publishes learner 0's, which the driver never fetches."""
         group = self.learner_group
         if group is not None and group.started:
             group.request_weights()
             return
-        self._publish_weights(self.env_runners.put(self.get_weights()))
+        self.publish_weights()
 
     def train(self) -> dict[str, Any]:
         return {**super().train(), **self.thread.stats()}

@@ -74,9 +74,5 @@ def rollout_group(
         first_index=first,
         max_in_flight=max_in_flight,
     )
-    group.on_restart = lambda: (
-        ([("set_weights", (algo._weights_ref,))] if algo._weights_ref is not None else [])
-        + algo.normalizer_calls()
-        + algo.restart_calls()
-    )
+    group.on_restart = lambda: (algo.publisher.restart_calls() or algo.normalizer_calls()) + algo.restart_calls()
     return group
