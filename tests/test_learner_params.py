@@ -77,6 +77,7 @@ def test_built_from_each_algorithms_config_with_its_values(name):
         assert (params.use_kl_loss, params.kl_coeff, params.kl_target) == (True, 0.3, 0.02)
     else:  # no KL penalty keys: the penalty is off
         assert (params.use_kl_loss, params.kl_coeff, params.kl_target) == (False, 0.0, 0.01)
+        assert not params.kl_penalty_keys
 
 
 def test_a_configs_defaults_reach_the_record():
@@ -89,7 +90,9 @@ def test_a_configs_defaults_reach_the_record():
         use_kl_loss=cfg.use_kl_loss,
         kl_coeff=cfg.kl_coeff,
         kl_target=cfg.kl_target,
+        kl_penalty_keys=True,
     )
+    assert not LearnerParams.from_config(SACConfig(env="Pendulum-v1")).kl_penalty_keys  # no coefficient to report
     assert LearnerParams.from_config(SACConfig(env="Pendulum-v1")).grad_clip is None  # SAC's own default
 
 

@@ -21,6 +21,7 @@ import torch
 
 from shoal.batch import Batch
 from shoal.learn.policy_learner import PolicyLearner
+from shoal.learn.runner import LearnFn, LocalRunner
 
 DEFAULT_POLICY = "default"
 
@@ -89,6 +90,10 @@ class PolicySet:
         if not self.multi:
             return self.only.learner
         return {pid: pl.learner for pid, pl in self.trained.items()}
+
+    def local_runner(self, learn: LearnFn) -> LocalRunner:
+        """A runner over the learning policies that learns in the driver, each batch by ``learn``."""
+        return LocalRunner(dict(self.trained), learn)
 
     # ---- batches and stats ----------------------------------------------------------------
     def batches(self, sampled: Iterable[Any]) -> dict[str, Batch]:

@@ -25,6 +25,7 @@ from shoal.config import AlgorithmConfig
 from shoal.learn import Learner, resolve_device
 from shoal.learn.masking import ActionMasked
 from shoal.learn.policy_learner import PolicyLearner
+from shoal.learn.runner import Learned
 from shoal.learn.target import KLAdaptiveLR
 from shoal.logging.metrics import Phase
 from shoal.models import build_actor_critic
@@ -128,6 +129,7 @@ class PPO(Algorithm):
         self.lr_by_kl = KLAdaptiveLR(cfg.lr_kl_target) if cfg.lr_kl_target is not None else None
         postprocess = functools.partial(gae_postprocess, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda)
         self.env_runners = self.make_env_runners(ActorCriticPolicy, postprocess, cfg.fragment_length())
+        self.runner = self.policies.local_runner(self._learn)  # each policy learns in the driver
         self.broadcast_weights()
 
     def _policy_learner(self, cfg: PPOConfig, obs_space, action_space, seed: Optional[int] = None) -> PolicyLearner:
@@ -148,25 +150,26 @@ class PPO(Algorithm):
             self.record_rollouts([m for _, m in results])
             batches = self.policies.batches(b for b, _ in results)
         stats = {}
-        with self.timers.time(Phase.LEARN):
+        with self.timers.time(Phase.LEARN):  # each policy's update, then its KL coefficient moves (the runner)
             for pid, batch in batches.items():
-                stats[pid] = self._learn(self.policies[pid], batch)
-                self.counters["env_steps_trained"] += transitions(batch)
-        with self.timers.time(Phase.POST_UPDATE):  # the KL coefficient moves, once per policy update
-            for pid, policy_stats in stats.items():
-                self.policies[pid].after_update(policy_stats)
+                self.runner.submit(pid, batch)
+            for r in self.runner.results():
+                assert r.policy_id is not None, "a runner's results name their policy"
+                stats[r.policy_id] = r.stats
+                self.counters["env_steps_trained"] += r.env_steps
         with self.timers.time(Phase.SYNC):
             self.broadcast_weights()
         return self.policies.result_keys(stats)
 
-    def _learn(self, pl: PolicyLearner, batch: Batch) -> dict[str, Any]:
-        """``num_sgd_iter`` epochs of minibatches; in a multi-agent game GAE is computed here first,
-        from the network that sampled the batch (weights move only between rounds)."""
+    def _learn(self, pl: PolicyLearner, batch: Batch) -> Learned:
+        """``num_sgd_iter`` epochs of minibatches (the runner's ``learn``); in a multi-agent game GAE is
+        computed here first, from the network that sampled the batch (weights move only between rounds)."""
         cfg = pl.config
+        steps = transitions(batch)
         pl.learner.set_env_steps(self.counters["env_steps_sampled"])
         if self.is_multi_agent:
             batch = learner_side_gae(pl.learner, batch, sequence_length(cfg), cfg.gamma, cfg.gae_lambda)
-        return pl.learner.update(
+        stats = pl.learner.update(
             batch,
             cfg.num_sgd_iter,
             cfg.minibatch_size,
@@ -174,6 +177,7 @@ class PPO(Algorithm):
             sequence_length=sgd_sequence_length(cfg),
             on_epoch=self._adapt_lr if self.lr_by_kl is not None else None,
         )
+        return Learned(stats, steps)
 
     def _adapt_lr(self, epoch_stats: dict[str, float]) -> None:
         """With ``lr_kl_target``: the next epoch's learning rate from this epoch's mean KL."""

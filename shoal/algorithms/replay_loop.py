@@ -8,6 +8,7 @@ episode end; a truncated episode bootstraps from its final observation.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import gymnasium as gym
@@ -16,10 +17,14 @@ import torch
 
 from shoal.algorithms.base import Algorithm
 from shoal.algorithms.config_groups import ReplayKeys
+from shoal.algorithms.policies import DEFAULT_POLICY, PolicySet
 from shoal.batch import Batch, Col
 from shoal.learn import Learner
 from shoal.learn.loading import copy_to_device
+from shoal.learn.policy_learner import PolicyLearner
+from shoal.learn.runner import Learned, LocalRunner
 from shoal.learn.target import TargetNetwork
+from shoal.learn.threads import ReplayTag
 from shoal.rollout import Fragment, flatten_valid
 from shoal.rollout.postprocessing import n_step_targets, q_td_errors
 
@@ -83,6 +88,13 @@ def learn_on_replay_batch(learner: Learner, batch: Batch) -> tuple[np.ndarray | 
     return learn_on_replay_tensors(learner, load_replay_batch(learner, batch))
 
 
+def learn_replayed(learner: PolicyLearner, batch: Batch) -> Learned:
+    """One SGD step of ``learner`` on a replayed batch (a runner's ``learn``): its stats, its rows,
+    and the |TD| that become their new priorities (None after a non-finite update)."""
+    td, stats = learn_on_replay_batch(learner.learner, batch)
+    return Learned(stats, len(batch), td, ReplayTag(0, 0, batch[Col.INDICES], None))
+
+
 def only_target(policies) -> TargetNetwork:
     """The one policy's target network (DQN, Ape-X DQN and Ape-X TD3 train one policy, with one)."""
     target = policies.only.target
@@ -135,6 +147,7 @@ class ReplayAlgorithm(Algorithm):
 
     replay: Any
     learner: Learner
+    policies: PolicySet  # built by setup()
     config: Any  # a config with ReplayKeys and train_batch_size (DQNConfig, SACConfig)
     _update_credit = 0.0
 
@@ -159,12 +172,18 @@ class ReplayAlgorithm(Algorithm):
         stats: dict[str, float] = {}
         while self._update_credit >= 1.0:
             self._update_credit -= 1.0
-            replayed = self.replay.sample(cfg.train_batch_size, beta)
-            td, stats = learn_on_replay_batch(self.learner, replayed)
-            if td is not None:
-                self.replay.update_priorities(replayed[Col.INDICES], td)
-            self.counters["env_steps_trained"] += len(replayed)
+            self.runner.submit(DEFAULT_POLICY, self.replay.sample(cfg.train_batch_size, beta))
+            for r in self.runner.results():
+                if r.priorities is not None and r.replay is not None:  # None: a non-finite update
+                    self.replay.update_priorities(r.replay.indices, r.priorities)
+                self.counters["env_steps_trained"] += r.env_steps
+                stats = r.stats
         return stats
+
+    @functools.cached_property
+    def runner(self) -> LocalRunner:
+        """The policy learns in the driver, one replayed batch per ``submit``."""
+        return self.policies.local_runner(learn_replayed)
 
     def restart_calls(self):
         return [("set_global_vars", ({"env_steps": self.counters["env_steps_sampled"]},))]

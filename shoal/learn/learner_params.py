@@ -80,6 +80,7 @@ class LearnerParams:
     use_kl_loss: bool = False
     kl_coeff: float = 0.0
     kl_target: float = 0.01
+    kl_penalty_keys: bool = False  # the config has the penalty's keys: results report the coefficient
 
     @classmethod
     def config_values(cls, cfg: LearnerConfig) -> dict[str, Any]:
@@ -94,7 +95,10 @@ class LearnerParams:
             values["entropy_coeff_schedule"] = _schedule(cfg.entropy_coeff_schedule)
         if isinstance(cfg, KLPenaltyConfig):
             values.update(
-                use_kl_loss=bool(cfg.use_kl_loss), kl_coeff=float(cfg.kl_coeff), kl_target=float(cfg.kl_target)
+                use_kl_loss=bool(cfg.use_kl_loss),
+                kl_coeff=float(cfg.kl_coeff),
+                kl_target=float(cfg.kl_target),
+                kl_penalty_keys=True,
             )
         return values
 

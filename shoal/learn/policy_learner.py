@@ -107,7 +107,7 @@ class PolicyLearner:
         target, which is 0 right after each refresh, so a result's mean KL says little about
         the step size; the coefficient moves once per target refresh instead, on the KL the last
         update of the period measured (the span the penalty is meant to hold near ``kl_target``),
-        reported as ``period_kl``."""
+        reported as ``period_kl``. A config without the penalty's keys reports no coefficient."""
         if self.kl.enabled and self.target is None and "kl" in stats:
             self.kl.update(stats["kl"])
         elif self.kl.enabled:
@@ -117,7 +117,8 @@ class PolicyLearner:
             if kls:
                 self.period_kl = float(np.mean(kls))
                 stats["period_kl"] = self.period_kl
-        stats["kl_coeff"] = self.kl.coeff
+        if self.learner_params.kl_penalty_keys:  # a loss without the penalty (DQN, SAC, IMPALA) has no coefficient
+            stats["kl_coeff"] = self.kl.coeff
 
     def kl_stats(self) -> dict[str, float]:
         """``kl_coeff``, and with a target network and the penalty on, the latest ``period_kl``."""

@@ -97,6 +97,7 @@ class LearnerResult(NamedTuple):
     stats: dict[str, Any]  # the mean of the loss statistics over the batch's SGD passes
     priorities: Optional[np.ndarray] = None  # replayed batches: new priorities of its rows
     replay: Optional[ReplayTag] = None
+    policy_id: Optional[str] = None  # whose update it was (None: an algorithm's one policy)
 
 
 class BackgroundThread(threading.Thread):
