@@ -273,11 +273,15 @@ def test_multi_agent_batches_update_each_policy(threads):
     learners = {"a": make_learner(0), "b": make_learner(1)}
     before = {pid: ln.get_weights() for pid, ln in learners.items()}
     t = start(threads, learners)
-    assert t.add({"a": make_batch(0, rows=4), "b": make_batch(1, rows=6)})
-    assert t.add({"a": make_batch(2, rows=4)}, env_steps=5)
-    (e0, a0, i0), (e1, a1, i1) = drain(t.outqueue, 2)
-    assert (e0, a0) == (6, 10) and (e1, a1) == (5, 4)
-    assert set(i0) == {"a/loss", "b/loss"} and set(i1) == {"a/loss"}
+    b = make_batch(1, rows=6)
+    b.data[Col.VALID] = np.array([1, 1, 0, 1, 1, 1], dtype=bool)  # a reset row kept inside a sequence
+    assert t.add({"a": make_batch(0, rows=4), "b": b})
+    assert t.add({"a": make_batch(2, rows=4)})
+    with pytest.raises(TypeError, match="counts a single Batch"):
+        t.add({"a": make_batch(2, rows=4)}, env_steps=5)
+    results = [t.outqueue.get(timeout=10.0) for _ in range(3)]  # one result per policy and batch
+    got = [(r.policy_id, r.env_steps, r.agent_steps, set(r.stats)) for r in results]
+    assert got == [("a", 4, 4, {"loss"}), ("b", 5, 6, {"loss"}), ("a", 4, 4, {"loss"})]  # env steps: valid rows
     assert learners["a"].num_updates == 2 and learners["b"].num_updates == 1
     w = t.get_weights()
     assert set(w) == {"a", "b"}

@@ -193,9 +193,11 @@ def test_multi_agent_batches_match_single_device_per_policy(threads):
     batch = {"a": make_batch(0, rows=8), "b": make_batch(1, rows=4)}
     tm.add(batch)
     ts.add(batch)
-    (em, am, im), (es, as_, is_) = drain(tm.outqueue, 1) + drain(ts.outqueue, 1)
-    assert (em, am) == (es, as_) == (8, 12)
-    assert set(im) == {"a/loss", "b/loss"} and im["b/loss"] == pytest.approx(is_["b/loss"], rel=1e-5)
+    outs = [q.get(timeout=10.0) for q in (tm.outqueue, tm.outqueue, ts.outqueue, ts.outqueue)]
+    ma, mb, sa, sb = outs  # one result per policy, in the batch's order
+    assert [(r.policy_id, r.env_steps, r.agent_steps) for r in outs] == [("a", 8, 8), ("b", 4, 4)] * 2
+    assert set(mb.stats) == {"loss"} and mb.stats["loss"] == pytest.approx(sb.stats["loss"], rel=1e-5)
+    assert ma.stats["loss"] == pytest.approx(sa.stats["loss"], rel=1e-5)
     for pid in ("a", "b"):
         assert_same_weights(tm.get_weights(pid), ts.get_weights(pid))
     with pytest.raises(ConfigError, match=r"policy 'b' has 3 rows"):

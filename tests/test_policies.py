@@ -11,6 +11,8 @@ import pytest
 from shoal.algorithms.pipeline import AsyncPipeline
 from shoal.algorithms.policies import DEFAULT_POLICY, PolicySet
 from shoal.batch import Batch, Col
+from shoal.learn.learner_thread import policy_steps
+from shoal.learn.runner import ThreadRunner
 
 
 class _Learner:
@@ -29,7 +31,6 @@ def test_one_policy_keeps_the_single_agent_layout():
     ps = PolicySet.single(None, _Learner(1.0))
     out = ps.batches([_rows(2), _rows(3, 2)])
     assert list(out) == [DEFAULT_POLICY] and out[DEFAULT_POLICY]["x"].tolist() == [0, 1, 2, 3, 4]
-    assert ps.split_stats({"kl": 0.5}) == {DEFAULT_POLICY: {"kl": 0.5}}
     assert ps.result_keys({DEFAULT_POLICY: {"kl": 0.5}}) == {"learner/kl": 0.5}
     assert ps.display([("learner/vf_loss", "vf_loss")]) == [("learner/vf_loss", "vf_loss")]
     assert ps.get_weights()["x"].tolist() == [1.0, 1.0]  # the weights themselves, not keyed by id
@@ -44,11 +45,6 @@ def test_several_policies_key_rows_stats_results_and_weights_by_id():
     assert ps.ids == ["a", "b", "c"] and [pid for pid, _ in ps] == ["a", "b"]
     out = ps.batches([{"a": _rows(2), "b": _rows(1)}, {"a": _rows(3, 2)}])
     assert {pid: b["x"].tolist() for pid, b in out.items()} == {"a": [0, 1, 2, 3, 4], "b": [0]}
-    # a learner thread's flat stats: only the learning policies' keys are split out
-    assert ps.split_stats({"a/kl": 1.0, "b/kl": 2.0, "c/kl": 3.0, "num_updates": 4}) == {
-        "a": {"kl": 1.0},
-        "b": {"kl": 2.0},
-    }
     assert ps.result_keys({"a": {"kl": 1.0}, "b": {"kl": 2.0}}) == {"learner/a/kl": 1.0, "learner/b/kl": 2.0}
     assert ps.display([("learner/vf_loss", "vf_loss")]) == [("learner/a/vf_loss", "a/vf_loss")]
     w = ps.get_weights()
@@ -60,15 +56,17 @@ def test_several_policies_key_rows_stats_results_and_weights_by_id():
 class _Thread:
     """The learner thread's driver side: a bounded in-queue; ``items`` is what the learner took."""
 
-    def __init__(self, queue_size: int = 100) -> None:
+    def __init__(self, queue_size: int = 100, multi_agent: bool = False) -> None:
+        self.multi_agent = multi_agent
         self.inqueue: queue.Queue = queue.Queue(maxsize=queue_size)
         self.num_dropped = 0
         self.ident = 1  # started
         self.taken: list = []
 
-    def add(self, item, env_steps: int) -> bool:
+    def add(self, item) -> bool:
+        steps = sum(env for env, _ in policy_steps(item).values())  # what the real thread counts
         try:
-            self.inqueue.put_nowait((item, env_steps))
+            self.inqueue.put_nowait((item, steps))
         except queue.Full:
             self.num_dropped += 1
             return False
@@ -97,8 +95,9 @@ class _Runners:
 
 
 def test_async_pipeline_cuts_each_policys_train_batches_from_its_own_rows():
-    thread = _Thread()
-    p = AsyncPipeline(None, thread, train_batch_size=4, broadcast_interval=1)
+    thread = _Thread(multi_agent=True)
+    runner = ThreadRunner(thread, {"a": _Learner(1.0), "b": _Learner(2.0)})
+    p = AsyncPipeline(None, runner, train_batch_size=4, broadcast_interval=1)
     p.enqueue([{"a": _rows(6), "b": _rows(2)}])  # a: one batch, 2 rows wait; b: 2 rows wait
     p.enqueue([{"a": _rows(6, 6), "b": _rows(2, 2)}])  # a: 8 rows -> two batches; b: 4 -> one
     got = [({pid: b["x"].tolist() for pid, b in item.items()}, steps) for item, steps in thread.items]
@@ -112,10 +111,12 @@ def test_async_pipeline_cuts_each_policys_train_batches_from_its_own_rows():
 
 def test_async_pipeline_with_one_policy_offers_plain_batches():
     thread = _Thread()
-    p = AsyncPipeline(None, thread, train_batch_size=4, broadcast_interval=1)
+    p = AsyncPipeline(
+        None, ThreadRunner(thread, {DEFAULT_POLICY: _Learner(1.0)}), train_batch_size=4, broadcast_interval=1
+    )
     p.enqueue([_rows(3), _rows(3, 3)])
     assert [(item["x"].tolist(), steps) for item, steps in thread.items] == [([0, 1, 2, 3], 4)]
-    assert p.pending_rows[None] == 2
+    assert p.pending_rows[DEFAULT_POLICY] == 2
 
 
 def test_async_pipeline_holds_back_what_the_learner_queue_has_no_room_for():
@@ -123,7 +124,8 @@ def test_async_pipeline_holds_back_what_the_learner_queue_has_no_room_for():
     rest wait in the driver, in order, none is dropped, and no new sample request goes out
     while a sample result's worth (max_ready) waits."""
     thread, runners = _Thread(queue_size=2), _Runners()
-    p = AsyncPipeline(runners, thread, train_batch_size=4, broadcast_interval=1, max_ready=3)
+    runner = ThreadRunner(thread, {DEFAULT_POLICY: _Learner(1.0)})
+    p = AsyncPipeline(runners, runner, train_batch_size=4, broadcast_interval=1, max_ready=3)
     p.sample()
     assert runners.submitted == 1
     p.enqueue([_rows(20)])  # five batches: two fit the queue, three wait

@@ -13,7 +13,7 @@ import torch
 
 from shoal.batch import Batch, Col
 from shoal.learn.loading import copy_to_device
-from shoal.learn.replay_learner import ReplayLearnerThread
+from shoal.learn.replay_learner import Replayed, ReplayLearnerThread
 from shoal.learn.threads import LearnerThreadError
 
 
@@ -62,7 +62,7 @@ def test_loaded_batches_are_learned_in_order_with_their_tags():
     t.start()
     try:
         for i in range(6):
-            assert t.add(shard_id=i % 2, batch=_batch(i), generation=1)
+            assert t.add(Replayed(shard_id=i % 2, generation=1, batch=_batch(i)))
         results = []
         _wait(lambda: (results.extend(t.drain()), len(results) == 6)[1])
         assert seen == list(range(6))
@@ -84,7 +84,7 @@ def test_queued_counts_batches_in_the_queue_the_loader_and_the_ready_slots():
     try:
         with t.lock:  # the learning thread stops before its first step; the loader runs on
             for i in range(7):
-                assert t.add(0, _batch(i))
+                assert t.add(Replayed(0, 0, _batch(i)))
             _wait(lambda: t.ready.full())
             assert t.queued() == 7
             assert t.inqueue.qsize() + t.ready.qsize() <= 7  # one may sit in the loader's hands
@@ -101,7 +101,7 @@ def test_a_loader_that_raises_surfaces_with_its_traceback():
     t = ReplayLearnerThread(lambda x: (None, {}), dict, load_fn=load)
     t.start()
     try:
-        t.add(0, _batch(0))
+        t.add(Replayed(0, 0, _batch(0)))
         _wait(lambda: t.loader.error is not None)
         with pytest.raises(LearnerThreadError, match="pinned memory exhausted"):
             t.check()
@@ -114,7 +114,7 @@ def test_stop_is_prompt_with_batches_loaded_and_waiting():
     t.start()
     with t.lock:
         for i in range(5):
-            t.add(0, _batch(i))
+            t.add(Replayed(0, 0, _batch(i)))
         _wait(lambda: t.ready.full())
     t0 = time.monotonic()
     t.stop()

@@ -34,12 +34,12 @@ def _learn(learner, batch) -> Learned:
 def test_each_submit_learns_once_then_runs_the_post_update_phase_and_reports_its_policy():
     a, b = _Learner("a"), _Learner("bb")
     runner = LocalRunner({"a": a, "b": b}, _learn)
-    assert runner.submit("a", 3) and runner.submit("b", 5) and runner.submit("a", 7, env_steps=2)
+    assert runner.submit({"a": 3, "b": 5}) and runner.submit({"a": 7})
     out = runner.results()
     assert [(r.policy_id, r.env_steps, r.agent_steps, r.stats["loss"]) for r in out] == [
         ("a", 3, 3, 3.0),
         ("b", 5, 5, 5.0),
-        ("a", 2, 2, 7.0),  # the caller's count wins (e.g. valid rows it knows)
+        ("a", 7, 7, 7.0),
     ]
     assert a.calls == ["learn 3", "after_update", "learn 7", "after_update"]  # post-update right after each
     assert [r.stats["after"] for r in out] == [2, 2, 4]  # the result holds what the phase wrote
@@ -52,11 +52,11 @@ def test_policies_come_and_go():
     runner.add_policy("p", _Learner("p"))
     with pytest.raises(ValueError, match="already learns here"):
         runner.add_policy("p", _Learner("p"))
-    runner.submit("p", 1)
+    runner.submit({"p": 1})
     runner.remove_policy("p")
     assert runner.results() == []  # a removed policy's pending results go with it
     with pytest.raises(KeyError):
-        runner.submit("p", 1)
+        runner.submit({"p": 1})
     with runner.hold():
         runner.check()
 
@@ -68,7 +68,7 @@ def test_a_replayed_batch_reports_its_priorities_and_slots():
         return Learned({}, 2, np.array([0.5, 1.5]), tag)
 
     runner = LocalRunner({"default": _Learner("x")}, learn)
-    runner.submit("default", "batch")
+    runner.submit({"default": "batch"})
     (r,) = runner.results()
     assert r.policy_id == "default" and r.replay is tag and r.priorities.tolist() == [0.5, 1.5]
 
@@ -96,3 +96,139 @@ def test_dqn_learns_through_its_runner_and_the_new_priorities_reach_the_replayed
         assert "learner/kl_coeff" not in r  # DQN's loss has no KL penalty: no coefficient reported
     finally:
         algo.stop()
+
+
+# ---- a learner thread behind the protocol ---------------------------------------------------------
+def _thread_learner(seed: int):
+    import torch
+
+    from shoal.learn import Learner
+
+    def loss(module, batch, learner):
+        out = ((module(batch[Col.OBS]).squeeze(-1) - batch[Col.VALUE_TARGETS]) ** 2).mean()
+        return out, {"loss": out.detach()}
+
+    torch.manual_seed(seed)
+    return Learner(torch.nn.Linear(3, 1), loss, lr=1e-2)
+
+
+def _batch(rows: int, valid: int | None = None):
+    from shoal.batch import Batch
+
+    obs = np.ones((rows, 3), np.float32)
+    mask = np.arange(rows) < (rows if valid is None else valid)
+    return Batch({Col.OBS: obs, Col.VALUE_TARGETS: np.zeros(rows, np.float32), Col.VALID: mask})
+
+
+class _Policy(_Learner):
+    """A policy learner around a real Learner, recording its post-update phases."""
+
+    def __init__(self, name: str, seed: int) -> None:
+        super().__init__(name)
+        self.learner = _thread_learner(seed)
+
+
+def _results(runner, n: int) -> list:
+    import time
+
+    out: list = []
+    deadline = time.monotonic() + 20
+    while len(out) < n and time.monotonic() < deadline:
+        out += runner.results(timeout_s=0.1)
+    return out
+
+
+def test_a_thread_runner_reports_each_policy_and_runs_its_post_update_phase_in_the_driver():
+    from shoal.learn.learner_thread import LearnerThread
+    from shoal.learn.runner import ThreadRunner
+
+    a, b = _Policy("a", 0), _Policy("b", 1)
+    thread = LearnerThread({"a": a.learner, "b": b.learner})
+    runner = ThreadRunner(thread, {"a": a, "b": b})
+    thread.start()
+    try:
+        assert runner.submit({"a": _batch(4), "b": _batch(6, valid=5)})
+        out = _results(runner, 2)
+        assert [(r.policy_id, r.env_steps, r.agent_steps) for r in out] == [("a", 4, 4), ("b", 5, 6)]
+        assert a.calls == b.calls == ["after_update"] and out[1].stats["after"] == 1
+        c = _Policy("c", 2)
+        runner.add_policy("c", c)  # joins the running thread
+        assert runner.submit({"c": _batch(2)})
+        (r,) = _results(runner, 1)
+        assert r.policy_id == "c" and c.learner.num_updates == 1
+        runner.remove_policy("b")
+        assert set(thread.learners) == {"a", "c"} and set(runner.learners) == {"a", "c"}
+        with pytest.raises(ValueError, match="already learns here"):
+            runner.add_policy("a", a)
+        runner.check()
+    finally:
+        runner.stop()
+
+
+def test_a_single_policy_thread_runner_names_its_policy():
+    from shoal.learn.learner_thread import LearnerThread
+    from shoal.learn.runner import ThreadRunner
+
+    p = _Policy("p", 0)
+    runner = ThreadRunner(LearnerThread(p.learner), {"default": p})
+    runner.thread.start()
+    try:
+        with pytest.raises(KeyError, match="trains policy 'default' only"):
+            runner.submit({"other": _batch(4)})
+        assert runner.submit({"default": _batch(8, valid=6)})
+        (r,) = _results(runner, 1)
+        assert (r.policy_id, r.env_steps, r.agent_steps) == ("default", 6, 8) and p.calls == ["after_update"]
+        with pytest.raises(ValueError, match="single-policy learner thread"):
+            runner.add_policy("q", _Policy("q", 1))
+        with pytest.raises(ValueError, match="cannot leave"):
+            runner.remove_policy("default")
+        assert runner.get_weights("default")["w"].tolist() == [1]  # the policy learner's, under the thread's lock
+    finally:
+        runner.stop()
+
+
+class _Group:
+    """A learner group's driver side: records rounds, answers results with learner 0's stats."""
+
+    started = True
+
+    def __init__(self) -> None:
+        self.rounds: list = []
+        self.pending: list = []
+
+    def add(self, rounds, sampled_steps: int) -> bool:
+        self.rounds.append((rounds, sampled_steps))
+        return True
+
+    def drain(self, timeout_s: float = 0.0) -> list:
+        from shoal.learn.threads import LearnerResult
+
+        out, self.pending = self.pending, []
+        return [LearnerResult(n, n, {"kl_coeff": k}) for n, k in out]
+
+    def check(self) -> None:
+        pass
+
+
+def test_a_group_runner_hands_rounds_over_and_mirrors_the_members_kl_coefficient():
+    from shoal.learn.runner import GroupRunner
+
+    class _KL:
+        coeff = 1.0
+
+    p = _Learner("p")
+    p.kl = _KL()
+    group, sampled = _Group(), [100]
+    runner = GroupRunner(group, {"default": p}, lambda: sampled[0])
+    assert runner.submit({"default": [["ref0"], ["ref1"]]})
+    assert group.rounds == [([["ref0"], ["ref1"]], 100)]  # each learner's references, with the sampled steps
+    group.pending = [(32, 1.5), (32, 2.25)]
+    out = runner.results()
+    assert [r.policy_id for r in out] == ["default", "default"] and p.kl.coeff == 2.25
+    assert p.calls == []  # the members ran the post-update phase; the driver only mirrors it
+    with pytest.raises(KeyError):
+        runner.submit({"other": []})
+    with pytest.raises(ValueError, match="trains one policy"):
+        runner.add_policy("q", _Learner("q"))
+    with pytest.raises(ValueError, match="trains one policy"):
+        GroupRunner(group, {"a": p, "b": p}, lambda: 0)

@@ -36,6 +36,7 @@ import numpy as np
 from pydantic import Field
 
 from shoal.algorithms.base import Algorithm
+from shoal.algorithms.policies import DEFAULT_POLICY
 from shoal.algorithms.replay_loop import (
     check_replay_fits,
     learn_on_replay_tensors,
@@ -47,7 +48,8 @@ from shoal.algorithms.replay_loop import (
 from shoal.batch import Col
 from shoal.config import AlgorithmConfig, ResourcesConfig, Section
 from shoal.errors import ConfigError, NodeResourceError
-from shoal.learn.replay_learner import ReplayLearnerThread
+from shoal.learn.replay_learner import Replayed, ReplayLearnerThread
+from shoal.learn.runner import ThreadRunner
 from shoal.learn.threads import LearnerResult
 from shoal.logging.metrics import EpisodeWindow, Phase
 from shoal.replay.storage import lz4_block
@@ -207,6 +209,7 @@ class ApeXPipeline(Algorithm):
             load_fn=functools.partial(load_replay_batch, self.learner),
         )
         self.learner_thread.start()
+        self.runner = ThreadRunner(self.learner_thread, dict(self.policies.trained))  # where the policy learns
         self.shards = self._replay_shards()
         self._shard_restarts_seen = 0
         postprocess = functools.partial(
@@ -336,7 +339,7 @@ class ApeXPipeline(Algorithm):
                 self._request_replay(cfg.beta(sampled))
                 self._queue_replayed()
         with self.timers.time(Phase.UPDATE_PRIORITIES):
-            stats = self._send_priorities(self.learner_thread.drain(timeout_s=0.01 if held and not ready else 0.0))
+            stats = self._send_priorities(self.runner.results(timeout_s=0.01 if held and not ready else 0.0))
         self._resync_restarted_shards()
         return {**{f"learner/{k}": v for k, v in stats.items()}, **self.replay_metrics()}
 
@@ -402,8 +405,8 @@ class ApeXPipeline(Algorithm):
             self._shard_was_empty = batch is None
             if batch is None:
                 self._owed += 1
-            elif not self.learner_thread.add(sid, batch, self.shards.generation(sid)):  # counted as dropped
-                self._owed += 1
+            elif not self.runner.submit({DEFAULT_POLICY: Replayed(sid, self.shards.generation(sid), batch)}):
+                self._owed += 1  # the queue was full: counted as dropped
 
     def _send_priorities(self, results: list[LearnerResult]) -> dict[str, float]:
         """Count trained steps; send new priorities to each batch's shard unless it was recreated

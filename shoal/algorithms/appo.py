@@ -102,16 +102,6 @@ class APPO(AsyncAlgorithm):
             **learner_kwargs,
         )
 
-    def _after_update(self, pid, stats: dict[str, Any]) -> None:
-        """A policy's KL coefficient moves on a learner result; a learner group's members move their
-        own (on their own measurements: the averaged gradients keep the replicas equal), and the
-        driver's copy mirrors learner 0's."""
-        pl = self.policies[pid]
-        if self.learner_group is None:
-            pl.after_update(stats)
-        elif "kl_coeff" in stats:
-            pl.kl.coeff = float(stats["kl_coeff"])
-
     def training_step(self) -> dict[str, Any]:
         p = self.pipeline
         with self.timers.time(Phase.SAMPLE):
@@ -121,13 +111,11 @@ class APPO(AsyncAlgorithm):
             for _, pl in self.policies:
                 pl.learner.set_env_steps(self.counters["env_steps_sampled"])
             p.enqueue([b for b, _ in ready])
-        with self.timers.time(Phase.DRAIN):
-            results = p.drain(wait=not ready)
-        with self.timers.time(Phase.POST_UPDATE):  # each policy's KL coefficient moves (when its target refreshed)
-            for result in results:
+        with self.timers.time(
+            Phase.DRAIN
+        ):  # each result's KL coefficient moved in the runner (when its target refreshed)
+            for result in p.drain(wait=not ready):
                 self.counters["env_steps_trained"] += result.env_steps
-                for pid, stats in self.policies.split_stats(result.stats).items():
-                    self._after_update(pid, stats)
         with self.timers.time(Phase.SYNC):
             if p.broadcast_due():
                 p.broadcast_done()

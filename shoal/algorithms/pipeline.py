@@ -1,8 +1,8 @@
 """AsyncPipeline: the asynchronous data path of IMPALA and APPO, and the state it owns.
 
-    rollout actors --sample()--> sequences --enqueue()--> train batches --> learner thread
+    rollout actors --sample()--> sequences --enqueue()--> train batches --> runner.submit
           ^                                                                     |
-          +---------- broadcast_due() / broadcast_done() <-- drain() <----------+
+          +---------- broadcast_due() / broadcast_done() <-- drain() <-- runner.results
 
 One object holds everything that lives between two training steps, so no algorithm keeps
 pipeline state of its own and every field is written down here:
@@ -17,14 +17,16 @@ pipeline state of its own and every field is written down here:
   first at the next step, and while ``max_ready`` (one sample result's worth) wait, no new
   sample request is sent (back-pressure): none is dropped, and the learner has work while
   the next result is sampled;
-- the learner thread with its in-queue (``thread.num_dropped`` counts offers a full queue
-  refused: with ``ready`` in front, none from this pipeline);
+- the learner runner (:mod:`shoal.learn.runner`: a ``ThreadRunner``, or a ``GroupRunner`` for a
+  learner group) and its thread with the in-queue (``thread.num_dropped`` counts offers a full
+  queue refused: with ``ready`` in front, none from this pipeline); the runner runs each
+  result's post-update phase (APPO's KL coefficient);
 - ``learner_info``: the mean stats of the latest learner results (a report, never an input);
 - ``num_learner_results``: train batches the learner has finished;
 - the broadcast schedule: learner updates since the last weight broadcast.
 
 The algorithm's ``training_step`` calls the phases in order (sample, enqueue, drain, sync)
-and adds its own between them (APPO adapts its KL coefficient on each drained result).
+and adds its own between them.
 :class:`AsyncAlgorithm` is what both algorithms share around their ``training_step``: the
 policies' learners behind one learner thread, this pipeline, and the thread's hold around
 weights and state. The functions at the end build the parts it wires together: the learner,
@@ -41,9 +43,10 @@ from shoal.algorithms.base import Algorithm
 from shoal.algorithms.learner_group import GroupLearner, LearnerGroup
 from shoal.algorithms.policies import PolicySet, build_policy_module
 from shoal.algorithms.weights_publisher import WeightsPublisher
-from shoal.batch import Batch, Col
+from shoal.batch import Batch
 from shoal.learn import resolve_device
 from shoal.learn.policy_learner import MakeLoss, PolicyLearner
+from shoal.learn.runner import GroupRunner, ThreadRunner
 from shoal.learn.stats import mean_stats
 from shoal.learn.threads import LearnerResult
 from shoal.models import build_actor_critic
@@ -59,7 +62,7 @@ class AsyncPipeline:
     def __init__(
         self,
         env_runners,
-        thread,
+        runner: ThreadRunner | GroupRunner,
         *,
         train_batch_size: int,
         broadcast_interval: int,
@@ -70,23 +73,27 @@ class AsyncPipeline:
         # the weights go out with each actor's next sample request (WeightsPublisher.due): a broadcast
         # costs the driver nothing per actor, and a request at most one extra call
         self.publisher = publisher or WeightsPublisher(lambda: env_runners)
-        self.thread = thread
+        self.runner = runner  # where the policies learn: train batches in, results out
+        self.thread = runner.thread  # its learner thread (or learner group): queue room, update count
+        self.single = runner.single_policy  # the one policy's id; None with several
         self.train_batch_size = train_batch_size
         self.broadcast_interval = broadcast_interval
-        self.pending: dict[Any, list[Batch]] = defaultdict(list)  # policy id (None: the only one) -> sequences
+        self.pending: dict[Any, list[Batch]] = defaultdict(list)  # policy id -> sequences
         self.pending_rows: dict[Any, int] = defaultdict(int)
-        self.ready: deque[tuple[Any, int]] = deque()  # (train batch, env steps) the in-queue had no room for
+        self.ready: deque[dict[Any, Batch]] = deque()  # train batches by policy the in-queue had no room for
         self.max_ready = max(1, int(max_ready))  # no sample request while this many wait in ready
         self.learner_info: dict[str, float] = {}
         self.num_learner_results = 0
         self.broadcast_at = 0  # thread.num_updates at the last broadcast
 
     @classmethod
-    def from_config(cls, env_runners, thread, config, publisher: Optional[WeightsPublisher] = None) -> "AsyncPipeline":
+    def from_config(
+        cls, env_runners, runner: ThreadRunner, config, publisher: Optional[WeightsPublisher] = None
+    ) -> "AsyncPipeline":
         rows = config.fragment_length() * config.resources.num_envs_per_worker  # one sample result's rows
         return cls(
             env_runners,
-            thread,
+            runner,
             train_batch_size=config.train_batch_size,
             broadcast_interval=config.broadcast_interval,
             max_ready=-(-rows // config.train_batch_size),
@@ -108,21 +115,28 @@ class AsyncPipeline:
         """Cut every full train batch off the pending sequences and hand the learner, oldest
         first, as many as its queue has room for; the rest wait in ``ready`` for the next step
         (``sampled``: a Batch per rollout result, or a ``{policy_id: Batch}`` with several policies)."""
-        for item in self._cut_train_batches(sampled):
-            parts = item.values() if isinstance(item, dict) else [item]
-            self.ready.append((item, sum(int(b[Col.VALID].sum()) for b in parts)))
+        self.ready.extend(self._cut_train_batches(sampled))
         while self.ready and not self.thread.inqueue.full():  # the driver is the queue's only producer
-            item, steps = self.ready.popleft()
-            self.thread.add(item, env_steps=steps)
+            self.runner.submit(self.ready.popleft())
 
     def drain(self, wait: bool) -> list[LearnerResult]:
         """The learner results finished since the last call, oldest first (waiting up to
         ``WAIT_S`` for one when ``wait``: a step that sampled nothing must not spin)."""
-        results = self.thread.drain(timeout_s=WAIT_S if wait else 0.0)
+        results = self.runner.results(timeout_s=WAIT_S if wait else 0.0)
         if results:
             self.num_learner_results += len(results)
-            self.learner_info = mean_stats((r.stats for r in results), prefix="learner/")
+            self.learner_info = self._learner_info(results)
         return results
+
+    def _learner_info(self, results: list[LearnerResult]) -> dict[str, float]:
+        """The mean stats of ``results``: ``learner/<stat>``, or ``learner/<id>/<stat>`` with several policies."""
+        by_policy: dict[Any, list[dict]] = defaultdict(list)
+        for r in results:
+            by_policy[r.policy_id].append(r.stats)
+        out: dict[str, float] = {}
+        for pid, stats in by_policy.items():
+            out.update(mean_stats(stats, "learner/" if self.single is not None else f"learner/{pid}/"))
+        return out
 
     def broadcast_due(self) -> bool:
         """Whether ``broadcast_interval`` learner updates happened since the last broadcast."""
@@ -143,17 +157,16 @@ class AsyncPipeline:
             "learner_backlog": len(self.ready),
         }
 
-    def _cut_train_batches(self, sampled: list[Any]) -> list[Any]:
-        """Train batches, each a Batch, or a ``{policy_id: Batch}`` of the policies whose turn it is."""
+    def _cut_train_batches(self, sampled: list[Any]) -> list[dict[Any, Batch]]:
+        """Train batches, each a ``{policy_id: Batch}`` of the policies whose turn it is."""
         for item in sampled:
-            for pid, batch in item.items() if isinstance(item, dict) else [(None, item)]:
+            for pid, batch in item.items() if isinstance(item, dict) else [(self.single, item)]:
                 self.pending[pid].append(batch)
                 self.pending_rows[pid] += len(batch)
         cut = {pid: self._cut(pid) for pid in list(self.pending)}
         out = []
         for i in range(max(map(len, cut.values()), default=0)):
-            parts = {pid: batches[i] for pid, batches in cut.items() if i < len(batches)}
-            out.append(parts[None] if None in parts else parts)
+            out.append({pid: batches[i] for pid, batches in cut.items() if i < len(batches)})
         return out
 
     def _cut(self, pid) -> list[Batch]:
@@ -181,23 +194,22 @@ class RefPipeline(AsyncPipeline):
     def __init__(
         self,
         env_runners,
-        group,
+        runner: GroupRunner,
         *,
         train_batch_size: int,
         broadcast_interval: int,
         fragment_rows: int,
-        sampled_steps,
         publisher: WeightsPublisher,
     ) -> None:
         super().__init__(
             env_runners,
-            group,
+            runner,
             train_batch_size=train_batch_size,
             broadcast_interval=broadcast_interval,
             publisher=publisher,
         )
-        self.per_learner = train_batch_size // (group.num_learners * fragment_rows)  # fragments
-        self.sampled_steps = sampled_steps  # () -> env steps sampled so far (the learners' lr schedule)
+        self.per_learner = train_batch_size // (runner.group.num_learners * fragment_rows)  # fragments
+        self.policy_id: str = runner.policy_id  # the group's one policy
         self.refs: list[Any] = []
 
     def sample(self) -> list[tuple[Any, Any]]:
@@ -213,7 +225,7 @@ class RefPipeline(AsyncPipeline):
         K, n = self.thread.num_learners, self.per_learner
         while len(self.refs) >= K * n and not self.thread.full():
             take, self.refs = self.refs[: K * n], self.refs[K * n :]
-            self.thread.add([take[k * n : (k + 1) * n] for k in range(K)], self.sampled_steps())
+            self.runner.submit({self.policy_id: [take[k * n : (k + 1) * n] for k in range(K)]})
 
 
 # ---- the algorithm around the pipeline (IMPALA and APPO) ----------------------------------------
@@ -241,18 +253,22 @@ class AsyncAlgorithm(Algorithm):
         cfg: Any = self.config  # IMPALA's or APPO's
         if self._num_learners() > 1:  # K learner processes; the driver keeps a copy of the policy
             self.thread = self._make_learner_group()
+            group = GroupRunner(
+                self.thread, dict(self.policies.trained), lambda: int(self.counters["env_steps_sampled"])
+            )
+            self.runner: ThreadRunner | GroupRunner = group
             self.pipeline = RefPipeline(
                 self.env_runners,
-                self.thread,
+                group,
                 train_batch_size=cfg.train_batch_size,
                 broadcast_interval=cfg.broadcast_interval,
                 fragment_rows=cfg.fragment_length() * cfg.resources.num_envs_per_worker,
-                sampled_steps=lambda: int(self.counters["env_steps_sampled"]),
                 publisher=self.publisher,
             )
         else:
             self.thread = make_learner_thread(self.policies.learners(), cfg)
-            self.pipeline = AsyncPipeline.from_config(self.env_runners, self.thread, cfg, self.publisher)
+            thread = self.runner = ThreadRunner(self.thread, dict(self.policies.trained))
+            self.pipeline = AsyncPipeline.from_config(self.env_runners, thread, cfg, self.publisher)
         self.broadcast_weights()
 
     @classmethod

@@ -109,17 +109,6 @@ class PolicySet:
                 out[pid] = Batch.concat(rows)
         return out
 
-    def split_stats(self, stats: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-        """A learner thread's flat stats (``"<policy_id>/<stat>"`` keys with several policies) per policy."""
-        if not self.multi:
-            return {DEFAULT_POLICY: dict(stats)}
-        out: dict[str, dict[str, Any]] = {}
-        for key, value in stats.items():
-            pid, _, name = key.partition("/")
-            if pid in self.trained and name:
-                out.setdefault(pid, {})[name] = value
-        return out
-
     def result_keys(self, stats: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         """Per-policy stats as result keys: ``learner/<stat>``, or ``learner/<id>/<stat>`` with several policies."""
         if not self.multi:

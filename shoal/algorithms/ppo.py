@@ -151,8 +151,7 @@ class PPO(Algorithm):
             batches = self.policies.batches(b for b, _ in results)
         stats = {}
         with self.timers.time(Phase.LEARN):  # each policy's update, then its KL coefficient moves (the runner)
-            for pid, batch in batches.items():
-                self.runner.submit(pid, batch)
+            self.runner.submit(batches)
             for r in self.runner.results():
                 assert r.policy_id is not None, "a runner's results name their policy"
                 stats[r.policy_id] = r.stats

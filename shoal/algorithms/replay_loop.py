@@ -172,7 +172,7 @@ class ReplayAlgorithm(Algorithm):
         stats: dict[str, float] = {}
         while self._update_credit >= 1.0:
             self._update_credit -= 1.0
-            self.runner.submit(DEFAULT_POLICY, self.replay.sample(cfg.train_batch_size, beta))
+            self.runner.submit({DEFAULT_POLICY: self.replay.sample(cfg.train_batch_size, beta)})
             for r in self.runner.results():
                 if r.priorities is not None and r.replay is not None:  # None: a non-finite update
                     self.replay.update_priorities(r.replay.indices, r.priorities)

@@ -13,9 +13,10 @@ With ``minibatch_buffer_size=1`` a batch is learned ``num_sgd_iter`` times in a 
 ``minibatch_buffer_size=2, num_sgd_iter=2`` the order is b1 b2 b1 b2 b3 b4 b3 b4 ...
 
 Multi-agent: pass ``{policy_id: Learner}`` and put ``{policy_id: Batch}``; one SGD step
-updates every policy present in the batch, and info keys read ``"<policy_id>/<stat>"``.
-An in-queue item may also be ``(batch, env_steps)`` when the env step count of a
-multi-agent batch is known (by default it is the longest policy batch).
+updates every policy present in the batch, and the batch becomes one result per policy
+(``LearnerResult.policy_id``; None for a single policy's thread). A result's env steps are its
+batch's valid rows (sequences keep reset rows, masked out); an in-queue item may also be
+``(batch, env_steps)`` for a single Batch counted otherwise.
 
 The thread never spins: it blocks in ``queue.get`` (inside ``idle()``, so the idle fraction
 is exact). If the in-queue stays empty for ``learner_queue_timeout`` seconds the thread ends
@@ -31,20 +32,25 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from shoal.batch import Batch
+from shoal.batch import Batch, Col
 from shoal.errors import ConfigError
 from shoal.learn.learner import Learner
 from shoal.learn.stats import StatsMean
-from shoal.learn.threads import LearnerResult, LearnerThreadBase, wait_get
+from shoal.learn.threads import LearnerThreadBase, wait_get
 from shoal.logging.metrics import Phase, Timers
 
 
-def count_steps(batch, env_steps: int | None) -> tuple[int, int]:
-    """(env steps, agent steps) of a Batch or a ``{policy_id: Batch}``."""
+def valid_rows(batch: Batch) -> int:
+    """The env steps a Batch trains on: its rows, less the reset rows that sequences keep (``Col.VALID``)."""
+    return int(batch[Col.VALID].sum()) if Col.VALID in batch else len(batch)
+
+
+def policy_steps(batch, env_steps: int | None = None) -> dict[Any, tuple[int, int]]:
+    """Each policy's (env steps, agent steps) in a Batch (policy None) or a ``{policy_id: Batch}``:
+    its valid rows and its rows. ``env_steps`` replaces a single Batch's valid-row count."""
     if isinstance(batch, Batch):
-        return (len(batch) if env_steps is None else env_steps), len(batch)
-    lens = [len(b) for b in batch.values()]
-    return (max(lens, default=0) if env_steps is None else env_steps), sum(lens)
+        return {None: (valid_rows(batch) if env_steps is None else int(env_steps), len(batch))}
+    return {pid: (valid_rows(b), len(b)) for pid, b in batch.items()}
 
 
 def _positive(name: str, value, kind=int) -> None:
@@ -54,11 +60,11 @@ def _positive(name: str, value, kind=int) -> None:
 
 
 class _Slot:
-    __slots__ = ("tensors", "env_steps", "agent_steps", "ttl", "stats")
+    __slots__ = ("tensors", "steps", "ttl", "stats")
 
-    def __init__(self, tensors, env_steps: int, agent_steps: int, ttl: int) -> None:
-        self.tensors, self.env_steps, self.agent_steps, self.ttl = tensors, env_steps, agent_steps, ttl
-        self.stats = StatsMean()
+    def __init__(self, tensors: dict, steps: dict[Any, tuple[int, int]], ttl: int) -> None:
+        self.tensors, self.steps, self.ttl = tensors, steps, ttl
+        self.stats = {pid: StatsMean() for pid in tensors}  # each policy's, over the batch's passes
 
 
 class LearnerThread(LearnerThreadBase):
@@ -90,8 +96,14 @@ class LearnerThread(LearnerThreadBase):
 
     # ---- driver side -------------------------------------------------------------------
     def add(self, batch, env_steps: int | None = None) -> bool:
-        """Offer one train batch (checked first); False, and counted in ``num_dropped``, when the queue is full."""
+        """Offer one train batch (checked first); False, and counted in ``num_dropped``, when the queue is full.
+        ``env_steps``: a single Batch's env steps when not its valid rows (a ``{policy_id: Batch}``
+        counts each policy's valid rows)."""
         self.validate(batch)
+        if env_steps is not None and not isinstance(batch, Batch):
+            raise TypeError(
+                "env_steps counts a single Batch; a {policy_id: Batch} is counted by each policy's valid rows"
+            )
         return self.offer(batch if env_steps is None else (batch, int(env_steps)))
 
     def validate(self, batch) -> None:
@@ -101,6 +113,18 @@ class LearnerThread(LearnerThreadBase):
                 f"this learner thread is {'multi' if self.multi_agent else 'single'}-agent but got a "
                 f"{type(batch).__name__}; put a {'dict of policy_id -> Batch' if self.multi_agent else 'Batch'}"
             )
+
+    def add_learner(self, policy_id: str, learner: Learner) -> None:
+        """A policy joins a multi-agent thread (call it holding the thread: ``hold()``); its
+        batches may come in the next items."""
+        if not self.multi_agent:
+            raise ValueError("a single-policy learner thread takes no other policy")
+        self.learners[policy_id] = learner
+
+    def remove_learner(self, policy_id: str) -> None:
+        """A policy leaves a multi-agent thread (holding the thread); an item still holding its
+        batch fails in the thread, so the caller stops sending them first."""
+        del self.learners[policy_id]
 
     def get_weights(self, policy_id=None) -> dict[str, Any]:
         """A copy of the current weights (of ``policy_id``; of every policy, keyed by id, when
@@ -124,8 +148,8 @@ class LearnerThread(LearnerThreadBase):
         }
 
     # ---- thread side -------------------------------------------------------------------
-    def take(self, stopped: threading.Event, idle) -> tuple[Any, int, int] | None:
-        """Next in-queue item as (batch, env_steps, agent_steps); None once stopped.
+    def take(self, stopped: threading.Event, idle) -> tuple[Any, dict[Any, tuple[int, int]]] | None:
+        """Next in-queue item as (batch, each policy's (env steps, agent steps)); None once stopped.
 
         ``idle`` is the idle() context of the thread that waits (the learner or a loader).
         """
@@ -135,7 +159,7 @@ class LearnerThread(LearnerThreadBase):
             return None
         self.queue_sizes.append(self.inqueue.qsize())
         batch, env_steps = self.unpack(item)
-        return (batch, *count_steps(batch, env_steps))
+        return batch, policy_steps(batch, env_steps)
 
     def unpack(self, item) -> tuple[Any, int | None]:
         """An in-queue item as (batch, env_steps or None); a subclass may carry more in its items."""
@@ -147,19 +171,19 @@ class LearnerThread(LearnerThreadBase):
             item = self.take(self.stopped, self.idle)
             if item is None:
                 return
-            batch, env_steps, agent_steps = item
+            batch, steps = item
             with self.timers.time(Phase.LEARNER_LOAD):
                 tensors = {pid: self._load(pid, b) for pid, b in self._per_policy(batch)}
-            slot = self._ring[self._idx] = _Slot(tensors, env_steps, agent_steps, self.num_sgd_iter)
+            slot = self._ring[self._idx] = _Slot(tensors, steps, self.num_sgd_iter)
         with self.lock, self.timers.time(Phase.LEARNER_GRAD):
             for pid, tensors in slot.tensors.items():
-                slot.stats.add(self.learners[pid].update_minibatch(tensors), self._prefix(pid))
+                slot.stats[pid].add(self.learners[pid].update_minibatch(tensors))
             self.num_updates += 1
         self.yield_to_readers()
         slot.ttl -= 1
         if slot.ttl == 0:
             self._ring[self._idx] = None
-            self.publish(LearnerResult(slot.env_steps, slot.agent_steps, slot.stats.mean()))
+            self.publish_round(slot.steps, slot.stats)
         self._idx = (self._idx + 1) % len(self._ring)
 
     # ---- helpers shared with the multi-device thread -----------------------------------
@@ -172,9 +196,6 @@ class LearnerThread(LearnerThreadBase):
                     f"{sorted(map(str, self.learners))}"
                 )
             yield pid, b
-
-    def _prefix(self, pid) -> str:
-        return "" if pid is None else f"{pid}/"
 
     def _load(self, pid, batch: Batch) -> dict:
         return batch.to_torch(self.learners[pid].device)

@@ -56,7 +56,7 @@ from shoal.learn.learner import Learner
 from shoal.learn.learner_thread import LearnerThread, _positive
 from shoal.learn.loading import copy_to_device
 from shoal.learn.stats import StatsMean
-from shoal.learn.threads import BackgroundThread, LearnerResult, put_stop, wait_get
+from shoal.learn.threads import BackgroundThread, put_stop, wait_get
 from shoal.logging.metrics import Phase
 
 SplitFn = Callable[[Batch, int], Sequence[Batch]]
@@ -96,7 +96,7 @@ class _Towers:
             *(torch.cuda.Stream(device=d) if d.type == "cuda" else None for d in devices[1:]),
         ]
 
-    def update(self, shards: list[dict], weights: Sequence[float], stats: StatsMean, prefix: str = "") -> None:
+    def update(self, shards: list[dict], weights: Sequence[float], stats: StatsMean) -> None:
         """One SGD step on the shards (one per device, ``weights`` their shares of the batch);
         adds the towers' weighted loss stats to ``stats``.
 
@@ -122,14 +122,14 @@ class _Towers:
         for stream in self.streams:
             if stream is not None:
                 torch.cuda.current_stream(dev0).wait_stream(stream)
-        stats.add(combined, prefix)
+        stats.add(combined)
         self._average_gradients(weights)
         self.learner.reduce_gradients()
         self.learner.last_batch_rows = sum(len(next(iter(t.values()))) for t in shards if t)
         self.learner._last_stats = combined  # named in a divergence message if a term is NaN/inf
         norm = self.learner.apply_gradients()
         if norm is not None:
-            stats.add({"grad_norm": norm}, prefix)
+            stats.add({"grad_norm": norm})
 
     def _average_gradients(self, weights: Sequence[float]) -> None:
         if len(self.modules) == 1:
@@ -171,12 +171,12 @@ def _on_stream(stream, device: torch.device):
 class _Stack:
     """Per policy, one dict of tensors per device and the shards' weights; plus the step counts."""
 
-    __slots__ = ("shards", "weights", "env_steps", "agent_steps")
+    __slots__ = ("shards", "weights", "steps")
 
     def __init__(self) -> None:
         self.shards: dict[Any, list[dict]] = {}
         self.weights: dict[Any, list[float]] = {}
-        self.env_steps = self.agent_steps = 0
+        self.steps: dict[Any, tuple[int, int]] = {}  # each policy's (env steps, agent steps)
 
 
 class _Loader(BackgroundThread):
@@ -196,7 +196,7 @@ class _Loader(BackgroundThread):
         if item is None:
             owner.idle_stacks.put(stack)
             return
-        batch, stack.env_steps, stack.agent_steps = item
+        batch, stack.steps = item
         with owner.timers.time(Phase.LEARNER_LOAD):
             for pid, b in owner._per_policy(batch):
                 shards = owner.split(pid, b)
@@ -275,6 +275,14 @@ class MultiDeviceLearnerThread(LearnerThread):
             loader.stop(timeout_s)
         super().stop(timeout_s)
 
+    def add_learner(self, policy_id: str, learner: Learner) -> None:
+        super().add_learner(policy_id, learner)
+        self.towers[policy_id] = _Towers(learner, self.devices)
+
+    def remove_learner(self, policy_id: str) -> None:
+        super().remove_learner(policy_id)
+        del self.towers[policy_id]
+
     # ---- loading (loader threads) ------------------------------------------------------
     def _check_divisible(self, pid, rows: int) -> None:
         d, u = len(self.devices), self.rows_per_unit
@@ -312,17 +320,17 @@ class MultiDeviceLearnerThread(LearnerThread):
             stack = wait_get(self.ready_stacks, self.stopped)
         if stack is None:
             return
-        stats = StatsMean()
+        stats = {pid: StatsMean() for pid in stack.shards}
         for _ in range(self.num_sgd_iter):
             with self.lock, self.timers.time(Phase.LEARNER_GRAD):
                 for pid, shards in stack.shards.items():
-                    self.towers[pid].update(shards, stack.weights[pid], stats, self._prefix(pid))
+                    self.towers[pid].update(shards, stack.weights[pid], stats[pid])
                 self.num_updates += 1
             self.yield_to_readers()
-        env_steps, agent_steps = stack.env_steps, stack.agent_steps
-        stack.shards, stack.weights = {}, {}
+        steps = stack.steps
+        stack.shards, stack.weights, stack.steps = {}, {}, {}
         self.idle_stacks.put(stack)
-        self.publish(LearnerResult(env_steps, agent_steps, stats.mean()))
+        self.publish_round(steps, stats)
 
 
 __all__ = ["MultiDeviceLearnerThread"]

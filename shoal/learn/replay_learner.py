@@ -1,6 +1,7 @@
 """The Ape-X learner thread: learns on replayed batches in the background.
 
-The driver offers ``(ReplayTag, batch)`` items through ``add()`` without blocking. With a
+The driver offers :class:`Replayed` batches through ``add()`` without blocking (through a
+:class:`~shoal.learn.runner.ThreadRunner`, which reports each result under the policy's id). With a
 ``load_fn``, a loader thread takes them from that queue, moves each batch onto the learner's
 device (:func:`~shoal.learn.loading.copy_to_device`: pinned memory and a copy stream on CUDA) and
 keeps up to ``prefetch`` of them ready, so the learning thread finds its next batch on the device
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import queue
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -53,7 +54,18 @@ class _Loader(BackgroundThread):
                     continue
 
 
+class Replayed(NamedTuple):
+    """A batch replayed from shard ``shard_id`` at its restart ``generation``: what the thread learns
+    on, and where the batch's new priorities go."""
+
+    shard_id: int
+    generation: int
+    batch: Batch
+
+
 class ReplayLearnerThread(LearnerThreadBase):
+    multi_agent = False  # one policy (a runner reports its results under that policy's id)
+
     def __init__(
         self,
         learn_fn: Callable[[Any], tuple[np.ndarray | None, dict]],
@@ -83,9 +95,10 @@ class ReplayLearnerThread(LearnerThreadBase):
         """Batches offered and not yet learned: in the queue, in the loader or loaded and waiting."""
         return self._accepted - self._done
 
-    def add(self, shard_id: int, batch: Batch, generation: int = 0) -> bool:
-        """Offer a batch replayed from ``shard_id``; False (and counted in ``num_dropped``) when the queue is full."""
-        tag = ReplayTag(shard_id, generation, batch[Col.INDICES], batch.data.get(Col.ROW_IDS))
+    def add(self, replayed: Replayed) -> bool:
+        """Offer a replayed batch; False (and counted in ``num_dropped``) when the queue is full."""
+        batch = replayed.batch
+        tag = ReplayTag(replayed.shard_id, replayed.generation, batch[Col.INDICES], batch.data.get(Col.ROW_IDS))
         return self.offer((tag, batch))
 
     # ---- lifecycle ---------------------------------------------------------------------

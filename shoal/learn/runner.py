@@ -1,12 +1,13 @@
 """Learner runners: where a policy learns, behind one protocol.
 
-An algorithm gives a runner batches for a policy id and collects typed results; where the
+An algorithm gives a runner batches by policy id and collects typed results; where the
 learning happens is the runner's business. :class:`LearnerRunner` is the protocol:
 
-- ``submit(policy_id, batch, env_steps=None) -> bool``: learn on ``batch`` for that policy (False:
-  the runner has no room now and the batch was not taken);
+- ``submit(batches) -> bool``: learn on ``batches`` (``{policy_id: batch}``, one entry for one
+  policy; a batch, or what stands for it, e.g. object references); False: the runner has no
+  room now and took nothing;
 - ``results(timeout_s=0.0) -> list[LearnerResult]``: the results finished since the last call,
-  oldest first, each carrying its ``policy_id``;
+  oldest first, one per policy and batch, each carrying its ``policy_id``;
 - ``get_weights(policy_id)``, ``add_policy(policy_id, learner)``, ``remove_policy(policy_id)``;
 - ``hold()``: a context in which no update is in progress (to read or replace state);
 - ``check()`` raises if the place where learning happens failed; ``stop()``.
@@ -14,15 +15,24 @@ learning happens is the runner's business. :class:`LearnerRunner` is the protoco
 The runner runs the post-update phase of each result itself (``PolicyLearner.after_update``: the
 adaptive KL coefficient), in one place, so an algorithm never calls it.
 
-:class:`LocalRunner` learns in the calling thread, at ``submit``: the in-driver placement, PPO's and
-the replay algorithms' (DQN, SAC). What each algorithm does with a batch (PPO's epochs of
-minibatches, one replayed SGD step) is its ``learn`` function; the runner is the same for all.
+The placements:
+
+- :class:`LocalRunner`: in the calling thread, at ``submit`` (PPO; DQN and SAC). What each
+  algorithm does with a batch (PPO's epochs of minibatches, one replayed SGD step) is its
+  ``learn`` function; the runner is the same for all.
+- :class:`ThreadRunner`: a background learner thread (IMPALA's and APPO's; Ape-X's replay
+  learner, whose items are ``Replayed`` batches): ``submit`` offers the batches to its bounded
+  queue as one item, ``results`` drains it.
+- :class:`GroupRunner`: a learner group, K data-parallel learner processes of one policy
+  (IMPALA, APPO with ``resources.num_learners`` > 1): ``submit`` takes each learner's fragment
+  references; the members run the post-update phase on their own measurements and the
+  driver's copy mirrors learner 0's coefficient.
 """
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Optional, Protocol
 
 import numpy as np
 
@@ -35,7 +45,7 @@ PolicyId = str  # a single-policy run's one id is "default"
 class LearnerRunner(Protocol):
     """Where policies learn; see the module docstring for each method's contract."""
 
-    def submit(self, policy_id: PolicyId, batch: Any, env_steps: Optional[int] = None) -> bool: ...
+    def submit(self, batches: Mapping[PolicyId, Any]) -> bool: ...
 
     def results(self, timeout_s: float = 0.0) -> list[LearnerResult]: ...
 
@@ -65,23 +75,23 @@ LearnFn = Callable[[PolicyLearner, Any], Learned]  # (the policy's learner, the 
 
 
 class LocalRunner:
-    """Policies that learn in the driver: ``submit`` learns at once (``learn(learner, batch)``), runs
-    the post-update phase and queues the result. ``learners`` maps policy ids to their
-    :class:`~shoal.learn.policy_learner.PolicyLearner`."""
+    """Policies that learn in the driver: ``submit`` learns on each policy's batch at once
+    (``learn(learner, batch)``), runs its post-update phase and queues the result. ``learners``
+    maps policy ids to their :class:`~shoal.learn.policy_learner.PolicyLearner`."""
 
     def __init__(self, learners: dict[PolicyId, PolicyLearner], learn: LearnFn) -> None:
         self.learners = dict(learners)
         self.learn = learn
         self._done: list[LearnerResult] = []
-        self.num_updates = 0  # learner results produced (one per submitted batch)
+        self.num_updates = 0  # learner results produced (one per policy and batch)
 
-    def submit(self, policy_id: PolicyId, batch: Any, env_steps: Optional[int] = None) -> bool:
-        learner = self.learners[policy_id]
-        stats, steps, priorities, replay = self.learn(learner, batch)
-        learner.after_update(stats)  # the post-update phase: here, once per result
-        self.num_updates += 1
-        steps = steps if env_steps is None else env_steps
-        self._done.append(LearnerResult(steps, steps, stats, priorities, replay, policy_id))
+    def submit(self, batches: Mapping[PolicyId, Any]) -> bool:
+        for pid, batch in batches.items():
+            learner = self.learners[pid]
+            stats, steps, priorities, replay = self.learn(learner, batch)
+            learner.after_update(stats)  # the post-update phase: here, once per result
+            self.num_updates += 1
+            self._done.append(LearnerResult(steps, steps, stats, priorities, replay, pid))
         return True
 
     def results(self, timeout_s: float = 0.0) -> list[LearnerResult]:
@@ -92,8 +102,7 @@ class LocalRunner:
         return self.learners[policy_id].get_weights()
 
     def add_policy(self, policy_id: PolicyId, learner: PolicyLearner) -> None:
-        if policy_id in self.learners:
-            raise ValueError(f"policy {policy_id!r} already learns here")
+        _check_new(self.learners, policy_id)
         self.learners[policy_id] = learner
 
     def remove_policy(self, policy_id: PolicyId) -> None:
@@ -110,7 +119,124 @@ class LocalRunner:
         self._done = []
 
 
+class ThreadRunner:
+    """Policies that learn in a background learner thread (``LearnerThread`` or
+    ``MultiDeviceLearnerThread``, :mod:`shoal.learn.learner_thread`): ``submit`` offers the batches
+    to the thread's bounded queue as one item (one SGD step updates every policy present; False
+    when the queue is full), ``results`` drains the thread's results and runs each one's
+    post-update phase here, in the driver. ``learners``: the thread's policies (for a
+    single-policy thread, the one whose results it reports)."""
+
+    def __init__(self, thread: Any, learners: dict[PolicyId, PolicyLearner]) -> None:
+        self.thread = thread
+        self.learners = dict(learners)
+        # a single-policy thread takes a Batch and reports policy None: this id (None: several)
+        self.single_policy: Optional[PolicyId] = None if thread.multi_agent else next(iter(self.learners))
+
+    def submit(self, batches: Mapping[PolicyId, Any]) -> bool:
+        if self.single_policy is None:
+            return self.thread.add(dict(batches))
+        if list(batches) != [self.single_policy]:
+            raise KeyError(f"this learner thread trains policy {self.single_policy!r} only; got {sorted(batches)}")
+        return self.thread.add(batches[self.single_policy])
+
+    def results(self, timeout_s: float = 0.0) -> list[LearnerResult]:
+        out = []
+        for r in self.thread.drain(timeout_s=timeout_s):
+            pid = r.policy_id if r.policy_id is not None else self.single_policy
+            assert pid is not None, "a multi-policy thread's results name their policy"
+            self.learners[pid].after_update(r.stats)  # the post-update phase, in the driver
+            out.append(r._replace(policy_id=pid))
+        return out
+
+    def get_weights(self, policy_id: PolicyId) -> dict[str, np.ndarray]:
+        with self.thread.hold():  # never a half-applied update
+            return self.learners[policy_id].get_weights()
+
+    def add_policy(self, policy_id: PolicyId, learner: PolicyLearner) -> None:
+        _check_new(self.learners, policy_id)
+        if self.single_policy is not None:
+            raise ValueError(
+                f"a single-policy learner thread trains {self.single_policy!r}; it cannot add {policy_id!r}"
+            )
+        with self.thread.hold():
+            self.thread.add_learner(policy_id, learner.learner)
+            self.learners[policy_id] = learner
+
+    def remove_policy(self, policy_id: PolicyId) -> None:
+        if policy_id == self.single_policy or len(self.learners) == 1:
+            raise ValueError(f"the learner thread's last policy {policy_id!r} cannot leave it: stop the thread")
+        with self.thread.hold():
+            self.thread.remove_learner(policy_id)
+            del self.learners[policy_id]
+
+    def hold(self) -> AbstractContextManager[Any]:
+        return self.thread.hold()
+
+    def check(self) -> None:
+        self.thread.check()
+
+    def stop(self) -> None:
+        self.thread.stop()
+
+
+class GroupRunner:
+    """One policy trained by a learner group (``LearnerGroup``, :mod:`shoal.algorithms.learner_group`):
+    K learner processes, each taking its share of every round by object reference, with their
+    gradients all-reduced. ``submit({policy_id: [refs of learner 0, ..., refs of learner K-1]})``
+    hands a round over (False: some learner has no room); ``sampled_steps()`` is the env steps
+    sampled so far, what the learners' schedules follow. The members run the post-update phase
+    on their own measurements (the averaged gradients keep them equal); the driver's copy of
+    the policy mirrors learner 0's KL coefficient."""
+
+    def __init__(self, group: Any, learners: dict[PolicyId, PolicyLearner], sampled_steps: Callable[[], int]) -> None:
+        if len(learners) != 1:
+            raise ValueError(f"a learner group trains one policy; got {sorted(learners)}")
+        self.group = self.thread = group  # what a pipeline feeds, in a learner thread's place
+        self.learners = dict(learners)
+        (self.policy_id,) = self.learners
+        self.single_policy: Optional[PolicyId] = self.policy_id
+        self.sampled_steps = sampled_steps
+
+    def submit(self, batches: Mapping[PolicyId, Any]) -> bool:
+        if list(batches) != [self.policy_id]:
+            raise KeyError(f"this learner group trains policy {self.policy_id!r} only; got {sorted(batches)}")
+        return self.group.add(batches[self.policy_id], self.sampled_steps())
+
+    def results(self, timeout_s: float = 0.0) -> list[LearnerResult]:
+        out = []
+        pl = self.learners[self.policy_id]
+        for r in self.group.drain(timeout_s=timeout_s):
+            if "kl_coeff" in r.stats:  # the members moved theirs: the driver's copy follows
+                pl.kl.coeff = float(r.stats["kl_coeff"])
+            out.append(r._replace(policy_id=self.policy_id))
+        return out
+
+    def get_weights(self, policy_id: PolicyId) -> dict[str, np.ndarray]:
+        return self.group.call("get_weights") if self.group.started else self.learners[policy_id].get_weights()
+
+    def add_policy(self, policy_id: PolicyId, learner: PolicyLearner) -> None:
+        raise ValueError(f"a learner group trains one policy ({self.policy_id!r}); it cannot add {policy_id!r}")
+
+    def remove_policy(self, policy_id: PolicyId) -> None:
+        raise ValueError(f"a learner group's one policy {self.policy_id!r} cannot leave it: stop the group")
+
+    def hold(self) -> AbstractContextManager[Any]:
+        return nullcontext()  # the learners hold their own state; the driver reads it by a call
+
+    def check(self) -> None:
+        self.group.check()
+
+    def stop(self) -> None:
+        self.group.stop()
+
+
+def _check_new(learners: Mapping[PolicyId, Any], policy_id: PolicyId) -> None:
+    if policy_id in learners:
+        raise ValueError(f"policy {policy_id!r} already learns here")
+
+
 if TYPE_CHECKING:  # mypy holds each runner to the protocol
 
-    def _conforms(local: LocalRunner) -> LearnerRunner:
-        return local
+    def _conforms(local: LocalRunner, thread: ThreadRunner, group: GroupRunner) -> list[LearnerRunner]:
+        return [local, thread, group]

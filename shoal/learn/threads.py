@@ -30,11 +30,12 @@ import threading
 import time
 import traceback
 from contextlib import contextmanager
-from typing import Any, NamedTuple, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
 import numpy as np
 
 from shoal.errors import DivergenceError, ShoalError
+from shoal.learn.stats import StatsMean
 
 
 class LearnerThreadError(ShoalError):
@@ -222,6 +223,11 @@ class LearnerThreadBase(BackgroundThread):
     # ---- thread side -------------------------------------------------------------------
     def publish(self, result: LearnerResult) -> None:
         self.outqueue.put(result)
+
+    def publish_round(self, steps: Mapping[Any, tuple[int, int]], stats: Mapping[Any, StatsMean]) -> None:
+        """One result per policy of a learned batch: its (env steps, agent steps) and mean stats."""
+        for pid, (env_steps, agent_steps) in steps.items():
+            self.publish(LearnerResult(env_steps, agent_steps, stats[pid].mean(), policy_id=pid))
 
     def yield_to_readers(self) -> None:
         """Between two steps: if a reader waits for the lock, drop the GIL so it gets the lock

@@ -66,7 +66,6 @@ class Phase:
     ENQUEUE = "enqueue"  # cut train batches and hand them to a learner thread
     LEARN = "learn"  # SGD in the driver, or requests to learner actors
     DRAIN = "drain"  # collect what a learner thread finished
-    POST_UPDATE = "post_update"  # after learning: adapt the KL coefficient (target networks refresh in the learner)
     UPDATE_PRIORITIES = "update_priorities"  # new priorities back to the replay shards
     SYNC = "sync"  # weights (and global vars) to the rollout actors
     SYNC_WEIGHTS = "sync_weights"  # Ape-X: weights to the actors that sampled enough since their last refresh
