@@ -232,3 +232,45 @@ def test_a_group_runner_hands_rounds_over_and_mirrors_the_members_kl_coefficient
         runner.add_policy("q", _Learner("q"))
     with pytest.raises(ValueError, match="trains one policy"):
         GroupRunner(group, {"a": p, "b": p}, lambda: 0)
+
+
+class _Shards:
+    """The league's learner shards as the runner sees them: learn requests in, outputs out."""
+
+    def __init__(self) -> None:
+        self.policy_ids = ["main", "exploiter"]
+        self.asked: list = []
+        self.ready: list = []
+        self.added: list = []
+
+    def submit(self, pid, method, env_steps) -> bool:
+        self.asked.append((pid, method, env_steps))
+        return pid != "exploiter"  # its last request is still open
+
+    def fetch_ready(self, timeout_s: float) -> list:
+        out, self.ready = self.ready, []
+        return out
+
+    def add_policy(self, pid, args, weights=None) -> None:
+        self.added.append((pid, args, weights))
+        self.policy_ids.append(pid)
+
+
+def test_a_shard_runner_asks_each_learner_to_learn_and_returns_their_weights():
+    from shoal.learn.policy_learner import LearnerOutput
+    from shoal.learn.runner import RemoteLearner, ShardRunner
+
+    shards = _Shards()
+    runner = ShardRunner(shards)
+    assert not runner.submit({"main": 1200, "exploiter": 1200})  # one learner still busy: not every one took it
+    assert shards.asked == [("main", "learn", 1200), ("exploiter", "learn", 1200)]
+    w = {"w": np.zeros(2)}
+    shards.ready = [
+        ("main", LearnerOutput({"loss": 0.5}, 64, w)),
+        ("exploiter", None),
+        ("gone", LearnerOutput({}, 8, w)),
+    ]
+    (r,) = runner.results()  # nothing replayed yet, and a policy that left meanwhile: no result
+    assert (r.policy_id, r.env_steps, r.stats, r.weights) == ("main", 64, {"loss": 0.5}, w)
+    runner.add_policy("snapshot", RemoteLearner(("cfg",), w))
+    assert shards.added == [("snapshot", ("cfg",), w)]

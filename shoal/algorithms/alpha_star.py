@@ -50,6 +50,7 @@ from shoal.errors import ConfigError, EnvError
 from shoal.league import LeagueChanges, make_league_builder
 from shoal.league.builder import MatchResult
 from shoal.learn.distributed_learners import DistributedLearners, shard_plan, shard_sizes
+from shoal.learn.runner import RemoteLearner, ShardRunner
 from shoal.logging.metrics import Phase
 from shoal.models import build_actor_critic
 from shoal.replay import BatchReplay
@@ -244,6 +245,7 @@ class AlphaStar(Algorithm):
             start_timeout_s=res.actor_start_timeout_s,
             placement=self.actor_resources("learner shard").placement if res.learners_remote() else None,
         )
+        self.runner = ShardRunner(self.learners)  # where the trainable policies learn
         self.weights: dict[str, dict] = {}  # every policy's latest weights (driver copy)
         self.sync = LeagueSync()
         for pid, spec in self.league.initial_policies().items():
@@ -337,9 +339,8 @@ class AlphaStar(Algorithm):
     def _add(self, pid: str, weights: dict, trainable: bool) -> None:
         self.weights[pid] = self.sync.changed[pid] = weights
         if trainable:
-            self.learners.add_policy(
-                pid, (self.config, self.obs_space, self.action_space, self._idle_sleep()), weights=weights
-            )
+            args = (self.config, self.obs_space, self.action_space, self._idle_sleep())
+            self.runner.add_policy(pid, RemoteLearner(args, weights))
 
     def _idle_sleep(self) -> float:
         return self.config.learner_idle_sleep_s if self.config.resources.learners_remote() else 0.0
@@ -469,15 +470,15 @@ class AlphaStar(Algorithm):
             self.record_rollouts(metrics)
             self._record_matches(metrics)
         with self.timers.time(Phase.LEARN):
-            for pid in self.learners.policy_ids:
-                self.learners.submit(pid, "learn", self.counters["env_steps_sampled"])
+            self.runner.submit({pid: self.counters["env_steps_sampled"] for pid in self.learners.policy_ids})
             stats = self._learner_stats  # the last stats of every learner: stable result columns
-            for pid, out in self.learners.fetch_ready(WAIT_S):
-                if out is None or pid not in self.weights:
+            for r in self.runner.results(WAIT_S):
+                pid = r.policy_id
+                if pid not in self.weights or r.weights is None:
                     continue
-                self.counters["env_steps_trained"] += out.rows
-                self.weights[pid] = self.sync.changed[pid] = out.weights  # the learners keep theirs (fetch_ready)
-                stats.update({f"learner/{pid}/{k}": v for k, v in out.stats.items()})
+                self.counters["env_steps_trained"] += r.env_steps
+                self.weights[pid] = self.sync.changed[pid] = r.weights  # the learners keep theirs (fetch_ready)
+                stats.update({f"learner/{pid}/{k}": v for k, v in r.stats.items()})
                 self.sync.learned_since_broadcast += 1
         with self.timers.time(Phase.SYNC):
             # every `broadcast_interval` learner results (the league's changes go out after each iteration anyway),
@@ -520,7 +521,7 @@ class AlphaStar(Algorithm):
         parents = {a.new_id: self.weights[a.from_id] for a in changes.add if a.from_id}
         for pid in [*changes.freeze, *changes.remove]:
             if pid in self.learners.policy_ids:
-                self.learners.remove_policy(pid)
+                self.runner.remove_policy(pid)
         for pid in changes.remove:
             self.weights.pop(pid, None)
             self.sync.changed.pop(pid, None)
@@ -550,17 +551,17 @@ class AlphaStar(Algorithm):
         self.league.set_state(state["league"])
         before = set(self.weights)
         for pid in list(self.learners.policy_ids):
-            self.learners.remove_policy(pid)
+            self.runner.remove_policy(pid)
         self.weights, self.sync.changed = {}, {}
         for pid, spec in self.league.players.items():
             self._add(pid, {k: v.numpy() for k, v in state["weights"][pid].items()}, spec.trainable)
         for pid, learner_state in state.get("learners", {}).items():  # optimizer and target network too
             if pid in self.learners.policy_ids:
                 self.learners.call(pid, "set_state", learner_state)
-                self.weights[pid] = self.sync.changed[pid] = self.learners.get_weights([pid])[pid]
+                self.weights[pid] = self.sync.changed[pid] = self.runner.get_weights(pid)
         self.sync.removed = sorted(before - set(self.weights))
         self.broadcast()
 
     def stop(self) -> None:
-        self.learners.stop()
+        self.runner.stop()
         super().stop()

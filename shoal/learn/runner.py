@@ -8,7 +8,8 @@ learning happens is the runner's business. :class:`LearnerRunner` is the protoco
   room now and took nothing;
 - ``results(timeout_s=0.0) -> list[LearnerResult]``: the results finished since the last call,
   oldest first, one per policy and batch, each carrying its ``policy_id``;
-- ``get_weights(policy_id)``, ``add_policy(policy_id, learner)``, ``remove_policy(policy_id)``;
+- ``get_weights(policy_id)``, ``add_policy(policy_id, learner)`` (its ``PolicyLearner``, or for a
+  learner in another process what builds it there), ``remove_policy(policy_id)``;
 - ``hold()``: a context in which no update is in progress (to read or replace state);
 - ``check()`` raises if the place where learning happens failed; ``stop()``.
 
@@ -23,6 +24,8 @@ The placements:
 - :class:`ThreadRunner`: a background learner thread (IMPALA's and APPO's; Ape-X's replay
   learner, whose items are ``Replayed`` batches): ``submit`` offers the batches to its bounded
   queue as one item, ``results`` drains it.
+- :class:`ShardRunner`: learner actors on the league's learner shards, each pulling its batches
+  from its shard's replay actor (``submit`` asks it to learn; its results carry the weights).
 - :class:`GroupRunner`: a learner group, K data-parallel learner processes of one policy
   (IMPALA, APPO with ``resources.num_learners`` > 1): ``submit`` takes each learner's fragment
   references; the members run the post-update phase on their own measurements and the
@@ -51,7 +54,7 @@ class LearnerRunner(Protocol):
 
     def get_weights(self, policy_id: PolicyId) -> dict[str, np.ndarray]: ...
 
-    def add_policy(self, policy_id: PolicyId, learner: PolicyLearner) -> None: ...
+    def add_policy(self, policy_id: PolicyId, learner: Any) -> None: ...
 
     def remove_policy(self, policy_id: PolicyId) -> None: ...
 
@@ -231,6 +234,57 @@ class GroupRunner:
         self.group.stop()
 
 
+class RemoteLearner(NamedTuple):
+    """What builds a policy's learner where it runs (a league shard's learner actor): its
+    constructor's arguments after the policy id and replay, and the weights it starts from."""
+
+    args: tuple
+    weights: Optional[dict[str, np.ndarray]] = None
+
+
+class ShardRunner:
+    """Policies that learn in learner actors on the league's shards
+    (:class:`~shoal.learn.distributed_learners.DistributedLearners`, ``learners``). A learner pulls
+    its own batches from its shard's replay actor, so what a round submits for a policy is the
+    env steps sampled so far (its lr schedule's position): ``submit`` asks each named learner to
+    learn, unless a request of its is still open, and answers whether every one took it. A
+    result carries the learner's weights after the update; the learner ran the post-update
+    phase itself (``PolicyLearner.update``). A learner with nothing to learn yet reports nothing."""
+
+    def __init__(self, learners: Any) -> None:
+        self.learners = learners
+
+    def submit(self, batches: Mapping[PolicyId, Any]) -> bool:
+        taken = [self.learners.submit(pid, "learn", env_steps) for pid, env_steps in batches.items()]
+        return all(taken)
+
+    def results(self, timeout_s: float = 0.0) -> list[LearnerResult]:
+        out = []
+        for pid, r in self.learners.fetch_ready(timeout_s):
+            if r is None or pid not in self.learners.policy_ids:  # nothing replayed yet; or it left meanwhile
+                continue
+            out.append(LearnerResult(r.rows, r.rows, r.stats, policy_id=pid, weights=r.weights))
+        return out
+
+    def get_weights(self, policy_id: PolicyId) -> dict[str, np.ndarray]:
+        return self.learners.get_weights([policy_id])[policy_id]
+
+    def add_policy(self, policy_id: PolicyId, learner: RemoteLearner) -> None:
+        self.learners.add_policy(policy_id, learner.args, weights=learner.weights)
+
+    def remove_policy(self, policy_id: PolicyId) -> None:
+        self.learners.remove_policy(policy_id)
+
+    def hold(self) -> AbstractContextManager[Any]:
+        return nullcontext()  # each learner actor applies a whole update per call
+
+    def check(self) -> None:
+        """A learner actor that dies is recreated from its latest weights (``learners``): nothing to raise."""
+
+    def stop(self) -> None:
+        self.learners.stop()
+
+
 def _check_new(learners: Mapping[PolicyId, Any], policy_id: PolicyId) -> None:
     if policy_id in learners:
         raise ValueError(f"policy {policy_id!r} already learns here")
@@ -238,5 +292,7 @@ def _check_new(learners: Mapping[PolicyId, Any], policy_id: PolicyId) -> None:
 
 if TYPE_CHECKING:  # mypy holds each runner to the protocol
 
-    def _conforms(local: LocalRunner, thread: ThreadRunner, group: GroupRunner) -> list[LearnerRunner]:
-        return [local, thread, group]
+    def _conforms(
+        local: LocalRunner, thread: ThreadRunner, group: GroupRunner, shard: ShardRunner
+    ) -> list[LearnerRunner]:
+        return [local, thread, group, shard]

@@ -99,6 +99,7 @@ class LearnerResult(NamedTuple):
     priorities: Optional[np.ndarray] = None  # replayed batches: new priorities of its rows
     replay: Optional[ReplayTag] = None
     policy_id: Optional[str] = None  # whose update it was (None: an algorithm's one policy)
+    weights: Optional[dict[str, Any]] = None  # a learner in another process: its weights after the update
 
 
 class BackgroundThread(threading.Thread):
