@@ -197,6 +197,7 @@ class LeagueSync:
 class AlphaStar(Algorithm):
     evaluator_cls = LeagueEvaluator  # scored against fixed yardsticks: scripted players, exploitability
     config_cls = AlphaStarConfig
+    is_league = True
     result_keys = (
         *Algorithm.result_keys,
         *("num_policies", "num_learning_policies", "num_matches_this_iter", "num_learner_restarts"),

@@ -291,7 +291,7 @@ class VideoWriter:
 # ---- games ------------------------------------------------------------------------------------
 def is_game(algo) -> bool:
     """Whether ``algo`` plays a multi-agent (PettingZoo) env: a league or a multi-agent algorithm."""
-    return hasattr(algo, "league") or getattr(algo, "is_multi_agent", False)
+    return algo.is_league or algo.is_multi_agent
 
 
 def payoff_unit(env: Any) -> str:
@@ -303,7 +303,7 @@ def payoff_unit(env: Any) -> str:
 def main_policy(algo) -> tuple[str, dict[str, Any]]:
     """A game checkpoint's main policy: ``main`` when there is one, else the first policy; and the
     spec a :class:`~shoal.rollout.multi_agent.MultiAgentEnvRunner` builds it from."""
-    if hasattr(algo, "league"):
+    if algo.is_league:
         ids = list(algo.weights)
         pid = "main" if "main" in ids else ids[0]
         return pid, {"weights": algo.weights[pid], "model": algo.config.model.model_dump(), "trainable": False}

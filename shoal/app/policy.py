@@ -94,7 +94,7 @@ def load_policy(
     given = {**(overrides or {}), **config_kwargs}
     config_cls, meta, data, approved = checkpoint_config_data(opened, given, trust, destinations=False)
     algo_cls = config_cls.algorithm_cls
-    if meta["algo"] == "alpha_star":
+    if algo_cls is not None and algo_cls.is_league:
         with import_gate(approved):
             config = config_cls.from_dict(data)
         return _league_policy(opened, config, policy)
