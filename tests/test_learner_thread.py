@@ -277,8 +277,6 @@ def test_multi_agent_batches_update_each_policy(threads):
     b.data[Col.VALID] = np.array([1, 1, 0, 1, 1, 1], dtype=bool)  # a reset row kept inside a sequence
     assert t.add({"a": make_batch(0, rows=4), "b": b})
     assert t.add({"a": make_batch(2, rows=4)})
-    with pytest.raises(TypeError, match="counts a single Batch"):
-        t.add({"a": make_batch(2, rows=4)}, env_steps=5)
     results = [t.outqueue.get(timeout=10.0) for _ in range(3)]  # one result per policy and batch
     got = [(r.policy_id, r.env_steps, r.agent_steps, set(r.stats)) for r in results]
     assert got == [("a", 4, 4, {"loss"}), ("b", 5, 6, {"loss"}), ("a", 4, 4, {"loss"})]  # env steps: valid rows

@@ -111,9 +111,8 @@ class APPO(AsyncAlgorithm):
             for _, pl in self.policies:
                 pl.learner.set_env_steps(self.counters["env_steps_sampled"])
             p.enqueue([b for b, _ in ready])
-        with self.timers.time(
-            Phase.DRAIN
-        ):  # each result's KL coefficient moved in the runner (when its target refreshed)
+        with self.timers.time(Phase.DRAIN):
+            # each result's KL coefficient has moved in the runner (when its target refreshed)
             for result in p.drain(wait=not ready):
                 self.counters["env_steps_trained"] += result.env_steps
         with self.timers.time(Phase.SYNC):

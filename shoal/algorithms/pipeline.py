@@ -117,7 +117,9 @@ class AsyncPipeline:
         (``sampled``: a Batch per rollout result, or a ``{policy_id: Batch}`` with several policies)."""
         self.ready.extend(self._cut_train_batches(sampled))
         while self.ready and not self.thread.inqueue.full():  # the driver is the queue's only producer
-            self.runner.submit(self.ready.popleft())
+            if not self.runner.submit(self.ready[0]):
+                break  # not taken after all: it stays first in line
+            self.ready.popleft()
 
     def drain(self, wait: bool) -> list[LearnerResult]:
         """The learner results finished since the last call, oldest first (waiting up to
@@ -224,8 +226,10 @@ class RefPipeline(AsyncPipeline):
         self.refs.extend(sampled)
         K, n = self.thread.num_learners, self.per_learner
         while len(self.refs) >= K * n and not self.thread.full():
-            take, self.refs = self.refs[: K * n], self.refs[K * n :]
-            self.runner.submit({self.policy_id: [take[k * n : (k + 1) * n] for k in range(K)]})
+            take = self.refs[: K * n]
+            if not self.runner.submit({self.policy_id: [take[k * n : (k + 1) * n] for k in range(K)]}):
+                break  # the group re-formed with no room: the fragments wait for the next step
+            self.refs = self.refs[K * n :]
 
 
 # ---- the algorithm around the pipeline (IMPALA and APPO) ----------------------------------------

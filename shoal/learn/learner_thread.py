@@ -15,8 +15,8 @@ With ``minibatch_buffer_size=1`` a batch is learned ``num_sgd_iter`` times in a 
 Multi-agent: pass ``{policy_id: Learner}`` and put ``{policy_id: Batch}``; one SGD step
 updates every policy present in the batch, and the batch becomes one result per policy
 (``LearnerResult.policy_id``; None for a single policy's thread). A result's env steps are its
-batch's valid rows (sequences keep reset rows, masked out); an in-queue item may also be
-``(batch, env_steps)`` for a single Batch counted otherwise.
+batch's valid rows (sequences keep reset rows, masked out). A subclass whose items carry more
+(the learner group's) unpacks them in ``unpack``.
 
 The thread never spins: it blocks in ``queue.get`` (inside ``idle()``, so the idle fraction
 is exact). If the in-queue stays empty for ``learner_queue_timeout`` seconds the thread ends
@@ -87,6 +87,7 @@ class LearnerThread(LearnerThreadBase):
         self.learners: dict[Any, Learner] = {None: learner} if isinstance(learner, Learner) else dict(learner)
         if not self.learners:
             raise ConfigError("the learner thread needs at least one Learner (got an empty dict).")
+        self.departed: set[Any] = set()  # policies removed while running: their batches in flight are skipped
         self.num_sgd_iter = int(num_sgd_iter)
         self.learner_queue_timeout = float(learner_queue_timeout)
         self.timers = Timers(Phase.LEARNER_THREAD, window=100)
@@ -95,16 +96,10 @@ class LearnerThread(LearnerThreadBase):
         self._idx = 0
 
     # ---- driver side -------------------------------------------------------------------
-    def add(self, batch, env_steps: int | None = None) -> bool:
-        """Offer one train batch (checked first); False, and counted in ``num_dropped``, when the queue is full.
-        ``env_steps``: a single Batch's env steps when not its valid rows (a ``{policy_id: Batch}``
-        counts each policy's valid rows)."""
+    def add(self, batch) -> bool:
+        """Offer one train batch (checked first); False, and counted in ``num_dropped``, when the queue is full."""
         self.validate(batch)
-        if env_steps is not None and not isinstance(batch, Batch):
-            raise TypeError(
-                "env_steps counts a single Batch; a {policy_id: Batch} is counted by each policy's valid rows"
-            )
-        return self.offer(batch if env_steps is None else (batch, int(env_steps)))
+        return self.offer(batch)
 
     def validate(self, batch) -> None:
         """Cheap checks on a batch before it is queued (subclasses add their own)."""
@@ -115,16 +110,19 @@ class LearnerThread(LearnerThreadBase):
             )
 
     def add_learner(self, policy_id: str, learner: Learner) -> None:
-        """A policy joins a multi-agent thread (call it holding the thread: ``hold()``); its
-        batches may come in the next items."""
+        """A policy joins a running multi-agent thread; its batches may come in the next items."""
         if not self.multi_agent:
             raise ValueError("a single-policy learner thread takes no other policy")
-        self.learners[policy_id] = learner
+        with self.lock:  # one swap between two steps: a step iterates the dict it started with
+            self.departed.discard(policy_id)
+            self.learners = {**self.learners, policy_id: learner}
 
     def remove_learner(self, policy_id: str) -> None:
-        """A policy leaves a multi-agent thread (holding the thread); an item still holding its
-        batch fails in the thread, so the caller stops sending them first."""
-        del self.learners[policy_id]
+        """A policy leaves a running multi-agent thread: its learner goes, and its batches still in the
+        queue or the ring are skipped (no result for them), not learned."""
+        with self.lock:
+            self.departed.add(policy_id)
+            self.learners = {pid: ln for pid, ln in self.learners.items() if pid != policy_id}
 
     def get_weights(self, policy_id=None) -> dict[str, Any]:
         """A copy of the current weights (of ``policy_id``; of every policy, keyed by id, when
@@ -163,7 +161,7 @@ class LearnerThread(LearnerThreadBase):
 
     def unpack(self, item) -> tuple[Any, int | None]:
         """An in-queue item as (batch, env_steps or None); a subclass may carry more in its items."""
-        return item if isinstance(item, tuple) else (item, None)
+        return item, None
 
     def step(self) -> None:
         slot = self._ring[self._idx]
@@ -177,7 +175,8 @@ class LearnerThread(LearnerThreadBase):
             slot = self._ring[self._idx] = _Slot(tensors, steps, self.num_sgd_iter)
         with self.lock, self.timers.time(Phase.LEARNER_GRAD):
             for pid, tensors in slot.tensors.items():
-                slot.stats[pid].add(self.learners[pid].update_minibatch(tensors))
+                if pid in self.learners:  # else it left while its batch was in the ring
+                    slot.stats[pid].add(self.learners[pid].update_minibatch(tensors))
             self.num_updates += 1
         self.yield_to_readers()
         slot.ttl -= 1
@@ -190,6 +189,8 @@ class LearnerThread(LearnerThreadBase):
     def _per_policy(self, batch):
         items = batch.items() if self.multi_agent else [(None, batch)]
         for pid, b in items:
+            if pid in self.departed:
+                continue  # removed after this batch was queued
             if pid not in self.learners:
                 raise KeyError(
                     f"the batch holds policy '{pid}' but the learner thread has learners only for "

@@ -233,11 +233,7 @@ class MultiDeviceLearnerThread(LearnerThread):
             raise ConfigError("devices is empty: give at least one device, e.g. ['cpu'] or ['cuda:0', 'cuda:1'].")
         self.devices = [torch.device(d) for d in devices]
         for pid, ln in self.learners.items():
-            if ln.device != self.devices[0]:
-                raise ConfigError(
-                    f"the learner{'' if pid is None else f' of policy {pid!r}'} is on {ln.device} but devices[0] is "
-                    f"{self.devices[0]}: the master copy must live on the first device."
-                )
+            self._check_master(pid, ln)
         self.rows_per_unit = int(rows_per_unit)
         self.split_fn = split_fn
         self.towers = {pid: _Towers(ln, self.devices) for pid, ln in self.learners.items()}
@@ -276,12 +272,25 @@ class MultiDeviceLearnerThread(LearnerThread):
         super().stop(timeout_s)
 
     def add_learner(self, policy_id: str, learner: Learner) -> None:
-        super().add_learner(policy_id, learner)
-        self.towers[policy_id] = _Towers(learner, self.devices)
+        """As the one-device thread's; the policy's towers are built first, outside the lock (the
+        loaders read ``towers`` without it, so it is replaced, never changed in place)."""
+        self._check_master(policy_id, learner)
+        towers = _Towers(learner, self.devices)
+        with self.lock:
+            self.towers = {**self.towers, policy_id: towers}
+            super().add_learner(policy_id, learner)
 
     def remove_learner(self, policy_id: str) -> None:
-        super().remove_learner(policy_id)
-        del self.towers[policy_id]
+        with self.lock:
+            super().remove_learner(policy_id)
+            self.towers = {pid: t for pid, t in self.towers.items() if pid != policy_id}
+
+    def _check_master(self, pid, learner: Learner) -> None:
+        if learner.device != self.devices[0]:
+            raise ConfigError(
+                f"the learner{'' if pid is None else f' of policy {pid!r}'} is on {learner.device} but devices[0] is "
+                f"{self.devices[0]}: the master copy must live on the first device."
+            )
 
     # ---- loading (loader threads) ------------------------------------------------------
     def _check_divisible(self, pid, rows: int) -> None:
@@ -324,7 +333,8 @@ class MultiDeviceLearnerThread(LearnerThread):
         for _ in range(self.num_sgd_iter):
             with self.lock, self.timers.time(Phase.LEARNER_GRAD):
                 for pid, shards in stack.shards.items():
-                    self.towers[pid].update(shards, stack.weights[pid], stats[pid])
+                    if pid in self.towers:  # else it left while its batch was loaded
+                        self.towers[pid].update(shards, stack.weights[pid], stats[pid])
                 self.num_updates += 1
             self.yield_to_readers()
         steps = stack.steps

@@ -4,8 +4,9 @@ An algorithm gives a runner batches by policy id and collects typed results; whe
 learning happens is the runner's business. :class:`LearnerRunner` is the protocol:
 
 - ``submit(batches) -> bool``: learn on ``batches`` (``{policy_id: batch}``, one entry for one
-  policy; a batch, or what stands for it, e.g. object references); False: the runner has no
-  room now and took nothing;
+  policy; a batch, or what stands for it, e.g. object references); False: some of them were
+  not taken (a thread or a group takes a round whole or not at all; the league's learners
+  each take theirs or not);
 - ``results(timeout_s=0.0) -> list[LearnerResult]``: the results finished since the last call,
   oldest first, one per policy and batch, each carrying its ``policy_id``;
 - ``get_weights(policy_id)``, ``add_policy(policy_id, learner)`` (its ``PolicyLearner``, or for a
@@ -20,7 +21,9 @@ The placements:
 
 - :class:`LocalRunner`: in the calling thread, at ``submit`` (PPO; DQN and SAC). What each
   algorithm does with a batch (PPO's epochs of minibatches, one replayed SGD step) is its
-  ``learn`` function; the runner is the same for all.
+  ``learn`` function; the runner is the same for all. ``learn`` trains the policy's
+  ``Learner`` (``policy_learner.learner``), not ``PolicyLearner.update``, which would run the
+  post-update phase a second time.
 - :class:`ThreadRunner`: a background learner thread (IMPALA's and APPO's; Ape-X's replay
   learner, whose items are ``Replayed`` batches): ``submit`` offers the batches to its bounded
   queue as one item, ``results`` drains it.
@@ -29,7 +32,7 @@ The placements:
 - :class:`GroupRunner`: a learner group, K data-parallel learner processes of one policy
   (IMPALA, APPO with ``resources.num_learners`` > 1): ``submit`` takes each learner's fragment
   references; the members run the post-update phase on their own measurements and the
-  driver's copy mirrors learner 0's coefficient.
+  driver's copy takes the coefficient they report.
 """
 
 from __future__ import annotations
@@ -86,14 +89,12 @@ class LocalRunner:
         self.learners = dict(learners)
         self.learn = learn
         self._done: list[LearnerResult] = []
-        self.num_updates = 0  # learner results produced (one per policy and batch)
 
     def submit(self, batches: Mapping[PolicyId, Any]) -> bool:
         for pid, batch in batches.items():
             learner = self.learners[pid]
             stats, steps, priorities, replay = self.learn(learner, batch)
             learner.after_update(stats)  # the post-update phase: here, once per result
-            self.num_updates += 1
             self._done.append(LearnerResult(steps, steps, stats, priorities, replay, pid))
         return True
 
@@ -148,6 +149,8 @@ class ThreadRunner:
         for r in self.thread.drain(timeout_s=timeout_s):
             pid = r.policy_id if r.policy_id is not None else self.single_policy
             assert pid is not None, "a multi-policy thread's results name their policy"
+            if pid not in self.learners:
+                continue  # finished just before the policy left
             self.learners[pid].after_update(r.stats)  # the post-update phase, in the driver
             out.append(r._replace(policy_id=pid))
         return out
@@ -162,16 +165,14 @@ class ThreadRunner:
             raise ValueError(
                 f"a single-policy learner thread trains {self.single_policy!r}; it cannot add {policy_id!r}"
             )
-        with self.thread.hold():
-            self.thread.add_learner(policy_id, learner.learner)
-            self.learners[policy_id] = learner
+        self.thread.add_learner(policy_id, learner.learner)  # between two of the thread's steps
+        self.learners[policy_id] = learner
 
     def remove_policy(self, policy_id: PolicyId) -> None:
         if policy_id == self.single_policy or len(self.learners) == 1:
             raise ValueError(f"the learner thread's last policy {policy_id!r} cannot leave it: stop the thread")
-        with self.thread.hold():
-            self.thread.remove_learner(policy_id)
-            del self.learners[policy_id]
+        self.thread.remove_learner(policy_id)  # its batches in flight are skipped, not learned
+        del self.learners[policy_id]
 
     def hold(self) -> AbstractContextManager[Any]:
         return self.thread.hold()
@@ -190,7 +191,7 @@ class GroupRunner:
     hands a round over (False: some learner has no room); ``sampled_steps()`` is the env steps
     sampled so far, what the learners' schedules follow. The members run the post-update phase
     on their own measurements (the averaged gradients keep them equal); the driver's copy of
-    the policy mirrors learner 0's KL coefficient."""
+    the policy takes the coefficient the latest member result reports."""
 
     def __init__(self, group: Any, learners: dict[PolicyId, PolicyLearner], sampled_steps: Callable[[], int]) -> None:
         if len(learners) != 1:
@@ -210,7 +211,7 @@ class GroupRunner:
         out = []
         pl = self.learners[self.policy_id]
         for r in self.group.drain(timeout_s=timeout_s):
-            if "kl_coeff" in r.stats:  # the members moved theirs: the driver's copy follows
+            if "kl_coeff" in r.stats:  # the members moved theirs: the driver's copy takes the latest reported
                 pl.kl.coeff = float(r.stats["kl_coeff"])
             out.append(r._replace(policy_id=self.policy_id))
         return out

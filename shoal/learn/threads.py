@@ -228,7 +228,8 @@ class LearnerThreadBase(BackgroundThread):
     def publish_round(self, steps: Mapping[Any, tuple[int, int]], stats: Mapping[Any, StatsMean]) -> None:
         """One result per policy of a learned batch: its (env steps, agent steps) and mean stats."""
         for pid, (env_steps, agent_steps) in steps.items():
-            self.publish(LearnerResult(env_steps, agent_steps, stats[pid].mean(), policy_id=pid))
+            if pid in stats and stats[pid].values:  # a policy that left before its first pass has none
+                self.publish(LearnerResult(env_steps, agent_steps, stats[pid].mean(), policy_id=pid))
 
     def yield_to_readers(self) -> None:
         """Between two steps: if a reader waits for the lock, drop the GIL so it gets the lock
