@@ -86,6 +86,10 @@ class Batch:
             return len(v)
         return 0
 
+    def valid_rows(self) -> int:
+        """The env steps these rows train on: the rows, less the reset rows sequences keep (``Col.VALID``)."""
+        return int(np.count_nonzero(self.data[Col.VALID])) if Col.VALID in self.data else len(self)
+
     def __getitem__(self, key: str) -> np.ndarray:
         return self.data[key]
 

@@ -31,7 +31,7 @@ from pydantic import Field, field_validator, model_validator
 from shoal.algorithms.base import Algorithm
 from shoal.algorithms.config_groups import PPOLossKeys
 from shoal.algorithms.policies import PolicySet
-from shoal.algorithms.ppo_loss import PPOLoss, gae_postprocess, sgd_sequence_length, transitions
+from shoal.algorithms.ppo_loss import PPOLoss, gae_postprocess, sgd_sequence_length
 from shoal.config import AlgorithmConfig, ResourcesConfig
 from shoal.errors import DivergenceError
 from shoal.learn import Learner, resolve_device
@@ -288,7 +288,7 @@ class DDPPOWorker:
         keep = cfg.keep_local_weights_in_sync and self.rank == 0
         return RoundResult(
             metrics,
-            transitions(batch),
+            batch.valid_rows(),
             stats,
             weights if keep else None,
             rounds=self.rounds,

@@ -46,7 +46,7 @@ import time
 from typing import Any, Callable, Optional
 
 from shoal import runtime
-from shoal.batch import Batch, Col
+from shoal.batch import Batch
 from shoal.learn.distributed import (
     CollectiveError,
     UnionBatchLearner,
@@ -82,7 +82,7 @@ class _GroupThread(LearnerThread):
             self.policy.apply_config(config, set_lr="lr" in keys)
         for learner in self.learners.values():
             learner.set_env_steps(sampled)
-        return batch, int(batch[Col.VALID].sum()) if Col.VALID in batch else len(batch)
+        return batch, batch.valid_rows()
 
 
 class GroupLearner:

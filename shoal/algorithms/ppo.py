@@ -19,7 +19,7 @@ from shoal.algorithms.base import Algorithm
 from shoal.algorithms.config_groups import KLPenaltyKeys, MultiAgentKeys, PPOLossKeys, check_multi_agent
 from shoal.algorithms.multi_agent import sequence_length
 from shoal.algorithms.policies import PolicySet, build_policy_module
-from shoal.algorithms.ppo_loss import PPOLoss, gae_postprocess, sgd_sequence_length, transitions
+from shoal.algorithms.ppo_loss import PPOLoss, gae_postprocess, sgd_sequence_length
 from shoal.batch import Batch, Col
 from shoal.config import AlgorithmConfig
 from shoal.learn import Learner, resolve_device
@@ -164,7 +164,7 @@ class PPO(Algorithm):
         """``num_sgd_iter`` epochs of minibatches (the runner's ``learn``); in a multi-agent game GAE is
         computed here first, from the network that sampled the batch (weights move only between rounds)."""
         cfg = pl.config
-        steps = transitions(batch)
+        steps = batch.valid_rows()
         pl.learner.set_env_steps(self.counters["env_steps_sampled"])
         if self.is_multi_agent:
             batch = learner_side_gae(pl.learner, batch, sequence_length(cfg), cfg.gamma, cfg.gae_lambda)

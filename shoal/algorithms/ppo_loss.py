@@ -183,8 +183,3 @@ def sequence_rows(cols: dict[str, np.ndarray], fragment: Fragment) -> Batch:
 def sgd_sequence_length(config) -> int:
     """Rows per minibatch unit: whole sequences for a recurrent model, single steps otherwise."""
     return config.model.max_seq_len if config.model.is_recurrent() else 1
-
-
-def transitions(batch: Batch) -> int:
-    """Env steps a batch trains on: its rows, less the reset rows that sequences keep."""
-    return int(batch[Col.VALID].sum()) if Col.VALID in batch else len(batch)

@@ -32,7 +32,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from shoal.batch import Batch, Col
+from shoal.batch import Batch
 from shoal.errors import ConfigError
 from shoal.learn.learner import Learner
 from shoal.learn.stats import StatsMean
@@ -40,17 +40,12 @@ from shoal.learn.threads import LearnerThreadBase, wait_get
 from shoal.logging.metrics import Phase, Timers
 
 
-def valid_rows(batch: Batch) -> int:
-    """The env steps a Batch trains on: its rows, less the reset rows that sequences keep (``Col.VALID``)."""
-    return int(batch[Col.VALID].sum()) if Col.VALID in batch else len(batch)
-
-
 def policy_steps(batch, env_steps: int | None = None) -> dict[Any, tuple[int, int]]:
     """Each policy's (env steps, agent steps) in a Batch (policy None) or a ``{policy_id: Batch}``:
     its valid rows and its rows. ``env_steps`` replaces a single Batch's valid-row count."""
     if isinstance(batch, Batch):
-        return {None: (valid_rows(batch) if env_steps is None else int(env_steps), len(batch))}
-    return {pid: (valid_rows(b), len(b)) for pid, b in batch.items()}
+        return {None: (batch.valid_rows() if env_steps is None else int(env_steps), len(batch))}
+    return {pid: (b.valid_rows(), len(b)) for pid, b in batch.items()}
 
 
 def _positive(name: str, value, kind=int) -> None:

@@ -47,10 +47,9 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any, Mapping, Sequence
 
-import numpy as np
 import torch
 
-from shoal.batch import Batch, Col
+from shoal.batch import Batch
 from shoal.errors import ConfigError
 from shoal.learn.learner import Learner
 from shoal.learn.learner_thread import LearnerThread, _positive
@@ -75,7 +74,7 @@ class _TowerView:
 def shard_weights(shards: Sequence[Batch]) -> list[float]:
     """Each shard's share of the batch: of its ``Col.VALID`` rows when the batch has that column
     (losses are masked means over them), else of its rows. Equal shares when nothing is valid."""
-    counts = [float(np.count_nonzero(b[Col.VALID])) if Col.VALID in b else float(len(b)) for b in shards]
+    counts = [float(b.valid_rows()) for b in shards]
     total = sum(counts)
     return [c / total for c in counts] if total > 0 else [1.0 / len(shards)] * len(shards)
 
