@@ -135,7 +135,7 @@ class VirtualHandle:
 
 def install_virtual_actors(hosts: list[Any]) -> None:
     """Make the rollout actor group's actors virtual ones on ``hosts`` (round robin)."""
-    from shoal.algorithms import rollout_group as rg
+    from shoal.framework import rollout_group as rg
     from shoal.runtime.ray_group import RayActorGroup
 
     class VirtualGroup(RayActorGroup):
@@ -209,8 +209,8 @@ def stub_group_learners(rows_per_s: float) -> None:
     """A learner group's learner processes (``--learners`` > 1) consume ``rows_per_s`` rows a second
     between them, training nothing (so they never all-reduce): they still read every fragment
     from the object store and join them into batches, as the real ones do."""
-    from shoal.algorithms import pipeline
-    from shoal.algorithms.learner_group import GroupLearner
+    from shoal.framework import pipeline
+    from shoal.framework.learner_group import GroupLearner
 
     class StubGroupLearner(GroupLearner):
         def __init__(self, config, *args: Any, **kwargs: Any) -> None:

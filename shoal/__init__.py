@@ -44,7 +44,7 @@ _LAZY = {
     "ApeXTD3": ("shoal.algorithms.apex_td3", "ApeXTD3"),
     "AlphaStarConfig": ("shoal.algorithms.alpha_star", "AlphaStarConfig"),
     "AlphaStar": ("shoal.algorithms.alpha_star", "AlphaStar"),
-    "Algorithm": ("shoal.algorithms.base", "Algorithm"),
+    "Algorithm": ("shoal.framework.base", "Algorithm"),
     "Callbacks": ("shoal.callbacks", "Callbacks"),
     "train": ("shoal.app.trainer", "train"),
     "Stop": ("shoal.app.trainer", "Stop"),

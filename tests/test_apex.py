@@ -205,7 +205,7 @@ def test_replay_ratio_holds_the_training_intensity(case):
 
 def test_a_checkpoint_keeps_the_owed_replay_work(tmp_path):
     """Requests owed, in flight or queued at save time are owed again by the restored run."""
-    from shoal.algorithms.base import Algorithm
+    from shoal.framework.base import Algorithm
 
     algo = in_process_config(learner_queue_size=8).build()
     try:

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from shoal import checkpoint as ckpt
-from shoal.algorithms.base import Algorithm
 from shoal.algorithms.ppo import PPO, PPOConfig
 from shoal.errors import CheckpointError
+from shoal.framework.base import Algorithm
 
 torch.set_num_threads(1)
 

@@ -136,7 +136,7 @@ def test_evaluate_weights_of_another_algorithm_is_a_clear_error(run, tmp_path):
 
 def test_apex_learner_updates_continue_after_a_restore(tmp_path):
     from shoal.algorithms.apex import ApeXConfig
-    from shoal.algorithms.base import Algorithm
+    from shoal.framework.base import Algorithm
 
     cfg = ApeXConfig(
         env="CartPole-v1",

@@ -477,8 +477,8 @@ def test_a_checkpoint_saved_with_keys_now_unused_still_loads(tmp_path):
     """A config written before keys were declared unused (they never had an effect) is read without them."""
     import json
 
-    from shoal.algorithms.base import Algorithm
     from shoal.algorithms.dqn import DQNConfig
+    from shoal.framework.base import Algorithm
 
     c = DQNConfig(
         env="CartPole-v1",

@@ -237,7 +237,7 @@ def test_workers_poll_for_the_all_reduce_only_with_a_cpu_of_their_own():
 # ---- on local Ray ------------------------------------------------------------------------------
 @pytest.mark.ray
 def test_replicas_stay_identical_and_a_checkpoint_restores_them(ray_cluster, tmp_path):
-    from shoal.algorithms.base import Algorithm
+    from shoal.framework.base import Algorithm
 
     algo = DDPPOConfig(**SMALL, seed=1).build()
     try:

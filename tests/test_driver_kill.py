@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from shoal import checkpoint as ckpt
-from shoal.algorithms.base import Algorithm
 from shoal.app.resume_point import newest_intact_checkpoint
 from shoal.app.trainer import resume
+from shoal.framework.base import Algorithm
 
 REPO = Path(__file__).resolve().parent.parent
 PPO_ARGS = [

@@ -121,7 +121,7 @@ def test_two_learners_take_the_step_one_learner_takes_on_the_union_batch(ray_clu
     import ray
     import union_batch_helpers as ub
 
-    from shoal.algorithms.learner_group import GroupLearner, LearnerGroup
+    from shoal.framework.learner_group import GroupLearner, LearnerGroup
     from shoal.runtime import make_actor_group
 
     cfg = ub.make_config("appo")
@@ -250,7 +250,7 @@ def test_a_member_counts_valid_rows_as_trained_steps_and_learns_an_empty_batch_w
     a step (its result trains 0 steps and the weights stay), so replicas keep step in a group."""
     import union_batch_helpers as ub
 
-    from shoal.algorithms.learner_group import _GroupThread
+    from shoal.framework.learner_group import _GroupThread
     from shoal.learn.distributed import UnionBatchLearner
 
     cfg = ub.make_config("appo")

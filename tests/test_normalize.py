@@ -105,7 +105,7 @@ def trained(tmp_path, **extra):
 
 def test_checkpoint_round_trip_and_frozen_evaluation(tmp_path):
     from shoal import load_policy
-    from shoal.algorithms.base import Algorithm
+    from shoal.framework.base import Algorithm
 
     algo, path = trained(tmp_path)
     try:

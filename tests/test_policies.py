@@ -8,11 +8,11 @@ import queue
 import numpy as np
 import pytest
 
-from shoal.algorithms.pipeline import AsyncPipeline
-from shoal.algorithms.policies import DEFAULT_POLICY, PolicySet
 from shoal.batch import Batch, Col
+from shoal.framework.pipeline import AsyncPipeline
+from shoal.framework.policies import DEFAULT_POLICY, PolicySet
+from shoal.framework.runner import ThreadRunner
 from shoal.learn.learner_thread import policy_steps
-from shoal.learn.runner import ThreadRunner
 
 
 class _Learner:

@@ -38,7 +38,7 @@ policy.close()
     assert p.returncode == 0, p.stderr[-3000:]
     got = np.load(tmp_path / "out.npy")
     # the same answers from the algorithm restored the usual way
-    from shoal.algorithms.base import Algorithm
+    from shoal.framework.base import Algorithm
 
     algo = Algorithm.from_checkpoint(summary.best_checkpoint)
     try:
@@ -57,7 +57,7 @@ def test_load_policy_of_an_apex_run_builds_the_q_network_only(tmp_path, monkeypa
     import shoal
     from shoal import ApeXConfig
     from shoal.algorithms import dqn
-    from shoal.algorithms.base import Algorithm
+    from shoal.framework.base import Algorithm
 
     cfg = ApeXConfig(
         env="CartPole-v1",

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from shoal.batch import Col
-from shoal.learn.runner import Learned, LocalRunner
+from shoal.framework.runner import Learned, LocalRunner
 from shoal.learn.threads import ReplayTag
 
 
@@ -139,8 +139,8 @@ def _results(runner, n: int) -> list:
 
 
 def test_a_thread_runner_reports_each_policy_and_runs_its_post_update_phase_in_the_driver():
+    from shoal.framework.runner import ThreadRunner
     from shoal.learn.learner_thread import LearnerThread
-    from shoal.learn.runner import ThreadRunner
 
     a, b = _Policy("a", 0), _Policy("b", 1)
     thread = LearnerThread({"a": a.learner, "b": b.learner})
@@ -168,8 +168,8 @@ def test_a_thread_runner_reports_each_policy_and_runs_its_post_update_phase_in_t
 
 
 def test_a_single_policy_thread_runner_names_its_policy():
+    from shoal.framework.runner import ThreadRunner
     from shoal.learn.learner_thread import LearnerThread
-    from shoal.learn.runner import ThreadRunner
 
     p = _Policy("p", 0)
     runner = ThreadRunner(LearnerThread(p.learner), {"default": p})
@@ -213,7 +213,7 @@ class _Group:
 
 
 def test_a_group_runner_hands_rounds_over_and_mirrors_the_members_kl_coefficient():
-    from shoal.learn.runner import GroupRunner
+    from shoal.framework.runner import GroupRunner
 
     class _KL:
         coeff = 1.0
@@ -259,8 +259,8 @@ class _Shards:
 
 
 def test_a_shard_runner_asks_each_learner_to_learn_and_returns_their_weights():
+    from shoal.framework.runner import RemoteLearner, ShardRunner
     from shoal.learn.policy_learner import LearnerOutput
-    from shoal.learn.runner import RemoteLearner, ShardRunner
 
     shards = _Shards()
     runner = ShardRunner(shards)
@@ -283,8 +283,8 @@ def test_a_policy_that_leaves_a_running_thread_mid_batch_is_skipped_not_a_crash(
     with the others, and no result names the policy that left after it left."""
     import time
 
+    from shoal.framework.runner import ThreadRunner
     from shoal.learn.learner_thread import LearnerThread
-    from shoal.learn.runner import ThreadRunner
 
     a, b = _Policy("a", 0), _Policy("b", 1)
     thread = LearnerThread({"a": a.learner, "b": b.learner}, num_sgd_iter=3)

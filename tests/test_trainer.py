@@ -122,7 +122,7 @@ def two_iteration_run(tmp_path):
 
 def forbid_building(monkeypatch):
     """Any attempt to restore (build) the algorithm fails the test: an already-met run starts nothing."""
-    from shoal.algorithms.base import Algorithm
+    from shoal.framework.base import Algorithm
 
     def fail(*a, **k):
         raise AssertionError("resume built the algorithm although its stop criterion was already met")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shoal.algorithms.weights_publisher import WeightsPublisher
+from shoal.framework.weights_publisher import WeightsPublisher
 from shoal.runtime import make_actor_group
 
 

@@ -32,25 +32,19 @@ import torch
 from pydantic import Field, model_validator
 
 from shoal.algorithms.alpha_star_learner import APPOPolicyLearner
-from shoal.algorithms.base import Algorithm
-from shoal.algorithms.config_groups import (
-    AsyncSamplingKeys,
-    ClipTargetKeys,
-    KLPenaltyKeys,
-    VTraceKeys,
-    check_kl_against_target,
-    check_whole_sequences,
-)
 from shoal.algorithms.league_evaluator import LeagueEvaluator
-from shoal.algorithms.pipeline import WAIT_S
-from shoal.algorithms.weights_publisher import WeightsPublisher
+from shoal.algorithms.loss_keys import ClipTargetKeys, KLPenaltyKeys, VTraceKeys, check_kl_against_target
 from shoal.config import AlgorithmConfig, EnvSpec, EvaluationConfig, ResourcesConfig
 from shoal.envs.multi_agent import make_multi_agent_env
 from shoal.errors import ConfigError, EnvError
+from shoal.framework.base import Algorithm
+from shoal.framework.config_groups import AsyncSamplingKeys, check_whole_sequences
+from shoal.framework.pipeline import WAIT_S
+from shoal.framework.runner import RemoteLearner, ShardRunner
+from shoal.framework.weights_publisher import WeightsPublisher
 from shoal.league import LeagueChanges, make_league_builder
 from shoal.league.builder import MatchResult
 from shoal.learn.distributed_learners import DistributedLearners, shard_plan, shard_sizes
-from shoal.learn.runner import RemoteLearner, ShardRunner
 from shoal.logging.metrics import Phase
 from shoal.models import build_actor_critic
 from shoal.replay import BatchReplay
@@ -92,7 +86,7 @@ _NO_LEARNER_QUEUE = (
 
 
 class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, AlgorithmConfig):
-    """APPO's groups (config_groups.py) but the learner thread's, plus the league; APPO's learner-thread
+    """APPO's key groups but the learner thread's, plus the league; APPO's learner-thread
     keys are refused with the reason (``unused_keys``)."""
 
     algo = "alpha_star"

@@ -35,8 +35,6 @@ from typing import Any, ClassVar, Union
 import numpy as np
 from pydantic import Field
 
-from shoal.algorithms.base import Algorithm
-from shoal.algorithms.policies import DEFAULT_POLICY
 from shoal.algorithms.replay_loop import (
     check_replay_fits,
     learn_on_replay_tensors,
@@ -48,8 +46,10 @@ from shoal.algorithms.replay_loop import (
 from shoal.batch import Col
 from shoal.config import AlgorithmConfig, ResourcesConfig, Section
 from shoal.errors import ConfigError, NodeResourceError
+from shoal.framework.base import Algorithm
+from shoal.framework.policies import DEFAULT_POLICY
+from shoal.framework.runner import ThreadRunner
 from shoal.learn.replay_learner import Replayed, ReplayLearnerThread
-from shoal.learn.runner import ThreadRunner
 from shoal.learn.threads import LearnerResult
 from shoal.logging.metrics import EpisodeWindow, Phase
 from shoal.replay.storage import lz4_block

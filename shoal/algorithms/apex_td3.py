@@ -33,11 +33,11 @@ from pydantic import Field
 from torch import nn
 
 from shoal.algorithms.apex_pipeline import ApeXKeys, ApeXPipeline, ApeXResourcesConfig
-from shoal.algorithms.config_groups import ReplayKeys
 from shoal.algorithms.continuous import _ACT, BoxPolicy, ContinuousModelConfig, action_dim, check_box_spaces
-from shoal.algorithms.policies import build_policy_module
+from shoal.algorithms.replay_loop import ReplayKeys
 from shoal.batch import Col
 from shoal.config import AlgorithmConfig
+from shoal.framework.policies import build_policy_module
 from shoal.learn import resolve_device
 from shoal.learn.losses import LossRecord
 from shoal.learn.policy_learner import PolicyLearner

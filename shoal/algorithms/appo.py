@@ -2,7 +2,7 @@
 
 Reads in order: config, training_step; the loss is in ``appo_loss.py`` (shared with the
 league's policy learner). APPO reuses IMPALA's functions (sequences, the
-learner and its thread) and the :class:`~shoal.algorithms.pipeline.AsyncPipeline`, not
+learner and its thread) and the :class:`~shoal.framework.pipeline.AsyncPipeline`, not
 IMPALA's class.
 
 The design, kept simple:
@@ -33,23 +33,20 @@ from typing import Any, Optional
 from pydantic import Field, model_validator
 
 from shoal.algorithms.appo_loss import APPOLoss
-from shoal.algorithms.config_groups import (
+from shoal.algorithms.loss_keys import ClipTargetKeys, KLPenaltyKeys, VTraceKeys, check_kl_against_target
+from shoal.config import AlgorithmConfig
+from shoal.framework.config_groups import (
     ASYNC_PER_RUN_KEYS,
     AsyncSamplingKeys,
-    ClipTargetKeys,
-    KLPenaltyKeys,
     LearnerGroupResources,
     LearnerThreadKeys,
     MultiAgentKeys,
-    VTraceKeys,
-    check_kl_against_target,
     check_learner_group,
     check_learner_thread,
     check_multi_agent,
     check_whole_sequences,
 )
-from shoal.algorithms.pipeline import AsyncAlgorithm, make_async_policy_learner
-from shoal.config import AlgorithmConfig
+from shoal.framework.pipeline import AsyncAlgorithm, make_async_policy_learner
 from shoal.logging.metrics import Phase
 
 

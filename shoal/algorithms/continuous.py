@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from shoal.algorithms.policies import build_policy_module
 from shoal.config import ModelConfig
 from shoal.errors import ConfigError
+from shoal.framework.policies import build_policy_module
 from shoal.models.catalog import ACTIVATION_FNS
 from shoal.models.weights import load_numpy_weights, weights_to_numpy
 from shoal.rollout.policies import InferencePolicy

@@ -28,12 +28,12 @@ from typing import Any, ClassVar, Optional, Union, cast
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
-from shoal.algorithms.base import Algorithm
-from shoal.algorithms.config_groups import PPOLossKeys
-from shoal.algorithms.policies import PolicySet
+from shoal.algorithms.loss_keys import PPOLossKeys
 from shoal.algorithms.ppo_loss import PPOLoss, gae_postprocess, sgd_sequence_length
 from shoal.config import AlgorithmConfig, ResourcesConfig
 from shoal.errors import DivergenceError
+from shoal.framework.base import Algorithm
+from shoal.framework.policies import PolicySet
 from shoal.learn import Learner, resolve_device
 from shoal.learn.distributed import (
     BACKENDS,

@@ -2,9 +2,9 @@
 
 Reads in order: config, loss, the learner, training_step. The asynchronous data path
 (sample requests in flight, train-batch assembly, the learner thread's results, the
-broadcast schedule) is an :class:`~shoal.algorithms.pipeline.AsyncPipeline` that owns its
-state; ``training_step`` calls its phases in order. APPO builds the same parts (pipeline.py)
-and unrolls the same sequences (:mod:`shoal.learn.sequences`).
+broadcast schedule) is an :class:`~shoal.framework.pipeline.AsyncPipeline` that owns its
+state; ``training_step`` calls its phases in order. APPO builds the same parts (from
+:mod:`shoal.framework.pipeline`) and unrolls the same sequences (:mod:`shoal.learn.sequences`).
 
 Rollout actors return their fragments time-major, one sequence of ``T =
 rollout_fragment_length`` steps per env, laid out sequence after sequence (rows = sequences
@@ -21,21 +21,21 @@ from typing import Any, Optional
 import torch
 from pydantic import Field, model_validator
 
-from shoal.algorithms.config_groups import (
+from shoal.algorithms.loss_keys import VTraceKeys
+from shoal.batch import Col
+from shoal.config import AlgorithmConfig
+from shoal.framework.config_groups import (
     ASYNC_PER_RUN_KEYS,
     AsyncSamplingKeys,
     LearnerGroupResources,
     LearnerThreadKeys,
     MultiAgentKeys,
-    VTraceKeys,
     check_learner_group,
     check_learner_thread,
     check_multi_agent,
     check_whole_sequences,
 )
-from shoal.algorithms.pipeline import AsyncAlgorithm, make_async_policy_learner
-from shoal.batch import Col
-from shoal.config import AlgorithmConfig
+from shoal.framework.pipeline import AsyncAlgorithm, make_async_policy_learner
 from shoal.learn.losses import LossRecord
 from shoal.learn.masking import ActionMasked
 from shoal.learn.sequences import VTraceParams, policy_advantages, unroll, value_and_entropy, vtrace_for
@@ -45,7 +45,7 @@ from shoal.logging.metrics import Phase
 
 # ---- config -----------------------------------------------------------------------------
 class IMPALAConfig(VTraceKeys, AsyncSamplingKeys, LearnerThreadKeys, MultiAgentKeys, AlgorithmConfig):
-    """AlgorithmConfig + V-trace + asynchronous sampling + the learner thread (config_groups.py)."""
+    """AlgorithmConfig + V-trace + asynchronous sampling + the learner thread (key groups)."""
 
     algo = "impala"
     mutable_keys = AlgorithmConfig.mutable_keys | {"vf_loss_coeff", "entropy_coeff"}

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 import torch
 
-from shoal.algorithms.evaluator import Evaluator
 from shoal.envs.multi_agent import make_scripted_player
 from shoal.errors import ConfigError, EnvError
+from shoal.framework.evaluator import Evaluator
 from shoal.models import build_actor_critic
 from shoal.rollout.multi_agent import MultiAgentEnvRunner
 from shoal.seeding import EVAL_RUNNER_INDEX

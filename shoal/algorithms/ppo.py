@@ -15,17 +15,18 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from shoal.algorithms.base import Algorithm
-from shoal.algorithms.config_groups import KLPenaltyKeys, MultiAgentKeys, PPOLossKeys, check_multi_agent
-from shoal.algorithms.multi_agent import sequence_length
-from shoal.algorithms.policies import PolicySet, build_policy_module
+from shoal.algorithms.loss_keys import KLPenaltyKeys, PPOLossKeys
 from shoal.algorithms.ppo_loss import PPOLoss, gae_postprocess, sgd_sequence_length
 from shoal.batch import Batch, Col
 from shoal.config import AlgorithmConfig
+from shoal.framework.base import Algorithm
+from shoal.framework.config_groups import MultiAgentKeys, check_multi_agent
+from shoal.framework.multi_agent import sequence_length
+from shoal.framework.policies import PolicySet, build_policy_module
+from shoal.framework.runner import Learned
 from shoal.learn import Learner, resolve_device
 from shoal.learn.masking import ActionMasked
 from shoal.learn.policy_learner import PolicyLearner
-from shoal.learn.runner import Learned
 from shoal.learn.target import KLAdaptiveLR
 from shoal.logging.metrics import Phase
 from shoal.models import build_actor_critic
@@ -35,7 +36,7 @@ from shoal.rollout import ActorCriticPolicy, compute_gae
 
 # ---- config -----------------------------------------------------------------------------
 class PPOConfig(PPOLossKeys, KLPenaltyKeys, MultiAgentKeys, AlgorithmConfig):
-    """AlgorithmConfig + PPO's loss and SGD keys + the adaptive KL penalty (config_groups.py)."""
+    """AlgorithmConfig + PPO's loss and SGD keys + the adaptive KL penalty (``loss_keys.py``)."""
 
     algo = "ppo"
     mutable_keys = AlgorithmConfig.mutable_keys | {

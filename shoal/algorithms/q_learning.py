@@ -27,11 +27,11 @@ from pydantic import Field, model_validator
 from torch import nn
 from torch.nn import functional as F
 
-from shoal.algorithms.config_groups import ReplayKeys, check_replay_start
-from shoal.algorithms.policies import build_policy_module
+from shoal.algorithms.replay_loop import ReplayKeys, check_replay_start
 from shoal.batch import Col
 from shoal.config import AlgorithmConfig, ModelConfig
 from shoal.errors import ConfigError
+from shoal.framework.policies import build_policy_module
 from shoal.learn import resolve_device
 from shoal.learn.losses import LossRecord
 from shoal.learn.policy_learner import PolicyLearner

@@ -1,6 +1,7 @@
-"""What the replay algorithms share (DQN, SAC, Ape-X DQN, Ape-X TD3): worker-side n-step
-postprocessing, sizing and building a replay, one SGD step on a replayed batch, and
-:class:`ReplayAlgorithm`, the synchronous loop around a replay in the driver (DQN, SAC).
+"""What the replay algorithms share (DQN, SAC, Ape-X DQN, Ape-X TD3): the replay's config keys
+(:class:`ReplayKeys`), worker-side n-step postprocessing, sizing and building a replay, one SGD
+step on a replayed batch, and :class:`ReplayAlgorithm`, the synchronous loop around a replay in
+the driver (DQN, SAC).
 
 n-step returns are computed on the rollout worker (:func:`n_step_postprocess`), never across an
 episode end; a truncated episode bootstraps from its final observation.
@@ -9,24 +10,66 @@ episode end; a truncated episode bootstraps from its final observation.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
 import torch
+from pydantic import Field
 
-from shoal.algorithms.base import Algorithm
-from shoal.algorithms.config_groups import ReplayKeys
-from shoal.algorithms.policies import DEFAULT_POLICY, PolicySet
 from shoal.batch import Batch, Col
+from shoal.config import Section
+from shoal.framework.base import Algorithm
+from shoal.framework.policies import DEFAULT_POLICY, PolicySet
+from shoal.framework.runner import Learned, LocalRunner
 from shoal.learn import Learner
 from shoal.learn.loading import copy_to_device
 from shoal.learn.policy_learner import PolicyLearner
-from shoal.learn.runner import Learned, LocalRunner
 from shoal.learn.target import TargetNetwork
 from shoal.learn.threads import ReplayTag
 from shoal.rollout import Fragment, flatten_valid
 from shoal.rollout.postprocessing import n_step_targets, q_td_errors
+
+
+# ---- config ------------------------------------------------------------------------------
+class ReplayKeys(Section):
+    """A replay buffer of single transitions, uniform or prioritized (DQN, Ape-X, SAC)."""
+
+    replay_capacity: int = Field(50_000, ge=1, description="Transitions the replay buffer holds.")
+    replay_compression: Literal["auto", "lz4", "none"] = Field(
+        "auto",
+        description="auto compresses uint8 observation columns of at least 1 KiB per row with lz4 (e.g. "
+        "stacked Atari frames; needs pip install -e '.[atari]'); lz4 compresses every uint8 observation column; "
+        "none keeps raw rows.",
+    )
+    prioritized_replay: bool = Field(True, description="Sample by TD-error priority; false: uniformly.")
+    prioritized_replay_alpha: float = Field(0.6, ge=0, description="Priority exponent: 0 is uniform.")
+    prioritized_replay_beta: float = Field(0.4, ge=0, le=1, description="Initial importance-weight exponent.")
+    final_prioritized_replay_beta: float = Field(
+        1.0, ge=0, le=1, description="Importance-weight exponent reached at the end of its annealing."
+    )
+    beta_annealing_steps: int = Field(
+        100_000, ge=1, description="Sampled env steps over which beta goes to its final value."
+    )
+    prioritized_replay_eps: float = Field(1e-6, gt=0, description="Added to |TD error| so no priority is 0.")
+    learning_starts: int = Field(1000, ge=0, description="Sampled env steps before learning begins.")
+    checkpoint_replay: bool = Field(False, description="Save the replay contents with each checkpoint (can be large).")
+
+    def beta(self, env_steps: float) -> float:
+        """The importance-weight exponent after ``env_steps`` sampled steps (annealed linearly)."""
+        from shoal.schedule import linear_schedule
+
+        return linear_schedule(
+            self.prioritized_replay_beta, self.final_prioritized_replay_beta, self.beta_annealing_steps
+        )(env_steps)
+
+
+def check_replay_start(config) -> None:
+    """Learning cannot wait for more transitions than the replay holds."""
+    if config.learning_starts > config.replay_capacity:
+        raise ValueError(
+            f"learning_starts ({config.learning_starts}) exceeds replay_capacity ({config.replay_capacity})"
+        )
 
 
 # ---- worker side ------------------------------------------------------------------------

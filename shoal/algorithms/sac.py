@@ -33,12 +33,18 @@ from pydantic import Field, model_validator
 from torch import nn
 from torch.nn import functional as F
 
-from shoal.algorithms.config_groups import ReplayKeys, check_replay_start
 from shoal.algorithms.continuous import _ACT, BoxPolicy, ContinuousModelConfig, action_dim, check_box_spaces
-from shoal.algorithms.policies import build_policy_module
-from shoal.algorithms.replay_loop import ReplayAlgorithm, check_replay_fits, make_replay, n_step_postprocess
+from shoal.algorithms.replay_loop import (
+    ReplayAlgorithm,
+    ReplayKeys,
+    check_replay_fits,
+    check_replay_start,
+    make_replay,
+    n_step_postprocess,
+)
 from shoal.batch import Col
 from shoal.config import AlgorithmConfig
+from shoal.framework.policies import build_policy_module
 from shoal.learn import resolve_device
 from shoal.learn.losses import LossRecord
 from shoal.learn.policy_learner import PolicyLearner

@@ -103,10 +103,10 @@ def _reward_threshold(cfg) -> Optional[float]:
     """
     import gymnasium as gym
 
-    from shoal.algorithms.base import Algorithm
-    from shoal.algorithms.env_checks import EnvBuildTimeout, driver_build_time_limit
     from shoal.envs import env_info
     from shoal.envs.atari import is_ale_id
+    from shoal.framework.base import Algorithm
+    from shoal.framework.env_checks import EnvBuildTimeout, driver_build_time_limit
 
     if isinstance(cfg.env, str) and cfg.env in gym.envs.registry and not is_ale_id(cfg.env):
         return gym.spec(cfg.env).reward_threshold

@@ -5,7 +5,7 @@
 
 Only the policy network is built, in this process, from the checkpoint's config and weights:
 no learner, no optimizer, no replay buffer, no thread and nothing of Ray. It acts as
-:meth:`~shoal.algorithms.base.Algorithm.predict` does (both call
+:meth:`~shoal.framework.base.Algorithm.predict` does (both call
 :func:`shoal.rollout.policies.predict_actions`).
 """
 
@@ -84,8 +84,8 @@ def load_policy(
     ``trust=True`` imports the code the checkpoint's config names (an env factory, a custom model)
     even when the checkpoint is not signed with your key, i.e. was not written by you on this
     machine; leave it False for a run directory from elsewhere (see :mod:`shoal.trust`)."""
-    from shoal.algorithms.checkpointing import checkpoint_config_data, saved_norm_stats
-    from shoal.algorithms.env_checks import describe_gym_env
+    from shoal.framework.checkpointing import checkpoint_config_data, saved_norm_stats
+    from shoal.framework.env_checks import describe_gym_env
     from shoal.trust import import_gate
 
     opened = ckpt.open_checkpoint(path, prefer="best")

@@ -60,7 +60,7 @@ def _check_changes(path: Path, changes: dict[str, Any]) -> None:
 
 def _check_overrides(path: Path, overrides: dict[str, Any], trust: bool) -> None:
     """A ConfigError now if ``overrides`` do not fit the checkpoint's config (e.g. a negative worker count)."""
-    from shoal.algorithms.checkpointing import checkpoint_config_data
+    from shoal.framework.checkpointing import checkpoint_config_data
     from shoal.trust import import_gate
 
     config_cls, _, data, approved = checkpoint_config_data(path, overrides, trust)

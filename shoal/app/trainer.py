@@ -306,7 +306,7 @@ def _resume_locked(
     changes: dict[str, Any],
     no_stop_reward: bool = False,
 ) -> TrainSummary:
-    from shoal.algorithms.base import Algorithm
+    from shoal.framework.base import Algorithm
 
     settings = _run_settings(run_dir)
     given = _as_stop(stop)  # a bad value is an error before anything is read further or changed
@@ -359,6 +359,6 @@ def load(path: str | Path | ckpt.OpenedCheckpoint, **kwargs: Any):
     Keyword arguments go to ``Algorithm.from_checkpoint``: ``overrides`` (a nested dict
     merged into the saved config) and top-level config keys such as ``env=my_callable``.
     """
-    from shoal.algorithms.base import Algorithm
+    from shoal.framework.base import Algorithm
 
     return Algorithm.from_checkpoint(ckpt.open_checkpoint(path, prefer="best"), **kwargs)

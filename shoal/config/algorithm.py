@@ -26,7 +26,7 @@ from shoal.files import redact_secrets
 from shoal.seeding import MAX_SEED
 
 if TYPE_CHECKING:
-    from shoal.algorithms.base import Algorithm
+    from shoal.framework.base import Algorithm
 
 
 class AlgorithmConfig(Section):
@@ -53,7 +53,7 @@ class AlgorithmConfig(Section):
     the class's: applied when the run is built (:meth:`for_env`) to the keys the config leaves
     unset, and shown beside the plain defaults by ``shoal config``."""
     algorithm_cls: ClassVar[Optional[type[Algorithm]]] = None
-    """The :class:`~shoal.algorithms.base.Algorithm` subclass that ``build()`` makes. An algorithm
+    """The :class:`~shoal.framework.base.Algorithm` subclass that ``build()`` makes. An algorithm
     class that names this class as its ``config_cls`` sets it when it is defined, so importing
     an algorithm's module (as the registry does to find its config class) registers it."""
     model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)

@@ -1,7 +1,7 @@
 """The Ape-X learner thread: learns on replayed batches in the background.
 
 The driver offers :class:`Replayed` batches through ``add()`` without blocking (through a
-:class:`~shoal.learn.runner.ThreadRunner`, which reports each result under the policy's id). With a
+:class:`~shoal.framework.runner.ThreadRunner`, which reports each result under the policy's id). With a
 ``load_fn``, a loader thread takes them from that queue, moves each batch onto the learner's
 device (:func:`~shoal.learn.loading.copy_to_device`: pinned memory and a copy stream on CUDA) and
 keeps up to ``prefetch`` of them ready, so the learning thread finds its next batch on the device

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from shoal.batch import Batch
+from shoal.framework.runner import LearnFn, LocalRunner
 from shoal.learn.policy_learner import PolicyLearner
-from shoal.learn.runner import LearnFn, LocalRunner
 
 DEFAULT_POLICY = "default"
 
@@ -50,8 +50,8 @@ class PolicySet:
     @classmethod
     def for_agents(cls, config, agents, build: BuildLearner) -> "PolicySet":
         """One policy per id of the ``multi_agent`` section, each on the spaces of the agent it plays
-        (``agents``: :class:`~shoal.algorithms.multi_agent.Agents`) with its own seed."""
-        from shoal.algorithms.config_groups import policy_config
+        (``agents``: :class:`~shoal.framework.multi_agent.Agents`) with its own seed."""
+        from shoal.framework.config_groups import policy_config
 
         ma = config.multi_agent
         trained = set(ma.trained())
@@ -137,7 +137,7 @@ class PolicySet:
     def apply_config(self, config, changes: Iterable[str]) -> None:
         """``update_config``'s changes, applied to each learning policy; a policy's own overrides still win."""
         if self.multi:
-            from shoal.algorithms.config_groups import policy_config
+            from shoal.framework.config_groups import policy_config
 
             self.configs = {pid: policy_config(config, pid) for pid in self.configs}
         else:

@@ -12,7 +12,7 @@ from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
 from shoal.runtime.placement import DRIVER, BundleGroup
 
 if TYPE_CHECKING:
-    from shoal.algorithms.base import Algorithm
+    from shoal.framework.base import Algorithm
 
 
 def base_resource_plan(config: AlgorithmConfig) -> list[BundleGroup]:

@@ -225,7 +225,7 @@ class GroupLearner:
 
 # ---- the driver's side ---------------------------------------------------------------------------
 class LearnerGroup:
-    """The K learner processes as the driver sees them: what :class:`~shoal.algorithms.pipeline.AsyncPipeline`
+    """The K learner processes as the driver sees them: what :class:`~shoal.framework.pipeline.AsyncPipeline`
     asks of a learner thread (start, add, drain, num_updates, check, stats, stop), with rounds of
     fragment references for batches.
 

@@ -8,7 +8,7 @@ from shoal.errors import ConfigError
 from shoal.learn.losses import LossRecord
 
 if TYPE_CHECKING:
-    from shoal.algorithms.base import Algorithm
+    from shoal.framework.base import Algorithm
 
 
 def apply_config_changes(algo: "Algorithm", changes: dict[str, Any]) -> None:

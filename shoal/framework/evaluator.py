@@ -21,7 +21,7 @@ from shoal.runtime import make_actor_group
 from shoal.seeding import EVAL_ACTORS_FIRST_INDEX, EVAL_RUNNER_INDEX
 
 if TYPE_CHECKING:
-    from shoal.algorithms.base import Algorithm
+    from shoal.framework.base import Algorithm
 
 
 class Evaluator:

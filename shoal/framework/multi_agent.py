@@ -1,7 +1,7 @@
 """The ``multi_agent`` section of PPO, IMPALA and APPO: a PettingZoo env and its agents.
 
 ``PPOConfig(env="pettingzoo.classic:rps_v2", multi_agent={...}).build()`` is the same PPO class
-as a single-agent run: the algorithm holds a :class:`~shoal.algorithms.policies.PolicySet` of
+as a single-agent run: the algorithm holds a :class:`~shoal.framework.policies.PolicySet` of
 several policies instead of one, and its rollout actors are the multi-agent runner. The data
 flow:
 

@@ -1,4 +1,6 @@
-"""Groups of config keys that several algorithms share, composed into flat configs.
+"""Groups of config keys the framework reads, composed into flat configs: the ``multi_agent``
+section (the policies a :class:`~shoal.framework.policies.PolicySet` trains) and the asynchronous
+pipeline's sampling, learner thread and learner group (IMPALA, APPO, AlphaStar).
 
 An algorithm's config is :class:`~shoal.config.AlgorithmConfig` plus the groups it uses,
 listed as bases (``class APPOConfig(VTraceKeys, AsyncSamplingKeys, ..., AlgorithmConfig)``):
@@ -6,7 +8,8 @@ the keys stay flat (``vtrace_lambda``, not ``vtrace.lambda``) and no algorithm's
 inherits another's. A group holds fields and the helpers that read them; it declares no
 validator. The checks that span groups are plain functions here, which each config calls
 from its own, distinctly named validator, so a check never depends on which same-named
-validator pydantic keeps.
+validator pydantic keeps. The groups of the algorithms' own losses are in
+:mod:`shoal.algorithms.loss_keys`, the replay's in :mod:`shoal.algorithms.replay_loop`.
 
 A config includes only the groups it uses. Where a user may expect a sibling's keys (AlphaStar's
 learners are not APPO's learner thread; DD-PPO has no KL penalty), the config lists them in
@@ -15,33 +18,13 @@ learners are not APPO's learner thread; DD-PPO has no KL penalty), the config li
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from pydantic import Field, model_validator
 
-from shoal.config import EntropySchedule, ResourcesConfig, Section
+from shoal.config import ResourcesConfig, Section
 
 DEFAULT_SEQUENCE_LENGTH = 50  # V-trace's T when rollout_fragment_length is "auto"
-
-
-class VTraceKeys(Section):
-    """V-trace and the actor-critic loss weights (IMPALA, APPO, AlphaStar)."""
-
-    vtrace_clip_rho_threshold: Optional[float] = Field(
-        1.0, gt=0, description="V-trace rho-bar; None disables the clip."
-    )
-    vtrace_clip_pg_rho_threshold: Optional[float] = Field(
-        1.0, gt=0, description="V-trace pg-rho-bar; None disables the clip."
-    )
-    vtrace_lambda: float = Field(
-        1.0, gt=0, le=1, description="V-trace's lambda: scales the traces c_t (1: the paper's main form)."
-    )
-    vf_loss_coeff: float = Field(0.5, ge=0, description="Weight of the value loss.")
-    entropy_coeff: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
-    entropy_coeff_schedule: EntropySchedule = None
-    normalize_advantages: bool = Field(
-        False, description="Standardize the V-trace advantages over each learner batch's valid steps (as PPO does)."
-    )
 
 
 class AsyncSamplingKeys(Section):
@@ -146,37 +129,6 @@ class LearnerThreadKeys(Section):
         return [f"cuda:{i}" for i in range(n)]
 
 
-class ClipTargetKeys(Section):
-    """APPO's clipped surrogate against a target network (APPO, AlphaStar)."""
-
-    clip_param: float = Field(0.4, gt=0, description="Clip of the ratio pi / pi_target in the surrogate.")
-    target_update_frequency: int = Field(4, ge=1, description="Learner updates between target-network refreshes.")
-
-
-class PPOLossKeys(Section):
-    """PPO's surrogate, value loss and SGD schedule (PPO, DD-PPO)."""
-
-    gae_lambda: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda.")
-    minibatch_size: int = Field(256, ge=1, description="Rows per SGD minibatch.")
-    num_sgd_iter: int = Field(10, ge=1, description="Epochs over each train batch.")
-    clip_param: float = Field(0.2, gt=0, description="PPO ratio clip epsilon.")
-    vf_clip_param: Optional[float] = Field(
-        None, gt=0, description="PPO2-style value clipping around the old value; None disables."
-    )
-    vf_loss_coeff: float = Field(0.5, ge=0, description="Weight of the value loss.")
-    entropy_coeff: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
-    entropy_coeff_schedule: EntropySchedule = None
-    normalize_advantages: bool = Field(True, description="Standardize advantages per minibatch.")
-
-
-class KLPenaltyKeys(Section):
-    """An adaptive KL penalty (PPO, APPO, AlphaStar)."""
-
-    use_kl_loss: bool = Field(False, description="Add kl_coeff * KL(old || new), the coefficient adapted to kl_target.")
-    kl_coeff: float = Field(1.0, ge=0, description="Initial KL coefficient (adapted towards kl_target).")
-    kl_target: float = Field(0.01, gt=0, description="The KL the coefficient is adapted towards.")
-
-
 # ---- checks that span groups: each config calls the ones that apply from its own validator --
 def check_whole_sequences(cfg) -> None:
     """Train batches are whole V-trace sequences."""
@@ -185,16 +137,6 @@ def check_whole_sequences(cfg) -> None:
         raise ValueError(
             f"train_batch_size ({cfg.train_batch_size}) must be a multiple of rollout_fragment_length "
             f"({T}): the learner trains on whole sequences"
-        )
-
-
-def check_kl_against_target(cfg) -> None:
-    """A KL penalty against a target network needs the target to lag the policy."""
-    if cfg.use_kl_loss and cfg.target_update_frequency < 2:
-        raise ValueError(
-            "use_kl_loss penalizes KL(target || policy), but target_update_frequency is 1: the target is "
-            "refreshed after every update, so the KL the loss sees is always 0 and the penalty does "
-            "nothing. Set target_update_frequency to 2 or more, or use_kl_loss to false"
         )
 
 
@@ -235,7 +177,7 @@ def check_learner_thread(cfg) -> None:
 
 
 def check_learner_group(cfg) -> None:
-    """``resources.num_learners`` > 1: what the learner group needs (see :mod:`shoal.algorithms.learner_group`)."""
+    """``resources.num_learners`` > 1: what the learner group needs (see :mod:`shoal.framework.learner_group`)."""
     res = cfg.resources
     K = res.num_learners
     if K == 1:
@@ -368,48 +310,8 @@ class MultiAgentConfig(Section):
         return list(self.policies_to_train) if self.policies_to_train is not None else list(self.policies)
 
 
-class ReplayKeys(Section):
-    """A replay buffer of single transitions, uniform or prioritized (DQN, Ape-X, SAC)."""
-
-    replay_capacity: int = Field(50_000, ge=1, description="Transitions the replay buffer holds.")
-    replay_compression: Literal["auto", "lz4", "none"] = Field(
-        "auto",
-        description="auto compresses uint8 observation columns of at least 1 KiB per row with lz4 (e.g. "
-        "stacked Atari frames; needs pip install -e '.[atari]'); lz4 compresses every uint8 observation column; "
-        "none keeps raw rows.",
-    )
-    prioritized_replay: bool = Field(True, description="Sample by TD-error priority; false: uniformly.")
-    prioritized_replay_alpha: float = Field(0.6, ge=0, description="Priority exponent: 0 is uniform.")
-    prioritized_replay_beta: float = Field(0.4, ge=0, le=1, description="Initial importance-weight exponent.")
-    final_prioritized_replay_beta: float = Field(
-        1.0, ge=0, le=1, description="Importance-weight exponent reached at the end of its annealing."
-    )
-    beta_annealing_steps: int = Field(
-        100_000, ge=1, description="Sampled env steps over which beta goes to its final value."
-    )
-    prioritized_replay_eps: float = Field(1e-6, gt=0, description="Added to |TD error| so no priority is 0.")
-    learning_starts: int = Field(1000, ge=0, description="Sampled env steps before learning begins.")
-    checkpoint_replay: bool = Field(False, description="Save the replay contents with each checkpoint (can be large).")
-
-    def beta(self, env_steps: float) -> float:
-        """The importance-weight exponent after ``env_steps`` sampled steps (annealed linearly)."""
-        from shoal.schedule import linear_schedule
-
-        return linear_schedule(
-            self.prioritized_replay_beta, self.final_prioritized_replay_beta, self.beta_annealing_steps
-        )(env_steps)
-
-
-def check_replay_start(config) -> None:
-    """Learning cannot wait for more transitions than the replay holds."""
-    if config.learning_starts > config.replay_capacity:
-        raise ValueError(
-            f"learning_starts ({config.learning_starts}) exceeds replay_capacity ({config.replay_capacity})"
-        )
-
-
 class MultiAgentKeys(Section):
-    """The ``multi_agent`` section (PPO, IMPALA, APPO): see :mod:`shoal.algorithms.multi_agent`."""
+    """The ``multi_agent`` section (PPO, IMPALA, APPO): see :mod:`shoal.framework.multi_agent`."""
 
     multi_agent: Optional[MultiAgentConfig] = Field(
         None,

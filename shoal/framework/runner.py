@@ -185,7 +185,7 @@ class ThreadRunner:
 
 
 class GroupRunner:
-    """One policy trained by a learner group (``LearnerGroup``, :mod:`shoal.algorithms.learner_group`):
+    """One policy trained by a learner group (``LearnerGroup``, :mod:`shoal.framework.learner_group`):
     K learner processes, each taking its share of every round by object reference, with their
     gradients all-reduced. ``submit({policy_id: [refs of learner 0, ..., refs of learner K-1]})``
     hands a round over (False: some learner has no room); ``sampled_steps()`` is the env steps

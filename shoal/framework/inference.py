@@ -10,7 +10,7 @@ from shoal.errors import ConfigError
 from shoal.rollout.policies import predict_actions
 
 if TYPE_CHECKING:
-    from shoal.algorithms.base import Algorithm
+    from shoal.framework.base import Algorithm
 
 
 class DriverPredictor:

@@ -17,7 +17,7 @@ pipeline state of its own and every field is written down here:
   first at the next step, and while ``max_ready`` (one sample result's worth) wait, no new
   sample request is sent (back-pressure): none is dropped, and the learner has work while
   the next result is sampled;
-- the learner runner (:mod:`shoal.learn.runner`: a ``ThreadRunner``, or a ``GroupRunner`` for a
+- the learner runner (:mod:`shoal.framework.runner`: a ``ThreadRunner``, or a ``GroupRunner`` for a
   learner group) and its thread with the in-queue (``thread.num_dropped`` counts offers a full
   queue refused: with ``ready`` in front, none from this pipeline); the runner runs each
   result's post-update phase (APPO's KL coefficient);
@@ -39,14 +39,14 @@ from collections import defaultdict, deque
 from typing import Any, Optional
 
 from shoal import runtime
-from shoal.algorithms.base import Algorithm
-from shoal.algorithms.learner_group import GroupLearner, LearnerGroup
-from shoal.algorithms.policies import PolicySet, build_policy_module
-from shoal.algorithms.weights_publisher import WeightsPublisher
 from shoal.batch import Batch
+from shoal.framework.base import Algorithm
+from shoal.framework.learner_group import GroupLearner, LearnerGroup
+from shoal.framework.policies import PolicySet, build_policy_module
+from shoal.framework.runner import GroupRunner, ThreadRunner
+from shoal.framework.weights_publisher import WeightsPublisher
 from shoal.learn import resolve_device
 from shoal.learn.policy_learner import MakeLoss, PolicyLearner
-from shoal.learn.runner import GroupRunner, ThreadRunner
 from shoal.learn.stats import mean_stats
 from shoal.learn.threads import LearnerResult
 from shoal.models import build_actor_critic
@@ -190,7 +190,7 @@ class RefPipeline(AsyncPipeline):
     """The pipeline of a learner group (``resources.num_learners`` > 1): rollout fragments stay in
     the object store and ``pending`` holds their references; every ``train_batch_size`` rows'
     worth becomes one round, ``train_batch_size / num_learners`` rows for each learner
-    (:class:`~shoal.algorithms.learner_group.LearnerGroup`, in ``thread``'s place). A round waits
+    (:class:`~shoal.framework.learner_group.LearnerGroup`, in ``thread``'s place). A round waits
     while some learner has no room: the group never drops a batch, sampling pauses instead."""
 
     def __init__(

@@ -13,8 +13,8 @@ from shoal.envs.normalize import RunningStats
 from shoal.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from shoal.algorithms.base import Algorithm
     from shoal.config import AlgorithmConfig
+    from shoal.framework.base import Algorithm
 
 
 def saved_norm_stats(state: dict[str, Any]) -> RunningStats:

@@ -16,19 +16,19 @@ import numpy as np
 import torch
 
 from shoal import checkpoint as ckpt
-from shoal.algorithms import multi_agent
-from shoal.algorithms.checkpointing import checkpoint_meta, rebuild, restore_into, saved_norm_stats
-from shoal.algorithms.config_changes import apply_config_changes
-from shoal.algorithms.env_checks import describe_gym_env, describe_within_time_limit, naming_env, normalization_stats
-from shoal.algorithms.evaluator import Evaluator
-from shoal.algorithms.inference import DriverPredictor
-from shoal.algorithms.multi_agent import Agents
-from shoal.algorithms.policies import BuildLearner, PolicySet
-from shoal.algorithms.rollout_group import base_resource_plan, rollout_group
-from shoal.algorithms.weights_publisher import WeightsPublisher
 from shoal.callbacks import Callbacks, aggregate_custom, build_callbacks
 from shoal.config import AlgorithmConfig
 from shoal.errors import CheckpointError, ConfigError, DivergenceError
+from shoal.framework import multi_agent
+from shoal.framework.checkpointing import checkpoint_meta, rebuild, restore_into, saved_norm_stats
+from shoal.framework.config_changes import apply_config_changes
+from shoal.framework.env_checks import describe_gym_env, describe_within_time_limit, naming_env, normalization_stats
+from shoal.framework.evaluator import Evaluator
+from shoal.framework.inference import DriverPredictor
+from shoal.framework.multi_agent import Agents
+from shoal.framework.policies import BuildLearner, PolicySet
+from shoal.framework.rollout_group import base_resource_plan, rollout_group
+from shoal.framework.weights_publisher import WeightsPublisher
 from shoal.logging.metrics import EpisodeWindow, Timers
 from shoal.process import configure_process
 from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
@@ -416,7 +416,7 @@ class Algorithm:
     # ---- evaluation ---------------------------------------------------------------------
     def evaluate(self, num_episodes: int | None = None, render: bool = False) -> dict[str, float]:
         """Greedy episodes with the current weights, on evaluation actors or in the driver
-        (:class:`~shoal.algorithms.evaluator.Evaluator`). With a ``multi_agent`` section: on a
+        (:class:`~shoal.framework.evaluator.Evaluator`). With a ``multi_agent`` section: on a
         separate runner in the driver, the mean return summed over agents, and per policy."""
         return self.evaluator.evaluate(num_episodes or self.config.evaluation.evaluation_num_episodes, render)
 
@@ -455,7 +455,7 @@ class Algorithm:
             self.evaluator.send_normalizer()
 
     def checkpoint_meta(self, **extra: Any) -> dict[str, Any]:
-        """meta.json content (:func:`~shoal.algorithms.checkpointing.checkpoint_meta`)."""
+        """meta.json content (:func:`~shoal.framework.checkpointing.checkpoint_meta`)."""
         return checkpoint_meta(self, **extra)
 
     def save(self, path: str | Path) -> Path:
