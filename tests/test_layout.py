@@ -33,6 +33,8 @@ ABOVE_BASE = (
     "shoal.app",
 )
 APP = ("shoal.app",)  # the product surface: CLI, trainer, Tune, evaluation, export, inference
+FRAMEWORK = ("shoal.framework",)  # Algorithm and its helpers, PolicySet, the runners, the pipeline
+ALGORITHMS = ("shoal.algorithms",)  # the algorithms, what some of them share, and the registry
 
 
 def _modules() -> dict[str, Path]:
@@ -43,14 +45,14 @@ def _modules() -> dict[str, Path]:
     return mods
 
 
-def _imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
-    """The shoal modules ``name`` imports anywhere outside ``if TYPE_CHECKING:``, with the packages
-    importing them runs (``import a.b.c`` runs ``a.b``'s ``__init__`` first)."""
+def _imports(name: str, path: Path, mods: dict[str, Path], typing_too: bool = False) -> set[str]:
+    """The shoal modules ``name`` imports anywhere outside ``if TYPE_CHECKING:`` (``typing_too``: inside
+    it too), with the packages importing them runs (``import a.b.c`` runs ``a.b``'s ``__init__`` first)."""
     tree = ast.parse(path.read_text())
     typing_only = {
         id(n)
         for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        if not typing_too and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
         for n in ast.walk(node)
     }
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
@@ -137,6 +139,39 @@ def test_only_the_entry_point_imports_the_product_surface():
     assert wrong == []
 
 
+def test_the_framework_names_no_algorithm():
+    """The algorithms stand on ``shoal.framework``; no framework module imports a module of
+    ``shoal.algorithms``, lazily or for type checking only included. The registry (the package
+    ``shoal.algorithms`` itself) is the one way up: a checkpoint's rebuild asks it for a config
+    class by name."""
+    mods = _modules()
+    framework = [name for name in mods if _in(name, FRAMEWORK)]
+    assert {"shoal.framework.base", "shoal.framework.policies", "shoal.framework.runner"} <= set(framework)
+    wrong = sorted(
+        (a, b)
+        for a in framework
+        for b in _imports(a, mods[a], mods, typing_too=True)
+        if _in(b, ALGORITHMS) and b != "shoal.algorithms"
+    )
+    assert wrong == []
+
+
+def test_nothing_below_the_framework_imports_it():
+    """The algorithms import the framework and the product surface imports both; the library below
+    (learn, rollout, replay, league, config, ...) imports neither (``config.build()`` makes the class
+    that named the config class as its ``config_cls``; ``shoal/__init__.py`` names them by string)."""
+    graph = _graph()
+    above = (*APP, *ALGORITHMS, *FRAMEWORK)
+    wrong = sorted(
+        (a, b)
+        for a, targets in graph.items()
+        if not _in(a, above) and a != "shoal.__main__"
+        for b in targets
+        if _in(b, (*ALGORITHMS, *FRAMEWORK))
+    )
+    assert wrong == []
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
@@ -150,6 +185,13 @@ def _function_lengths() -> list[tuple[int, str, str]]:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 out.append((node.end_lineno - node.lineno + 1, f"{path.relative_to(ROOT)}:{node.lineno}", node.name))
     return out
+
+
+def test_no_file_is_longer_than_600_lines():
+    """A module reads as one thing; a longer one is split where its parts meet."""
+    lengths = sorted((len(p.read_text().splitlines()), str(p.relative_to(ROOT))) for p in ROOT.rglob("*.py"))
+    assert len(lengths) > 100  # the walk found the package
+    assert [f for f in lengths if f[0] > 600] == []
 
 
 def test_no_function_is_longer_than_a_screen():
@@ -177,6 +219,7 @@ ALGORITHM_MODULES = {  # module -> the algorithm it belongs to; the rest of shoa
     "ddppo": "ddppo",
     "alpha_star": "alpha_star",
     "alpha_star_learner": "alpha_star",
+    "league_evaluator": "alpha_star",
 }
 
 
@@ -221,6 +264,7 @@ def test_the_algorithm_import_check_sees_every_import_form():
         "if TYPE_CHECKING:\n    from shoal.algorithms.ddppo import DDPPO": {"ddppo"},
         "from shoal.algorithms.alpha_star_learner import APPOPolicyLearner": set(),  # alpha_star's own
         "from shoal.algorithms.replay_loop import ReplayAlgorithm": set(),  # shared code
+        "from shoal.framework.base import Algorithm": set(),  # the framework
         "from .. import ppo": set(),  # shoal.ppo, not an algorithm
     }
     for source, expected in forms.items():
