@@ -15,6 +15,7 @@ from shoal.config import load_yaml
 from shoal.errors import ConfigError
 from shoal.learn.distributed import flatten_grads, free_port, unflatten_grads_
 from shoal.learn.stats import mean_stats
+from shoal.learn.threads import LearnerResult
 
 PRESET = Path(__file__).resolve().parents[1] / "examples" / "ddppo_cartpole.yaml"
 # Small rounds for the integration tests: 2 workers x 4 envs x 32 steps, 2 minibatches, 2 epochs.
@@ -201,11 +202,13 @@ def test_worker_in_process_samples_trains_and_hands_over_its_state():
     try:
         before = a.get_weights()
         r = a.sample_and_train()  # no process group: a group of one
-        assert r.error is None and r.env_steps_trained == r.metrics.env_steps > 100
-        assert r.weights is None  # only rank 0 of a group returns weights
+        learned = r.learned
+        assert isinstance(learned, LearnerResult) and learned.env_steps == r.metrics.env_steps > 100
+        assert learned.agent_steps == learned.env_steps and r.rounds == 1
+        assert learned.weights is None  # only rank 0 of a group returns weights
         assert not _equal(before, a.get_weights())
         assert _equal(a.runner.get_weights(), a.get_weights())  # the sampler acts with the new weights
-        assert r.stats["allreduce_ms_per_minibatch"] == 0.0 and a.rounds == 1
+        assert learned.stats["allreduce_ms_per_minibatch"] == 0.0 and a.rounds == 1
         # Reset steps shorten the batch below 4 x 32, yet the minibatch count is fixed: 2 epochs x 2.
         assert cfg.num_minibatches() == 2 and a.learner.num_updates == 4
         b.set_sync_state(a.get_sync_state())

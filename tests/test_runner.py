@@ -307,3 +307,136 @@ def test_a_policy_that_leaves_a_running_thread_mid_batch_is_skipped_not_a_crash(
         assert b.calls == []  # ...and no post-update phase ran for the departed policy
     finally:
         runner.stop()
+
+
+# ---- rollout workers that sample and learn (DD-PPO's placement) ------------------------------------
+class _RoundWorker:
+    """A rollout worker that learns, as the runner sees it: each round samples 16 rows (row 5 a
+    reset row inside the fragment, masked out), then learns, or fails as ``outcomes`` says."""
+
+    outcomes: dict[int, list[str]] = {}  # worker index -> what its next rounds do: "ok", "collective", "diverged"
+
+    def __init__(self, index: int) -> None:
+        self.index, self.rank, self.rounds = index, None, 0
+        self.state: dict = {}
+
+    def rendezvous_address(self):
+        return ("127.0.0.1", 0)
+
+    def join_group(self, address, ranks) -> None:
+        self.rank = ranks[self.index]
+
+    def get_sync_state(self) -> dict:
+        return {"learner": f"worker {self.index}'s", "rounds": self.rounds}
+
+    def set_sync_state(self, state) -> None:
+        self.state, self.rounds = state, state["rounds"]
+
+    def get_weights(self):
+        return {"w": np.array([self.index])}
+
+    def sample_and_train(self):
+        from shoal.errors import DivergenceError
+        from shoal.learn.distributed import CollectiveError
+        from shoal.learn.runner import WorkerRound
+        from shoal.learn.threads import LearnerResult
+        from shoal.rollout.env_runner import RolloutMetrics
+
+        batch = _batch(16)
+        batch[Col.VALID][5] = False
+        metrics = RolloutMetrics(env_steps=batch.valid_rows())
+        todo = self.outcomes.get(self.index, [])
+        outcome = todo.pop(0) if todo else "ok"
+        if outcome == "collective":
+            return WorkerRound(metrics, CollectiveError(f"worker {self.index}: its peer is gone"))
+        if outcome == "diverged":
+            return WorkerRound(metrics, DivergenceError("every update was non-finite"))
+        self.rounds += 1
+        rows = batch.valid_rows()
+        weights = self.get_weights() if self.rank == 0 else None
+        return WorkerRound(
+            metrics, LearnerResult(rows, rows, {"loss": float(self.index)}, weights=weights), self.rounds
+        )
+
+
+class _DriverCopy(_Learner):
+    """The driver's copy of the policy: a learner with a state to start a group from."""
+
+    def __init__(self) -> None:
+        super().__init__("driver")
+
+        class _State:
+            def get_state(self):
+                return {"from": "driver"}
+
+        self.learner = _State()
+
+
+def _worker_runner(outcomes: dict[int, list[str]]):
+    from shoal.learn.runner import WorkerRunner
+    from shoal.runtime import LocalActorGroup
+
+    _RoundWorker.outcomes = outcomes
+    group = LocalActorGroup(_RoundWorker, 2, lambda i: ((i,), {}))
+    group.max_restarts = 1  # what form_group retries a formation after a restart mid-way
+    driver = _DriverCopy()
+    runner = WorkerRunner({"default": driver}, wait_s=5.0)
+    runner.start(group)
+    return runner, group, driver
+
+
+def test_a_worker_runner_reports_each_workers_round_as_a_result_of_its_policy():
+    runner, group, driver = _worker_runner({})
+    assert [w.rank for w in group.actors.values()] == [0, 1] and group.actors[2].state["learner"] == {"from": "driver"}
+    with pytest.raises(KeyError, match="sample their own batches"):
+        runner.submit({"default": _batch(4)})
+    assert runner.submit({"default": None})
+    out = runner.results()
+    # one result per worker and round, named by policy; env steps: the valid rows (the reset row left out)
+    assert [(r.policy_id, r.env_steps, r.agent_steps, r.stats["loss"]) for r in out] == [
+        ("default", 15, 15, 1.0),
+        ("default", 15, 15, 2.0),
+    ]
+    assert [r.weights is not None for r in out] == [True, False]  # rank 0's weights only
+    assert driver.calls == ["after_update"] * 2 and out[1].stats["after"] == 2  # the phase ran here, per result
+    assert [m.env_steps for m in runner.rollouts()] == [15, 15] and runner.rollouts() == []
+    assert runner.rounds == 1 and runner.get_weights("default")["w"].tolist() == [1]  # rank 0, settled
+    assert runner.sync_state() == {"learner": "worker 1's", "rounds": 1}
+    with pytest.raises(ValueError, match="train one policy"):
+        runner.add_policy("q", _Learner("q"))
+    with pytest.raises(ValueError, match="cannot leave"):
+        runner.remove_policy("default")
+    with pytest.raises(ValueError, match="train one policy"):
+        type(runner)({"a": driver, "b": driver}, wait_s=1.0)
+    with runner.hold():
+        runner.check()
+    runner.stop()
+    assert not runner.started and group.actors == {}
+
+
+def test_a_failed_collective_is_counted_and_the_group_re_formed_from_a_survivor():
+    runner, group, _ = _worker_runner({2: ["ok", "collective"]})
+    runner.submit({"default": None})
+    runner.results()
+    first = group.actors[1]
+    runner.submit({"default": None})
+    (r,) = runner.results()  # worker 2's round failed: no result for it, and no raise
+    assert r.stats["loss"] == 1.0 and runner.num_failed_rounds == 1 and len(runner.rollouts()) == 4
+    runner.check()
+    group.restart(2)  # and the runtime recreated it
+    runner.regroup()
+    assert runner.num_regroups == 1 and group.actors[1] is first
+    assert group.actors[2].state == {"learner": "worker 1's", "rounds": 2}  # the survivor's state
+    runner.regroup()
+    assert runner.num_regroups == 1  # nothing failed since: nothing to do
+
+
+def test_a_worker_runner_raises_at_check_when_a_workers_round_diverged():
+    from shoal.errors import DivergenceError
+
+    runner, _, _ = _worker_runner({1: ["diverged"]})
+    runner.submit({"default": None})
+    (r,) = runner.results()  # worker 2 learned; worker 1 diverged
+    assert r.stats["loss"] == 2.0 and len(runner.rollouts()) == 2  # its sampling still counts
+    with pytest.raises(DivergenceError, match="non-finite"):
+        runner.check()

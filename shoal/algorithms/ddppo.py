@@ -14,15 +14,18 @@ timeout), the driver forms a new process group over the survivors and the new wo
 copies the full learner state (weights and optimizer) of one survivor to every other
 member before training goes on.
 
+The driver drives the workers through a learner runner, ``WorkerRunner``
+(:mod:`shoal.learn.runner`): it starts their rounds, turns each worker's round into a
+``LearnerResult`` and keeps the process group (forming, re-forming, the settled-worker calls).
+
 Reads in order: config, the worker (sample + loss via PPO's, from ``ppo_loss.py``), training_step.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
+import math
 import time
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional, Union, cast
 
 import numpy as np
@@ -41,23 +44,22 @@ from shoal.learn.distributed import (
     DistributedLearner,
     backend_available,
     destroy_process_group,
-    form_group,
     free_port,
     init_process_group,
     node_ip,
 )
 from shoal.learn.policy_learner import PolicyLearner
+from shoal.learn.runner import WorkerRound, WorkerRunner
 from shoal.learn.stats import mean_stats
+from shoal.learn.threads import LearnerResult
 from shoal.logging.metrics import Phase
 from shoal.models import build_actor_critic
 from shoal.process import configure_process
 from shoal.rollout import ActorCriticPolicy
-from shoal.rollout.env_runner import EnvRunner, RolloutMetrics
+from shoal.rollout.env_runner import EnvRunner
 from shoal.runtime import make_actor_group
 from shoal.runtime.placement import BundleGroup
 from shoal.seeding import component_seed
-
-log = logging.getLogger("shoal.ddppo")
 
 
 # ---- config -----------------------------------------------------------------------------
@@ -198,18 +200,6 @@ class DDPPOConfig(PPOLossKeys, AlgorithmConfig):
 
 
 # ---- the worker: sampler and learner in one actor ------------------------------------------
-@dataclass
-class RoundResult:
-    metrics: RolloutMetrics
-    env_steps_trained: int = 0
-    stats: dict[str, float] = field(default_factory=dict)
-    weights: Optional[dict] = None  # rank 0's, when the driver keeps a copy
-    error: Optional[str] = None  # the collective failed: the group must be re-formed
-    rounds: int = 0  # rounds the group has trained, counted by this worker after this one
-    diverged: Optional[str] = None  # the learner's DivergenceError: the run must stop
-    nonfinite_skipped: int = 0  # this replica's updates skipped for a NaN/inf gradient, over the run
-
-
 def ppo_policy_learner(
     config: DDPPOConfig, obs_space, action_space, learner_cls: type[Learner] = Learner, device="cpu"
 ) -> PolicyLearner:
@@ -257,7 +247,9 @@ class DDPPOWorker:
         )
         return self.rank
 
-    def sample_and_train(self) -> RoundResult:
+    def sample_and_train(self) -> WorkerRound:
+        """One round: sample, then learn with the group; its ``learned`` is the update's
+        ``LearnerResult``, or the CollectiveError (a peer failed) or DivergenceError that ended it."""
         cfg = self.config
         batch, metrics = self.runner.sample()
         t0, reduce_s, reduces = time.perf_counter(), self.learner.allreduce_s, self.learner.num_allreduces
@@ -273,9 +265,9 @@ class DDPPOWorker:
             )
         except CollectiveError as e:
             destroy_process_group()
-            return RoundResult(metrics, error=f"worker {self.worker_index}: {e}")
+            return WorkerRound(metrics, CollectiveError(f"worker {self.worker_index}: {e}"))
         except DivergenceError as e:  # every replica skipped the same all-reduced updates
-            return RoundResult(metrics, diverged=str(e))
+            return WorkerRound(metrics, DivergenceError(str(e)))
         self.rounds += 1
         weights = self.learner.get_weights()
         self.runner.set_weights(weights)
@@ -286,14 +278,9 @@ class DDPPOWorker:
             sample_time_s=metrics.sample_time_s,
         )
         keep = cfg.keep_local_weights_in_sync and self.rank == 0
-        return RoundResult(
-            metrics,
-            batch.valid_rows(),
-            stats,
-            weights if keep else None,
-            rounds=self.rounds,
-            nonfinite_skipped=self.learner.num_nonfinite_skipped,
-        )
+        rows = batch.valid_rows()
+        learned = LearnerResult(rows, rows, stats, weights=weights if keep else None)
+        return WorkerRound(metrics, learned, self.rounds, self.learner.num_nonfinite_skipped)
 
     def get_sync_state(self) -> dict[str, Any]:
         return {"learner": self.learner.get_state(), "rounds": self.rounds}
@@ -316,7 +303,8 @@ class DDPPOWorker:
 
 # ---- algorithm --------------------------------------------------------------------------
 class DDPPO(Algorithm):
-    """The driver: starts the workers (on the first training step), gathers, aggregates, re-forms."""
+    """The driver: starts the workers (on the first training step) and drives their rounds through
+    its runner (a ``WorkerRunner``, which gathers them and re-forms the group), aggregates."""
 
     config_cls = DDPPOConfig
     config: DDPPOConfig
@@ -335,54 +323,34 @@ class DDPPO(Algorithm):
         info = self.env_info
         self.policies = PolicySet.single(cfg, ppo_policy_learner(cfg, info.observation_space, info.action_space))
         self.local = self.policies.only.learner
-        self.rounds = 0
-        self.num_regroups = 0
-        self.num_failed_rounds = 0  # rounds whose collective failed (a peer died): sampled, not trained
-        self._nonfinite = 0  # the workers' count of updates skipped for a NaN/inf gradient
-        self._members: dict[int, Any] = {}  # actor handles at the last group formation
-        self._formed_restarts = 0
-        self._round_failed = False
-        self._stash: list[RoundResult] = []  # rounds gathered while answering a driver call, for the next step
+        # Where the policy learns: in the workers. A failed round's peers wait for the collective
+        # timeout; a call waits at most twice that (and 30 s) for a worker to settle.
+        self.runner = WorkerRunner(dict(self.policies.trained), wait_s=2 * cfg.torch_distributed_timeout_s + 30)
+
+    @property
+    def rounds(self) -> int:
+        """Rounds the group has trained (the workers' count, as last reported)."""
+        return self.runner.rounds
 
     def get_weights(self) -> dict[str, np.ndarray]:
-        if self.env_runners is not None and not self.config.keep_local_weights_in_sync:
-            weights = self._ask_settled_worker("get_weights")
-            if weights is not None:
-                return weights
+        if not self.config.keep_local_weights_in_sync:
+            return self.runner.get_weights(self.runner.policy_id)  # a settled worker's, else the driver's copy
         return self.local.get_weights()
 
-    def _ask_settled_worker(self, method: str) -> Any:
-        """Call ``method`` on a member that is not mid-round, whose state is the group's after its
-        last round; None when no member can answer (the caller falls back to the driver's copy).
-
-        A call queued behind a round in flight would wait for that round, and the round waits in
-        its all-reduces for peers that get no new round while the driver waits here: it would only
-        end with the collective timeout, as a failed round. When every member is mid-round, they
-        are all in the same one, so this waits for those rounds (kept for the next training step).
-        """
-        group = self.env_runners
-        deadline = time.monotonic() + 2 * self.config.torch_distributed_timeout_s + 30
-        while True:
-            members = [i for i in sorted(group.actor_ids) if group.actors.get(i) is self._members.get(i)]
-            settled = [i for i in members if not group.num_in_flight(i)]
-            if settled:
-                out = group.foreach(method, actor_ids=settled[:1])
-                return out[0] if out else None
-            if not members or not group.num_in_flight() or time.monotonic() > deadline:
-                return None
-            self._stash.extend(r for _, r in group.fetch_ready(timeout_s=0.05))
-
     def training_step(self) -> dict[str, Any]:
+        runner = self.runner
         with self.timers.time(Phase.REGROUP):
-            if self.env_runners is None:
-                self._start_workers()
-            elif self._round_failed or self.env_runners.num_restarts != self._formed_restarts:
-                self._regroup()
+            if not runner.started:
+                runner.start(self._make_workers())
+            else:
+                runner.regroup()  # after a failed round or a recreated worker
         with self.timers.time(Phase.SAMPLE_AND_TRAIN):
-            self.env_runners.submit("sample_and_train")
-            results = self._gather()
+            runner.submit({runner.policy_id: None})
+            done = runner.results(timeout_s=math.inf)  # at least one round, unless a worker died
         with self.timers.time(Phase.AGGREGATE):
-            done = self._aggregate(results)
+            self.record_rollouts(runner.rollouts())
+            runner.check()  # a replica diverged: the run stops
+            self.counters["env_steps_trained"] += sum(r.env_steps for r in done)
         with self.timers.time(Phase.SYNC):
             for r in done:
                 if r.weights is not None:
@@ -391,42 +359,14 @@ class DDPPO(Algorithm):
         return {
             **{f"learner/{k}": v for k, v in stats.items()},
             "allreduce_ms_per_minibatch": stats.get("allreduce_ms_per_minibatch", float("nan")),
-            "num_regroups": self.num_regroups,
-            "num_failed_rounds": self.num_failed_rounds,
+            "num_regroups": runner.num_regroups,
+            "num_failed_rounds": runner.num_failed_rounds,
             "world_size": len(self.env_runners),
         }
 
-    def _aggregate(self, results: list[Any]) -> list[Any]:
-        """Count the round's steps and failures; returns the workers' results that succeeded."""
-        self.record_rollouts([r.metrics for r in results])
-        diverged = next((r.diverged for r in results if r.diverged), None)
-        if diverged:
-            raise DivergenceError(diverged)
-        done = [r for r in results if r.error is None]
-        self._nonfinite = max([self._nonfinite] + [r.nonfinite_skipped for r in done])
-        self.counters["env_steps_trained"] += sum(r.env_steps_trained for r in done)
-        # The workers' count: an iteration may gather one worker's round and the next its peer's.
-        self.rounds = max([self.rounds] + [r.rounds for r in done])
-        for r in results:
-            if r.error is not None:
-                log.warning("DD-PPO round failed (%s); re-forming the group", r.error.splitlines()[0][:200])
-                self._round_failed = True  # re-form before the next round
-                self.num_failed_rounds += 1
-        return done
-
     def nonfinite_updates_skipped(self) -> int:
         """The workers' count (replicas skip the same all-reduced updates)."""
-        return self._nonfinite
-
-    def _gather(self) -> list[RoundResult]:
-        """What has finished, without waiting for stragglers (at least one result, unless a worker died),
-        after the rounds gathered meanwhile by a driver call."""
-        restarts = self.env_runners.num_restarts
-        ready, self._stash = list(self._stash), []
-        ready += [r for _, r in self.env_runners.fetch_ready(timeout_s=0.0)]
-        while not ready and self.env_runners.num_in_flight() and self.env_runners.num_restarts == restarts:
-            ready = [r for _, r in self.env_runners.fetch_ready(timeout_s=0.05)]
-        return ready
+        return self.runner.nonfinite_skipped
 
     @classmethod
     def resource_plan(cls, config: AlgorithmConfig) -> list[BundleGroup]:
@@ -446,8 +386,9 @@ class DDPPO(Algorithm):
         )
         return plan
 
-    # ---- the process group ----------------------------------------------------------------
-    def _start_workers(self) -> None:
+    # ---- the workers ------------------------------------------------------------------------
+    def _make_workers(self) -> Any:
+        """The workers' actor group (the algorithm's rollout actors); the runner forms their process group."""
         cfg, res = self.config, self.config.resources
         # A hung worker's peers wait in their all-reduce for it; given twice the collective timeout,
         # they report that round failed before the hung worker's own request times out, so only
@@ -466,67 +407,17 @@ class DDPPO(Algorithm):
             name="DD-PPO worker",
             about=f"env {cfg.env_name()}",
         )
-        self._form_group(source=None)
-
-    def _regroup(self) -> None:
-        """After a failure: let in-flight rounds finish (they fail fast), form a new group, resync."""
-        group = self.env_runners
-        deadline = time.monotonic() + 2 * self.config.torch_distributed_timeout_s + 30
-        while group.num_in_flight() and time.monotonic() < deadline:
-            drained = [r for _, r in group.fetch_ready(timeout_s=1.0)]
-            self.record_rollouts([r.metrics for r in drained])
-            self.num_failed_rounds += sum(r.error is not None for r in drained)
-        for i in group.actor_ids:  # still stuck past every timeout: replace it
-            if group.num_in_flight(i):
-                log.warning(
-                    "DD-PPO worker %d has not finished its round in %.0f s after its peers failed theirs: "
-                    "a hung env or worker; recreating it",
-                    i,
-                    2 * self.config.torch_distributed_timeout_s + 30,
-                )
-                group.num_timeouts += 1
-                group.restart(i)
-        survivors = [i for i in sorted(group.actor_ids) if group.actors[i] is self._members.get(i)]
-        self._form_group(source=survivors[0] if survivors else None)
-        self.num_regroups += 1
-
-    def _form_group(self, source: Optional[int]) -> None:
-        """A new process group over the current actors (worker 0 hosts the rendezvous), then one state for all.
-
-        ``source`` is the actor whose learner state everyone takes; None means the driver's.
-        """
-        group = self.env_runners
-        source = form_group(
-            group,
-            source,
-            self._members,
-            self._local_state,
-            get_state="get_sync_state",
-            set_state="set_sync_state",
-            what="DD-PPO process group",
-        )
-        if source is None and self.num_regroups + self.rounds > 0:
-            log.warning("no DD-PPO worker survived: resuming from the driver's copy of the weights")
-        self._members = dict(group.actors)
-        self._formed_restarts, self._round_failed = group.num_restarts, False
-
-    def _local_state(self) -> dict[str, Any]:
-        return {"learner": self.local.get_state(), "rounds": self.rounds}
-
-    def _sync_state(self) -> dict[str, Any]:
-        """The group's learner state (from a member not mid-round), or the driver's before the workers start."""
-        if self.env_runners is not None:
-            state = self._ask_settled_worker("get_sync_state")
-            if state is not None:
-                return state
-        return self._local_state()
+        return self.env_runners
 
     # ---- state ------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
-        return {**super().get_state(), **self._sync_state(), "num_regroups": self.num_regroups}
+        return {**super().get_state(), **self.runner.sync_state(), "num_regroups": self.runner.num_regroups}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        super().set_state(state)  # the driver's copy of the policy
-        self.rounds, self.num_regroups = int(state["rounds"]), int(state.get("num_regroups", 0))
-        if self.env_runners is not None:
-            self.env_runners.foreach("set_sync_state", self.env_runners.put(self._local_state()))
+        super().set_state(state)  # the driver's copy of the policy, which started workers take
+        self.runner.restore(int(state["rounds"]), int(state.get("num_regroups", 0)))
+
+    def stop(self) -> None:
+        self.runner.stop()  # the workers are the rollout actors: stopped once, here
+        self.env_runners = None
+        super().stop()
