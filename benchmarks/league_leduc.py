@@ -14,13 +14,15 @@ Leduc, 0.458 in Kuhn poker).
 Progress goes to stderr; the last stdout line is one JSON object:
 
     {"benchmark": "league_leduc", "budget_s": .., "main_exploitability": .., "mixture_exploitability": ..,
+     "main_average_exploitability": .. (main's parameter average, with average_tau; else null),
      "best_main_exploitability": .., "players": .., "env_steps": .., "env_steps_per_s": ..,
-     "mixture_support": {player: weight, ...}, "curve": [[seconds, env_steps, main, mixture], ...], ...}
+     "mixture_support": {player: weight, ...}, "curve": [[seconds, env_steps, main, mixture, main_average], ...], ...}
 
 ``--seed K`` sets the config's ``seed`` and ``league.seed``. ``--seeds N`` runs seeds 0..N-1 one
 after another, each in a fresh process, and prints instead ``{"benchmark": "league_leduc_seeds",
 "seeds", "budget_s", "config", "main_exploitability_median", "main_exploitability_range",
-"mixture_exploitability_median", "mixture_exploitability_range", "uniform_random_exploitability",
+"mixture_exploitability_median", "mixture_exploitability_range", the same two for
+"main_average_exploitability" (null without average_tau), "uniform_random_exploitability",
 "runs": [each seed's JSON object]}``; ``--png`` then draws every seed's main and mixture curves
 against minutes of training.
 """
@@ -70,7 +72,9 @@ def draw(curve: list, path: Path) -> None:
     """The curve as ``shoal league`` draws a run's (main and the mixture against env steps)."""
     from shoal.league.report import exploitability_figure
 
-    fig = exploitability_figure([{"env_steps": c[1], "main": c[2], "mixture": c[3]} for c in curve])
+    fig = exploitability_figure(
+        [{"env_steps": c[1], "main": c[2], "mixture": c[3], "main_average": c[4]} for c in curve]
+    )
     if fig is not None:
         fig.savefig(path, dpi=100)
         log(f"curve: {path}")
@@ -121,8 +125,8 @@ def run_seeds(args: argparse.Namespace) -> dict:
     done = [r for r in runs if "error" not in r]
     summary: dict = {"benchmark": "league_leduc_seeds", "seeds": args.seeds, "budget_s": args.budget_s}
     summary["config"] = args.config.name
-    for key in ("main_exploitability", "mixture_exploitability"):
-        values = [r[key] for r in done]
+    for key in ("main_exploitability", "main_average_exploitability", "mixture_exploitability"):
+        values = [r[key] for r in done if r.get(key) is not None]
         summary[f"{key}_median"] = statistics.median(values) if values else None
         summary[f"{key}_range"] = [min(values), max(values)] if values else None
     summary["uniform_random_exploitability"] = done[0]["uniform_random_exploitability"] if done else None
@@ -144,6 +148,14 @@ def draw_seeds(runs: list[dict], path: Path) -> None:
         minutes = [c[0] / 60 for c in r["curve"]]
         (line,) = ax.plot(minutes, [c[2] for c in r["curve"]], label=f"main, seed {r['seed']}")
         ax.plot(minutes, [c[3] for c in r["curve"]], "--", color=line.get_color(), label=f"mixture, seed {r['seed']}")
+        if any(len(c) > 4 and c[4] is not None for c in r["curve"]):
+            ax.plot(
+                minutes,
+                [c[4] for c in r["curve"]],
+                ":",
+                color=line.get_color(),
+                label=f"main@average, seed {r['seed']}",
+            )
     ax.set_xlabel("minutes of training")
     ax.set_ylabel("exploitability")
     ax.set_yscale("log")
@@ -165,6 +177,13 @@ def main() -> None:
     run_one(args)
 
 
+def average_x(algo) -> float | None:
+    """Main's parameter average's exploitability (``average_tau``); None when the run keeps none."""
+    if algo.config.average_tau is None:
+        return None
+    return round(algo.exploitability("main@average"), 4)
+
+
 def run_one(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     cfg = config_for(args)
@@ -178,7 +197,7 @@ def run_one(args: argparse.Namespace) -> None:
             r = algo.train()
             if time.perf_counter() - t0 - eval_s >= next_at:
                 e0 = time.perf_counter()
-                main_x, mix = algo.exploitability("main"), algo.league_mixture()
+                main_x, mix, avg_x = algo.exploitability("main"), algo.league_mixture(), average_x(algo)
                 eval_s += time.perf_counter() - e0
                 curve.append(
                     [
@@ -186,25 +205,36 @@ def run_one(args: argparse.Namespace) -> None:
                         int(r["env_steps_sampled"]),
                         round(main_x, 4),
                         round(mix.exploitability, 4),
+                        avg_x,
                     ]
                 )
                 log(
                     f"{curve[-1][0]:6.0f} s  iter {r['iteration']:4d}  env steps {r['env_steps_sampled']:9d}  "
                     f"players {r['num_policies']:2d}  main {main_x:.3f}  mixture {mix.exploitability:.3f} "
                     f"(support {int((mix.weights > 1e-6).sum())} of {len(mix.policy_ids)})  "
-                    f"entropy {r.get('learner/main/entropy', float('nan')):.3f}  weights {support(mix)}"
+                    f"entropy {r.get('learner/main/entropy', float('nan')):.3f}  "
+                    + ("" if avg_x is None else f"main@average {avg_x:.3f}  ")
+                    + f"weights {support(mix)}"
                 )
                 next_at += args.every_s
         train_s = time.perf_counter() - t0 - eval_s
-        main_x, mix = algo.exploitability("main"), algo.league_mixture()
+        main_x, mix, avg_x = algo.exploitability("main"), algo.league_mixture(), average_x(algo)
         curve.append(
-            [round(train_s, 1), int(r.get("env_steps_sampled", 0)), round(main_x, 4), round(mix.exploitability, 4)]
+            [
+                round(train_s, 1),
+                int(r.get("env_steps_sampled", 0)),
+                round(main_x, 4),
+                round(mix.exploitability, 4),
+                avg_x,
+            ]
         )
         players = len(algo.weights)
         if args.save is not None:
             log(f"checkpoint: {algo.save(args.save)}")
     log(
-        f"main {main_x:.3f}, mixture {mix.exploitability:.3f} over {len(mix.policy_ids)} frozen players: {support(mix)}"
+        f"main {main_x:.3f}, "
+        + ("" if avg_x is None else f"main@average {avg_x:.3f}, ")
+        + f"mixture {mix.exploitability:.3f} over {len(mix.policy_ids)} frozen players: {support(mix)}"
     )
     if args.png is not None:
         draw(curve, args.png)
@@ -218,6 +248,7 @@ def run_one(args: argparse.Namespace) -> None:
                 "config": args.config.name,
                 "main_exploitability": round(main_x, 4),
                 "mixture_exploitability": round(mix.exploitability, 4),
+                "main_average_exploitability": avg_x,
                 "best_main_exploitability": min(c[2] for c in curve),
                 "best_mixture_exploitability": min(c[3] for c in curve),
                 "players": players,

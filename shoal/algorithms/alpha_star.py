@@ -33,7 +33,14 @@ from pydantic import Field, model_validator
 
 from shoal.algorithms.alpha_star_learner import APPOPolicyLearner
 from shoal.algorithms.league_evaluator import LeagueEvaluator
-from shoal.algorithms.loss_keys import ClipTargetKeys, KLPenaltyKeys, VTraceKeys, check_kl_against_target
+from shoal.algorithms.loss_keys import (
+    ClipTargetKeys,
+    KLPenaltyKeys,
+    PolicyAverageKeys,
+    VTraceKeys,
+    check_kl_against_target,
+    check_policy_average,
+)
 from shoal.config import AlgorithmConfig, EnvSpec, EvaluationConfig, ResourcesConfig
 from shoal.envs.multi_agent import make_multi_agent_env
 from shoal.errors import ConfigError, EnvError
@@ -85,7 +92,7 @@ _NO_LEARNER_QUEUE = (
 )
 
 
-class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, AlgorithmConfig):
+class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKeys, PolicyAverageKeys, AlgorithmConfig):
     """APPO's key groups but the learner thread's, plus the league; APPO's learner-thread
     keys are refused with the reason (``unused_keys``)."""
 
@@ -141,6 +148,7 @@ class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKe
     def _check_league(self):
         check_whole_sequences(self)
         check_kl_against_target(self)
+        check_policy_average(self)
         try:
             builder = make_league_builder(self.league)
         except ConfigError as e:
@@ -302,8 +310,23 @@ class AlphaStar(Algorithm):
 
     # ---- helpers ---------------------------------------------------------------------------
     def exploitability(self, policy_id: str = "main") -> float:
-        """NashConv / 2 of ``policy_id``'s sampling policy on an OpenSpiel game (:class:`LeagueEvaluator`)."""
+        """NashConv / 2 of ``policy_id``'s sampling policy on an OpenSpiel game (:class:`LeagueEvaluator`);
+        ``"<player>@average"``: a learning player's parameter average (``average_tau``)."""
         return self.evaluator.exploitability(policy_id)
+
+    def average_weights(self, policy_id: str = "main") -> dict:
+        """A learning policy's parameter average (``average_tau``), from its learner."""
+        if self.config.average_tau is None:
+            raise ConfigError(
+                f"'{policy_id}@average' is a learning policy's parameter average, and this league keeps none "
+                "(average_tau is None): set average_tau (e.g. 0.002)"
+            )
+        if policy_id not in self.learners.policy_ids:
+            raise ConfigError(
+                f"'{policy_id}@average': {policy_id!r} is not learning; the learning policies, which keep an "
+                f"average, are {', '.join(self.learners.policy_ids)}"
+            )
+        return self.learners.call(policy_id, "average_weights")
 
     def league_mixture(self, policy_ids: Optional[list[str]] = None):
         """The frozen players' Nash mixture and its exploitability (:class:`LeagueEvaluator`)."""
@@ -429,9 +452,11 @@ class AlphaStar(Algorithm):
         head = f"main's {what} {evaluated[metric]:.3g} at iteration {evaluated.get('iteration')}"
         if openspiel:
             mixture = evaluated.get("evaluation/mixture_exploitability")
+            average = evaluated.get("evaluation/main_average_exploitability")
             note = (
                 "Exploitability is of main's sampling policy: what a best response wins against it "
                 "(0 at a Nash equilibrium)"
+                + ("" if average is None else f"; main's parameter average (main@average): {average:.3g}")
                 + ("." if mixture is None else f"; the frozen players' Nash mixture: {mixture:.3g}.")
             )
         else:

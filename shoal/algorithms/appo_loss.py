@@ -14,6 +14,7 @@ from typing import Any, Optional
 import torch
 
 from shoal.batch import Col
+from shoal.learn.learner_params import PolicyAverageConfig
 from shoal.learn.losses import LossRecord
 from shoal.learn.masking import ActionMasked
 from shoal.learn.sequences import VTraceParams, policy_advantages, time_major, unroll, value_and_entropy, vtrace_for
@@ -81,10 +82,13 @@ class APPOLoss(LossRecord):
     entropy_coeff: float
     target: TargetNetwork = dataclasses.field(compare=False)
     kl: Optional[AdaptiveKL] = dataclasses.field(default=None, compare=False)
+    magnet_coeff: float = 0.0  # the pull towards the policy's parameter average (AlphaStar's ``magnet_coeff``)
+    magnet: Optional[TargetNetwork] = dataclasses.field(default=None, compare=False)  # that average
 
     @classmethod
     def config_values(cls, cfg) -> dict[str, Any]:
         return {
+            "magnet_coeff": cfg.magnet_coeff if isinstance(cfg, PolicyAverageConfig) else 0.0,
             "seq_len": cfg.fragment_length(),
             "gamma": cfg.gamma,
             "vtrace": VTraceParams.from_config(cfg),
@@ -97,11 +101,25 @@ class APPOLoss(LossRecord):
     def group_sum_sizes(self) -> tuple[int, ...]:
         return (STANDARDIZE_SUMS,) if self.normalize_advantages else ()  # policy_advantages over the group
 
-    def _target_net(self, module, batch: dict):
-        """The target network beside ``module`` (a per-device copy on a multi-device learner)."""
+    def _target_net(self, module, batch: dict, net: Optional[TargetNetwork] = None):
+        """The target network (or ``net``, the magnet) beside ``module`` (a per-device copy on a
+        multi-device learner)."""
+        net = self.target if net is None else net
         if Col.ACTION_MASK in batch:  # ``module`` is the masked view: the target's logits get the same mask
-            return ActionMasked(self.target.for_module(module.module), batch[Col.ACTION_MASK])
-        return self.target.for_module(module)
+            return ActionMasked(net.for_module(module.module), batch[Col.ACTION_MASK])
+        return net.for_module(module)
+
+    def _magnet_kl(self, module, batch: dict, u) -> Optional[torch.Tensor]:
+        """KL(pi || magnet) per step, time-major, the magnet being the policy's parameter average; None without one."""
+        if self.magnet is None or self.magnet_coeff <= 0:
+            return None
+        with torch.no_grad():
+            net = self._target_net(module, batch, self.magnet)
+            if getattr(module, "recurrent", False):
+                inputs = run_sequences(net, batch, self.seq_len)[0]
+            else:
+                inputs, _ = net(batch[Col.OBS])
+        return time_major(u.dist.kl(module.dist_cls(inputs)), self.seq_len)
 
     def __call__(self, module, batch: dict, learner=None) -> tuple[torch.Tensor, dict]:
         if Col.ACTION_MASK in batch:
@@ -135,6 +153,10 @@ class APPOLoss(LossRecord):
             kl_coeff=kl.coeff if kl is not None else 0.0,
         )
         loss = terms.pop("total_loss")
+        magnet_kl = self._magnet_kl(module, batch, u)
+        if magnet_kl is not None:
+            terms["magnet_kl"] = masked_mean(magnet_kl, u.valid)
+            loss = loss + self.magnet_coeff * terms["magnet_kl"]
         stats = {k: v.detach() for k, v in terms.items()}
         stats["mean_rho"] = masked_mean(vt.rhos, u.valid)
         return loss, stats

@@ -19,6 +19,7 @@ import torch
 from shoal.envs.multi_agent import make_scripted_player
 from shoal.errors import ConfigError, EnvError
 from shoal.framework.evaluator import Evaluator
+from shoal.league.policies import AVERAGE, average_of
 from shoal.models import build_actor_critic
 from shoal.rollout.multi_agent import MultiAgentEnvRunner
 from shoal.seeding import EVAL_RUNNER_INDEX
@@ -70,10 +71,13 @@ class LeagueEvaluator(Evaluator):
         return True
 
     def module(self, policy_id: str) -> torch.nn.Module:
-        """``policy_id``'s network with its latest weights, in this process."""
+        """``policy_id``'s network with its latest weights, in this process (``"<player>@average"``:
+        a learning player's parameter average)."""
         algo = self.algo
+        player = average_of(policy_id)
+        weights = algo.weights[policy_id] if player is None else algo.average_weights(player)
         module = build_actor_critic(algo.obs_space, algo.action_space, algo.config.model)
-        module.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in algo.weights[policy_id].items()})
+        module.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in weights.items()})
         return module.eval()
 
     def _game_or_error(self, what: str):
@@ -137,7 +141,8 @@ class LeagueEvaluator(Evaluator):
     def evaluate(self, n: int, render: bool = False) -> dict[str, float]:
         """Main against the uniform random player (+1 win, 0 draw, -1 loss); against each lookahead
         heuristic in the games they play (``win_rate_vs_heuristic``, one-step; ``..._heuristic2``,
-        two-step); on an OpenSpiel game, main's ``exploitability`` and the frozen players' Nash
+        two-step); on an OpenSpiel game, main's ``exploitability``, its parameter average's
+        (``main_average_exploitability``, with ``average_tau``) and the frozen players' Nash
         mixture's (``mixture_exploitability``)."""
         if render:
             raise ConfigError(
@@ -161,6 +166,8 @@ class LeagueEvaluator(Evaluator):
                 result.update({f"win_rate_vs_{name}": h["win_rate"], f"draw_rate_vs_{name}": h["draw_rate"]})
         if self.openspiel_game() is not None:
             result["exploitability"] = self.exploitability("main")
+            if self.algo.config.average_tau is not None:
+                result["main_average_exploitability"] = self.exploitability(f"main{AVERAGE}")
             mixture = self.league_mixture()
             result.update(
                 mixture_exploitability=mixture.exploitability,

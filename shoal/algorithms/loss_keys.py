@@ -1,7 +1,7 @@
 """The key groups of the losses several algorithms share, composed into their flat configs as
 :mod:`shoal.framework.config_groups` describes: V-trace's (IMPALA, APPO, AlphaStar), APPO's
 clipped surrogate against a target (APPO, AlphaStar), PPO's (PPO, DD-PPO) and the adaptive KL
-penalty (PPO, APPO, AlphaStar), with the check that spans two of them."""
+penalty (PPO, APPO, AlphaStar), the league's parameter averages and magnet (AlphaStar), with the check that spans two of them."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Optional
 from pydantic import Field
 
 from shoal.config import EntropySchedule, Section
+from shoal.errors import ConfigError
 
 
 class VTraceKeys(Section):
@@ -37,6 +38,35 @@ class ClipTargetKeys(Section):
 
     clip_param: float = Field(0.4, gt=0, description="Clip of the ratio pi / pi_target in the surrogate.")
     target_update_frequency: int = Field(4, ge=1, description="Learner updates between target-network refreshes.")
+
+
+class PolicyAverageKeys(Section):
+    """Each learning policy's parameter average and the magnet that pulls the policy towards it
+    (AlphaStar). The average is an exponential moving average of the policy's own parameters:
+    on a game where the latest policy cycles around an equilibrium, the average sits nearer its
+    centre. With ``magnet_coeff`` the loss adds ``magnet_coeff * KL(pi || average)`` (magnetic
+    mirror descent with the average as a moving magnet)."""
+
+    average_tau: Optional[float] = Field(
+        0.002,
+        gt=0,
+        le=1,
+        description="Each learning policy's learner keeps an exponential moving average of its parameters, moved "
+        "this fraction of the way to them after every update (the '<player>@average' policy: loadable, its "
+        "exploitability reported on OpenSpiel games); None: no average.",
+    )
+    magnet_coeff: float = Field(
+        0.0, ge=0, description="Weight of KL(pi || average) in the policy's loss (needs average_tau); 0: no pull."
+    )
+
+
+def check_policy_average(cfg) -> None:
+    """The magnet pulls towards the average: it needs one."""
+    if cfg.magnet_coeff > 0 and cfg.average_tau is None:
+        raise ConfigError(
+            f"magnet_coeff ({cfg.magnet_coeff}) pulls each policy towards its parameter average, and "
+            "average_tau is None (no average kept): set average_tau (e.g. 0.002) or magnet_coeff: 0"
+        )
 
 
 class PPOLossKeys(Section):

@@ -78,7 +78,8 @@ def load_policy(
     ``env=my_callable`` for an env saved without an import path).
 
     A league run (alpha_star) holds several players: ``policy`` names one (``"main"``, an
-    exploiter, a snapshot), or on an OpenSpiel game ``"league_nash"``, the Nash mixture of the
+    exploiter, a snapshot), ``"<player>@average"`` a learning player's parameter average (a run
+    with ``average_tau``), or on an OpenSpiel game ``"league_nash"``, the Nash mixture of the
     meta-game over the frozen players; see :mod:`shoal.league.policies`.
 
     ``trust=True`` imports the code the checkpoint's config names (an env factory, a custom model)
@@ -126,7 +127,7 @@ def _league_policy(opened: ckpt.OpenedCheckpoint, config, policy: str | None):
     import torch
 
     from shoal.envs.multi_agent import make_multi_agent_env
-    from shoal.league.policies import LEAGUE_NASH, LeaguePolicy, MixturePolicy
+    from shoal.league.policies import LEAGUE_NASH, LeaguePolicy, MixturePolicy, average_of
     from shoal.models import build_actor_critic
 
     state, path = opened.state, opened.path
@@ -145,10 +146,21 @@ def _league_policy(opened: ckpt.OpenedCheckpoint, config, policy: str | None):
             f"Checkpoint '{path}': a league's players pick one of n actions; its env acts in {action_space}."
         )
 
-    def module(pid: str) -> torch.nn.Module:
+    def module(pid: str, weights: Any = None) -> torch.nn.Module:
         m = build_actor_critic(obs_space, action_space, config.model)
-        m.load_state_dict(state["weights"][pid])
+        m.load_state_dict(state["weights"][pid] if weights is None else weights)
         return m.eval()
+
+    player = average_of(policy)
+    if player is not None:
+        average = state.get("learners", {}).get(player, {}).get("average")
+        if average is None:
+            raise ConfigError(
+                f"Checkpoint '{path}' has no parameter average of {player!r}: a league keeps one for each "
+                f"learning player when average_tau is set (this run's: {getattr(config, 'average_tau', None)}); "
+                f"its players are {', '.join(players)}."
+            )
+        return LeaguePolicy(module(player, average["module"]), policy, int(action_space.n), seed=config.seed)
 
     if policy == LEAGUE_NASH:
         if not (isinstance(config.env, str) and config.env.startswith("openspiel:")):

@@ -19,6 +19,12 @@ import numpy as np
 import torch
 
 LEAGUE_NASH = "league_nash"
+AVERAGE = "@average"  # "<player>@average": a learning player's parameter average (``average_tau``)
+
+
+def average_of(policy_id: str) -> str | None:
+    """The player whose parameter average ``policy_id`` names ("main@average" -> "main"); None for a player."""
+    return policy_id[: -len(AVERAGE)] if policy_id.endswith(AVERAGE) else None
 
 
 def _rows(obs: Any, action_mask: Any, n: int) -> tuple[np.ndarray, np.ndarray, bool]:

@@ -82,8 +82,9 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 
 def exploitability_curve(run_dir: Optional[Path]) -> list[dict[str, Any]]:
     """The evaluations of an OpenSpiel league's run (``results.jsonl``): per evaluated iteration,
-    ``iteration``, ``env_steps``, main's exploitability (``main``) and the frozen players' Nash
-    mixture's (``mixture``, None when not measured). Empty for other runs."""
+    ``iteration``, ``env_steps``, main's exploitability (``main``), its parameter average's
+    (``main_average``) and the frozen players' Nash mixture's (``mixture``; each None when not
+    measured). Empty for other runs."""
     path = None if run_dir is None else Path(run_dir) / "results.jsonl"
     if path is None or not path.is_file():
         return []
@@ -99,6 +100,7 @@ def exploitability_curve(run_dir: Optional[Path]) -> list[dict[str, Any]]:
                     "iteration": row.get("iteration"),
                     "env_steps": row.get("env_steps_sampled"),
                     "main": row["evaluation/exploitability"],
+                    "main_average": row.get("evaluation/main_average_exploitability"),
                     "mixture": row.get("evaluation/mixture_exploitability"),
                 }
             )
@@ -117,13 +119,9 @@ def exploitability_figure(curve: list[dict[str, Any]]):
     ax = fig.add_subplot()
     steps = [c["env_steps"] for c in curve]
     ax.plot(steps, [c["main"] for c in curve], marker=".", label="main")
-    if any(c["mixture"] is not None for c in curve):
-        ax.plot(
-            steps,
-            [np.nan if c["mixture"] is None else c["mixture"] for c in curve],
-            marker=".",
-            label="Nash mixture of the frozen players",
-        )
+    for key, label in (("main_average", "main's parameter average"), ("mixture", "Nash mixture of the frozen players")):
+        if any(c.get(key) is not None for c in curve):
+            ax.plot(steps, [np.nan if c.get(key) is None else c[key] for c in curve], marker=".", label=label)
     ax.set_xlabel("env steps")
     ax.set_ylabel("exploitability (NashConv / 2)")
     ax.set_ylim(bottom=0)
@@ -183,12 +181,22 @@ def format_league_report(report: dict[str, Any]) -> str:
     ]
     curve = report.get("exploitability") or []
     if curve:
+        average = any(c.get("main_average") is not None for c in curve)
         out += [
             "",
             "Exploitability (lower is better; 0 at a Nash equilibrium)",
             _table(
-                ["iteration", "env steps", "main", "Nash mixture"],
-                [[c["iteration"], c["env_steps"], c["main"], c["mixture"]] for c in curve],
+                ["iteration", "env steps", "main", *(["main@average"] if average else []), "Nash mixture"],
+                [
+                    [
+                        c["iteration"],
+                        c["env_steps"],
+                        c["main"],
+                        *([c.get("main_average")] if average else []),
+                        c["mixture"],
+                    ]
+                    for c in curve
+                ],
             ),
         ]
     return "\n".join(out) + "\n"

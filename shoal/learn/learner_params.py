@@ -8,8 +8,8 @@ config change (``Algorithm.update_config``) builds a new record from the changed
 
 The keys a config may have are declared here as protocols: :class:`LearnerConfig` every
 config's (:class:`~shoal.config.AlgorithmConfig`'s), :class:`KLPenaltyConfig` and
-:class:`EntropyScheduleConfig` those of the configs with an adaptive KL penalty or an entropy
-bonus on a schedule. A config without the optional keys gets the record's defaults (no KL
+:class:`EntropyScheduleConfig` and :class:`PolicyAverageConfig` those of the configs with an adaptive KL
+penalty, an entropy bonus on a schedule or a parameter average. A config without the optional keys gets the record's defaults (no KL
 penalty, no entropy schedule).
 """
 
@@ -61,6 +61,17 @@ class EntropyScheduleConfig(Protocol):
     def entropy_coeff_schedule(self) -> Optional[Sequence[tuple[int, float]]]: ...
 
 
+@runtime_checkable
+class PolicyAverageConfig(Protocol):
+    """A parameter average's keys and its magnet's (AlphaStar: ``PolicyAverageKeys``)."""
+
+    @property
+    def average_tau(self) -> Optional[float]: ...
+
+    @property
+    def magnet_coeff(self) -> float: ...
+
+
 def _schedule(points: Optional[Sequence[tuple[int, float]]]) -> Optional[Schedule]:
     """A config's schedule as a tuple of ``(env_steps, value)`` pairs; None when it has none."""
     return tuple((x, y) for x, y in points) if points else None
@@ -81,6 +92,8 @@ class LearnerParams:
     kl_coeff: float = 0.0
     kl_target: float = 0.01
     kl_penalty_keys: bool = False  # the config has the penalty's keys: results report the coefficient
+    average_tau: Optional[float] = None  # the learner keeps an average of its parameters, moved by this per update
+    magnet_coeff: float = 0.0  # the loss's pull towards that average
 
     @classmethod
     def config_values(cls, cfg: LearnerConfig) -> dict[str, Any]:
@@ -100,6 +113,9 @@ class LearnerParams:
                 kl_target=float(cfg.kl_target),
                 kl_penalty_keys=True,
             )
+        if isinstance(cfg, PolicyAverageConfig):
+            tau = cfg.average_tau
+            values.update(average_tau=None if tau is None else float(tau), magnet_coeff=float(cfg.magnet_coeff))
         return values
 
     @classmethod

@@ -64,12 +64,15 @@ class PolicyLearner:
         self.target: Optional[TargetNetwork] = None
         if target_period is not None:
             self.target = TargetNetwork(module, target_period, unit="updates")
+        # an average of the policy's parameters, moved after every update; the magnet when the loss pulls towards it
+        self.average: Optional[TargetNetwork] = None
+        objects: dict[str, Any] = {"target": self.target, "kl": self.kl}
+        if params.average_tau is not None:
+            self.average = TargetNetwork(module, 1, unit="updates", tau=params.average_tau)
+            if params.magnet_coeff > 0:
+                objects["magnet"] = self.average
         self.learner = learner_cls(
-            module,
-            make_loss(config, target=self.target, kl=self.kl),
-            device=device,
-            **params.learner_kwargs(),
-            **learner_kwargs,
+            module, make_loss(config, **objects), device=device, **params.learner_kwargs(), **learner_kwargs
         )
         # KL(target || policy) measured by the loss at each update that completes a target period:
         # appended by the learning thread, consumed by ``after_update``
@@ -79,6 +82,8 @@ class PolicyLearner:
             if self.kl.enabled:  # runs first: reads the period's last KL before the refresh
                 self.learner.add_post_update_hook(self._record_period_kl)
             self.learner.add_post_update_hook(self.target.post_update)
+        if self.average is not None:
+            self.learner.add_post_update_hook(self.average.post_update)
 
     def update(
         self, batch: Batch, num_epochs: int, minibatch_size: int, rng: np.random.Generator, *, sequence_length: int = 1
@@ -162,14 +167,17 @@ class PolicyLearner:
 
     def set_weights(self, weights: dict) -> None:
         self.learner.set_weights(weights)
-        if self.target is not None:
-            self.target.sync()
+        for net in (self.target, self.average):
+            if net is not None:
+                net.sync()
 
     def get_state(self) -> dict[str, Any]:
         """The module with its optimizer (Adam moments), update count, target network and KL coefficient."""
         state = {"learner": self.learner.get_state(), "kl": self.kl.get_state()}
         if self.target is not None:
             state["target"] = self.target.get_state()
+        if self.average is not None:
+            state["average"] = self.average.get_state()
         return state
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -178,3 +186,7 @@ class PolicyLearner:
             self.kl.set_state(state["kl"])
         if self.target is not None and "target" in state:
             self.target.set_state(state["target"])
+        if self.average is not None and "average" in state:
+            self.average.set_state(state["average"])
+        elif self.average is not None:  # saved without an average: it starts at the restored policy
+            self.average.sync()
