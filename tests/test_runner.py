@@ -337,8 +337,8 @@ class _RoundWorker:
 
     def sample_and_train(self):
         from shoal.errors import DivergenceError
+        from shoal.framework.runner import WorkerRound
         from shoal.learn.distributed import CollectiveError
-        from shoal.learn.runner import WorkerRound
         from shoal.learn.threads import LearnerResult
         from shoal.rollout.env_runner import RolloutMetrics
 
@@ -373,7 +373,7 @@ class _DriverCopy(_Learner):
 
 
 def _worker_runner(outcomes: dict[int, list[str]]):
-    from shoal.learn.runner import WorkerRunner
+    from shoal.framework.runner import WorkerRunner
     from shoal.runtime import LocalActorGroup
 
     _RoundWorker.outcomes = outcomes

@@ -15,7 +15,7 @@ copies the full learner state (weights and optimizer) of one survivor to every o
 member before training goes on.
 
 The driver drives the workers through a learner runner, ``WorkerRunner``
-(:mod:`shoal.learn.runner`): it starts their rounds, turns each worker's round into a
+(:mod:`shoal.framework.runner`): it starts their rounds, turns each worker's round into a
 ``LearnerResult`` and keeps the process group (forming, re-forming, the settled-worker calls).
 
 Reads in order: config, the worker (sample + loss via PPO's, from ``ppo_loss.py``), training_step.
@@ -37,6 +37,7 @@ from shoal.config import AlgorithmConfig, ResourcesConfig
 from shoal.errors import DivergenceError
 from shoal.framework.base import Algorithm
 from shoal.framework.policies import PolicySet
+from shoal.framework.runner import WorkerRound, WorkerRunner
 from shoal.learn import Learner, resolve_device
 from shoal.learn.distributed import (
     BACKENDS,
@@ -49,7 +50,6 @@ from shoal.learn.distributed import (
     node_ip,
 )
 from shoal.learn.policy_learner import PolicyLearner
-from shoal.learn.runner import WorkerRound, WorkerRunner
 from shoal.learn.stats import mean_stats
 from shoal.learn.threads import LearnerResult
 from shoal.logging.metrics import Phase

@@ -121,6 +121,18 @@ def load_policy(
     return Policy(config, info, acting, norm_stats)
 
 
+def _average_weights(state: dict, player: str, path: Any, config: Any, players: list[str]) -> Any:
+    """A learning player's parameter average from a league checkpoint's learner state (``average_tau``)."""
+    average = state.get("learners", {}).get(player, {}).get("average")
+    if average is None:
+        raise ConfigError(
+            f"Checkpoint '{path}' has no parameter average of {player!r}: a league keeps one for each "
+            f"learning player when average_tau is set (this run's: {getattr(config, 'average_tau', None)}); "
+            f"its players are {', '.join(players)}."
+        )
+    return average["module"]
+
+
 def _league_policy(opened: ckpt.OpenedCheckpoint, config, policy: str | None):
     """A league player's policy, or its Nash mixture (``"league_nash"``), from checkpoint ``opened``."""
     import gymnasium as gym
@@ -153,14 +165,8 @@ def _league_policy(opened: ckpt.OpenedCheckpoint, config, policy: str | None):
 
     player = average_of(policy)
     if player is not None:
-        average = state.get("learners", {}).get(player, {}).get("average")
-        if average is None:
-            raise ConfigError(
-                f"Checkpoint '{path}' has no parameter average of {player!r}: a league keeps one for each "
-                f"learning player when average_tau is set (this run's: {getattr(config, 'average_tau', None)}); "
-                f"its players are {', '.join(players)}."
-            )
-        return LeaguePolicy(module(player, average["module"]), policy, int(action_space.n), seed=config.seed)
+        weights = _average_weights(state, player, path, config, players)
+        return LeaguePolicy(module(player, weights), policy, int(action_space.n), seed=config.seed)
 
     if policy == LEAGUE_NASH:
         if not (isinstance(config.env, str) and config.env.startswith("openspiel:")):

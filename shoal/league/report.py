@@ -179,27 +179,26 @@ def format_league_report(report: dict[str, Any]) -> str:
         "Win rate of row player against column player",
         _table(["", *m["ids"]], [[pid, *row] for pid, row in zip(m["ids"], m["matrix"])]),
     ]
-    curve = report.get("exploitability") or []
-    if curve:
-        average = any(c.get("main_average") is not None for c in curve)
-        out += [
-            "",
-            "Exploitability (lower is better; 0 at a Nash equilibrium)",
-            _table(
-                ["iteration", "env steps", "main", *(["main@average"] if average else []), "Nash mixture"],
-                [
-                    [
-                        c["iteration"],
-                        c["env_steps"],
-                        c["main"],
-                        *([c.get("main_average")] if average else []),
-                        c["mixture"],
-                    ]
-                    for c in curve
-                ],
-            ),
-        ]
+    out += _exploitability_table(report.get("exploitability") or [])
     return "\n".join(out) + "\n"
+
+
+def _exploitability_table(curve: list[dict[str, Any]]) -> list[str]:
+    """The report's exploitability lines (main, its parameter average when measured, the Nash mixture)."""
+    if not curve:
+        return []
+    average = any(c.get("main_average") is not None for c in curve)
+    return [
+        "",
+        "Exploitability (lower is better; 0 at a Nash equilibrium)",
+        _table(
+            ["iteration", "env steps", "main", *(["main@average"] if average else []), "Nash mixture"],
+            [
+                [c["iteration"], c["env_steps"], c["main"], *([c.get("main_average")] if average else []), c["mixture"]]
+                for c in curve
+            ],
+        ),
+    ]
 
 
 def heatmap_figure(report: dict[str, Any]):
