@@ -78,6 +78,14 @@ def test_two_policies_each_trained_by_two_learners_keep_identical_replicas(ray_c
         assert not _equal(replicas["p0"][0], replicas["p1"][0])  # each policy its own weights
         weights = algo.get_weights()
         assert _equal(weights["p0"], replicas["p0"][0]) and _equal(weights["p1"], replicas["p1"][0])
+        algo.broadcast_weights()  # each group's learner 0 publishes {its policy: weights}
+        for _ in range(200):
+            algo.thread.drain(timeout_s=0.05)
+            if not any(g._weights_asked for g in groups.values()):
+                break
+        algo.publisher.send()  # deliver now rather than with the next sample request
+        (played,) = algo.env_runners.foreach("get_weights")
+        assert _equal(played["p0"], replicas["p0"][0]) and _equal(played["p1"], replicas["p1"][0])
     finally:
         algo.stop()
 
@@ -87,6 +95,7 @@ def test_a_sigkilled_replica_of_one_policy_is_replaced_and_training_goes_on(ray_
     algo = APPOConfig(**SMALL).build()
     try:
         _train_until(algo, lambda r: r["num_learner_results"] >= 2)
+        algo.update_config({"lr": 0.0005})  # travels with each group's next round
         group = algo.learner_groups["p1"]
         victim = group.group.call(1, "pid")
         os.kill(victim, signal.SIGKILL)
@@ -99,8 +108,37 @@ def test_a_sigkilled_replica_of_one_policy_is_replaced_and_training_goes_on(ray_
         for pid, g in algo.learner_groups.items():
             r0, r1 = _replicas(g)
             assert _equal(r0, r1), pid  # the re-formed group's replicas are identical again
+            states = [g.group.call(i, "get_state") for i in sorted(g.group.actor_ids)]
+            lrs = [st["learner"]["optimizer"]["param_groups"][0]["lr"] for st in states]
+            assert lrs == [0.0005, 0.0005], (pid, lrs)  # the recreated learner too
     finally:
         algo.stop()
+
+
+@pytest.mark.ray
+def test_a_frozen_policy_has_no_group_and_a_checkpoint_resumes_the_learning_ones(ray_cluster, tmp_path):
+    cfg = APPOConfig(**{**SMALL, "multi_agent": {**SMALL["multi_agent"], "policies_to_train": ["p0"]}})
+    algo = cfg.build()
+    try:
+        initial = algo.get_weights()
+        _train_until(algo, lambda r: r["num_learner_results"] >= 3)
+        assert list(algo.learner_groups) == ["p0"]
+        r0, r1 = _replicas(algo.learner_groups["p0"])
+        assert _equal(r0, r1) and not _equal(r0, initial["p0"])
+        saved = algo.get_weights()
+        assert _equal(saved["p0"], r0) and _equal(saved["p1"], initial["p1"])  # the frozen one never moved
+        path = algo.save(tmp_path)
+    finally:
+        algo.stop()
+    resumed = cfg.build()
+    try:
+        resumed.restore(path)
+        assert _equal(resumed.get_weights()["p0"], saved["p0"])  # before the learners start: the driver's copy
+        _train_until(resumed, lambda r: r["num_learner_results"] > 0)
+        r0, r1 = _replicas(resumed.learner_groups["p0"])
+        assert _equal(r0, r1) and not _equal(r0, saved["p0"])  # trained on from there
+    finally:
+        resumed.stop()
 
 
 @pytest.mark.ray
