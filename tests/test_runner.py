@@ -193,6 +193,7 @@ class _Group:
     """A learner group's driver side: records rounds, answers results with learner 0's stats."""
 
     started = True
+    num_learners = 2
 
     def __init__(self) -> None:
         self.rounds: list = []
@@ -230,10 +231,36 @@ def test_a_group_runner_hands_rounds_over_and_mirrors_the_members_kl_coefficient
     assert p.calls == []  # the members ran the post-update phase; the driver only mirrors it
     with pytest.raises(KeyError):
         runner.submit({"other": []})
-    with pytest.raises(ValueError, match="trains one policy"):
+    with pytest.raises(ValueError, match="fixed set of policies"):
         runner.add_policy("q", _Learner("q"))
     with pytest.raises(ValueError, match="trains one policy"):
         GroupRunner(group, {"a": p, "b": p}, lambda: 0)
+
+
+def test_a_group_runner_gives_each_policy_its_own_group_and_rounds():
+    from shoal.framework.learner_group import LearnerGroups
+    from shoal.framework.runner import GroupRunner
+
+    class _KL:
+        coeff = 1.0
+
+    a, b = _Learner("a"), _Learner("b")
+    a.kl, b.kl = _KL(), _KL()
+    ga, gb = _Group(), _Group()
+    runner = GroupRunner(LearnerGroups({"a": ga, "b": gb}), {"a": a, "b": b}, lambda: 7)
+    assert runner.single_policy is None and runner.policy_ids == ["a", "b"]
+    assert runner.submit({"b": [["r0"], ["r1"]]})  # one policy's round, the other's group untouched
+    assert gb.rounds == [([["r0"], ["r1"]], 7)] and ga.rounds == []
+    ga.pending, gb.pending = [(16, 0.5)], [(32, 3.0)]
+    out = runner.results()
+    assert sorted((r.policy_id, r.env_steps) for r in out) == [("a", 16), ("b", 32)]
+    assert (a.kl.coeff, b.kl.coeff) == (0.5, 3.0)  # each driver copy mirrors its own group
+    with pytest.raises(ValueError, match="fixed set of policies"):
+        runner.add_policy("c", _Learner("c"))
+    with pytest.raises(ValueError, match="cannot leave"):
+        runner.remove_policy("a")
+    with pytest.raises(ValueError, match="the learning policies are"):
+        GroupRunner(LearnerGroups({"a": ga}), {"a": a, "b": b}, lambda: 0)
 
 
 class _Shards:

@@ -177,7 +177,10 @@ def check_learner_thread(cfg) -> None:
 
 
 def check_learner_group(cfg) -> None:
-    """``resources.num_learners`` > 1: what the learner group needs (see :mod:`shoal.framework.learner_group`)."""
+    """``resources.num_learners`` > 1: what the learner group needs (see :mod:`shoal.framework.learner_group`);
+    with a ``multi_agent`` section, each learning policy has a group of its own. Whether the
+    learners fit (num learning policies x num_learners x num_cpus_per_learner, with the rollout
+    actors) is checked against the cluster when the run reserves its placement group."""
     res = cfg.resources
     K = res.num_learners
     if K == 1:
@@ -187,10 +190,6 @@ def check_learner_group(cfg) -> None:
         raise ValueError(
             f"{why} needs remote rollout actors (resources.num_workers >= 1): their fragments go to the "
             "learners by object reference, which the driver's own sampling (num_workers=0) has none of"
-        )
-    if getattr(cfg, "multi_agent", None) is not None:
-        raise ValueError(
-            f"{why} trains one policy; a multi_agent section's policies learn in the driver (num_learners: 1)"
         )
     if res.num_gpus > 0:
         raise ValueError(

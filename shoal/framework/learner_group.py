@@ -36,6 +36,10 @@ each replica's gradient weighted by its valid rows, advantages standardized over
   ``num_learner_batches_lost``); when no learner survives, the group restarts from the
   weights last broadcast (learner 0's latest) with the driver's copy of the rest of the state
   (the optimizer's moments as of the last checkpoint or pull).
+- **Several policies.** With a ``multi_agent`` section each learning policy has a group of its
+  own (:class:`LearnerGroups` drives them as one): its members are built from the policy's
+  config, learn the policy's rows of each fragment and publish ``{policy_id: weights}``; each
+  group takes its rounds, and re-forms after a failure, on its own.
 """
 
 from __future__ import annotations
@@ -87,11 +91,14 @@ class _GroupThread(LearnerThread):
 
 class GroupLearner:
     """One member of the learner group (a Ray actor): a policy replica with an all-reducing learner
-    and its own learner thread, fed batches of fragment references by the driver."""
+    and its own learner thread, fed batches of fragment references by the driver. ``policy_id``: the
+    policy of a ``multi_agent`` section this group trains (``config`` is then that policy's): each
+    fragment is a ``{policy_id: Batch}`` of which it learns its own, and its weights go out as
+    ``{policy_id: weights}``; None for a single policy."""
 
-    def __init__(self, config, index: int, obs_space, action_space) -> None:
+    def __init__(self, config, index: int, obs_space, action_space, policy_id: Optional[str] = None) -> None:
         configure_process(config.resources)
-        self.config, self.index = config, index
+        self.config, self.index, self.policy_id = config, index, policy_id
         res = config.resources
         device = runtime.assigned_cuda_device() if res.num_gpus_per_learner > 0 else "cpu"
         self.policy = config.algorithm_cls._policy_learner(
@@ -145,6 +152,8 @@ class GroupLearner:
         assert self.thread is not None, "join_group first"
         parts, lost = runtime.fetch_objects(refs)
         self.num_lost_fragments += lost
+        if self.policy_id is not None:  # a multi-agent fragment: this policy's rows (none: an empty part)
+            parts = [p[self.policy_id] for p in parts if self.policy_id in p]
         if self.thread.ident is None:
             self.thread.start()
         self.num_added += 1
@@ -176,9 +185,12 @@ class GroupLearner:
         return self.thread.hold() if self.thread is not None else contextlib.nullcontext()
 
     def weights(self) -> tuple[dict, int]:
-        """(the weights, the updates they follow): the driver leaves the weights in the object store."""
+        """(the weights, the updates they follow): the driver leaves the weights in the object store
+        (as the rollout actors take them: ``{policy_id: weights}`` for a policy of several)."""
         with self._held():
-            return self.learner.get_weights(), self.thread.num_updates if self.thread is not None else 0
+            w = self.learner.get_weights()
+            out = w if self.policy_id is None else {self.policy_id: w}
+            return out, self.thread.num_updates if self.thread is not None else 0
 
     def get_state(self) -> dict[str, Any]:
         with self._held():
@@ -194,7 +206,8 @@ class GroupLearner:
         self.policy.apply_config(config, set_lr="lr" in keys)
 
     def get_weights(self) -> dict:
-        return self.weights()[0]
+        with self._held():
+            return self.learner.get_weights()
 
     def stats(self) -> dict[str, float]:
         out = dict(self.thread.stats()) if self.thread is not None else {}
@@ -444,3 +457,73 @@ class LearnerGroup:
             "num_learner_batches_lost": float(self.num_batches_lost),
             "num_learner_rounds_dropped": float(self.num_dropped),
         }
+
+
+class LearnerGroups:
+    """A learner group per learning policy of a ``multi_agent`` section (``groups``: policy id ->
+    its :class:`LearnerGroup` of K learners), as the pipeline sees one: started, stopped, drained
+    and checked together. Each group takes its rounds on its own; sampling pauses while any
+    group is full (every fragment goes to every group: a slower group sets the pace, and no
+    round waits unboundedly). Results carry their policy id; counters are summed over groups."""
+
+    def __init__(self, groups: dict[str, LearnerGroup]) -> None:
+        if not groups:
+            raise ValueError("no learning policy: nothing for a learner group to train")
+        self.groups = dict(groups)
+        self.num_learners = next(iter(self.groups.values())).num_learners  # K, in each group
+
+    @property
+    def ident(self) -> Optional[int]:
+        return 1 if all(g.ident is not None for g in self.groups.values()) else None
+
+    @property
+    def started(self) -> bool:
+        return all(g.started for g in self.groups.values())
+
+    def start(self) -> None:
+        for g in self.groups.values():
+            if not g.started:
+                g.start()
+
+    def stop(self) -> None:
+        for g in self.groups.values():
+            g.stop()
+
+    def full(self) -> bool:
+        return any(g.full() for g in self.groups.values())
+
+    @property
+    def num_updates(self) -> int:
+        return sum(g.num_updates for g in self.groups.values())
+
+    @property
+    def num_dropped(self) -> int:
+        return sum(g.num_dropped for g in self.groups.values())
+
+    def drain(self, timeout_s: float = 0.0) -> list[LearnerResult]:
+        """Every group's results, each with its policy id (``timeout_s`` shared between the groups)."""
+        each = timeout_s / len(self.groups)
+        return [r._replace(policy_id=pid) for pid, g in self.groups.items() for r in g.drain(timeout_s=each)]
+
+    def wait_idle(self, timeout_s: float = 60.0) -> list[LearnerResult]:
+        return [r._replace(policy_id=pid) for pid, g in self.groups.items() for r in g.wait_idle(timeout_s)]
+
+    def request_weights(self) -> None:
+        for g in self.groups.values():
+            g.request_weights()
+
+    def check(self) -> None:
+        for g in self.groups.values():
+            g.check()
+
+    def stats(self) -> dict[str, float]:
+        """The groups' counters (``num_*``) summed, ``num_learners`` per group, the rest averaged."""
+        per = [g.stats() for g in self.groups.values()]
+        out: dict[str, float] = {}
+        for key in dict.fromkeys(k for s in per for k in s):
+            vals = [s[key] for s in per if key in s]
+            if key.startswith("num_") and key != "num_learners":
+                out[key] = float(sum(vals))
+            else:
+                out[key] = float(max(vals) if key.endswith("_max") else sum(vals) / len(vals))
+        return out

@@ -41,7 +41,7 @@ from typing import Any, Optional
 from shoal import runtime
 from shoal.batch import Batch
 from shoal.framework.base import Algorithm
-from shoal.framework.learner_group import GroupLearner, LearnerGroup
+from shoal.framework.learner_group import GroupLearner, LearnerGroup, LearnerGroups
 from shoal.framework.policies import PolicySet, build_policy_module
 from shoal.framework.runner import GroupRunner, ThreadRunner
 from shoal.framework.weights_publisher import WeightsPublisher
@@ -188,10 +188,15 @@ class AsyncPipeline:
 
 class RefPipeline(AsyncPipeline):
     """The pipeline of a learner group (``resources.num_learners`` > 1): rollout fragments stay in
-    the object store and ``pending`` holds their references; every ``train_batch_size`` rows'
+    the object store and ``refs`` holds their references; every ``train_batch_size`` rows'
     worth becomes one round, ``train_batch_size / num_learners`` rows for each learner
     (:class:`~shoal.framework.learner_group.LearnerGroup`, in ``thread``'s place). A round waits
-    while some learner has no room: the group never drops a batch, sampling pauses instead."""
+    while some learner has no room: the group never drops a batch, sampling pauses instead.
+
+    With a ``multi_agent`` section each learning policy has its own group and its own ``refs``:
+    every fragment (a ``{policy_id: Batch}``) goes to every policy's, whose members learn that
+    policy's rows in it, so a policy's round is ``train_batch_size`` rows of fragments, its own
+    agents' share of them. Each policy's rounds go to its group on their own."""
 
     def __init__(
         self,
@@ -211,8 +216,8 @@ class RefPipeline(AsyncPipeline):
             publisher=publisher,
         )
         self.per_learner = train_batch_size // (runner.group.num_learners * fragment_rows)  # fragments
-        self.policy_id: str = runner.policy_id  # the group's one policy
-        self.refs: list[Any] = []
+        self.groups = runner.groups  # policy id -> its learner group
+        self.refs: dict[str, list[Any]] = {pid: [] for pid in runner.policy_ids}  # fragments per policy
 
     def sample(self) -> list[tuple[Any, Any]]:
         """(fragment reference, metrics) of the fragments that are ready."""
@@ -223,13 +228,15 @@ class RefPipeline(AsyncPipeline):
         return [r for _, r in self.env_runners.fetch_ready(timeout_s=WAIT_S)]
 
     def enqueue(self, sampled: list[Any]) -> None:
-        self.refs.extend(sampled)
         K, n = self.thread.num_learners, self.per_learner
-        while len(self.refs) >= K * n and not self.thread.full():
-            take = self.refs[: K * n]
-            if not self.runner.submit({self.policy_id: [take[k * n : (k + 1) * n] for k in range(K)]}):
-                break  # the group re-formed with no room: the fragments wait for the next step
-            self.refs = self.refs[K * n :]
+        for pid, refs in self.refs.items():
+            refs.extend(sampled)
+            group = self.groups[pid]
+            while len(refs) >= K * n and not group.full():
+                take = refs[: K * n]
+                if not self.runner.submit({pid: [take[k * n : (k + 1) * n] for k in range(K)]}):
+                    break  # the group re-formed with no room: the fragments wait for the next step
+                del refs[: K * n]
 
 
 # ---- the algorithm around the pipeline (IMPALA and APPO) ----------------------------------------
@@ -255,8 +262,10 @@ class AsyncAlgorithm(Algorithm):
             self.learner = self.policies.only.learner
         self.env_runners = make_sequence_runners(self)
         cfg: Any = self.config  # IMPALA's or APPO's
-        if self._num_learners() > 1:  # K learner processes; the driver keeps a copy of the policy
-            self.thread = self._make_learner_group()
+        self._base_ref: Any = None  # the weights published from the driver's copies (every policy's)
+        self._group_refs: dict[str, Any] = {}  # policy id -> its group's latest weights (multi_agent)
+        if self._num_learners() > 1:  # K learner processes per learning policy; the driver keeps a copy
+            self.thread = self._make_learner_group(None) if not self.is_multi_agent else self._make_learner_groups()
             group = GroupRunner(
                 self.thread, dict(self.policies.trained), lambda: int(self.counters["env_steps_sampled"])
             )
@@ -281,126 +290,154 @@ class AsyncAlgorithm(Algorithm):
     ) -> PolicyLearner:
         raise NotImplementedError
 
-    # ---- the learner group (resources.num_learners > 1) ------------------------------------------
+    # ---- the learner groups (resources.num_learners > 1) -----------------------------------------
     def _num_learners(self) -> int:
         return int(getattr(self.config.resources, "num_learners", 1))
 
     @property
     def learner_group(self) -> Optional[LearnerGroup]:
-        """The learner processes when ``resources.num_learners`` > 1, else None (the thread here learns)."""
+        """The learner processes of a single policy when ``resources.num_learners`` > 1, else None."""
         return self.thread if isinstance(self.thread, LearnerGroup) else None
+
+    @property
+    def learner_groups(self) -> dict[Optional[str], LearnerGroup]:
+        """Each learning policy's learner group by policy id (None: a single policy's); {} with the thread."""
+        if isinstance(self.thread, LearnerGroups):
+            return {pid: g for pid, g in self.thread.groups.items()}
+        return {None: self.thread} if isinstance(self.thread, LearnerGroup) else {}
+
+    def _policy(self, pid: Optional[str]) -> PolicyLearner:
+        return self.policies.only if pid is None else self.policies[pid]
 
     @classmethod
     def resource_plan(cls, config) -> list[BundleGroup]:
-        """The base plan, plus one bundle per learner process of a learner group."""
+        """The base plan, plus one bundle per learner process: K for each learning policy."""
         plan = super().resource_plan(config)
         res = config.resources
         if getattr(res, "num_learners", 1) > 1:
-            plan.append(
-                BundleGroup(
-                    "learner",
-                    res.num_learners,
-                    res.num_cpus_per_learner,
-                    res.num_gpus_per_learner,
-                    cpu_key="resources.num_cpus_per_learner",
+            ma = getattr(config, "multi_agent", None)
+            names = ["learner"] if ma is None else [learner_bundle(pid) for pid in ma.trained()]
+            key = "resources.num_cpus_per_learner" + ("" if ma is None else ", resources.num_learners (per policy)")
+            for name in names:
+                plan.append(
+                    BundleGroup(name, res.num_learners, res.num_cpus_per_learner, res.num_gpus_per_learner, cpu_key=key)
                 )
-            )
         return plan
 
-    def _make_learner_group(self) -> LearnerGroup:
+    def _make_learner_groups(self) -> LearnerGroups:
+        return LearnerGroups({pid: self._make_learner_group(pid) for pid in self.policies.trained})
+
+    def _make_learner_group(self, pid: Optional[str]) -> LearnerGroup:
+        """The learner group of policy ``pid`` of a ``multi_agent`` section, or of the one policy (None)."""
         cfg: Any = self.config  # IMPALA's or APPO's
-        info = self.env_info
         res = cfg.resources
+        if pid is None:
+            pcfg, name, kwargs = cfg, "learner", {}
+            spaces = (self.env_info.observation_space, self.env_info.action_space)
+        else:
+            pcfg, name, kwargs = self.policies.configs[pid], learner_bundle(pid), {"policy_id": pid}
+            agents: Any = self.agents  # a multi_agent section's
+            spaces = agents.spaces[agents.agent_for(pid)]
 
         def make():
             return make_actor_group(
                 GroupLearner,
                 res.num_learners,
-                lambda i: ((cfg, i, info.observation_space, info.action_space), {}),
+                lambda i: ((pcfg, i, *spaces), kwargs),
                 remote=True,
                 resources=self.actor_resources(
-                    "learner", num_cpus=res.num_cpus_per_learner, num_gpus=res.num_gpus_per_learner
+                    name, num_cpus=res.num_cpus_per_learner, num_gpus=res.num_gpus_per_learner
                 ),
                 max_in_flight=1 << 20,  # the group keeps its own count (LearnerGroup)
-                name="learner",
+                name=name,
                 first_index=0,
-                about=f"{cfg.algo} learner",
+                about=f"{cfg.algo} {name}",
             )
 
         return LearnerGroup(
             make,
             num_learners=res.num_learners,
             queue_size=cfg.learner_queue_size,
-            local_state=self._group_start_state,
-            on_weights=self._publish_weights,
+            local_state=lambda: self._group_start_state(pid),
+            on_weights=lambda ref: self._publish_weights(pid, ref),
         )
 
     def update_config(self, changes: dict[str, Any]) -> None:
-        """As every algorithm's; a running learner group's members get the changed config too."""
+        """As every algorithm's; running learner groups' members get the changed config too (their policy's)."""
         super().update_config(changes)
-        group = self.learner_group
-        if group is not None:
-            group.apply_config(self.config, list(changes))
+        for pid, group in self.learner_groups.items():
+            group.apply_config(self.config if pid is None else self.policies.configs[pid], list(changes))
 
-    def _group_start_state(self) -> dict[str, Any]:
+    def _group_start_state(self, pid: Optional[str]) -> dict[str, Any]:
         """What a learner group forms from when no learner survives to give its state (and at the
         start): the driver's copy, with the weights last published to the rollout actors (learner
         0's latest, so a group that lost every learner at once loses no training but the in-flight
         batches; the optimizer's moments are the copy's, from the last checkpoint or pull)."""
-        latest = runtime.resolve(self.publisher.latest())  # a reference, or the weights themselves when small
+        latest = runtime.resolve(self.publisher.latest() if pid is None else self._group_refs.get(pid))
         if latest is not None:
-            self.policies.only.set_weights(latest)
-        return self.policies.only.get_state()
+            self._policy(pid).set_weights(latest if pid is None else latest[pid])
+        return self._policy(pid).get_state()
 
     def _pull_learner_state(self) -> None:
-        """The driver's copy of the policy takes learner 0's state (weights, optimizer, target)."""
-        group = self.learner_group
-        if group is not None and group.started:
-            self.policies.only.set_state(group.call("get_state"))
+        """Each policy's driver copy takes its group's learner 0's state (weights, optimizer, target)."""
+        for pid, group in self.learner_groups.items():
+            if group.started:
+                self._policy(pid).set_state(group.call("get_state"))
 
-    def _publish_weights(self, ref) -> None:
-        """A learner group's weights (learner 0's, put by the group) become the rollout actors' latest."""
-        self.publisher.publish([("set_weights", (ref,)), *self.normalizer_calls()])
+    def _publish_weights(self, pid: Optional[str], ref) -> None:
+        """A learner group's weights (learner 0's, put by the group) become the rollout actors' latest:
+        with several policies, each group's latest ``{pid: weights}`` after the driver's full set
+        (which frozen policies, and policies whose group has published nothing yet, still need)."""
+        if pid is None:
+            self.publisher.publish([("set_weights", (ref,)), *self.normalizer_calls()])
+            return
+        self._group_refs[pid] = ref
+        complete = set(self._group_refs) == set(self.policies.trained) and not self.policies.frozen
+        base = [] if complete or self._base_ref is None else [("set_weights", (self._base_ref,))]
+        groups = [("set_weights", (r,)) for r in self._group_refs.values()]
+        self.publisher.publish([*base, *groups, *self.normalizer_calls()])
 
     def display_metrics(self) -> list[tuple[str, str]]:  # V-trace's mean importance ratio too
         return self.policies.display(super().display_metrics() + [("learner/mean_rho", "mean_rho")])
 
     def get_weights(self):
-        group = self.learner_group
-        if group is not None:
-            if group.started:
-                self.policies.only.set_weights(group.call("get_weights"))
+        groups = self.learner_groups
+        if groups:
+            for pid, group in groups.items():
+                if group.started:
+                    self._policy(pid).set_weights(group.call("get_weights"))
             return super().get_weights()
         with self.thread.hold():  # never a half-applied update
             return super().get_weights()
 
     def broadcast_weights(self) -> None:
         """The rollout actors' weights (and the normalizer's statistics) are published, one put, and
-        reach each actor with its next sample request (``WeightsPublisher.due``). A running learner
-        group publishes learner 0's, which the driver never fetches."""
-        group = self.learner_group
-        if group is not None and group.started:
-            group.request_weights()
+        reach each actor with its next sample request (``WeightsPublisher.due``). Running learner
+        groups publish their learner 0's, which the driver never fetches."""
+        groups = self.learner_groups
+        if groups and all(g.started for g in groups.values()):
+            for group in groups.values():
+                group.request_weights()
             return
-        self.publish_weights()
+        self._base_ref, self._group_refs = self.publish_weights(), {}
 
     def train(self) -> dict[str, Any]:
         return {**super().train(), **self.thread.stats()}
 
     def get_state(self) -> dict[str, Any]:
-        group = self.learner_group
-        if group is not None:
+        if self.learner_groups:
             self._pull_learner_state()
             return super().get_state()
         with self.thread.hold():
             return super().get_state()
 
     def set_state(self, state: dict[str, Any]) -> None:
-        group = self.learner_group
-        if group is not None:
+        groups = self.learner_groups
+        if groups:
             super().set_state(state)
-            if group.started:
-                group.set_state(self.policies.only.get_state())
+            for pid, group in groups.items():
+                if group.started:
+                    group.set_state(self._policy(pid).get_state())
         else:
             with self.thread.hold():
                 super().set_state(state)
@@ -412,6 +449,11 @@ class AsyncAlgorithm(Algorithm):
 
 
 # ---- building the pipeline's parts (IMPALA and APPO) -------------------------------------------
+def learner_bundle(pid: str) -> str:
+    """The planned group (and actor group) of policy ``pid``'s learners, with a ``multi_agent`` section."""
+    return f"{pid} learner"
+
+
 def make_learner_thread(learner, config):
     """A LearnerThread, or the multi-device one when the config names several devices or a GPU
     (``config.multi_device()``: one GPU with a ``minibatch_buffer_size`` ring keeps the LearnerThread);

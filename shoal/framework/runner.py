@@ -29,10 +29,11 @@ The placements:
   queue as one item, ``results`` drains it.
 - :class:`ShardRunner`: learner actors on the league's learner shards, each pulling its batches
   from its shard's replay actor (``submit`` asks it to learn; its results carry the weights).
-- :class:`GroupRunner`: a learner group, K data-parallel learner processes of one policy
-  (IMPALA, APPO with ``resources.num_learners`` > 1): ``submit`` takes each learner's fragment
-  references; the members run the post-update phase on their own measurements and the
-  driver's copy takes the coefficient they report.
+- :class:`GroupRunner`: learner groups, K data-parallel learner processes for each learning
+  policy (IMPALA, APPO with ``resources.num_learners`` > 1, with or without a ``multi_agent``
+  section): ``submit`` takes each learner's fragment references, a round per policy, each
+  policy's group taking its own rounds; the members run the post-update phase on their own
+  measurements and each policy's driver copy takes the coefficient its group reports.
 - :class:`WorkerRunner`: in the rollout workers, each sampling its own batch and learning on it
   with the others' gradients all-reduced (DD-PPO): there is no batch to hand over, so
   ``submit({policy_id: None})`` starts a round on the workers; each worker's round is one
@@ -198,45 +199,68 @@ class ThreadRunner:
 
 
 class GroupRunner:
-    """One policy trained by a learner group (``LearnerGroup``, :mod:`shoal.framework.learner_group`):
-    K learner processes, each taking its share of every round by object reference, with their
-    gradients all-reduced. ``submit({policy_id: [refs of learner 0, ..., refs of learner K-1]})``
-    hands a round over (False: some learner has no room); ``sampled_steps()`` is the env steps
-    sampled so far, what the learners' schedules follow. The members run the post-update phase
-    on their own measurements (the averaged gradients keep them equal); the driver's copy of
-    the policy takes the coefficient the latest member result reports."""
+    """Policies trained by learner groups (``LearnerGroup``, :mod:`shoal.framework.learner_group`):
+    each learning policy has its own group of K learner processes, each member taking its share
+    of the policy's every round by object reference, with their gradients all-reduced. ``group``:
+    the one policy's ``LearnerGroup``, or for a ``multi_agent`` section a ``LearnerGroups``
+    (``groups``: policy id -> its group; a frozen policy has none).
+
+    - ``submit({policy_id: [refs of learner 0, ..., refs of learner K-1], ...})`` hands each
+      policy's round to that policy's group. A round is one policy's: each group takes its rounds
+      on its own, as its learners have room, whatever the other groups do; False when some group
+      had no room for its round (the others' were taken: submit one policy at a time to know
+      which, as the pipeline does).
+    - ``results``: the groups' results, each carrying its ``policy_id``. The members run the
+      post-update phase on their own measurements (the averaged gradients keep them equal);
+      each policy's driver copy takes the KL coefficient its group's latest result reports.
+    - ``get_weights(policy_id)``: learner 0 of that policy's group (the driver's copy before the
+      groups start). ``sampled_steps()`` is the env steps sampled so far, what the learners'
+      schedules follow.
+    - The policies are fixed for the run: ``add_policy`` and ``remove_policy`` refuse."""
 
     def __init__(self, group: Any, learners: dict[PolicyId, PolicyLearner], sampled_steps: Callable[[], int]) -> None:
-        if len(learners) != 1:
-            raise ValueError(f"a learner group trains one policy; got {sorted(learners)}")
+        groups = getattr(group, "groups", None)  # LearnerGroups: one group per learning policy
+        if groups is None:
+            if len(learners) != 1:
+                raise ValueError(f"a learner group trains one policy; got {sorted(learners)}: give each its own")
+            groups = {next(iter(learners)): group}
+        if set(groups) != set(learners):
+            raise ValueError(f"learner groups for {sorted(groups)}, but the learning policies are {sorted(learners)}")
         self.group = self.thread = group  # what a pipeline feeds, in a learner thread's place
+        self.groups: dict[PolicyId, Any] = dict(groups)
         self.learners = dict(learners)
-        (self.policy_id,) = self.learners
-        self.single_policy: Optional[PolicyId] = self.policy_id
+        self.policy_ids = list(self.groups)
+        # the one policy's id; None with a multi_agent section (its result keys name each policy)
+        self.single_policy: Optional[PolicyId] = None if hasattr(group, "groups") else self.policy_ids[0]
         self.sampled_steps = sampled_steps
 
     def submit(self, batches: Mapping[PolicyId, Any]) -> bool:
-        if list(batches) != [self.policy_id]:
-            raise KeyError(f"this learner group trains policy {self.policy_id!r} only; got {sorted(batches)}")
-        return self.group.add(batches[self.policy_id], self.sampled_steps())
+        unknown = sorted(set(batches) - set(self.groups))
+        if unknown:
+            raise KeyError(f"the learner groups train {sorted(self.groups)}; got rounds for {unknown}")
+        steps = self.sampled_steps()
+        return all([self.groups[pid].add(rounds, steps) for pid, rounds in batches.items()])
 
     def results(self, timeout_s: float = 0.0) -> list[LearnerResult]:
         out = []
-        pl = self.learners[self.policy_id]
         for r in self.group.drain(timeout_s=timeout_s):
+            pid = r.policy_id if r.policy_id is not None else self.policy_ids[0]
             if "kl_coeff" in r.stats:  # the members moved theirs: the driver's copy takes the latest reported
-                pl.kl.coeff = float(r.stats["kl_coeff"])
-            out.append(r._replace(policy_id=self.policy_id))
+                self.learners[pid].kl.coeff = float(r.stats["kl_coeff"])
+            out.append(r._replace(policy_id=pid))
         return out
 
     def get_weights(self, policy_id: PolicyId) -> dict[str, np.ndarray]:
-        return self.group.call("get_weights") if self.group.started else self.learners[policy_id].get_weights()
+        group = self.groups[policy_id]
+        return group.call("get_weights") if group.started else self.learners[policy_id].get_weights()
 
     def add_policy(self, policy_id: PolicyId, learner: PolicyLearner) -> None:
-        raise ValueError(f"a learner group trains one policy ({self.policy_id!r}); it cannot add {policy_id!r}")
+        raise ValueError(
+            f"the learner groups train a fixed set of policies ({', '.join(self.policy_ids)}); they cannot add {policy_id!r}"
+        )
 
     def remove_policy(self, policy_id: PolicyId) -> None:
-        raise ValueError(f"a learner group's one policy {self.policy_id!r} cannot leave it: stop the group")
+        raise ValueError(f"policy {policy_id!r} cannot leave the learner groups: their policies are fixed for the run")
 
     def hold(self) -> AbstractContextManager[Any]:
         return nullcontext()  # the learners hold their own state; the driver reads it by a call
