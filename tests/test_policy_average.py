@@ -199,7 +199,7 @@ def test_the_loaded_main_average_is_the_one_whose_exploitability_is_reported(tmp
     assert loaded.policy_id == "main@average"
     table = tabular_policy(game, loaded.action_probabilities)
     assert exploitability(game, table) == pytest.approx(reported, abs=1e-6)
-    with pytest.raises(ConfigError, match="no parameter average of 'random_0'"):
+    with pytest.raises(ConfigError, match="no parameter average of 'random_0': only a player learning.*main@average"):
         shoal.load_policy(path, policy="random_0@average")
 
 

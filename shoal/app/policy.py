@@ -125,10 +125,16 @@ def _average_weights(state: dict, player: str, path: Any, config: Any, players: 
     """A learning player's parameter average from a league checkpoint's learner state (``average_tau``)."""
     average = state.get("learners", {}).get(player, {}).get("average")
     if average is None:
+        tau = getattr(config, "average_tau", None)
+        why = (
+            "this run kept none (average_tau: null)"
+            if tau is None
+            else f"only a player learning when the checkpoint was written keeps one, and {player!r} was not"
+        )
+        learning = ", ".join(f"{p}@average" for p in state.get("learners", {}))
         raise ConfigError(
-            f"Checkpoint '{path}' has no parameter average of {player!r}: a league keeps one for each "
-            f"learning player when average_tau is set (this run's: {getattr(config, 'average_tau', None)}); "
-            f"its players are {', '.join(players)}."
+            f"Checkpoint '{path}' has no parameter average of {player!r}: {why}. Its players are "
+            f"{', '.join(players)}{f'; its averages {learning}' if tau is not None and learning else ''}."
         )
     return average["module"]
 
