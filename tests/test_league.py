@@ -697,6 +697,7 @@ def test_report_shows_the_exploitability_curve_of_an_openspiel_league(tmp_path):
             "iteration": 2,
             "env_steps_sampled": 200,
             "evaluation/exploitability": 1.5,
+            "evaluation/main_average_exploitability": 1.35,
             "evaluation/mixture_exploitability": 1.2,
         },
         {"iteration": 3, "env_steps_sampled": 300},
@@ -704,13 +705,14 @@ def test_report_shows_the_exploitability_curve_of_an_openspiel_league(tmp_path):
     (run / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + '\n{"cut sh')
     r = write_league_report(run)
     assert r["exploitability"] == [
-        {"iteration": 1, "env_steps": 100, "main": 2.1, "mixture": 1.9},
-        {"iteration": 2, "env_steps": 200, "main": 1.5, "mixture": 1.2},
+        {"iteration": 1, "env_steps": 100, "main": 2.1, "main_average": None, "mixture": 1.9},
+        {"iteration": 2, "env_steps": 200, "main": 1.5, "main_average": 1.35, "mixture": 1.2},
     ]
     assert r["files"]["exploitability"] == str(run / EXPLOITABILITY_PNG)
     assert (run / EXPLOITABILITY_PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = (run / "league_report.txt").read_text()
     assert "Exploitability (lower is better" in text and "1.5" in text
+    assert "main@average" in text and "1.35" in text  # main's parameter average, where measured
     plain = write_league_report(scripted_league(), tmp_path / "no_run")  # a builder: no results, no curve
     assert plain["exploitability"] == [] and "exploitability" not in plain["files"]
 

@@ -118,7 +118,7 @@ def test_the_magnet_term_is_kl_from_the_policy_to_its_average_under_the_masks(le
     assert expected > 1e-3
     assert float(stats["magnet_kl"]) == pytest.approx(expected, rel=1e-4)
     # the rest of the loss does not see the magnet: the difference is the term alone
-    assert float(loss - loss_at_policy) == pytest.approx(cfg.magnet_coeff * expected, rel=1e-3)
+    assert float((loss - loss_at_policy).detach()) == pytest.approx(cfg.magnet_coeff * expected, rel=1e-3)
     assert time_major(per_row, cfg.rollout_fragment_length).shape[0] == cfg.rollout_fragment_length
 
 
