@@ -81,12 +81,6 @@ class APPOPolicyLearner(PolicyLearner):
         )
         return LearnerOutput(stats, rows, self.get_weights())
 
-    def average_weights(self) -> Optional[dict[str, np.ndarray]]:
-        """The policy's parameter average (``average_tau``) as weights; None when none is kept."""
-        if self.average is None:
-            return None
-        return {k: v.detach().cpu().numpy() for k, v in self.average.net.state_dict().items()}
-
     def _pull(self) -> Union[list[Batch], ReplayLost]:
         """Batches from the shard's replay until a train batch's rows are in (or it has none left)."""
         batches, rows = [], 0

@@ -101,38 +101,33 @@ class APPOLoss(LossRecord):
     def group_sum_sizes(self) -> tuple[int, ...]:
         return (STANDARDIZE_SUMS,) if self.normalize_advantages else ()  # policy_advantages over the group
 
-    def _target_net(self, module, batch: dict, net: Optional[TargetNetwork] = None):
-        """The target network (or ``net``, the magnet) beside ``module`` (a per-device copy on a
-        multi-device learner)."""
-        net = self.target if net is None else net
-        if Col.ACTION_MASK in batch:  # ``module`` is the masked view: the target's logits get the same mask
-            return ActionMasked(net.for_module(module.module), batch[Col.ACTION_MASK])
-        return net.for_module(module)
+    @torch.no_grad()
+    def _frozen_dist(self, module, batch: dict, net: TargetNetwork):
+        """The action distribution of ``net`` (the target network, or the magnet) over the batch: its
+        copy beside ``module`` (per device on a multi-device learner), its logits under the batch's
+        action masks as ``module``'s are, over whole sequences for a recurrent module."""
+        copy: Any = net.for_module(module.module if Col.ACTION_MASK in batch else module)
+        if Col.ACTION_MASK in batch:  # ``module`` is the masked view: the copy's logits get the same mask
+            copy = ActionMasked(copy, batch[Col.ACTION_MASK])
+        if getattr(module, "recurrent", False):
+            inputs = run_sequences(copy, batch, self.seq_len)[0]
+        else:
+            inputs, _ = copy(batch[Col.OBS])
+        return module.dist_cls(inputs)
 
     def _magnet_kl(self, module, batch: dict, u) -> Optional[torch.Tensor]:
         """KL(pi || magnet) per step, time-major, the magnet being the policy's parameter average; None without one."""
         if self.magnet is None or self.magnet_coeff <= 0:
             return None
-        with torch.no_grad():
-            net = self._target_net(module, batch, self.magnet)
-            if getattr(module, "recurrent", False):
-                inputs = run_sequences(net, batch, self.seq_len)[0]
-            else:
-                inputs, _ = net(batch[Col.OBS])
-        return time_major(u.dist.kl(module.dist_cls(inputs)), self.seq_len)
+        return time_major(u.dist.kl(self._frozen_dist(module, batch, self.magnet)), self.seq_len)
 
     def __call__(self, module, batch: dict, learner=None) -> tuple[torch.Tensor, dict]:
         if Col.ACTION_MASK in batch:
             module = ActionMasked(module, batch[Col.ACTION_MASK])
         T = self.seq_len
         u = unroll(module, batch, T, self.gamma)
+        target_dist = self._frozen_dist(module, batch, self.target)
         with torch.no_grad():
-            target_net = self._target_net(module, batch)
-            if getattr(module, "recurrent", False):
-                target_inputs = run_sequences(target_net, batch, T)[0]
-            else:
-                target_inputs, _ = target_net(batch[Col.OBS])
-            target_dist = module.dist_cls(target_inputs)
             target_logp = time_major(target_dist.logp(batch[Col.ACTIONS]), T)
         vt = vtrace_for(u, target_logp, self.vtrace)
         advantages = policy_advantages(vt, u, self.normalize_advantages, learner)

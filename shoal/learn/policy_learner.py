@@ -171,6 +171,12 @@ class PolicyLearner:
             if net is not None:
                 net.sync()
 
+    def average_weights(self) -> Optional[dict[str, np.ndarray]]:
+        """The policy's parameter average (``average_tau``) as weights; None when none is kept."""
+        if self.average is None:
+            return None
+        return {k: v.detach().cpu().numpy() for k, v in self.average.net.state_dict().items()}
+
     def get_state(self) -> dict[str, Any]:
         """The module with its optimizer (Adam moments), update count, target network and KL coefficient."""
         state = {"learner": self.learner.get_state(), "kl": self.kl.get_state()}
