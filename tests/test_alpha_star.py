@@ -88,7 +88,8 @@ def test_masked_appo_loss_is_on_policy_under_the_stored_masks():
     assert learner.learn() is None  # nothing stored yet
     replay.add_batch("main", batch)
     out = learner.learn()
-    assert out.rows == len(batch) and set(out.weights) == set(learner.get_weights())
+    assert (out.policy_id, out.env_steps, out.agent_steps) == ("main", len(batch), len(batch))
+    assert set(out.weights) == set(learner.get_weights())
     assert learner.learner.num_updates == cfg.num_sgd_iter
 
 
@@ -146,7 +147,7 @@ def test_policy_learner_minibatches_are_whole_sequences_covering_the_batch_each_
     assert not torch.equal(torch.cat(chunks), torch.cat(again))  # a fresh order each pass
     replay.add_batch("main", batch)
     out = learner.learn()
-    assert out.rows == rows and np.isfinite(out.stats["policy_loss"])
+    assert out.env_steps == rows and np.isfinite(out.stats["policy_loss"])
     assert learner.learner.num_updates == 3 * -(-seqs // 3)  # num_sgd_iter passes of ceil(seqs / 3) steps
     # without minibatch_size a pass is one step on the whole batch
     assert minibatch_indices(rows, rows, learner.rng, sequence_length=8) == [None]

@@ -287,7 +287,7 @@ class _Shards:
 
 def test_a_shard_runner_asks_each_learner_to_learn_and_returns_their_weights():
     from shoal.framework.runner import RemoteLearner, ShardRunner
-    from shoal.learn.policy_learner import LearnerOutput
+    from shoal.learn.threads import LearnerResult
 
     shards = _Shards()
     runner = ShardRunner(shards)
@@ -295,9 +295,9 @@ def test_a_shard_runner_asks_each_learner_to_learn_and_returns_their_weights():
     assert shards.asked == [("main", "learn", 1200), ("exploiter", "learn", 1200)]
     w = {"w": np.zeros(2)}
     shards.ready = [
-        ("main", LearnerOutput({"loss": 0.5}, 64, w)),
+        ("main", LearnerResult(64, 64, {"loss": 0.5}, policy_id="main", weights=w)),
         ("exploiter", None),
-        ("gone", LearnerOutput({}, 8, w)),
+        ("gone", LearnerResult(8, 8, {}, policy_id="gone", weights=w)),
     ]
     (r,) = runner.results()  # nothing replayed yet, and a policy that left meanwhile: no result
     assert (r.policy_id, r.env_steps, r.stats, r.weights) == ("main", 64, {"loss": 0.5}, w)

@@ -3,9 +3,9 @@
 :class:`APPOPolicyLearner` runs on a learner shard (a Ray actor, or in the driver). Each
 ``learn()`` pulls up to ``train_batch_size`` rows (new and replayed batches) from the shard's
 replay, runs ``num_sgd_iter`` passes of APPO's loss under the stored action masks, adapts the
-KL coefficient once (the post-update phase, as APPO does per learner result) and returns the
-stats with the new weights. The target network refreshes through the learner's post-update
-hook, like APPO's.
+KL coefficient once (the post-update phase, as APPO does per learner result) and returns a
+:class:`~shoal.learn.threads.LearnerResult` carrying its policy id, the stats and the new
+weights. The target network refreshes through the learner's post-update hook, like APPO's.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from shoal.algorithms.appo_loss import APPOLoss
 from shoal.batch import Batch
 from shoal.errors import ActorLostError
 from shoal.learn.distributed_learners import REPLAY_LOST, ReplayLost, resolve_learner_device
-from shoal.learn.policy_learner import LearnerOutput, PolicyLearner
+from shoal.learn.policy_learner import PolicyLearner
+from shoal.learn.threads import LearnerResult
 from shoal.models import build_actor_critic
 from shoal.process import configure_process
 
@@ -27,8 +28,8 @@ from shoal.process import configure_process
 class APPOPolicyLearner(PolicyLearner):
     """One policy's APPO learner on its shard's replay actor: ``learn()`` pulls up to
     ``train_batch_size`` rows (new plus replayed), runs ``num_sgd_iter`` updates and returns
-    a :class:`~shoal.learn.policy_learner.LearnerOutput` with the new weights, or None when
-    nothing was waiting."""
+    a :class:`~shoal.learn.threads.LearnerResult` (its policy id, the rows learned as env and
+    agent steps, the stats, the new weights), or None when nothing was waiting."""
 
     def __init__(
         self,
@@ -53,7 +54,7 @@ class APPOPolicyLearner(PolicyLearner):
         )
         self.rng = np.random.default_rng(None if config.seed is None else [config.seed, *policy_id.encode()])
 
-    def learn(self, env_steps: Optional[int] = None) -> Union[LearnerOutput, ReplayLost, None]:
+    def learn(self, env_steps: Optional[int] = None) -> Union[LearnerResult, ReplayLost, None]:
         """``env_steps``: the run's sampled env steps, which move ``lr_schedule`` along. Returns
         :data:`REPLAY_LOST` when the shard's replay actor died under it."""
         if env_steps is not None:
@@ -79,7 +80,7 @@ class APPOPolicyLearner(PolicyLearner):
             num_nonfinite_skipped=self.learner.num_nonfinite_skipped,
             device=str(self.learner.device),
         )
-        return LearnerOutput(stats, rows, self.get_weights())
+        return LearnerResult(rows, rows, stats, policy_id=self.policy_id, weights=self.get_weights())
 
     def _pull(self) -> Union[list[Batch], ReplayLost]:
         """Batches from the shard's replay until a train batch's rows are in (or it has none left)."""

@@ -28,7 +28,8 @@ The placements:
   learner, whose items are ``Replayed`` batches): ``submit`` offers the batches to its bounded
   queue as one item, ``results`` drains it.
 - :class:`ShardRunner`: learner actors on the league's learner shards, each pulling its batches
-  from its shard's replay actor (``submit`` asks it to learn; its results carry the weights).
+  from its shard's replay actor (``submit`` asks it to learn; it returns its own
+  ``LearnerResult``, carrying the weights).
 - :class:`GroupRunner`: learner groups, K data-parallel learner processes for each learning
   policy (IMPALA, APPO with ``resources.num_learners`` > 1, with or without a ``multi_agent``
   section): ``submit`` takes each learner's fragment references, a round per policy, each
@@ -286,8 +287,9 @@ class ShardRunner:
     its own batches from its shard's replay actor, so what a round submits for a policy is the
     env steps sampled so far (its lr schedule's position): ``submit`` asks each named learner to
     learn, unless a request of its is still open, and answers whether every one took it. A
-    result carries the learner's weights after the update; the learner ran the post-update
-    phase itself (``PolicyLearner.update``). A learner with nothing to learn yet reports nothing."""
+    learner returns its own ``LearnerResult`` (its policy id, and its weights after the update),
+    which ``results`` passes on; the learner ran the post-update phase itself
+    (``PolicyLearner.update``). A learner with nothing to learn yet reports nothing."""
 
     def __init__(self, learners: Any) -> None:
         self.learners = learners
@@ -301,7 +303,7 @@ class ShardRunner:
         for pid, r in self.learners.fetch_ready(timeout_s):
             if r is None or pid not in self.learners.policy_ids:  # nothing replayed yet; or it left meanwhile
                 continue
-            out.append(LearnerResult(r.rows, r.rows, r.stats, policy_id=pid, weights=r.weights))
+            out.append(r if r.policy_id == pid else r._replace(policy_id=pid))
         return out
 
     def get_weights(self, policy_id: PolicyId) -> dict[str, np.ndarray]:

@@ -322,7 +322,7 @@ class DistributedLearners:
     def fetch_ready(self, timeout_s: float = 0.0) -> list[tuple[PolicyId, Any]]:
         """Results of the submitted requests that are done, as (policy id, result), waiting at
         most ``timeout_s`` for the first one. A learner that died is recreated meanwhile. A result
-        that carries ``weights`` (a :class:`~shoal.learn.policy_learner.LearnerOutput`) updates
+        that carries ``weights`` (a :class:`~shoal.learn.threads.LearnerResult`) updates
         the weights kept for recreating that learner."""
         deadline = time.monotonic() + timeout_s
         while True:

@@ -10,7 +10,6 @@ shard slot; both add only how their batches arrive (GAE in the learner, a replay
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
@@ -23,16 +22,6 @@ from shoal.learn.losses import LossRecord
 from shoal.learn.target import AdaptiveKL, TargetNetwork, Unit
 
 MakeLoss = Callable[..., Any]  # (config, *, target=..., kl=...) -> a loss record
-
-
-@dataclass
-class LearnerOutput:
-    """What one learning step of a policy produced: its stats, the rows it learned from, and
-    (for a learner in another process) the weights to broadcast."""
-
-    stats: dict[str, Any]
-    rows: int
-    weights: Optional[dict[str, np.ndarray]] = None
 
 
 class PolicyLearner:
