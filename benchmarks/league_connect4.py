@@ -64,7 +64,7 @@ def main() -> None:
         vs_random = algo.evaluate_vs("random", args.games)
         vs_heuristic = algo.evaluate_vs("heuristic", args.games)
         vs_heuristic2 = algo.evaluate_vs("heuristic2", args.games)
-        players = len(algo.weights)
+        players = len(algo.policies.ids)
         league = algo.league.metrics()
     finally:
         algo.stop()

@@ -175,16 +175,17 @@ def test_in_process_league_grows_and_a_checkpoint_continues_the_same_league(tmp_
         assert r["learner/main/device"] == "cpu"  # no GPUs: the shard slot's device
         assert r["num_learning_policies"] == 3  # snapshots are frozen: no new learners
         frozen = [p for p, s in algo.league.players.items() if not s.trainable and s.parent]
-        assert frozen and all(p in algo.weights for p in frozen)
+        assert frozen and all(p in algo.get_weights() for p in frozen)
         runner = algo.env_runners.actors[0]
-        assert set(runner.policies) == set(algo.weights)
-        assert runner.policies_to_train == set(algo.learners.policy_ids)
+        assert set(runner.policies) == set(algo.get_weights())
+        assert runner.policies_to_train == set(algo.learners.policy_ids) == set(algo.policies.copies)
+        assert set(algo.policies.frozen) == {p for p, s in algo.league.players.items() if not s.trainable}
         # every policy's weights are the same in the rollout actor as in the driver
-        for pid, w in algo.weights.items():
+        for pid, w in algo.get_weights().items():
             got = runner.policies[pid].get_weights()
             assert all(np.allclose(got[k], w[k]) for k in w)
         path = algo.save(tmp_path / "ckpt")
-        players, weights = dict(algo.league.players), {p: dict(w) for p, w in algo.weights.items()}
+        players, weights = dict(algo.league.players), {p: dict(w) for p, w in algo.get_weights().items()}
         payoff = algo.league.payoff.get_state()
         main_learner = algo.learners.call("main", "get_state")["learner"]
     finally:
@@ -193,9 +194,9 @@ def test_in_process_league_grows_and_a_checkpoint_continues_the_same_league(tmp_
     try:
         assert restored.league.players == players
         assert restored.league.payoff.get_state() == payoff
-        assert set(restored.weights) == set(weights)
+        assert set(restored.get_weights()) == set(weights)
         for pid, w in weights.items():
-            assert all(np.allclose(restored.weights[pid][k], w[k]) for k in w)
+            assert all(np.allclose(restored.get_weights()[pid][k], w[k]) for k in w)
         assert set(restored.learners.policy_ids) == {p for p, s in players.items() if s.trainable}
         assert set(restored.env_runners.actors[0].policies) == set(weights)
         # the learners continue with their optimizer state (Adam moments, step) and update count
@@ -278,7 +279,7 @@ def test_weights_reach_the_rollout_actors_every_broadcast_interval_learner_resul
 
         def in_sync() -> bool:
             got = runner.policies["main"].get_weights()
-            return all(np.array_equal(got[k], v) for k, v in algo.weights["main"].items())
+            return all(np.array_equal(got[k], v) for k, v in algo.get_weights()["main"].items())
 
         learned = 0
         for _ in range(10):
@@ -376,8 +377,8 @@ def test_two_ray_rollout_actors_train_the_league_survive_dead_actors_and_checkpo
         assert r["num_worker_restarts"] == 1 and r["num_learner_restarts"] == 1, r
         assert r["env_steps_trained"] > trained and algo.env_runners.actors[1] is not old_runner
         got = algo.env_runners.call(1, "get_weights")  # after the last broadcast: the driver's weights
-        assert set(got) == set(algo.weights)
-        assert all(np.allclose(got["main"][k], algo.weights["main"][k]) for k in got["main"])
+        assert set(got) == set(algo.get_weights())
+        assert all(np.allclose(got["main"][k], algo.get_weights()["main"][k]) for k in got["main"])
         while sum(algo.league.match_type_counts.values()) < 300:  # ~50 games an iteration
             algo.train()
         _check_match_types(algo.league)
@@ -447,7 +448,7 @@ def test_a_ray_rollout_actor_feeds_learners_in_the_driver(ray_cluster):
         assert stats["main"]["learned_new"] > 0 and stats["main"]["added"] >= stats["main"]["learned_new"]
         algo.broadcast()
         got = algo.env_runners.call(1, "get_weights")
-        assert all(np.allclose(got["main"][k], algo.weights["main"][k]) for k in got["main"])
+        assert all(np.allclose(got["main"][k], algo.get_weights()["main"][k]) for k in got["main"])
     finally:
         algo.stop()
 

@@ -53,6 +53,34 @@ def test_several_policies_key_rows_stats_results_and_weights_by_id():
         _ = ps.only
 
 
+def test_a_set_whose_learners_are_elsewhere_keeps_copies_and_the_league_checkpoint_layout():
+    """The league's set: the driver's copy of each learning policy's weights and the frozen ones,
+    policies joining, freezing and leaving mid-run, every player's weights under ``weights``."""
+    ps = PolicySet.learning_elsewhere()
+    w = {p: {"x": np.full(2, float(i))} for i, p in enumerate(["main", "exploiter", "snapshot", "random"])}
+    ps.add("main", None, w["main"], learning=True)
+    ps.add("exploiter", None, w["exploiter"], learning=True)
+    ps.add("random", None, w["random"], learning=False)
+    with pytest.raises(ValueError, match="already"):
+        ps.add("main", None, w["main"], learning=True)
+    assert ps.learning == ["main", "exploiter"] and list(ps.frozen) == ["random"]
+    ps.set_weights("main", {"x": np.full(2, 5.0)})  # a learner's result: the driver's copy
+    ps.add("snapshot", None, ps.weights("main"), learning=False)
+    ps.freeze("exploiter")
+    assert ps.learning == ["main"] and ps.weights("exploiter") is w["exploiter"]
+    assert ps.remove("random") is w["random"]
+    assert list(ps.get_weights()) == ["main", "exploiter", "snapshot"] and ps.weights("snapshot")["x"][0] == 5.0
+    state = ps.get_state()
+    assert set(state) == {"weights"} and state["weights"]["main"]["x"].tolist() == [5.0, 5.0]
+    ps.set_weights("snapshot", {"x": np.zeros(2)})
+    ps.set_state(state)
+    assert ps.weights("snapshot")["x"].tolist() == [5.0, 5.0]
+    with pytest.raises(KeyError, match="unknown policy"):
+        ps.set_weights("random", w["random"])
+    with pytest.raises(ValueError, match="learners are its own"):
+        PolicySet({}, {}, {}, multi=True).add("p", None, w["main"], learning=True)
+
+
 class _Thread:
     """The learner thread's driver side: a bounded in-queue; ``items`` is what the learner took."""
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-import numpy as np
 import torch
 from pydantic import Field, model_validator
 
@@ -47,6 +46,7 @@ from shoal.errors import ConfigError, EnvError
 from shoal.framework.base import Algorithm
 from shoal.framework.config_groups import AsyncSamplingKeys, check_whole_sequences
 from shoal.framework.pipeline import WAIT_S
+from shoal.framework.policies import PolicySet
 from shoal.framework.runner import RemoteLearner, ShardRunner
 from shoal.framework.weights_publisher import WeightsPublisher
 from shoal.league import LeagueChanges, make_league_builder
@@ -190,7 +190,7 @@ class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKe
 class LeagueSync:
     """What the rollout actors have not been told yet, and when to tell them (``broadcast()``)."""
 
-    changed: dict[str, dict] = field(default_factory=dict)  # weights not yet sent
+    changed: set[str] = field(default_factory=set)  # policies whose weights were not sent yet
     removed: list[str] = field(default_factory=list)  # policies removed since the last broadcast
     learned_since_broadcast: int = 0  # learner results since the last broadcast
     replay_restarts_sent: int = 0  # replay actor restarts whose new handles the rollout actors have
@@ -207,6 +207,7 @@ class AlphaStar(Algorithm):
     )
     config: AlphaStarConfig
     evaluator: LeagueEvaluator
+    policies: PolicySet  # every player; the learning ones' learners are on the shards (``runner``)
 
     def describe_env(self):
         env = make_multi_agent_env(self.config.env, self.config.env_config)  # fails early on a bad env
@@ -249,7 +250,8 @@ class AlphaStar(Algorithm):
             placement=self.actor_resources("learner shard").placement if res.learners_remote() else None,
         )
         self.runner = ShardRunner(self.learners)  # where the trainable policies learn
-        self.weights: dict[str, dict] = {}  # every policy's latest weights (driver copy)
+        # the players: the driver's copy of each learning one's latest weights, and the frozen ones
+        self.policies = PolicySet.learning_elsewhere()
         self.sync = LeagueSync()
         for pid, spec in self.league.initial_policies().items():
             self._add(pid, self._fresh_weights(pid), spec.trainable)
@@ -321,10 +323,10 @@ class AlphaStar(Algorithm):
                 f"'{policy_id}@average' is a learning policy's parameter average, and this league keeps none "
                 "(average_tau is None): set average_tau (e.g. 0.002)"
             )
-        if policy_id not in self.learners.policy_ids:
+        if policy_id not in self.policies.copies:
             raise ConfigError(
                 f"'{policy_id}@average': {policy_id!r} is not learning; the learning policies, which keep an "
-                f"average, are {', '.join(self.learners.policy_ids)}"
+                f"average, are {', '.join(self.policies.learning)}"
             )
         return self.learners.call(policy_id, "average_weights")
 
@@ -346,7 +348,7 @@ class AlphaStar(Algorithm):
 
     def _fresh_weights(self, pid: str) -> dict:
         seed = derive_seed(
-            self.config.seed, index=len(self.weights), stride=1, offset=1
+            self.config.seed, index=len(self.policies.ids), stride=1, offset=1
         )  # the n-th policy: seed + 1 + n
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
@@ -355,7 +357,8 @@ class AlphaStar(Algorithm):
         return {k: v.detach().numpy().copy() for k, v in module.state_dict().items()}
 
     def _add(self, pid: str, weights: dict, trainable: bool) -> None:
-        self.weights[pid] = self.sync.changed[pid] = weights
+        self.policies.add(pid, self.config, weights, learning=trainable)
+        self.sync.changed.add(pid)
         if trainable:
             args = (self.config, self.obs_space, self.action_space, self._idle_sleep())
             self.runner.add_policy(pid, RemoteLearner(args, weights))
@@ -364,8 +367,8 @@ class AlphaStar(Algorithm):
         return self.config.learner_idle_sleep_s if self.config.resources.learners_remote() else 0.0
 
     def _specs(self) -> dict[str, dict]:
-        learning = set(self.learners.policy_ids)
-        return {pid: {"weights": w, "trainable": pid in learning} for pid, w in self.weights.items()}
+        learning = set(self.policies.copies)
+        return {pid: {"weights": w, "trainable": pid in learning} for pid, w in self.policies.get_weights().items()}
 
     def _mm(self) -> dict:
         return self.league.matchmaking().to_dict()
@@ -380,10 +383,11 @@ class AlphaStar(Algorithm):
         return {} if self._driver_stores else self.learners.replay_proxies()
 
     def _message(self, full: bool = False) -> SyncMessage:
+        weights = self.policies.get_weights()
         return SyncMessage(
-            weights=dict(self.weights if full else self.sync.changed),
+            weights=weights if full else {pid: w for pid, w in weights.items() if pid in self.sync.changed},
             matchmaking=self._mm(),
-            train=list(self.learners.policy_ids),
+            train=self.policies.learning,
             replay=self._replay(),
             remove=list(self.sync.removed),
         )
@@ -426,7 +430,7 @@ class AlphaStar(Algorithm):
             return []
         last = results[-1]
         league = (
-            f"League: {last.get('league/players', len(self.weights))} players ({last.get('league/learning', 0)} "
+            f"League: {last.get('league/players', len(self.policies.ids))} players ({last.get('league/learning', 0)} "
             f"learning, {last.get('league/frozen', 0)} frozen), {int(last.get('league/games_total', 0)):,} games."
         )
         metric = self.best_metric
@@ -465,14 +469,14 @@ class AlphaStar(Algorithm):
         return [head, f"{league} {note}"]
 
     def get_weights(self, policy_ids=None) -> dict[str, dict]:
-        return {pid: self.weights[pid] for pid in (policy_ids or self.weights)}
+        return {pid: self.policies.weights(pid) for pid in (policy_ids or self.policies.ids)}
 
     def broadcast(self) -> None:
         """One put: the changed weights, the matchmaking, who learns, where to store batches, who left."""
         self.sync.replay_restarts_sent = self.learners.num_replay_restarts
         self.publisher.publish([("sync", (self.publisher.put(self._message()),))])
         self.publisher.send()
-        self.sync.changed, self.sync.removed = {}, []
+        self.sync.changed, self.sync.removed = set(), []
         self.sync.learned_since_broadcast = 0
 
     # ---- the execution plan ------------------------------------------------------------------
@@ -490,14 +494,15 @@ class AlphaStar(Algorithm):
             self.record_rollouts(metrics)
             self._record_matches(metrics)
         with self.timers.time(Phase.LEARN):
-            self.runner.submit({pid: self.counters["env_steps_sampled"] for pid in self.learners.policy_ids})
+            self.runner.submit({pid: self.counters["env_steps_sampled"] for pid in self.policies.copies})
             stats = self._learner_stats  # the last stats of every learner: stable result columns
             for r in self.runner.results(WAIT_S):
                 pid = r.policy_id
-                if pid not in self.weights or r.weights is None:
+                if pid not in self.policies.copies or r.weights is None:
                     continue
                 self.counters["env_steps_trained"] += r.env_steps
-                self.weights[pid] = self.sync.changed[pid] = r.weights  # the learners keep theirs (fetch_ready)
+                self.policies.set_weights(pid, r.weights)  # the learners keep theirs (fetch_ready)
+                self.sync.changed.add(pid)
                 stats.update({f"learner/{pid}/{k}": v for k, v in r.stats.items()})
                 self.sync.learned_since_broadcast += 1
         with self.timers.time(Phase.SYNC):
@@ -525,8 +530,8 @@ class AlphaStar(Algorithm):
         result.update(self.league.metrics())
         result.update(
             {
-                "num_policies": len(self.weights),
-                "num_learning_policies": len(self.learners.policy_ids),
+                "num_policies": len(self.policies.ids),
+                "num_learning_policies": len(self.policies.learning),
                 "num_matches_this_iter": self._matches_this_iter,
                 "num_learner_restarts": self.learners.num_restarts,
                 "num_replay_actor_restarts": self.learners.num_replay_restarts,
@@ -538,48 +543,52 @@ class AlphaStar(Algorithm):
         """Freezes and removals first, so the learner slots they free can take this build's
         additions (a full league would refuse them); a snapshot copies its parent's weights as
         they were before any reset in the same build."""
-        parents = {a.new_id: self.weights[a.from_id] for a in changes.add if a.from_id}
+        parents = {a.new_id: self.policies.weights(a.from_id) for a in changes.add if a.from_id}
         for pid in [*changes.freeze, *changes.remove]:
-            if pid in self.learners.policy_ids:
+            if pid in self.policies.copies:
                 self.runner.remove_policy(pid)
+                self.policies.freeze(pid)
         for pid in changes.remove:
-            self.weights.pop(pid, None)
-            self.sync.changed.pop(pid, None)
+            if pid in self.policies.ids:
+                self.policies.remove(pid)
+            self.sync.changed.discard(pid)
             self._learner_stats = {k: v for k, v in self._learner_stats.items() if not k.startswith(f"learner/{pid}/")}
             self.sync.removed.append(pid)
         for a in changes.add:
             self._add(a.new_id, parents.get(a.new_id) or self._fresh_weights(a.new_id), a.trainable)
         for pid in changes.reset:
-            self.weights[pid] = self.sync.changed[pid] = self._fresh_weights(pid)
-            if pid in self.learners.policy_ids:
-                self.learners.set_weights(pid, self.weights[pid])
+            weights = self._fresh_weights(pid)
+            self.policies.set_weights(pid, weights)
+            self.sync.changed.add(pid)
+            if pid in self.policies.copies:
+                self.learners.set_weights(pid, weights)
 
     # ---- state -------------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
         return {
             **super().get_state(),
-            "league": self.league.get_state(),
-            "weights": {
-                pid: {k: torch.from_numpy(np.array(v)) for k, v in w.items()} for pid, w in self.weights.items()
-            },
-            "learners": {pid: self.learners.call(pid, "get_state") for pid in self.learners.policy_ids},
+            "league": self.league.get_state(),  # every player's weights are the policies' (``weights``)
+            "learners": {pid: self.learners.call(pid, "get_state") for pid in self.policies.copies},
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Continue the checkpoint's league: its players, their weights, who learns, the learners' optimizers."""
         super().set_state(state)
         self.league.set_state(state["league"])
-        before = set(self.weights)
-        for pid in list(self.learners.policy_ids):
-            self.runner.remove_policy(pid)
-        self.weights, self.sync.changed = {}, {}
+        before = set(self.policies.ids)
+        for pid in self.policies.ids:
+            if pid in self.policies.copies:
+                self.runner.remove_policy(pid)
+            self.policies.remove(pid)
+        self.sync.changed = set()
         for pid, spec in self.league.players.items():
             self._add(pid, {k: v.numpy() for k, v in state["weights"][pid].items()}, spec.trainable)
         for pid, learner_state in state.get("learners", {}).items():  # optimizer and target network too
-            if pid in self.learners.policy_ids:
+            if pid in self.policies.copies:
                 self.learners.call(pid, "set_state", learner_state)
-                self.weights[pid] = self.sync.changed[pid] = self.runner.get_weights(pid)
-        self.sync.removed = sorted(before - set(self.weights))
+                self.policies.set_weights(pid, self.runner.get_weights(pid))
+                self.sync.changed.add(pid)
+        self.sync.removed = sorted(before - set(self.policies.ids))
         self.broadcast()
 
     def stop(self) -> None:

@@ -75,7 +75,7 @@ class LeagueEvaluator(Evaluator):
         a learning player's parameter average)."""
         algo = self.algo
         player = average_of(policy_id)
-        weights = algo.weights[policy_id] if player is None else algo.average_weights(player)
+        weights = algo.policies.weights(policy_id) if player is None else algo.average_weights(player)
         module = build_actor_critic(algo.obs_space, algo.action_space, algo.config.model)
         module.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in weights.items()})
         return module.eval()
@@ -124,11 +124,11 @@ class LeagueEvaluator(Evaluator):
         """Win rate of ``policy_id`` against a scripted player or another policy, half as first player;
         ``explore`` None: sampled on an OpenSpiel game, else greedy (:meth:`samples`)."""
         algo = self.algo
-        ids = [policy_id] + ([opponent] if opponent in algo.weights else [])
+        ids = [policy_id] + ([opponent] if opponent in algo.policies.ids else [])
         runner = MultiAgentEnvRunner(
             algo.config,
             EVAL_RUNNER_INDEX,
-            {p: {"weights": algo.weights[p], "trainable": False} for p in ids},
+            {p: {"weights": algo.policies.weights(p), "trainable": False} for p in ids},
             matchmaking=[{"policies": [policy_id]}],
             num_envs=1,
         )

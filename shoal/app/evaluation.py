@@ -303,18 +303,16 @@ def payoff_unit(env: Any) -> str:
 def main_policy(algo) -> tuple[str, dict[str, Any]]:
     """A game checkpoint's main policy: ``main`` when there is one, else the first policy; and the
     spec a :class:`~shoal.rollout.multi_agent.MultiAgentEnvRunner` builds it from."""
-    if algo.is_league:
-        ids = list(algo.weights)
-        pid = "main" if "main" in ids else ids[0]
-        return pid, {"weights": algo.weights[pid], "model": algo.config.model.model_dump(), "trainable": False}
-    ids = list(algo.config.multi_agent.policies)
+    ids = algo.policies.ids
     pid = "main" if "main" in ids else ids[0]
-    return pid, {
+    spec = {
         "weights": algo.policies.weights(pid),
         "model": algo.policies.configs[pid].model.model_dump(),
-        "agent": algo.agents.agent_for(pid),
         "trainable": False,
     }
+    if not algo.is_league:  # a league's players take either seat; a multi_agent section's policy plays its agent
+        spec["agent"] = algo.agents.agent_for(pid)
+    return pid, spec
 
 
 def agents_of(algo) -> list[str]:

@@ -85,9 +85,9 @@ class Algorithm:
     time to reach a goal)."""
     evaluator_cls: ClassVar[type[Evaluator]] = Evaluator  # what evaluate() asks
     is_league: ClassVar[bool] = False
-    """A league (``AlphaStar``): its policies are named players whose weights the driver keeps
-    (``self.weights``), ``shoal.load_policy(policy=...)`` picks one, and ``shoal evaluate`` plays
-    its ``main``. The app reads this, never the algorithm's name."""
+    """A league (``AlphaStar``): its policies are named players (``self.policies``, whose learners
+    run elsewhere), ``shoal.load_policy(policy=...)`` picks one, and ``shoal evaluate`` plays its
+    ``main``. The app reads this, never the algorithm's name."""
     result_keys: ClassVar[tuple[str, ...]] = (
         *("iteration", "env_steps_sampled", "env_steps_trained", "time_this_iter_s", "time_total_s"),
         *("episode_return_mean", "episode_return_min", "episode_return_max", "episode_len_mean", "episodes_total"),

@@ -5,11 +5,19 @@ The policy is the unit of training. A single-agent run is the one-policy case (i
 :class:`~shoal.learn.policy_learner.PolicyLearner` built from its own config (the algorithm's,
 with the policy's overrides); a policy outside ``policies_to_train`` keeps its initial weights.
 
-The set also keeps the two layouts that must not change with the number of policies:
+A set made by :meth:`PolicySet.learning_elsewhere` (the league's) holds policies whose learners
+run in a runner in other processes: for each learning policy the driver's copy of its latest
+weights (``copies``, taken from its results), and frozen entries (a league's snapshots and
+frozen players); policies join, leave and freeze as the run goes (``add``, ``remove``,
+``freeze``).
+
+The set also keeps the layouts that must not change with the number of policies:
 
 - results: ``learner/<stat>`` for a single policy, ``learner/<id>/<stat>`` for several;
 - checkpoints: a single policy's learner state at the top of the algorithm's state
-  (``learner``, ``kl``, ``target``), several under ``policies`` and ``frozen``.
+  (``learner``, ``kl``, ``target``), several under ``policies`` and ``frozen``; a set whose
+  learners are elsewhere, every policy's weights under ``weights`` (the learners' own state
+  is the runner's, which the algorithm saves beside it).
 """
 
 from __future__ import annotations
@@ -37,11 +45,16 @@ class PolicySet:
         frozen: Mapping[str, dict[str, np.ndarray]],
         *,
         multi: bool,
+        learners_elsewhere: bool = False,
     ) -> None:
         self.configs = dict(configs)
         self.trained = dict(learners)
         self.frozen = dict(frozen)
         self.multi = multi
+        # learning policies whose learners run elsewhere (a runner's learner actors): the
+        # driver's copy of each one's latest weights
+        self.copies: dict[str, dict[str, np.ndarray]] = {}
+        self.learners_elsewhere = learners_elsewhere
 
     @classmethod
     def single(cls, config, learner: PolicyLearner) -> "PolicySet":
@@ -66,10 +79,46 @@ class PolicySet:
                 frozen[pid] = pl.get_weights()
         return cls(configs, learners, frozen, multi=True)
 
+    @classmethod
+    def learning_elsewhere(cls) -> "PolicySet":
+        """An empty set whose learning policies learn in a runner elsewhere (the league's learner
+        shards): policies are added as the run goes."""
+        return cls({}, {}, {}, multi=True, learners_elsewhere=True)
+
     # ---- ids and learners -----------------------------------------------------------------
     @property
     def ids(self) -> list[str]:
         return list(self.configs)
+
+    @property
+    def learning(self) -> list[str]:
+        """The learning policies: those with a learner here, then those learning elsewhere."""
+        return [*self.trained, *self.copies]
+
+    def add(self, pid: str, config, weights: dict[str, np.ndarray], *, learning: bool) -> None:
+        """A new policy: learning elsewhere from ``weights`` (its learner is the runner's to add),
+        or frozen at them."""
+        if pid in self.configs:
+            raise ValueError(f"policy {pid!r} is already in the set")
+        if learning and not self.learners_elsewhere:
+            raise ValueError(f"policy {pid!r} cannot learn elsewhere: this set's learners are its own")
+        self.configs[pid] = config
+        (self.copies if learning else self.frozen)[pid] = weights
+
+    def remove(self, pid: str) -> dict[str, np.ndarray]:
+        """``pid`` leaves the set; its latest weights."""
+        weights = self.weights(pid)
+        del self.configs[pid]
+        for table in (self.trained, self.copies, self.frozen):
+            table.pop(pid, None)
+        return weights
+
+    def freeze(self, pid: str) -> None:
+        """``pid`` stops learning and keeps playing with its latest weights."""
+        weights = self.weights(pid)
+        self.trained.pop(pid, None)
+        self.copies.pop(pid, None)
+        self.frozen[pid] = weights
 
     def __getitem__(self, pid: str) -> PolicyLearner:
         return self.trained[pid]
@@ -126,7 +175,21 @@ class PolicySet:
 
     # ---- weights, config and state --------------------------------------------------------
     def weights(self, pid: str) -> dict[str, np.ndarray]:
-        return self.trained[pid].get_weights() if pid in self.trained else self.frozen[pid]
+        if pid in self.trained:
+            return self.trained[pid].get_weights()
+        return self.copies[pid] if pid in self.copies else self.frozen[pid]
+
+    def set_weights(self, pid: str, weights: dict[str, np.ndarray]) -> None:
+        """``pid``'s weights: its learner's here, else the driver's copy (a learner elsewhere is
+        the runner's to set)."""
+        if pid in self.trained:
+            self.trained[pid].set_weights(weights)
+        elif pid in self.copies:
+            self.copies[pid] = weights
+        elif pid in self.frozen:
+            self.frozen[pid] = weights
+        else:
+            raise KeyError(f"unknown policy {pid!r}; the set holds {self.ids}")
 
     def get_weights(self):
         """What rollout actors play with: the single policy's weights, or ``{policy_id: weights}``."""
@@ -136,7 +199,9 @@ class PolicySet:
 
     def apply_config(self, config, changes: Iterable[str]) -> None:
         """``update_config``'s changes, applied to each learning policy; a policy's own overrides still win."""
-        if self.multi:
+        if self.learners_elsewhere:  # one config for every policy; their learners take no change mid-run
+            self.configs = dict.fromkeys(self.configs, config)
+        elif self.multi:
             from shoal.framework.config_groups import policy_config
 
             self.configs = {pid: policy_config(config, pid) for pid in self.configs}
@@ -150,14 +215,23 @@ class PolicySet:
         return sum(pl.learner.num_nonfinite_skipped for pl in self.trained.values())
 
     def get_state(self) -> dict[str, Any]:
+        if self.learners_elsewhere:
+            return {"weights": {pid: _tensors(self.weights(pid)) for pid in self.configs}}
         if not self.multi:
             return self.only.get_state()
         return {
             "policies": {pid: pl.get_state() for pid, pl in self.trained.items()},
-            "frozen": {pid: {k: torch.from_numpy(np.array(v)) for k, v in w.items()} for pid, w in self.frozen.items()},
+            "frozen": {pid: _tensors(w) for pid, w in self.frozen.items()},
         }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
+        """The saved weights of the policies the set holds (with learners elsewhere, the driver's
+        copies: the algorithm gives the runner's learners their own state)."""
+        if self.learners_elsewhere:
+            for pid, w in state["weights"].items():
+                if pid in self.configs and pid not in self.trained:
+                    self.set_weights(pid, {k: v.numpy() for k, v in w.items()})
+            return
         if not self.multi:
             self.only.set_state(state)
             return
@@ -167,6 +241,10 @@ class PolicySet:
         for pid, w in state.get("frozen", {}).items():
             if pid in self.frozen:
                 self.frozen[pid] = {k: v.numpy() for k, v in w.items()}
+
+
+def _tensors(weights: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(np.array(v)) for k, v in weights.items()}
 
 
 def build_policy_module(
