@@ -57,7 +57,6 @@ from shoal.models import build_actor_critic
 from shoal.replay import BatchReplay
 from shoal.rollout.league import LeagueRolloutActor, SyncMessage, store_batches
 from shoal.rollout.multi_agent import PolicyReturnWindows
-from shoal.runtime import ActorResources, LazyActorGroup, make_actor_group
 from shoal.runtime.placement import DRIVER, BundleGroup
 from shoal.seeding import derive_seed
 
@@ -259,29 +258,18 @@ class AlphaStar(Algorithm):
         self._matches_this_iter = 0
         self._games_seen = self._games_decided = 0  # since this process built the league: any winner at all?
         self._learner_stats: dict[str, float] = {}  # the last stats of every learner: stable result columns
-        n, first = max(res.num_workers, 1), 1 if remote else 0
-        # Lazy, like every algorithm's rollout actors: a run restored only to evaluate starts none.
-        self.env_runners = LazyActorGroup(
-            lambda: make_actor_group(
-                LeagueRolloutActor,
-                n,
-                lambda i: ((cfg, i, self._specs(), self._mm(), self._replay()), {}),
-                remote=remote,
-                resources=self.actor_resources("rollout actor") if remote else ActorResources.of_workers(res),
-                max_in_flight=cfg.max_requests_in_flight_per_worker,
-                name="rollout actor",
-                first_index=first,
-                about=f"env {cfg.env_name()}",
-            ),
-            n,
-            first_index=first,
+        # lazy, like every algorithm's: a run restored only to evaluate starts none; built from multi_agent_runner_args
+        self.env_runners = self.make_env_runners(
+            None,
+            None,
+            cfg.fragment_length(),
             max_in_flight=cfg.max_requests_in_flight_per_worker,
+            runner_cls=LeagueRolloutActor,
         )
         # a published sync message holds only what changed; a recreated actor is sent the whole league
         self.publisher = WeightsPublisher(
             lambda: self.env_runners, full=lambda: [("sync", (self._message(full=True),))]
         )
-        self.env_runners.on_restart = self.publisher.restart_calls
         self.best_metric, self.best_metric_mode = self.evaluator.best_metric()
 
     @classmethod
@@ -365,6 +353,11 @@ class AlphaStar(Algorithm):
 
     def _idle_sleep(self) -> float:
         return self.config.learner_idle_sleep_s if self.config.resources.learners_remote() else 0.0
+
+    def multi_agent_runner_args(self, index: int):
+        """A rollout actor's ``(args, kwargs)``: every player with its weights, the matchmaking
+        data and where each learning policy's batches go."""
+        return (self.config, index, self._specs(), self._mm(), self._replay()), {}
 
     def _specs(self) -> dict[str, dict]:
         learning = set(self.policies.copies)

@@ -86,8 +86,9 @@ class Algorithm:
     evaluator_cls: ClassVar[type[Evaluator]] = Evaluator  # what evaluate() asks
     is_league: ClassVar[bool] = False
     """A league (``AlphaStar``): its policies are named players (``self.policies``, whose learners
-    run elsewhere), ``shoal.load_policy(policy=...)`` picks one, and ``shoal evaluate`` plays its
-    ``main``. The app reads this, never the algorithm's name."""
+    run elsewhere), its rollout actors play its matches (``multi_agent_runner_args``),
+    ``shoal.load_policy(policy=...)`` picks one, and ``shoal evaluate`` plays its ``main``. The
+    app reads this, never the algorithm's name."""
     result_keys: ClassVar[tuple[str, ...]] = (
         *("iteration", "env_steps_sampled", "env_steps_trained", "time_this_iter_s", "time_total_s"),
         *("episode_return_mean", "episode_return_min", "episode_return_max", "episode_len_mean", "episodes_total"),
@@ -207,7 +208,9 @@ class Algorithm:
         EnvRunner subclass for algorithms whose actors do more (e.g. Ape-X's push to replay).
         The env kind picks the runner: with a ``multi_agent`` section it is the
         :class:`~shoal.rollout.multi_agent.MultiAgentEnvRunner`, which cuts sequences per policy
-        (``policy_cls``, ``postprocess`` and ``fragment_length`` are then the section's).
+        (``policy_cls``, ``postprocess`` and ``fragment_length`` are then the section's); a
+        league's is its own subclass of it (``runner_cls``). Either is built from
+        ``multi_agent_runner_args(index)``.
         A recreated actor gets the last broadcast weights and whatever ``self.restart_calls()`` adds.
 
         The group is lazy (:class:`~shoal.runtime.lazy.LazyActorGroup`): the actors, and Ray,

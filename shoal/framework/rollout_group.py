@@ -42,21 +42,24 @@ def rollout_group(
     runner_cls: type = EnvRunner,
 ) -> LazyActorGroup:
     """``algo``'s rollout actors (see :meth:`Algorithm.make_env_runners`): in the driver with
-    ``num_workers=0`` (one runner, index 0), else Ray actors indexed from 1; a multi-agent env
-    gets the :class:`~shoal.rollout.multi_agent.MultiAgentEnvRunner`. A recreated actor is sent
-    the last broadcast weights, the normalizer's statistics and ``algo.restart_calls()``."""
+    ``num_workers=0`` (one runner, index 0), else Ray actors indexed from 1; a game (a
+    ``multi_agent`` section, or a league) gets the
+    :class:`~shoal.rollout.multi_agent.MultiAgentEnvRunner`, or the subclass of it given as
+    ``runner_cls`` (the league's), each built from ``algo.multi_agent_runner_args(index)``. A
+    recreated actor is sent the last broadcast weights (the publisher's ``restart_calls()``),
+    else the normalizer's statistics, then ``algo.restart_calls()``."""
     config = algo.config
     res = config.resources
     remote = res.num_workers > 0
     n, first = max(res.num_workers, 1), 1 if remote else 0
-    multi = algo.is_multi_agent
+    multi = algo.is_multi_agent or algo.is_league
 
     def ctor(i: int):
         if multi:
             return algo.multi_agent_runner_args(i)
         return (config, i, policy_cls, postprocess, fragment_length), {}
 
-    if multi:  # the env kind picks the runner: sequences per policy
+    if multi and not issubclass(runner_cls, MultiAgentEnvRunner):  # the env kind picks the runner: sequences per policy
         runner_cls = MultiAgentEnvRunner
     group = LazyActorGroup(
         lambda: make_actor_group(
