@@ -14,7 +14,7 @@ Leduc, 0.458 in Kuhn poker).
 Progress goes to stderr; the last stdout line is one JSON object:
 
     {"benchmark": "league_leduc", "budget_s": .., "main_exploitability": .., "mixture_exploitability": ..,
-     "main_average_exploitability": .. (main's parameter average, with average_tau; else null),
+     "main_average_exploitability": .. (main's average, with average_policy; else null),
      "best_main_exploitability": .., "players": .., "env_steps": .., "env_steps_per_s": ..,
      "mixture_support": {player: weight, ...}, "curve": [[seconds, env_steps, main, mixture, main_average], ...], ...}
 
@@ -22,7 +22,7 @@ Progress goes to stderr; the last stdout line is one JSON object:
 after another, each in a fresh process, and prints instead ``{"benchmark": "league_leduc_seeds",
 "seeds", "budget_s", "config", "main_exploitability_median", "main_exploitability_range",
 "mixture_exploitability_median", "mixture_exploitability_range", the same two for
-"main_average_exploitability" (null without average_tau), "uniform_random_exploitability",
+"main_average_exploitability" (null without average_policy), "uniform_random_exploitability",
 "runs": [each seed's JSON object]}``; ``--png`` then draws every seed's main and mixture curves
 against minutes of training.
 """
@@ -178,8 +178,8 @@ def main() -> None:
 
 
 def average_x(algo) -> float | None:
-    """Main's parameter average's exploitability (``average_tau``); None when the run keeps none."""
-    if algo.config.average_tau is None:
+    """Main's average's exploitability (``average_policy``); None when the run keeps none."""
+    if algo.config.average_policy is None:
         return None
     return round(algo.exploitability("main@average"), 4)
 

@@ -77,8 +77,8 @@ def test_the_keys_reach_the_learner_record_and_are_checked():
         small(average_tau=0.0)
     with pytest.raises(ConfigError, match="average_tau"):
         small(average_tau=1.5)
-    with pytest.raises(ConfigError, match="average_tau is None"):
-        small(average_tau=None)  # a magnet with nothing to pull towards
+    with pytest.raises(ConfigError, match="average_policy is None"):
+        small(average_tau=None)  # a magnet with nothing to pull towards (average_tau: null, as written before)
     for cls in (APPOConfig, IMPALAConfig):  # their losses keep no average: refused, not ignored
         with pytest.raises(ConfigError, match="average_tau"):
             cls(env="CartPole-v1", average_tau=0.01)
@@ -160,6 +160,24 @@ def test_the_average_is_saved_and_restored_with_the_policy(league_batch):
         torch.testing.assert_close(a, b)
 
 
+def kuhn_league(**kw) -> AlphaStarConfig:
+    """A small Kuhn-poker league (main and a random player), evaluated every iteration."""
+    base = dict(
+        env="openspiel:kuhn_poker",
+        seed=0,
+        lr=0.01,
+        rollout_fragment_length=4,
+        train_batch_size=64,
+        max_num_policies_to_train=1,
+        min_time_s_per_iteration=0.0,
+        league={"type": "alpha_star", "num_main_exploiters": 0, "num_league_exploiters": 0, "num_random_policies": 1},
+        model={"hiddens": [16]},
+        resources={"num_envs_per_worker": 8},
+        evaluation={"evaluation_interval": 1, "evaluation_num_episodes": 4},
+    )
+    return AlphaStarConfig(**{**base, **kw})
+
+
 def test_the_loaded_main_average_is_the_one_whose_exploitability_is_reported(tmp_path):
     """A Kuhn-poker league with ``average_tau``: its evaluation reports main's average's
     exploitability, the summary names it, and ``load_policy(policy="main@average")`` plays a policy
@@ -169,27 +187,13 @@ def test_the_loaded_main_average_is_the_one_whose_exploitability_is_reported(tmp
     import shoal
     from shoal.league.exploitability import exploitability, tabular_policy
 
-    cfg = AlphaStarConfig(
-        env="openspiel:kuhn_poker",
-        seed=0,
-        lr=0.01,
-        rollout_fragment_length=4,
-        train_batch_size=64,
-        max_num_policies_to_train=1,
-        min_time_s_per_iteration=0.0,
-        average_tau=0.05,
-        magnet_coeff=0.2,
-        league={"type": "alpha_star", "num_main_exploiters": 0, "num_league_exploiters": 0, "num_random_policies": 1},
-        model={"hiddens": [16]},
-        resources={"num_envs_per_worker": 8},
-        evaluation={"evaluation_interval": 1, "evaluation_num_episodes": 4},
-    )
+    cfg = kuhn_league(average_tau=0.05, magnet_coeff=0.2)
     with cfg.build() as algo:
         results = [algo.train() for _ in range(3)]
         path = algo.save(tmp_path / "ckpt")
         reported = results[-1]["evaluation/main_average_exploitability"]
         main = results[-1]["evaluation/exploitability"]
-        assert "main's parameter average (main@average)" in " ".join(algo.summary_lines(results))
+        assert "main's average (main@average, of its parameters)" in " ".join(algo.summary_lines(results))
         with pytest.raises(ConfigError, match="'random_0' is not learning"):
             algo.exploitability("random_0@average")
     assert results[-1]["learner/main/magnet_kl"] > 0  # the pull was on
@@ -199,7 +203,7 @@ def test_the_loaded_main_average_is_the_one_whose_exploitability_is_reported(tmp
     assert loaded.policy_id == "main@average"
     table = tabular_policy(game, loaded.action_probabilities)
     assert exploitability(game, table) == pytest.approx(reported, abs=1e-6)
-    with pytest.raises(ConfigError, match="no parameter average of 'random_0': only a player learning.*main@average"):
+    with pytest.raises(ConfigError, match="no average of 'random_0': only a player learning.*main@average"):
         shoal.load_policy(path, policy="random_0@average")
 
 
@@ -217,5 +221,5 @@ def test_asking_for_an_average_the_league_does_not_keep_names_the_key():
         resources={"num_envs_per_worker": 4},
     )
     with cfg.build() as algo:
-        with pytest.raises(ConfigError, match="keeps none .average_tau is None.: set average_tau"):
+        with pytest.raises(ConfigError, match="keeps none .average_policy is None.: set average_policy"):
             algo.exploitability("main@average")

@@ -301,15 +301,15 @@ class AlphaStar(Algorithm):
     # ---- helpers ---------------------------------------------------------------------------
     def exploitability(self, policy_id: str = "main") -> float:
         """NashConv / 2 of ``policy_id``'s sampling policy on an OpenSpiel game (:class:`LeagueEvaluator`);
-        ``"<player>@average"``: a learning player's parameter average (``average_tau``)."""
+        ``"<player>@average"``: a learning player's average (``average_policy``)."""
         return self.evaluator.exploitability(policy_id)
 
     def average_weights(self, policy_id: str = "main") -> dict:
-        """A learning policy's parameter average (``average_tau``), from its learner."""
-        if self.config.average_tau is None:
+        """A learning policy's average (``average_policy``), from its learner."""
+        if self.config.average_policy is None:
             raise ConfigError(
-                f"'{policy_id}@average' is a learning policy's parameter average, and this league keeps none "
-                "(average_tau is None): set average_tau (e.g. 0.002)"
+                f"'{policy_id}@average' is a learning policy's average, and this league keeps none "
+                "(average_policy is None): set average_policy (parameters or behaviour)"
             )
         if policy_id not in self.policies.copies:
             raise ConfigError(
@@ -447,13 +447,14 @@ class AlphaStar(Algorithm):
                 league,
             ]
         head = f"main's {what} {evaluated[metric]:.3g} at iteration {evaluated.get('iteration')}"
+        cfg_average = self.config.average_policy
         if openspiel:
             mixture = evaluated.get("evaluation/mixture_exploitability")
             average = evaluated.get("evaluation/main_average_exploitability")
             note = (
                 "Exploitability is of main's sampling policy: what a best response wins against it "
                 "(0 at a Nash equilibrium)"
-                + ("" if average is None else f"; main's parameter average (main@average): {average:.3g}")
+                + ("" if average is None else f"; main's average (main@average, of its {cfg_average}): {average:.3g}")
                 + ("." if mixture is None else f"; the frozen players' Nash mixture: {mixture:.3g}.")
             )
         else:

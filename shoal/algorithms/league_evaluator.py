@@ -72,7 +72,7 @@ class LeagueEvaluator(Evaluator):
 
     def module(self, policy_id: str) -> torch.nn.Module:
         """``policy_id``'s network with its latest weights, in this process (``"<player>@average"``:
-        a learning player's parameter average)."""
+        a learning player's average, ``average_policy``)."""
         algo = self.algo
         player = average_of(policy_id)
         weights = algo.policies.weights(policy_id) if player is None else algo.average_weights(player)
@@ -141,8 +141,8 @@ class LeagueEvaluator(Evaluator):
     def evaluate(self, n: int, render: bool = False) -> dict[str, float]:
         """Main against the uniform random player (+1 win, 0 draw, -1 loss); against each lookahead
         heuristic in the games they play (``win_rate_vs_heuristic``, one-step; ``..._heuristic2``,
-        two-step); on an OpenSpiel game, main's ``exploitability``, its parameter average's
-        (``main_average_exploitability``, with ``average_tau``) and the frozen players' Nash
+        two-step); on an OpenSpiel game, main's ``exploitability``, its average's
+        (``main_average_exploitability``, with ``average_policy``) and the frozen players' Nash
         mixture's (``mixture_exploitability``)."""
         if render:
             raise ConfigError(
@@ -166,7 +166,7 @@ class LeagueEvaluator(Evaluator):
                 result.update({f"win_rate_vs_{name}": h["win_rate"], f"draw_rate_vs_{name}": h["draw_rate"]})
         if self.openspiel_game() is not None:
             result["exploitability"] = self.exploitability("main")
-            if self.algo.config.average_tau is not None:
+            if self.algo.config.average_policy is not None:
                 result["main_average_exploitability"] = self.exploitability(f"main{AVERAGE}")
             mixture = self.league_mixture()
             result.update(

@@ -5,9 +5,9 @@ penalty (PPO, APPO, AlphaStar), the league's parameter averages and magnet (Alph
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from shoal.config import EntropySchedule, Section
 from shoal.errors import ConfigError
@@ -41,31 +41,82 @@ class ClipTargetKeys(Section):
 
 
 class PolicyAverageKeys(Section):
-    """Each learning policy's parameter average and the magnet that pulls the policy towards it
-    (AlphaStar). The average is an exponential moving average of the policy's own parameters:
-    on a game where the latest policy cycles around an equilibrium, the average sits nearer its
-    centre. With ``magnet_coeff`` the loss adds ``magnet_coeff * KL(pi || average)`` (magnetic
-    mirror descent with the average as a moving magnet)."""
+    """Each learning policy's average, the '<player>@average' policy, and the magnet that pulls
+    the policy towards it (AlphaStar). On a game where the latest policy cycles around an
+    equilibrium, an average sits nearer its centre. ``average_policy: parameters`` keeps an
+    exponential moving average of the policy's parameters (``average_tau``); ``behaviour``
+    trains a copy of the policy's network by supervision on its own actions over its latest
+    ``average_window`` rows (NFSP's average network over a sliding window). With
+    ``magnet_coeff`` the loss adds ``magnet_coeff * KL(pi || average)`` (magnetic mirror descent
+    with the parameter average as a moving magnet)."""
 
-    average_tau: Optional[float] = Field(
+    average_policy: Optional[Literal["parameters", "behaviour"]] = Field(
+        "parameters",
+        description="The average each learning policy's learner keeps (the '<player>@average' policy: loadable, "
+        "its exploitability reported on OpenSpiel games): parameters (a moving average of the policy's "
+        "parameters), behaviour (a network trained on the policy's own recent actions); None: none.",
+    )
+    average_tau: float = Field(
         0.002,
         gt=0,
         le=1,
-        description="Each learning policy's learner keeps an exponential moving average of its parameters, moved "
-        "this fraction of the way to them after every update (the '<player>@average' policy: loadable, its "
-        "exploitability reported on OpenSpiel games); None: no average.",
+        description="average_policy parameters: the average moves this fraction of the way to the policy's "
+        "parameters after every update.",
     )
+    average_window: int = Field(
+        500_000,
+        ge=1,
+        description="average_policy behaviour: the latest rows of the policy's own play (observation, action "
+        "mask, action) the average learns from.",
+    )
+    average_sgd_steps: int = Field(
+        2, ge=1, description="average_policy behaviour: supervised steps on the window after every policy update."
+    )
+    average_batch_size: int = Field(
+        512, ge=1, description="average_policy behaviour: rows per supervised step, drawn from the window."
+    )
+    average_lr: float = Field(0.001, gt=0, description="average_policy behaviour: Adam's learning rate.")
     magnet_coeff: float = Field(
-        0.0, ge=0, description="Weight of KL(pi || average) in the policy's loss (needs average_tau); 0: no pull."
+        0.0,
+        ge=0,
+        description="Weight of KL(pi || average) in the policy's loss (needs average_policy parameters); 0: no pull.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_average_as_it_was_written(cls, data: Any) -> Any:
+        """``average_tau: null`` is how a config said "no average" before ``average_policy``
+        (checkpoints of that time carry it): read it as ``average_policy: null``."""
+        if isinstance(data, dict) and "average_tau" in data and data["average_tau"] is None:
+            data = {k: v for k, v in data.items() if k != "average_tau"}
+            data.setdefault("average_policy", None)
+        return data
+
+
+PARAMETER_AVERAGE_KEYS = ("average_tau",)
+BEHAVIOUR_AVERAGE_KEYS = ("average_window", "average_sgd_steps", "average_batch_size", "average_lr")
 
 
 def check_policy_average(cfg) -> None:
-    """The magnet pulls towards the average: it needs one."""
-    if cfg.magnet_coeff > 0 and cfg.average_tau is None:
+    """Each average's keys only with that average; the magnet pulls towards the parameter average."""
+    kind = cfg.average_policy
+    for key in (*PARAMETER_AVERAGE_KEYS, *BEHAVIOUR_AVERAGE_KEYS):
+        wanted = "parameters" if key in PARAMETER_AVERAGE_KEYS else "behaviour"
+        # a value off its default for the other average (a full dump of a config carries the defaults)
+        if kind != wanted and getattr(cfg, key) != PolicyAverageKeys.model_fields[key].default:
+            raise ConfigError(
+                f"{key} ({getattr(cfg, key)}) sets the {wanted} average, and average_policy is {kind}: "
+                f"set average_policy: {wanted}, or leave {key} at its default"
+            )
+    if kind == "behaviour" and getattr(cfg.model, "use_lstm", False):
+        raise ConfigError(
+            "average_policy: behaviour trains a feed-forward copy of the policy on single steps, and "
+            "model.use_lstm is true: use average_policy: parameters"
+        )
+    if cfg.magnet_coeff > 0 and kind != "parameters":
         raise ConfigError(
             f"magnet_coeff ({cfg.magnet_coeff}) pulls each policy towards its parameter average, and "
-            "average_tau is None (no average kept): set average_tau (e.g. 0.002) or magnet_coeff: 0"
+            f"average_policy is {kind}: set average_policy: parameters, or magnet_coeff: 0"
         )
 
 

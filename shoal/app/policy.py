@@ -78,8 +78,8 @@ def load_policy(
     ``env=my_callable`` for an env saved without an import path).
 
     A league run (alpha_star) holds several players: ``policy`` names one (``"main"``, an
-    exploiter, a snapshot), ``"<player>@average"`` a learning player's parameter average (a run
-    with ``average_tau``), or on an OpenSpiel game ``"league_nash"``, the Nash mixture of the
+    exploiter, a snapshot), ``"<player>@average"`` a learning player's average (a run
+    with ``average_policy``: its parameter or behaviour average), or on an OpenSpiel game ``"league_nash"``, the Nash mixture of the
     meta-game over the frozen players; see :mod:`shoal.league.policies`.
 
     ``trust=True`` imports the code the checkpoint's config names (an env factory, a custom model)
@@ -122,19 +122,23 @@ def load_policy(
 
 
 def _average_weights(state: dict, player: str, path: Any, config: Any, players: list[str]) -> Any:
-    """A learning player's parameter average from a league checkpoint's learner state (``average_tau``)."""
-    average = state.get("learners", {}).get(player, {}).get("average")
+    """A learning player's average from a league checkpoint's learner state (``average_policy``):
+    its parameter average, or its behaviour average's network."""
+    learner = state.get("learners", {}).get(player, {})
+    if "behaviour_average" in learner:
+        return learner["behaviour_average"]["net"]
+    average = learner.get("average")
     if average is None:
-        tau = getattr(config, "average_tau", None)
+        kind = getattr(config, "average_policy", None)
         why = (
-            "this run kept none (average_tau: null)"
-            if tau is None
+            "this run kept none (average_policy: null)"
+            if kind is None
             else f"only a player learning when the checkpoint was written keeps one, and {player!r} was not"
         )
         learning = ", ".join(f"{p}@average" for p in state.get("learners", {}))
         raise ConfigError(
-            f"Checkpoint '{path}' has no parameter average of {player!r}: {why}. Its players are "
-            f"{', '.join(players)}{f'; its averages {learning}' if tau is not None and learning else ''}."
+            f"Checkpoint '{path}' has no average of {player!r}: {why}. Its players are "
+            f"{', '.join(players)}{f'; its averages {learning}' if kind is not None and learning else ''}."
         )
     return average["module"]
 

@@ -19,11 +19,11 @@ import numpy as np
 import torch
 
 LEAGUE_NASH = "league_nash"
-AVERAGE = "@average"  # "<player>@average": a learning player's parameter average (``average_tau``)
+AVERAGE = "@average"  # "<player>@average": a learning player's average (``average_policy``)
 
 
 def average_of(policy_id: str) -> str | None:
-    """The player whose parameter average ``policy_id`` names ("main@average" -> "main"); None for a player."""
+    """The player whose average ``policy_id`` names ("main@average" -> "main"); None for a player."""
     return policy_id[: -len(AVERAGE)] if policy_id.endswith(AVERAGE) else None
 
 

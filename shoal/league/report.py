@@ -82,7 +82,7 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 
 def exploitability_curve(run_dir: Optional[Path]) -> list[dict[str, Any]]:
     """The evaluations of an OpenSpiel league's run (``results.jsonl``): per evaluated iteration,
-    ``iteration``, ``env_steps``, main's exploitability (``main``), its parameter average's
+    ``iteration``, ``env_steps``, main's exploitability (``main``), its average's
     (``main_average``) and the frozen players' Nash mixture's (``mixture``; each None when not
     measured). Empty for other runs."""
     path = None if run_dir is None else Path(run_dir) / "results.jsonl"
@@ -119,7 +119,10 @@ def exploitability_figure(curve: list[dict[str, Any]]):
     ax = fig.add_subplot()
     steps = [c["env_steps"] for c in curve]
     ax.plot(steps, [c["main"] for c in curve], marker=".", label="main")
-    for key, label in (("main_average", "main's parameter average"), ("mixture", "Nash mixture of the frozen players")):
+    for key, label in (
+        ("main_average", "main's average (main@average)"),
+        ("mixture", "Nash mixture of the frozen players"),
+    ):
         if any(c.get(key) is not None for c in curve):
             ax.plot(steps, [np.nan if c.get(key) is None else c[key] for c in curve], marker=".", label=label)
     ax.set_xlabel("env steps")
@@ -184,7 +187,7 @@ def format_league_report(report: dict[str, Any]) -> str:
 
 
 def _exploitability_table(curve: list[dict[str, Any]]) -> list[str]:
-    """The report's exploitability lines (main, its parameter average when measured, the Nash mixture)."""
+    """The report's exploitability lines (main, its average when measured, the Nash mixture)."""
     if not curve:
         return []
     average = any(c.get("main_average") is not None for c in curve)

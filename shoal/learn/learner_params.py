@@ -63,10 +63,28 @@ class EntropyScheduleConfig(Protocol):
 
 @runtime_checkable
 class PolicyAverageConfig(Protocol):
-    """A parameter average's keys and its magnet's (AlphaStar: ``PolicyAverageKeys``)."""
+    """A policy average's keys and its magnet's (AlphaStar: ``PolicyAverageKeys``)."""
 
     @property
-    def average_tau(self) -> Optional[float]: ...
+    def average_policy(self) -> Optional[str]: ...
+
+    @property
+    def average_tau(self) -> float: ...
+
+    @property
+    def average_window(self) -> int: ...
+
+    @property
+    def average_sgd_steps(self) -> int: ...
+
+    @property
+    def average_batch_size(self) -> int: ...
+
+    @property
+    def average_lr(self) -> float: ...
+
+    @property
+    def seed(self) -> Optional[int]: ...
 
     @property
     def magnet_coeff(self) -> float: ...
@@ -75,6 +93,17 @@ class PolicyAverageConfig(Protocol):
 def _schedule(points: Optional[Sequence[tuple[int, float]]]) -> Optional[Schedule]:
     """A config's schedule as a tuple of ``(env_steps, value)`` pairs; None when it has none."""
     return tuple((x, y) for x, y in points) if points else None
+
+
+@dataclass(frozen=True)
+class BehaviourAverageParams:
+    """A behaviour average's settings (:class:`~shoal.learn.behaviour_average.BehaviourAverage`)."""
+
+    window: int
+    sgd_steps: int
+    batch_size: int
+    lr: float
+    seed: Optional[int] = None  # its minibatch draws
 
 
 @dataclass(frozen=True)
@@ -94,6 +123,7 @@ class LearnerParams:
     kl_penalty_keys: bool = False  # the config has the penalty's keys: results report the coefficient
     average_tau: Optional[float] = None  # the learner keeps an average of its parameters, moved by this per update
     magnet_coeff: float = 0.0  # the loss's pull towards that average
+    behaviour_average: Optional[BehaviourAverageParams] = None  # or a network trained on the policy's own actions
 
     @classmethod
     def config_values(cls, cfg: LearnerConfig) -> dict[str, Any]:
@@ -114,8 +144,20 @@ class LearnerParams:
                 kl_penalty_keys=True,
             )
         if isinstance(cfg, PolicyAverageConfig):
-            tau = cfg.average_tau
-            values.update(average_tau=None if tau is None else float(tau), magnet_coeff=float(cfg.magnet_coeff))
+            kind = cfg.average_policy
+            values.update(
+                average_tau=float(cfg.average_tau) if kind == "parameters" else None,
+                magnet_coeff=float(cfg.magnet_coeff),
+                behaviour_average=BehaviourAverageParams(
+                    int(cfg.average_window),
+                    int(cfg.average_sgd_steps),
+                    int(cfg.average_batch_size),
+                    float(cfg.average_lr),
+                    cfg.seed,
+                )
+                if kind == "behaviour"
+                else None,
+            )
         return values
 
     @classmethod

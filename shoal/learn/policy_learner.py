@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from shoal.batch import Batch
+from shoal.learn.behaviour_average import BehaviourAverage
 from shoal.learn.learner import Learner
 from shoal.learn.learner_params import LearnerParams
 from shoal.learn.losses import LossRecord
@@ -73,6 +74,18 @@ class PolicyLearner:
             self.learner.add_post_update_hook(self.target.post_update)
         if self.average is not None:
             self.learner.add_post_update_hook(self.average.post_update)
+        # or a copy of the network trained on the policy's own actions after each update
+        self.behaviour: Optional[BehaviourAverage] = None
+        if params.behaviour_average is not None:
+            b = params.behaviour_average
+            self.behaviour = BehaviourAverage(
+                self.learner.module,
+                window=b.window,
+                sgd_steps=b.sgd_steps,
+                batch_size=b.batch_size,
+                lr=b.lr,
+                seed=b.seed,
+            )
 
     def update(
         self, batch: Batch, num_epochs: int, minibatch_size: int, rng: np.random.Generator, *, sequence_length: int = 1
@@ -80,6 +93,11 @@ class PolicyLearner:
         """Learn on ``batch`` (``num_epochs`` passes), then the after-update phase; the stats."""
         stats = self.learner.update(batch, num_epochs, minibatch_size, rng, sequence_length=sequence_length)
         self.after_update(stats)
+        if self.behaviour is not None:
+            self.behaviour.add(batch)
+            loss = self.behaviour.train()
+            if loss is not None:
+                stats["average_nll"] = loss
         return stats
 
     def _record_period_kl(self, rows: int) -> None:
@@ -161,7 +179,9 @@ class PolicyLearner:
                 net.sync()
 
     def average_weights(self) -> Optional[dict[str, np.ndarray]]:
-        """The policy's parameter average (``average_tau``) as weights; None when none is kept."""
+        """The policy's average (``average_policy``) as weights; None when none is kept."""
+        if self.behaviour is not None:
+            return self.behaviour.weights()
         if self.average is None:
             return None
         return {k: v.detach().cpu().numpy() for k, v in self.average.net.state_dict().items()}
@@ -173,6 +193,8 @@ class PolicyLearner:
             state["target"] = self.target.get_state()
         if self.average is not None:
             state["average"] = self.average.get_state()
+        if self.behaviour is not None:
+            state["behaviour_average"] = self.behaviour.get_state()
         return state
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -185,3 +207,5 @@ class PolicyLearner:
             self.average.set_state(state["average"])
         elif self.average is not None:  # saved without an average: it starts at the restored policy
             self.average.sync()
+        if self.behaviour is not None and "behaviour_average" in state:
+            self.behaviour.set_state(state["behaviour_average"])

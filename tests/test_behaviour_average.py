@@ -1,0 +1,168 @@
+"""A league policy's behaviour average (``average_policy: behaviour``): a copy of the policy's
+network trained by supervision on the policy's own actions over a sliding window of its play.
+The window keeps the newest valid rows; the supervised loss is the actions' negative
+log-likelihood under the masks they were played with; trained, the copy plays the window's
+action frequencies; the league reports and loads it as ``main@average``."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from test_policy_average import kuhn_league
+
+from shoal.algorithms.alpha_star import AlphaStar, AlphaStarConfig
+from shoal.batch import Batch, Col
+from shoal.config.sections import ModelConfig
+from shoal.errors import ConfigError
+from shoal.learn.behaviour_average import BehaviourAverage
+from shoal.learn.learner_params import BehaviourAverageParams, LearnerParams
+from shoal.models import build_actor_critic
+
+torch.set_num_threads(1)
+OBS = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+ACTIONS = gym.spaces.Discrete(3)
+KUHN = "openspiel:kuhn_poker"
+
+
+def module(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return build_actor_critic(OBS, ACTIONS, ModelConfig(hiddens=[16]))
+
+
+def rows(actions, *, obs=None, valid=None, mask=None) -> Batch:
+    n = len(actions)
+    cols = {
+        Col.OBS: np.zeros((n, 2), np.float32) if obs is None else np.asarray(obs, np.float32),
+        Col.ACTIONS: np.asarray(actions, np.int64),
+        Col.ACTION_MASK: np.ones((n, 3), bool) if mask is None else np.asarray(mask, bool),
+    }
+    if valid is not None:
+        cols[Col.VALID] = np.asarray(valid, bool)
+    return Batch(cols)
+
+
+def test_the_window_keeps_the_newest_valid_rows():
+    avg = BehaviourAverage(module(), window=4, sgd_steps=1, batch_size=2, lr=1e-3, seed=0)
+    obs = np.arange(10, dtype=np.float32).reshape(5, 2)  # first column 0, 2, 4, 6, 8
+    assert avg.add(rows([0, 1, 2, 0, 1], obs=obs, valid=[1, 1, 0, 1, 1])) == 4  # the reset row is not play
+    assert avg.size == 4
+    assert avg.add(rows([2, 2], obs=obs[:2] + 100)) == 2  # slots 0 and 1 overwritten, oldest first
+    assert avg.size == 4 and avg.rows_seen == 6
+    assert avg._obs is not None and avg._actions is not None
+    np.testing.assert_array_equal(avg._obs[:, 0], [100, 102, 6, 8])
+    np.testing.assert_array_equal(avg._actions, [2, 2, 0, 1])
+    assert avg.add(rows([1] * 6, obs=np.arange(12).reshape(6, 2))) == 4  # more than a window: its newest four
+    np.testing.assert_array_equal(avg._obs[:, 0], [8, 10, 4, 6])  # slots 2, 3, 0, 1 in order of play
+    assert avg.add(rows([0], valid=[0])) == 0 and avg.rows_seen == 10
+
+
+def test_the_loss_is_the_actions_negative_log_likelihood_under_their_masks():
+    """One row in the window, so every draw is it: the step's loss is -log softmax of the masked
+    logits at the action, computed here from the network before the step."""
+    net = module()
+    avg = BehaviourAverage(net, window=8, sgd_steps=1, batch_size=5, lr=1e-3, seed=0)
+    obs, mask = np.array([[0.3, -0.7]], np.float32), np.array([[True, False, True]])
+    avg.add(rows([2], obs=obs, mask=mask))
+    with torch.no_grad():
+        logits = avg.net(torch.from_numpy(obs))[0][0].numpy().astype(np.float64)
+    legal = logits[[0, 2]]
+    expected = -(legal[1] - np.log(np.exp(legal).sum()))
+    assert avg.train() == pytest.approx(expected, rel=1e-5)
+    # the copy learns; the policy's own network is untouched
+    for a, b in zip(net.parameters(), module().parameters()):
+        torch.testing.assert_close(a, b)
+
+
+def test_trained_it_plays_the_windows_action_frequencies_and_forgets_older_play():
+    avg = BehaviourAverage(module(), window=400, sgd_steps=1, batch_size=256, lr=3e-3, seed=0)
+    mask = np.tile([True, True, False], (100, 1))
+    for a in (0, 0, 0, 1):  # 300 rows of action 0, then 100 of action 1 (action 2 illegal)
+        avg.add(rows([a] * 100, mask=mask))
+    for _ in range(600):
+        avg.train()
+
+    def probs():
+        with torch.no_grad():
+            logits = avg.net(torch.zeros(1, 2))[0]
+        return torch.softmax(logits[:, :2], -1)[0].numpy()
+
+    np.testing.assert_allclose(probs(), [0.75, 0.25], atol=0.03)
+    for _ in range(2):  # 200 more rows of action 1 replace the 200 oldest: the window holds 100 zeros, 300 ones
+        avg.add(rows([1] * 100, mask=mask))
+    for _ in range(600):
+        avg.train()
+    np.testing.assert_allclose(probs(), [0.25, 0.75], atol=0.03)
+
+
+def test_its_state_keeps_the_network_and_optimizer_not_the_window():
+    avg = BehaviourAverage(module(), window=16, sgd_steps=3, batch_size=8, lr=1e-2, seed=0)
+    avg.add(rows([0, 1, 2, 1]))
+    avg.train()
+    other = BehaviourAverage(module(seed=1), window=16, sgd_steps=3, batch_size=8, lr=1e-2, seed=0)
+    other.set_state(avg.get_state())
+    for a, b in zip(avg.net.parameters(), other.net.parameters()):
+        torch.testing.assert_close(a, b)
+    assert other.size == 0 and other.train() is None  # the window refills from new play
+    assert other.optimizer.state_dict()["state"].keys() == avg.optimizer.state_dict()["state"].keys()
+
+
+def test_the_keys_reach_the_learner_record_and_are_checked():
+    cfg = AlphaStarConfig(env=KUHN, seed=3, average_policy="behaviour", average_window=1000, average_lr=0.01)
+    params = LearnerParams.from_config(cfg)
+    assert params.average_tau is None
+    assert params.behaviour_average == BehaviourAverageParams(1000, 2, 512, 0.01, 3)
+    assert LearnerParams.from_config(AlphaStarConfig(env=KUHN)).behaviour_average is None  # parameters by default
+    assert LearnerParams.from_config(AlphaStarConfig(env=KUHN, average_policy=None)).average_tau is None
+    with pytest.raises(
+        ConfigError, match="average_tau .0.01. sets the parameters average, and average_policy is behaviour"
+    ):
+        AlphaStarConfig(env=KUHN, average_policy="behaviour", average_tau=0.01)
+    with pytest.raises(
+        ConfigError, match="average_window .10. sets the behaviour average, and average_policy is parameters"
+    ):
+        AlphaStarConfig(env=KUHN, average_window=10)
+    with pytest.raises(ConfigError, match="magnet_coeff .0.1. pulls .* average_policy is behaviour"):
+        AlphaStarConfig(env=KUHN, average_policy="behaviour", magnet_coeff=0.1)
+    with pytest.raises(ConfigError, match="model.use_lstm is true: use average_policy: parameters"):
+        AlphaStarConfig(env=KUHN, average_policy="behaviour", model={"use_lstm": True})
+    with pytest.raises(ConfigError, match="average_policy"):
+        AlphaStarConfig(env=KUHN, average_policy="nfsp")
+    # a full dump of a config carries every default: it reloads
+    cfg.copy_with(lr=0.01)
+
+
+def test_a_recurrent_network_is_refused():
+    net = build_actor_critic(OBS, ACTIONS, ModelConfig(hiddens=[8], use_lstm=True))
+    with pytest.raises(ConfigError, match="recurrent: use average_policy: parameters"):
+        BehaviourAverage(net, window=4, sgd_steps=1, batch_size=2, lr=1e-3)
+
+
+def test_the_loaded_main_average_is_the_behaviour_average_whose_exploitability_is_reported(tmp_path):
+    """A Kuhn-poker league keeping behaviour averages: main's learner trains one after each
+    update (``learner/main/average_nll``), the evaluation reports its exploitability, the
+    summary names it, a checkpoint holds it, and ``load_policy(policy="main@average")`` plays a
+    policy exactly that exploitable; a restored run continues from the saved network."""
+    import pyspiel
+
+    import shoal
+    from shoal.league.exploitability import exploitability, tabular_policy
+
+    cfg = kuhn_league(average_policy="behaviour", average_window=2000, average_batch_size=64)
+    with cfg.build() as algo:
+        results = [algo.train() for _ in range(3)]
+        path = algo.save(tmp_path / "ckpt")
+        reported = results[-1]["evaluation/main_average_exploitability"]
+        main = results[-1]["evaluation/exploitability"]
+        saved = algo.average_weights("main")
+        assert "main's average (main@average, of its behaviour)" in " ".join(algo.summary_lines(results))
+    assert results[-1]["learner/main/average_nll"] > 0
+    assert abs(reported - main) > 1e-6  # the copy is not the policy
+    game = pyspiel.load_game("kuhn_poker")
+    loaded = shoal.load_policy(path, policy="main@average")
+    table = tabular_policy(game, loaded.action_probabilities)
+    assert exploitability(game, table) == pytest.approx(reported, abs=1e-6)
+    with AlphaStar.from_checkpoint(path) as restored:
+        for k, v in restored.average_weights("main").items():
+            np.testing.assert_array_equal(v, saved[k])
