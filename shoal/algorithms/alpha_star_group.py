@@ -20,8 +20,9 @@ re-formed from a survivor's state); the other learning players keep their shard 
   zero-weight steps, so all stay in step.
 - **The post-update phase** runs on every replica after its update, as a shard learner runs it: the
   KL coefficient, the target network and the parameter average (``average_tau``) move on each
-  replica alike. Rank 0's result carries the union's rows and the new weights; the others' are
-  dropped by :class:`LeagueRunner`.
+  replica alike (the coefficient on each replica's own KL measurement, as in IMPALA's and
+  APPO's group; the all-reduced gradient keeps the weights equal). Rank 0's result carries the
+  union's rows and the new weights; the others' are dropped by :class:`LeagueRunner`.
 - **League changes.** A reset sets the new weights on every replica (between the same two rounds:
   each replica's calls run in the order the driver sent them); a freeze or removal stops the
   group and frees the slot; checkpoints hold replica 0's state and a restore gives it to all.
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import time
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 import numpy as np
 import torch
@@ -391,3 +392,10 @@ def make_league_group(algo: Any, policy_id: PolicyId, k: int, runner: Callable[[
         local_state=lambda: {"weights": runner().weights[policy_id]},
         on_weights=lambda ref: None,  # the weights come with rank 0's results
     )
+
+
+if TYPE_CHECKING:  # mypy holds the runner to the protocol
+    from shoal.framework.runner import LearnerRunner
+
+    def _conforms(runner: LeagueRunner) -> LearnerRunner:
+        return runner
