@@ -13,7 +13,8 @@ The data flow:
   match outcomes back.
 - Policy learner actors (:class:`APPOPolicyLearner`) pull a mix of new and replayed batches
   from their shard (``replay_ratio``, ``replay_buffer_capacity`` batches), learn with the
-  APPO loss under the stored action masks, and return their new weights.
+  APPO loss under the stored action masks, and return their new weights; a policy named in
+  ``resources.learner_groups`` learns in a group of K replicas instead (``alpha_star_group``).
 - The driver keeps ``max_requests_in_flight_per_worker`` requests open to every rollout
   actor and every policy learner, collects what is ready and never waits on one actor.
   New weights go to the rollout actors with the matchmaking data in one object-store put.
@@ -30,6 +31,7 @@ from typing import Any, Optional, Union
 import torch
 from pydantic import Field, model_validator
 
+from shoal.algorithms.alpha_star_group import LeagueGroupResources, LeagueRunner, check_learner_groups, group_bundles
 from shoal.algorithms.alpha_star_learner import APPOPolicyLearner
 from shoal.algorithms.league_evaluator import LeagueEvaluator
 from shoal.algorithms.loss_keys import (
@@ -40,14 +42,14 @@ from shoal.algorithms.loss_keys import (
     check_kl_against_target,
     check_policy_average,
 )
-from shoal.config import AlgorithmConfig, EnvSpec, EvaluationConfig, ResourcesConfig
+from shoal.config import AlgorithmConfig, EnvSpec, EvaluationConfig
 from shoal.envs.multi_agent import make_multi_agent_env
 from shoal.errors import ConfigError, EnvError
 from shoal.framework.base import Algorithm
 from shoal.framework.config_groups import AsyncSamplingKeys, check_whole_sequences
 from shoal.framework.pipeline import WAIT_S
 from shoal.framework.policies import PolicySet
-from shoal.framework.runner import RemoteLearner, ShardRunner
+from shoal.framework.runner import RemoteLearner
 from shoal.framework.weights_publisher import WeightsPublisher
 from shoal.league import LeagueChanges, make_league_builder
 from shoal.league.builder import MatchResult
@@ -64,7 +66,7 @@ UNDECIDED_GAMES_LIMIT = 500  # games without a single winner before the league r
 
 
 # ---- config -----------------------------------------------------------------------------
-class AlphaStarResourcesConfig(ResourcesConfig):
+class AlphaStarResourcesConfig(LeagueGroupResources):
     num_learner_shards: Optional[int] = Field(
         None, ge=1, description="Learner shards; None: one per GPU, or one per policy without GPUs."
     )
@@ -152,11 +154,12 @@ class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKe
             builder = make_league_builder(self.league)
         except ConfigError as e:
             raise ValueError(f"league: {str(e).rstrip('.')}") from None  # the config's own error adds its name
-        learning = sum(1 for s in builder.initial_policies().values() if s.trainable)
+        learning = [pid for pid, s in builder.initial_policies().items() if s.trainable]
         builder.check_learner_slots(self.max_num_policies_to_train)
-        if learning > self.max_num_policies_to_train:
+        check_learner_groups(self, learning)
+        if len(learning) > self.max_num_policies_to_train:
             raise ValueError(
-                f"the league starts with {learning} learning policies but max_num_policies_to_train is "
+                f"the league starts with {len(learning)} learning policies but max_num_policies_to_train is "
                 f"{self.max_num_policies_to_train}; raise it or configure fewer learning players"
             )
         T = self.fragment_length()
@@ -202,7 +205,7 @@ class AlphaStar(Algorithm):
     result_keys = (
         *Algorithm.result_keys,
         *("num_policies", "num_learning_policies", "num_matches_this_iter", "num_learner_restarts"),
-        "num_replay_actor_restarts",
+        *("num_learner_regroups", "num_replay_actor_restarts"),
     )
     config: AlphaStarConfig
     evaluator: LeagueEvaluator
@@ -248,7 +251,8 @@ class AlphaStar(Algorithm):
             start_timeout_s=res.actor_start_timeout_s,
             placement=self.actor_resources("learner shard").placement if res.learners_remote() else None,
         )
-        self.runner = ShardRunner(self.learners)  # where the trainable policies learn
+        # where the trainable policies learn: shard learners, and learner groups (resources.learner_groups)
+        self.runner = LeagueRunner.of(self)
         # the players: the driver's copy of each learning one's latest weights, and the frozen ones
         self.policies = PolicySet.learning_elsewhere()
         self.sync = LeagueSync()
@@ -296,7 +300,7 @@ class AlphaStar(Algorithm):
                 cpu_key="resources.num_cpus_per_learner",
             ),
         )
-        return plan
+        return plan + group_bundles(config)
 
     # ---- helpers ---------------------------------------------------------------------------
     def exploitability(self, policy_id: str = "main") -> float:
@@ -316,7 +320,7 @@ class AlphaStar(Algorithm):
                 f"'{policy_id}@average': {policy_id!r} is not learning; the learning policies, which keep an "
                 f"average, are {', '.join(self.policies.learning)}"
             )
-        return self.learners.call(policy_id, "average_weights")
+        return self.runner.call(policy_id, "average_weights")
 
     def league_mixture(self, policy_ids: Optional[list[str]] = None):
         """The frozen players' Nash mixture and its exploitability (:class:`LeagueEvaluator`)."""
@@ -527,7 +531,8 @@ class AlphaStar(Algorithm):
                 "num_policies": len(self.policies.ids),
                 "num_learning_policies": len(self.policies.learning),
                 "num_matches_this_iter": self._matches_this_iter,
-                "num_learner_restarts": self.learners.num_restarts,
+                "num_learner_restarts": self.runner.num_restarts,
+                "num_learner_regroups": self.runner.num_regroups,
                 "num_replay_actor_restarts": self.learners.num_replay_restarts,
             }
         )
@@ -555,14 +560,14 @@ class AlphaStar(Algorithm):
             self.policies.set_weights(pid, weights)
             self.sync.changed.add(pid)
             if pid in self.policies.copies:
-                self.learners.set_weights(pid, weights)
+                self.runner.set_weights(pid, weights)  # every replica of a learner group
 
     # ---- state -------------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
         return {
             **super().get_state(),
             "league": self.league.get_state(),  # every player's weights are the policies' (``weights``)
-            "learners": {pid: self.learners.call(pid, "get_state") for pid in self.policies.copies},
+            "learners": {pid: self.runner.call(pid, "get_state") for pid in self.policies.copies},
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -579,7 +584,7 @@ class AlphaStar(Algorithm):
             self._add(pid, {k: v.numpy() for k, v in state["weights"][pid].items()}, spec.trainable)
         for pid, learner_state in state.get("learners", {}).items():  # optimizer and target network too
             if pid in self.policies.copies:
-                self.learners.call(pid, "set_state", learner_state)
+                self.runner.set_state(pid, learner_state)
                 self.policies.set_weights(pid, self.runner.get_weights(pid))
                 self.sync.changed.add(pid)
         self.sync.removed = sorted(before - set(self.policies.ids))

@@ -19,6 +19,7 @@ from shoal.algorithms.appo_loss import APPOLoss
 from shoal.batch import Batch
 from shoal.errors import ActorLostError
 from shoal.learn.distributed_learners import REPLAY_LOST, ReplayLost, resolve_learner_device
+from shoal.learn.learner import Learner
 from shoal.learn.policy_learner import PolicyLearner
 from shoal.learn.threads import LearnerResult
 from shoal.models import build_actor_critic
@@ -40,6 +41,7 @@ class APPOPolicyLearner(PolicyLearner):
         action_space,
         idle_sleep_s: float = 0.0,
         device: str = "cpu",
+        learner_cls: type[Learner] = Learner,
     ) -> None:
         configure_process(config.resources)
         self.policy_id, self.replay, self.idle_sleep_s = policy_id, replay, idle_sleep_s
@@ -51,6 +53,7 @@ class APPOPolicyLearner(PolicyLearner):
             APPOLoss.from_config,
             device=resolve_learner_device(device),
             target_period=config.target_update_frequency,
+            learner_cls=learner_cls,  # a learner group's replica: the all-reducing UnionBatchLearner
         )
         self.rng = np.random.default_rng(None if config.seed is None else [config.seed, *policy_id.encode()])
 
@@ -82,10 +85,11 @@ class APPOPolicyLearner(PolicyLearner):
         )
         return LearnerResult(rows, rows, stats, policy_id=self.policy_id, weights=self.get_weights())
 
-    def _pull(self) -> Union[list[Batch], ReplayLost]:
-        """Batches from the shard's replay until a train batch's rows are in (or it has none left)."""
+    def _pull(self, num_rows: Optional[int] = None) -> Union[list[Batch], ReplayLost]:
+        """Batches from the shard's replay until ``num_rows`` rows are in (or it has none left); None:
+        a train batch's (a learner group's replica pulls its share)."""
         batches, rows = [], 0
-        while rows < self.config.train_batch_size:
+        while rows < (self.config.train_batch_size if num_rows is None else num_rows):
             try:
                 b = self.replay.replay(self.policy_id)
             except ActorLostError:  # the shard's replay actor died: the driver recreates it and calls set_replay

@@ -220,6 +220,27 @@ class DistributedLearners:
 
         ``weights``, when given, are set on the new learner (e.g. a snapshot's parent's).
         """
+        shard, slot = self._free_slot(policy_id)
+        device = ASSIGNED_GPU if self.remote and self.plan.gpus_per_policy > 0 else self.plan.slot_device(shard, slot)
+        group = self._make_group(policy_id, shard, ctor_args, {**(ctor_kwargs or {}), "device": device})
+        self.slots[shard][slot] = policy_id
+        self.where[policy_id], self.groups[policy_id] = (shard, slot), group
+        if weights is not None:
+            self.set_weights(policy_id, weights)
+        else:
+            self.weights[policy_id] = self._call(policy_id, "get_weights")
+        return shard, slot
+
+    def reserve(self, policy_id: PolicyId) -> tuple[int, int]:
+        """A slot, and its shard's replay, for ``policy_id`` whose learner lives elsewhere (a league
+        policy's learner group): the rollout actors store its batches in that replay, its learners
+        pull from it (``get_replay_actor``); no learner actor is created here. Returns (shard, slot)."""
+        shard, slot = self._free_slot(policy_id)
+        self.slots[shard][slot] = policy_id
+        self.where[policy_id] = (shard, slot)
+        return shard, slot
+
+    def _free_slot(self, policy_id: PolicyId) -> tuple[int, int]:
         if policy_id in self.where:
             raise ValueError(f"policy {policy_id!r} already has a learner (shard {self.where[policy_id][0]})")
         free = next(((s, j) for s, row in enumerate(self.slots) for j, p in enumerate(row) if p is None), None)
@@ -230,16 +251,7 @@ class DistributedLearners:
                 f"{self.policy_ids}. Remove (or freeze) a policy first, or raise the maximum number of trainable "
                 "policies."
             )
-        shard, slot = free
-        device = ASSIGNED_GPU if self.remote and self.plan.gpus_per_policy > 0 else self.plan.slot_device(shard, slot)
-        group = self._make_group(policy_id, shard, ctor_args, {**(ctor_kwargs or {}), "device": device})
-        self.slots[shard][slot] = policy_id
-        self.where[policy_id], self.groups[policy_id] = (shard, slot), group
-        if weights is not None:
-            self.set_weights(policy_id, weights)
-        else:
-            self.weights[policy_id] = self._call(policy_id, "get_weights")
-        return shard, slot
+        return free
 
     def _make_group(self, policy_id: PolicyId, shard: int, args: tuple, kwargs: dict):
         def ctor(_i: int) -> tuple[tuple, dict]:  # looked up at each (re)start: a restarted replay actor's new handle
@@ -265,9 +277,10 @@ class DistributedLearners:
     def remove_policy(self, policy_id: PolicyId) -> Any:
         """Stop ``policy_id``'s learner, free its slot and drop its replay data; returns its latest weights."""
         shard, slot = self._where(policy_id)
-        group = self.groups.pop(policy_id)
-        self._restarts_of_removed += group.num_restarts
-        group.stop()
+        group = self.groups.pop(policy_id, None)  # None: a reserved slot, its learner elsewhere
+        if group is not None:
+            self._restarts_of_removed += group.num_restarts
+            group.stop()
         self.slots[shard][slot] = None
         del self.where[policy_id]
         self.replays.foreach("remove_policy", policy_id, actor_ids=[shard])
@@ -340,10 +353,11 @@ class DistributedLearners:
     # ---- weights ----------------------------------------------------------------------------
     def get_weights(self, policy_ids: list[PolicyId] | None = None) -> dict[PolicyId, Any]:
         """Fetch the learners' current weights (and keep them for recreating a learner that dies)."""
-        for pid in self.policy_ids if policy_ids is None else policy_ids:
+        policy_ids = [p for p in self.policy_ids if p in self.groups] if policy_ids is None else policy_ids
+        for pid in policy_ids:
             self._where(pid)
             self.weights[pid] = self._call(pid, "get_weights")
-        return {pid: self.weights[pid] for pid in (self.policy_ids if policy_ids is None else policy_ids)}
+        return {pid: self.weights[pid] for pid in policy_ids}
 
     def set_weights(self, policy_id: PolicyId, weights: Any) -> None:
         self._where(policy_id)
@@ -376,7 +390,8 @@ class DistributedLearners:
 
     def check_replays(self) -> list[int]:
         """Recreate every replay actor that died (empty: its batches are gone) and hand the new
-        one to its shard's learners; returns the shards whose replay actor was recreated.
+        one to its shard's learners (a reserved slot's, which live elsewhere, get it from their owner:
+        ``get_replay_actor``); returns the shards whose replay actor was recreated.
         Rollout actors need the new handles too: see :meth:`replay_proxies`."""
         self.replays.foreach("ping")  # a call to a dead actor fails, and the group recreates it
         lost = [s for s, actor in self.replays.actors.items() if actor is not self._replay_actors.get(s)]
@@ -384,7 +399,7 @@ class DistributedLearners:
             proxies = self.replays.proxies(wait=True)
             for shard in lost:
                 self._replay_actors[shard] = self.replays.actors[shard]
-                for pid in [p for p, (s, _) in self.where.items() if s == shard]:
+                for pid in [p for p, (s, _) in self.where.items() if s == shard and p in self.groups]:
                     self._call(pid, "set_replay", proxies[shard])
         return lost
 
