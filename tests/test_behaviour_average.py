@@ -43,6 +43,11 @@ def rows(actions, *, obs=None, valid=None, mask=None) -> Batch:
     return Batch(cols)
 
 
+def held(avg: BehaviourAverage, col: str) -> np.ndarray:
+    """The window's rows of ``col`` in slot order."""
+    return np.asarray(avg.window_rows.get_state()["columns"][col])
+
+
 def test_the_window_keeps_the_newest_valid_rows():
     avg = BehaviourAverage(module(), window=4, sgd_steps=1, batch_size=2, lr=1e-3, seed=0)
     obs = np.arange(10, dtype=np.float32).reshape(5, 2)  # first column 0, 2, 4, 6, 8
@@ -50,11 +55,10 @@ def test_the_window_keeps_the_newest_valid_rows():
     assert avg.size == 4
     assert avg.add(rows([2, 2], obs=obs[:2] + 100)) == 2  # slots 0 and 1 overwritten, oldest first
     assert avg.size == 4 and avg.rows_seen == 6
-    assert avg._obs is not None and avg._actions is not None
-    np.testing.assert_array_equal(avg._obs[:, 0], [100, 102, 6, 8])
-    np.testing.assert_array_equal(avg._actions, [2, 2, 0, 1])
+    np.testing.assert_array_equal(held(avg, Col.OBS)[:, 0], [100, 102, 6, 8])
+    np.testing.assert_array_equal(held(avg, Col.ACTIONS), [2, 2, 0, 1])
     assert avg.add(rows([1] * 6, obs=np.arange(12).reshape(6, 2))) == 4  # more than a window: its newest four
-    np.testing.assert_array_equal(avg._obs[:, 0], [8, 10, 4, 6])  # slots 2, 3, 0, 1 in order of play
+    np.testing.assert_array_equal(held(avg, Col.OBS)[:, 0], [8, 10, 4, 6])  # slots 2, 3, 0, 1 in order of play
     assert avg.add(rows([0], valid=[0])) == 0 and avg.rows_seen == 10
 
 
@@ -166,3 +170,18 @@ def test_the_loaded_main_average_is_the_behaviour_average_whose_exploitability_i
     with AlphaStar.from_checkpoint(path) as restored:
         for k, v in restored.average_weights("main").items():
             np.testing.assert_array_equal(v, saved[k])
+
+
+def test_a_window_that_does_not_fit_in_memory_is_a_clear_error(monkeypatch):
+    """A full window is sized at the first add: 1,000 rows of 2 float32 observations, an int64
+    action and 3 mask bytes are 19 kB; with 10 kB available the error names average_window and
+    the remedy, and nothing is kept; with 20 kB the rows go in."""
+    from shoal import process
+
+    monkeypatch.setattr(process, "available_memory_bytes", lambda: 10_000)
+    avg = BehaviourAverage(module(), window=1000, sgd_steps=1, batch_size=2, lr=1e-3, seed=0)
+    with pytest.raises(ConfigError, match=r"average_window \(1,000 rows\) is too large .* 19 bytes each"):
+        avg.add(rows([0, 1], obs=np.zeros((2, 2), np.float32)))
+    assert avg.size == 0
+    monkeypatch.setattr(process, "available_memory_bytes", lambda: 20_000)
+    assert avg.add(rows([0, 1], obs=np.zeros((2, 2), np.float32))) == 2

@@ -22,9 +22,12 @@ from typing import Any, Mapping, Optional
 import numpy as np
 import torch
 
+from shoal import process
 from shoal.batch import Batch, Col
 from shoal.errors import ConfigError
 from shoal.models.distributions import masked_logits
+from shoal.replay import storage
+from shoal.replay.buffers import ReplayBuffer
 
 
 class BehaviourAverage:
@@ -51,64 +54,57 @@ class BehaviourAverage:
         self.net.requires_grad_(True)
         self.optimizer = torch.optim.Adam(self.net.parameters(), lr=lr)
         self.window, self.sgd_steps, self.batch_size = window, sgd_steps, batch_size
-        self.rng = np.random.default_rng(seed)
-        self.rows_seen = 0  # rows kept since the start (or the restore); the next goes to slot rows_seen % window
-        self._obs: Optional[np.ndarray] = None
-        self._actions: Optional[np.ndarray] = None
-        self._masks: Optional[np.ndarray] = None
+        self.seed = seed
+        self.window_rows = ReplayBuffer(window, seed=seed)  # FIFO: newest replacing oldest
+        self.rows_seen = 0  # rows kept since the start (or the restore)
 
     @property
     def size(self) -> int:
         """Rows held (at most ``window``)."""
-        return min(self.rows_seen, self.window)
+        return len(self.window_rows)
 
     def add(self, batch: Batch) -> int:
         """Keep ``batch``'s valid rows (padding and next-step reset rows are not play); the number kept."""
-        obs = np.asarray(batch[Col.OBS])
-        actions = np.asarray(batch[Col.ACTIONS])
-        masks = np.asarray(batch[Col.ACTION_MASK], dtype=bool) if Col.ACTION_MASK in batch else None
+        cols = [Col.OBS, Col.ACTIONS] + ([Col.ACTION_MASK] if Col.ACTION_MASK in batch else [])
+        rows = Batch({c: np.asarray(batch[c], dtype=bool if c == Col.ACTION_MASK else None) for c in cols})
         if Col.VALID in batch:
-            valid = np.asarray(batch[Col.VALID], dtype=bool)
-            obs, actions = obs[valid], actions[valid]
-            masks = None if masks is None else masks[valid]
-        n = len(actions)
-        if n == 0:
-            return 0
-        if self._obs is None:
-            self._obs = np.zeros((self.window, *obs.shape[1:]), obs.dtype)
-            self._actions = np.zeros((self.window, *actions.shape[1:]), actions.dtype)
-            self._masks = None if masks is None else np.zeros((self.window, *masks.shape[1:]), bool)
-        assert self._actions is not None
-        if n > self.window:  # only the newest window's worth can stay
-            obs, actions, n = obs[-self.window :], actions[-self.window :], self.window
-            masks = None if masks is None else masks[-self.window :]
-        slots = (self.rows_seen + np.arange(n)) % self.window
-        self._obs[slots], self._actions[slots] = obs, actions
-        if self._masks is not None and masks is not None:
-            self._masks[slots] = masks
-        self.rows_seen += n
-        return n
+            rows = rows.take(np.flatnonzero(np.asarray(batch[Col.VALID], dtype=bool)))
+        if len(self.window_rows) == 0 and len(rows):
+            self._check_fits(rows)
+        kept = len(self.window_rows.add(rows))  # more than a window: only its newest window's worth
+        self.rows_seen += kept
+        return kept
+
+    def _check_fits(self, rows: Batch) -> None:
+        """A ConfigError naming ``average_window`` when a full window would not fit in memory now."""
+        per_row = sum(storage.row_nbytes(v.shape[1:], v.dtype) for v in rows.data.values())
+        avail = process.available_memory_bytes()
+        if avail is not None and self.window * per_row > avail:
+            raise ConfigError(
+                f"average_window ({self.window:,} rows) is too large for this machine's memory: the behaviour "
+                f"average keeps that many rows of each learning policy's play, {per_row:,} bytes each, "
+                f"{self.window * per_row / process.GB:.1f} GB, and {avail / process.GB:.1f} GB is available. "
+                "Lower average_window, or use average_policy: parameters (no rows kept)."
+            )
 
     def train(self) -> Optional[float]:
         """``sgd_steps`` steps on minibatches drawn from the window; the last step's loss (None when empty)."""
         if self.size == 0:
             return None
-        assert self._obs is not None and self._actions is not None
         device = next(self.net.parameters()).device
-        loss_value = None
+        loss = torch.zeros(())
         for _ in range(self.sgd_steps):
-            idx = self.rng.integers(0, self.size, self.batch_size)
-            obs = torch.as_tensor(self._obs[idx], device=device)
-            actions = torch.as_tensor(self._actions[idx], device=device)
+            rows = self.window_rows.sample(self.batch_size)
+            obs = torch.as_tensor(rows[Col.OBS], device=device)
+            actions = torch.as_tensor(rows[Col.ACTIONS], device=device)
             inputs, _ = self.net(obs)
-            if self._masks is not None:
-                inputs = masked_logits(inputs, torch.as_tensor(self._masks[idx], device=device))
+            if Col.ACTION_MASK in rows:
+                inputs = masked_logits(inputs, torch.as_tensor(rows[Col.ACTION_MASK], device=device))
             loss = -self.dist_cls(inputs).logp(actions).mean()
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
-            loss_value = float(loss.detach())
-        return loss_value
+        return float(loss.detach())  # one host sync, for the last step
 
     def weights(self) -> dict[str, np.ndarray]:
         return {k: v.detach().cpu().numpy() for k, v in self.net.state_dict().items()}
@@ -120,7 +116,7 @@ class BehaviourAverage:
         self.net.load_state_dict(state["net"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.rows_seen = 0  # the rows themselves are not saved: the window refills from new play
-        self._obs = self._actions = self._masks = None
+        self.window_rows = ReplayBuffer(self.window, seed=self.seed)
 
 
 __all__ = ["BehaviourAverage"]
