@@ -175,3 +175,51 @@ class LeagueEvaluator(Evaluator):
                 mixture_support=int((mixture.weights > 1e-6).sum()),
             )
         return result
+
+    def summary_lines(self, results: list[dict[str, Any]]) -> list[str]:
+        """The league's closing figures: main's latest exploitability or win rate against a fixed
+        opponent (the mean return of zero-sum self-play is ~0 however well main plays), then the
+        league's size and games, and which policy each figure is of."""
+        if not results:
+            return []
+        algo = self.algo
+        last = results[-1]
+        league = (
+            f"League: {last.get('league/players', len(algo.policies.ids))} players ({last.get('league/learning', 0)} "
+            f"learning, {last.get('league/frozen', 0)} frozen), {int(last.get('league/games_total', 0)):,} games."
+        )
+        metric = algo.best_metric
+        if not metric.startswith("evaluation/"):
+            wr = last.get("league/main_win_rate_vs_frozen")
+            head = "no fixed yardstick measured" if wr is None else f"main's win rate vs the frozen players {wr:.2f}"
+            return [
+                head,
+                f"{league} No evaluation (evaluation.evaluation_interval is unset): main's win rate against the "
+                "frozen players moves with the frozen set; set evaluation.evaluation_interval to measure main "
+                "against fixed opponents as it trains.",
+            ]
+        openspiel = self.openspiel_game() is not None
+        what = "exploitability" if openspiel else f"win rate vs {metric.removeprefix('evaluation/win_rate_vs_')}"
+        evaluated = next((r for r in reversed(results) if r.get(metric) is not None), None)
+        if evaluated is None:
+            every = algo.config.evaluation.evaluation_interval
+            return [
+                f"main's {what} not measured yet (evaluated every {every} iterations; the run stopped at "
+                f"iteration {last.get('iteration', algo.iteration)})",
+                league,
+            ]
+        head = f"main's {what} {evaluated[metric]:.3g} at iteration {evaluated.get('iteration')}"
+        cfg_average = algo.config.average_policy
+        if openspiel:
+            mixture = evaluated.get("evaluation/mixture_exploitability")
+            average = evaluated.get("evaluation/main_average_exploitability")
+            note = (
+                "Exploitability is of main's sampling policy: what a best response wins against it "
+                "(0 at a Nash equilibrium)"
+                + ("" if average is None else f"; main's average (main@average, of its {cfg_average}): {average:.3g}")
+                + ("." if mixture is None else f"; the frozen players' Nash mixture: {mixture:.3g}.")
+            )
+        else:
+            rnd = evaluated.get("evaluation/win_rate_vs_random")
+            note = "Win rates are of main's greedy play" + ("." if rnd is None else f"; vs random: {rnd:.2f}.")
+        return [head, f"{league} {note}"]
