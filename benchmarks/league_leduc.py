@@ -228,7 +228,7 @@ def run_one(args: argparse.Namespace) -> None:
                 avg_x,
             ]
         )
-        players = len(algo.policies.ids)
+        players = len(algo.league.players)
         if args.save is not None:
             log(f"checkpoint: {algo.save(args.save)}")
     log(

@@ -172,6 +172,47 @@ def test_the_loaded_main_average_is_the_behaviour_average_whose_exploitability_i
             np.testing.assert_array_equal(v, saved[k])
 
 
+def test_main_vs_average_prob_splits_mains_self_play_with_its_average():
+    """The alpha_star builder gives ``main_vs_average_prob`` of main's self-play share to
+    ``main@average``; with a frozen player, the rest of main's games still go to it by PFSP."""
+    from shoal.league import make_league_builder
+
+    spec = {"type": "alpha_star", "num_main_exploiters": 0, "num_league_exploiters": 0, "num_random_policies": 1}
+    b = make_league_builder({**spec, "main_self_play_prob": 0.6, "main_vs_average_prob": 0.25})
+    pairs = {(home, away): p for _, home, away, p in b.matchmaking().pairs()}
+    assert pairs == pytest.approx({("main", "main"): 0.45, ("main", "main@average"): 0.15, ("main", "random_0"): 0.4})
+    b = make_league_builder({**spec, "main_self_play_prob": 1.0, "main_vs_average_prob": 1.0})
+    assert {(h, a) for _, h, a, _ in b.matchmaking().pairs()} == {("main", "main@average")}  # no zero pair
+    with pytest.raises(ConfigError, match="main_vs_average_prob .0.5. plays main against its average, and "):
+        kuhn_league(average_policy=None, league={**spec, "main_vs_average_prob": 0.5})
+
+
+def test_main_plays_its_average_whose_weights_follow_its_learner(tmp_path):
+    """With ``main_vs_average_prob: 1``, a Kuhn league's main plays only ``main@average`` (a player
+    of the rollout actors, not of the league: those games count in no win rate, no PFSP, no
+    mixture); after each iteration that player's weights are the learner's behaviour average, and
+    it stays a frozen player through a checkpoint restore."""
+    spec = {"type": "alpha_star", "num_main_exploiters": 0, "num_league_exploiters": 0, "num_random_policies": 1}
+    league = {**spec, "main_self_play_prob": 1.0, "main_vs_average_prob": 1.0}
+    cfg = kuhn_league(average_policy="behaviour", average_window=2000, average_batch_size=64, league=league)
+    with cfg.build() as algo:
+        results = [algo.train() for _ in range(3)]
+        assert "main@average" in algo.policies.frozen and "main@average" not in algo.league.players
+        for k, v in algo.average_weights("main").items():
+            np.testing.assert_array_equal(algo.policies.weights("main@average")[k], v)
+        assert not any(
+            np.array_equal(v, algo.policies.weights("main")[k]) for k, v in algo.average_weights("main").items()
+        )
+        assert results[-1]["league/dropped_results"] > 0  # its games: in no one's win rate
+        assert results[-1]["learner/main/average_nll"] > 0
+        assert algo.league.frozen_policies() == ["random_0"]
+        assert results[-1]["num_policies"] == 2  # the league's players: main and random_0
+        path = algo.save(tmp_path / "ckpt")
+    with AlphaStar.from_checkpoint(path) as restored:
+        assert "main@average" in restored.policies.frozen
+        restored.train()
+
+
 def test_a_window_that_does_not_fit_in_memory_is_a_clear_error(monkeypatch):
     """A full window is sized at the first add: 1,000 rows of 2 float32 observations, an int64
     action and 3 mask bytes are 19 kB; with 10 kB available the error names average_window and

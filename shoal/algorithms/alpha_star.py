@@ -31,6 +31,7 @@ from typing import Any, Optional, Union
 import torch
 from pydantic import Field, model_validator
 
+from shoal.algorithms.alpha_star_average import AverageOpponents, check_average_opponent
 from shoal.algorithms.alpha_star_group import LeagueGroupResources, LeagueRunner, check_learner_groups, group_bundles
 from shoal.algorithms.alpha_star_learner import APPOPolicyLearner
 from shoal.algorithms.league_evaluator import LeagueEvaluator
@@ -156,6 +157,7 @@ class AlphaStarConfig(VTraceKeys, AsyncSamplingKeys, ClipTargetKeys, KLPenaltyKe
             raise ValueError(f"league: {str(e).rstrip('.')}") from None  # the config's own error adds its name
         learning = [pid for pid, s in builder.initial_policies().items() if s.trainable]
         builder.check_learner_slots(self.max_num_policies_to_train)
+        check_average_opponent(self, builder)
         check_learner_groups(self, learning)
         if len(learning) > self.max_num_policies_to_train:
             raise ValueError(
@@ -258,6 +260,8 @@ class AlphaStar(Algorithm):
         self.sync = LeagueSync()
         for pid, spec in self.league.initial_policies().items():
             self._add(pid, self._fresh_weights(pid), spec.trainable)
+        self.average_opponents = AverageOpponents(self)  # league.main_vs_average_prob: main against its average
+        self.average_opponents.add()
         self.sync.changed.clear()
         self._matches_this_iter = 0
         self._games_seen = self._games_decided = 0  # since this process built the league: any winner at all?
@@ -479,12 +483,13 @@ class AlphaStar(Algorithm):
         with self.timers.time(Phase.LEAGUE):
             self.learners.check_replays()  # a recreated replay actor's handle goes out with this broadcast
             self.apply_league_changes(self.league.build(self, result))
+            self.average_opponents.refresh()
             self.broadcast()  # the matchmaking's win-rate weights move every iteration
         result.update(self.returns.metrics())
         result.update(self.league.metrics())
         result.update(
             {
-                "num_policies": len(self.policies.ids)
+                "num_policies": len(self.league.players),  # not the rollout-only main@average
                 "num_learning_policies": len(self.policies.learning),
                 "num_matches_this_iter": self._matches_this_iter,
                 "num_learner_restarts": self.runner.num_restarts,
@@ -543,6 +548,7 @@ class AlphaStar(Algorithm):
                 self.runner.set_state(pid, learner_state)
                 self.policies.set_weights(pid, self.runner.get_weights(pid))
                 self.sync.changed.add(pid)
+        self.average_opponents.add()
         self.sync.removed = sorted(before - set(self.policies.ids))
         self.broadcast()
 

@@ -91,6 +91,13 @@ class AlphaStarLeagueConfig(Section):
         0.5, ge=0, le=1, description="Main exploiter vs learning main (else its snapshots)."
     )
     main_self_play_prob: float = Field(0.5, ge=0, le=1, description="Main plays itself (else frozen players by PFSP).")
+    main_vs_average_prob: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Of main's self-play games, the share played against its own average (main@average; the "
+        "algorithm's average_policy) instead: fictitious play's best response to the average.",
+    )
     pfsp_weighting: str = Field("squared", description="squared, variance, linear, linear_capped or uniform.")
     payoff_decay: float = Field(
         0.99, gt=0, le=1, description="Per-game decay of a pair's running win rate; 1 = plain mean."
@@ -273,7 +280,9 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
         opp = {}
         for h in mains:
             p_self = c.main_self_play_prob if frozen else 1.0
-            d = {h: p_self}
+            d = {h: p_self * (1.0 - c.main_vs_average_prob)}
+            if c.main_vs_average_prob > 0:
+                d[f"{h}@average"] = p_self * c.main_vs_average_prob  # the algorithm's AverageOpponents
             d.update({f: (1.0 - p_self) * p for f, p in self._pfsp(h, frozen).items()})
             opp[h] = d
         types.append((MAIN, 1.0 - c.prob_league_exploiter_match - c.prob_main_exploiter_match, mains, opp))
