@@ -17,12 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-AVERAGE_SUFFIX = "@average"
-
-
-def average_opponent(pid: str) -> str:
-    """The rollout actors' id of ``pid``'s average as an opponent."""
-    return f"{pid}{AVERAGE_SUFFIX}"
+from shoal.league.builder import AVERAGE
 
 
 def main_vs_average_prob(builder: Any) -> float:
@@ -52,23 +47,24 @@ class AverageOpponents:
             [pid for pid in algo.league.learning_policies() if algo.league.players[pid].type == "main"] if on else []
         )
 
+    def _pairs(self) -> list[tuple[str, str]]:
+        """(learning player, its average's id) for each home still learning."""
+        return [(pid, f"{pid}{AVERAGE}") for pid in self.homes if pid in self.algo.policies.copies]
+
     def add(self) -> None:
         """Each one starts at its learning player's current weights."""
-        algo = self.algo
-        for pid in self.homes:
-            avg = average_opponent(pid)
-            if avg not in algo.policies.ids and pid in algo.policies.copies:
-                algo.policies.add(avg, algo.policies.configs[pid], algo.policies.weights(pid), learning=False)
-                algo.sync.changed.add(avg)
+        policies = self.algo.policies
+        for pid, avg in self._pairs():
+            if avg not in policies.ids:
+                policies.add(avg, policies.configs[pid], policies.weights(pid), learning=False)
+                self.algo.sync.changed.add(avg)
 
     def refresh(self) -> None:
         """Each one's weights from its player's learner (its average's latest)."""
-        algo = self.algo
-        for pid in self.homes:
-            avg = average_opponent(pid)
-            if avg in algo.policies.ids and pid in algo.policies.copies:
-                algo.policies.set_weights(avg, algo.runner.call(pid, "average_weights"))
-                algo.sync.changed.add(avg)
+        for pid, avg in self._pairs():
+            if avg in self.algo.policies.ids:
+                self.algo.policies.set_weights(avg, self.algo.runner.call(pid, "average_weights"))
+                self.algo.sync.changed.add(avg)
 
 
-__all__ = ["AverageOpponents", "average_opponent", "check_average_opponent", "main_vs_average_prob"]
+__all__ = ["AverageOpponents", "check_average_opponent", "main_vs_average_prob"]

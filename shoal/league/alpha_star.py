@@ -49,7 +49,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from shoal.config import Section, format_validation_error
 from shoal.errors import ConfigError
-from shoal.league.builder import AddPolicy, LeagueBuilder, LeagueChanges, PlayerSpec, policy_spec
+from shoal.league.builder import AVERAGE, AddPolicy, LeagueBuilder, LeagueChanges, PlayerSpec, policy_spec
 from shoal.league.matchmaking import Matchmaking, MatchType, normalized
 from shoal.league.payoff import PFSP_WEIGHTINGS, pfsp_probs
 
@@ -282,7 +282,7 @@ class AlphaStarLeagueBuilder(LeagueBuilder):
             p_self = c.main_self_play_prob if frozen else 1.0
             d = {h: p_self * (1.0 - c.main_vs_average_prob)}
             if c.main_vs_average_prob > 0:
-                d[f"{h}@average"] = p_self * c.main_vs_average_prob  # the algorithm's AverageOpponents
+                d[f"{h}{AVERAGE}"] = p_self * c.main_vs_average_prob  # the algorithm's AverageOpponents
             d.update({f: (1.0 - p_self) * p for f, p in self._pfsp(h, frozen).items()})
             opp[h] = d
         types.append((MAIN, 1.0 - c.prob_league_exploiter_match - c.prob_main_exploiter_match, mains, opp))

@@ -44,6 +44,7 @@ from shoal.league.matchmaking import Matchmaking, MatchType, normalized
 from shoal.league.payoff import PayoffTable
 
 STATE_FORMAT = "shoal-league"
+AVERAGE = "@average"  # "<player>@average": a learning player's average (``average_policy``)
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from shoal.league.builder import AVERAGE
+
 LEAGUE_NASH = "league_nash"
-AVERAGE = "@average"  # "<player>@average": a learning player's average (``average_policy``)
 
 
 def average_of(policy_id: str) -> str | None:
