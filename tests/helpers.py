@@ -40,3 +40,16 @@ def last_json_line(script: Path, timeout_s: float = 240) -> dict:
     printed = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     assert done.returncode == 0 and printed, done.stderr[-3000:]
     return json.loads(printed[-1])
+
+
+def trains_within(algo, max_iters: int = 200) -> int:
+    """Env steps trained over ``algo.train()`` calls until some were trained, at most ``max_iters`` calls.
+
+    An asynchronous algorithm's iteration returns once its sampling is done; its learner thread may not
+    have finished an update by then (on a busy machine), so one iteration can train nothing."""
+    trained = 0
+    for _ in range(max_iters):
+        trained += algo.train()["env_steps_trained"]
+        if trained:
+            break
+    return trained
