@@ -8,9 +8,8 @@ Rows (``--only``, all by default):
   Pendulum-v1: gamma 0.98, buffer 200,000, 10,000 random steps first, Gaussian action noise of
   std 0.1, one update per env step done after each episode, lr 1e-3, [400, 300] networks.
 - ``shoal``: ``benchmarks/configs/apex_td3_pendulum_sb3.yaml`` (``--config``): the same
-  settings key for key, with one rollout actor (one env) beside the learner thread in the driver,
-  so shoal's run uses the machine's second core for acting where SB3 acts and learns in turn in
-  one process; every episode counted.
+  settings key for key, in one process like SB3's (no Ray): the env steps in the driver's thread
+  while the learner thread trains, where SB3 acts and learns in turn; every episode counted.
 - ``shoal_preset``: ``examples/apex_td3_pendulum.yaml`` (``--preset``): 2 rollout actors of
   different noise, [64, 64] networks, 1,000 warm-up steps, 3-step returns, priorities, counting
   the lowest-noise actor's episodes: not like for like, reported as its own row.

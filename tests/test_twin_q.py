@@ -48,3 +48,20 @@ def test_trained_pass_reaches_weights_and_matches_constant_values():
     trained.sum().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in q.parameters())
     torch.testing.assert_close(q(obs, actions, detach=True), trained.detach())
+
+
+def test_first_critic_alone_matches_the_ensembles_first_row_and_gradient():
+    torch.manual_seed(2)
+    q = TwinQ(4, [16, 8], "relu")
+    obs = torch.randn(12, 3, requires_grad=True)
+    actions = torch.randn(12, 1, requires_grad=True)
+    alone = q(obs, actions, detach=True, first=1)
+    assert alone.shape == (1, 12)
+    both = q(obs, actions, detach=True)
+    torch.testing.assert_close(alone[0], both[0], rtol=0, atol=0)
+    mine = torch.autograd.grad(alone[0].sum(), [obs, actions])
+    ref = torch.autograd.grad(autograd_q(q, obs, actions)[0].sum(), [obs, actions])
+    for a, b in zip(mine, ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="first is for the constant critics"):
+        q(obs, actions, first=1)

@@ -18,7 +18,8 @@ learns:
   the actor trained to maximize ``Q_1(s, mu(s))`` every ``policy_delay`` updates (its parameters
   get no gradient in between, so Adam leaves them alone), and the target actor and critics
   blended by ``tau`` after each of those delayed updates. |TD| of the critics' mean becomes the
-  replayed rows' new priorities.
+  replayed rows' new priorities. The actor's term reads ``Q_1`` alone as a constant, so it may
+  run on a second learner thread beside the critics' (``actor_loss_thread``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,14 @@ from pydantic import Field
 from torch import nn
 
 from shoal.algorithms.apex_pipeline import ApeXKeys, ApeXPipeline, ApeXResourcesConfig
-from shoal.algorithms.continuous import _ACT, BoxPolicy, ContinuousModelConfig, action_dim, check_box_spaces
+from shoal.algorithms.continuous import (
+    _ACT,
+    ActorLossThreadKey,
+    BoxPolicy,
+    ContinuousModelConfig,
+    action_dim,
+    check_box_spaces,
+)
 from shoal.algorithms.replay_loop import ReplayKeys
 from shoal.batch import Col
 from shoal.config import AlgorithmConfig
@@ -61,7 +69,7 @@ class TD3ModelConfig(ContinuousModelConfig):
     }
 
 
-class ApeXTD3Config(ApeXKeys, ReplayKeys, AlgorithmConfig):
+class ApeXTD3Config(ActorLossThreadKey, ApeXKeys, ReplayKeys, AlgorithmConfig):
     """Ape-X's pipeline keys (per-actor noise instead of epsilon) plus TD3's learner keys."""
 
     algo = "apex_td3"
@@ -219,6 +227,13 @@ class TD3Loss(LossRecord):
     def __call__(self, module: TD3Module, batch: dict, learner=None) -> tuple[torch.Tensor, dict]:
         obs, actions, next_obs = batch[Col.OBS], batch[Col.ACTIONS], batch[Col.NEXT_OBS]
         actor, critic, target_actor, target_critic = module.parts()
+
+        def actor_term() -> tuple[torch.Tensor, dict]:  # the critics read as constants: the actor alone learns
+            actor_loss = -critic(obs, actor.action(obs), detach=True, first=1)[0].mean()
+            return actor_loss, {"actor_loss": actor_loss.detach()}
+
+        actor_step = self.actor_step(learner)
+        side = actor_step and learner is not None and learner.beside(actor_term)  # on the learner's side thread
         with torch.no_grad():
             next_mu = target_actor.action(next_obs)
             noise = (torch.randn_like(next_mu) * self.target_noise).clamp(
@@ -233,10 +248,10 @@ class TD3Loss(LossRecord):
         critic_loss = (per_row * weights).mean() if weights is not None else per_row.mean()
         stats = {"critic_loss": critic_loss.detach(), "mean_q": q.detach().mean(), "td_error": q.detach().mean(0) - y}
         loss = critic_loss
-        if self.actor_step(learner):  # the critics read as constants: the actor alone learns from this term
-            actor_loss = -critic(obs, actor.action(obs), detach=True)[0].mean()
+        if actor_step and not side:
+            actor_loss, actor_stats = actor_term()
             loss = loss + actor_loss
-            stats["actor_loss"] = actor_loss.detach()
+            stats.update(actor_stats)
         return loss, stats
 
 
@@ -255,6 +270,7 @@ class TD3PolicyLearner(PolicyLearner):
             lambda c, **_: TD3Loss.from_config(c),
             device=resolve_device(config.resources.num_gpus),
             adam_eps=1e-8,  # Adam's own default, as the TD3 reference uses
+            side_thread=config.actor_loss_thread,
         )
         target = self.add_target("nets", "target", config.policy_delay, tau=config.tau)
         target.since_update = config.policy_delay - 1  # blend right after each actor update (0, d, 2d, ...)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from shoal.config import ModelConfig
+from shoal.config import ModelConfig, Section
 from shoal.errors import ConfigError
 from shoal.framework.policies import build_policy_module
 from shoal.models.catalog import ACTIVATION_FNS
@@ -32,6 +32,16 @@ class ContinuousModelConfig(ModelConfig):
         default_factory=lambda: [256, 256], description="Hidden layer sizes of the actor and of each critic."
     )
     activation: str = Field("relu", description="tanh, relu or elu.")
+
+
+class ActorLossThreadKey(Section):
+    """The learner's second thread (SAC, Ape-X TD3)."""
+
+    actor_loss_thread: bool = Field(
+        False,
+        description="Compute the actor's loss term and its gradient on a second learner thread while the "
+        "critics' are computed: the same update (the random draws in the same order), on one more core.",
+    )
 
 
 # ---- networks ---------------------------------------------------------------------------

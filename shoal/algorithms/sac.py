@@ -16,7 +16,10 @@ target copy blended by ``tau`` after every update. One update minimizes, on a re
 summed into one loss for one Adam step: each term's gradient reaches only its own parameters
 (the actor term reads detached critic weights, the critic term sampled next actions under
 no_grad, the alpha term a detached log-prob), so one optimizer over all three parameter sets
-takes the same steps as three optimizers at the same learning rate.
+takes the same steps as three optimizers at the same learning rate. It is also why the actor's
+and alpha's terms can run on a second learner thread beside the critics' (``actor_loss_thread``,
+:meth:`shoal.learn.Learner.beside`); both noise draws are made first, in one order, so either
+way gives the same update.
 """
 
 from __future__ import annotations
@@ -33,7 +36,14 @@ from pydantic import Field, model_validator
 from torch import nn
 from torch.nn import functional as F
 
-from shoal.algorithms.continuous import _ACT, BoxPolicy, ContinuousModelConfig, action_dim, check_box_spaces
+from shoal.algorithms.continuous import (
+    _ACT,
+    ActorLossThreadKey,
+    BoxPolicy,
+    ContinuousModelConfig,
+    action_dim,
+    check_box_spaces,
+)
 from shoal.algorithms.replay_loop import (
     ReplayAlgorithm,
     ReplayKeys,
@@ -72,7 +82,7 @@ class SACModelConfig(ContinuousModelConfig):
     }
 
 
-class SACConfig(ReplayKeys, AlgorithmConfig):
+class SACConfig(ActorLossThreadKey, ReplayKeys, AlgorithmConfig):
     """AlgorithmConfig plus replay, the soft target update and the entropy temperature."""
 
     algo = "sac"
@@ -153,19 +163,26 @@ class Actor(nn.Module):
         mu, log_std = self.head(x).chunk(2, dim=-1)
         return mu, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
 
-    def _draw(self, obs: torch.Tensor, generator: torch.Generator | None) -> tuple[torch.Tensor, ...]:
-        """``u = mu + std * noise`` (pre-squash), the noise and the log std."""
+    def _draw(
+        self, obs: torch.Tensor, generator: torch.Generator | None, noise: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        """``u = mu + std * noise`` (pre-squash; ``noise`` standard normal, drawn here unless given), the
+        noise and the log std."""
         mu, log_std = self(obs)
-        noise = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
+        if noise is None:
+            noise = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
         return mu + log_std.exp() * noise, noise, log_std
 
     def sample_action(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """A squashed action drawn as :meth:`sample` draws it, without its log-probability (acting)."""
         return torch.tanh(self._draw(obs, generator)[0])
 
-    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """A reparameterized squashed action and its log-probability (change of variables through tanh)."""
-        u, noise, log_std = self._draw(obs, generator)
+    def sample(
+        self, obs: torch.Tensor, generator: torch.Generator | None = None, noise: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparameterized squashed action and its log-probability (change of variables through tanh);
+        ``noise``: the standard normal draw, ``(len(obs), action dims)``, when the caller drew it."""
+        u, noise, log_std = self._draw(obs, generator, noise)
         return torch.tanh(u), squashed_logp_of_noise(u, noise, log_std)
 
 
@@ -216,8 +233,27 @@ class SACLoss(LossRecord):
     def __call__(self, module: SACModule, batch: dict, learner=None) -> tuple[torch.Tensor, dict]:
         obs, actions = batch[Col.OBS], batch[Col.ACTIONS]
         alpha = module.log_alpha.exp().detach()
+        # both draws here, next actions' first, so the actor term may run on the learner's side thread
+        head = module.actor.head.weight
+        shape = (len(obs), head.shape[0] // 2)
+        next_noise, new_noise = (torch.randn(shape, device=head.device, dtype=head.dtype) for _ in range(2))
+
+        def actor_term() -> tuple[torch.Tensor, dict]:  # the actor's and alpha's terms: the critics held fixed
+            new_actions, logp = module.actor.sample(obs, noise=new_noise)
+            q_new = module.critic(obs, new_actions, detach=True).min(0).values
+            actor_loss = (alpha * logp - q_new).mean()
+            term = actor_loss
+            term_stats = {"actor_loss": actor_loss.detach(), "entropy": -logp.detach().mean()}
+            if self.autotune_alpha:
+                target_entropy = module.get_buffer("target_entropy")
+                alpha_loss = -(module.log_alpha * (logp.detach() + target_entropy)).mean()
+                term = term + alpha_loss
+                term_stats["alpha_loss"] = alpha_loss.detach()
+            return term, term_stats
+
+        side = learner is not None and learner.beside(actor_term)
         with torch.no_grad():
-            next_actions, next_logp = module.actor.sample(batch[Col.NEXT_OBS])
+            next_actions, next_logp = module.actor.sample(batch[Col.NEXT_OBS], noise=next_noise)
             next_q = module.target_critic(batch[Col.NEXT_OBS], next_actions).min(0).values
             not_done = 1.0 - batch[Col.TERMINATEDS].float()
             y = batch[Col.REWARDS] + batch[Col.DISCOUNTS] * not_done * (next_q - alpha * next_logp)
@@ -225,24 +261,17 @@ class SACLoss(LossRecord):
         per_row = 0.5 * (q - y).pow(2).sum(0)
         weights = batch.get(Col.WEIGHTS)
         critic_loss = (per_row * weights).mean() if weights is not None else per_row.mean()
-
-        new_actions, logp = module.actor.sample(obs)
-        q_new = module.critic(obs, new_actions, detach=True).min(0).values
-        actor_loss = (alpha * logp - q_new).mean()
-        loss = critic_loss + actor_loss
+        loss = critic_loss
         stats = {
             "critic_loss": critic_loss.detach(),
-            "actor_loss": actor_loss.detach(),
             "alpha": alpha,
-            "entropy": -logp.detach().mean(),
             "mean_q": q.detach().mean(),
             "td_error": (q.detach().mean(0) - y),
         }
-        if self.autotune_alpha:
-            target_entropy = module.get_buffer("target_entropy")
-            alpha_loss = -(module.log_alpha * (logp.detach() + target_entropy)).mean()
-            loss = loss + alpha_loss
-            stats["alpha_loss"] = alpha_loss.detach()
+        if not side:
+            term, term_stats = actor_term()
+            loss = loss + term
+            stats.update(term_stats)
         return loss, stats
 
 
@@ -261,6 +290,7 @@ class SACPolicyLearner(PolicyLearner):
             lambda c, **_: SACLoss.from_config(c),
             device=resolve_device(config.resources.num_gpus),
             adam_eps=1e-8,  # Adam's own default, as the SAC references use
+            side_thread=config.actor_loss_thread,
         )
         self.add_target("critic", "target_critic", 1, tau=config.tau)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from typing import Any
 
 import numpy as np
@@ -82,6 +84,14 @@ def describe_nonfinite(stats: dict, grad_norm: torch.Tensor) -> str:
 
 
 LossFn = Callable[[torch.nn.Module, dict, "Learner"], tuple[torch.Tensor, dict]]
+LossTerm = Callable[[], tuple[torch.Tensor, dict]]  # one term of a loss: (its value, its stats)
+
+
+def _forward_backward(term: LossTerm) -> tuple[torch.Tensor, dict]:
+    """One loss term's forward and backward pass (on the learner's side thread): its value and stats."""
+    loss, stats = term()
+    loss.backward()
+    return loss.detach(), stats
 
 
 class Learner:
@@ -100,6 +110,7 @@ class Learner:
         loss_schedules: Mapping[str, Sequence[tuple[int, float]] | None] | None = None,
         adam_eps: float = 1e-5,
         max_nonfinite_updates: int = 20,
+        side_thread: bool = False,
     ) -> None:
         self.device = torch.device(device)
         self.module = module.to(self.device)
@@ -125,6 +136,10 @@ class Learner:
         self.num_nonfinite_skipped = 0  # updates skipped for a NaN/inf loss or gradient, over the run
         self._nonfinite_in_a_row = 0
         self._last_stats: dict = {}  # the loss terms of the minibatch being learned (named when one is NaN/inf)
+        # a second thread for loss terms that run beside the rest of the loss (``beside``); made when first used
+        self.side_thread = side_thread
+        self._side: ThreadPoolExecutor | None = None
+        self._beside: list[Future] = []
 
     # ---- optimisation ------------------------------------------------------------------
     def set_env_steps(self, env_steps: float) -> None:
@@ -148,10 +163,36 @@ class Learner:
     def compute_gradients(self, batch: dict) -> dict:
         self.optimizer.zero_grad(set_to_none=True)
         self.last_batch_rows = len(next(iter(batch.values()))) if batch else 0
-        loss, stats = self.loss_fn(self.module, batch, self)
-        loss.backward()
-        self._last_stats = {"loss": loss.detach(), **stats}
+        try:
+            loss, stats = self.loss_fn(self.module, batch, self)
+            loss.backward()
+        finally:  # no term may still be writing gradients when the optimizer steps, or when this raises
+            beside, self._beside = self._beside, []
+            wait_futures(beside)
+        total = loss.detach()
+        for fut in beside:  # each term's forward and backward ran on the side thread
+            term_loss, term_stats = fut.result()
+            total = total + term_loss
+            stats.update(term_stats)
+        self._last_stats = {"loss": total, **stats}
         return stats
+
+    def beside(self, term: LossTerm) -> bool:
+        """Take ``term``, one term of the loss being computed, to run its forward and backward on the
+        side thread while the loss function computes the rest; False (the loss adds the term itself)
+        unless the learner was made with ``side_thread``.
+
+        The term's gradient must reach only parameters that no other term of the loss reaches, and
+        it must not draw from torch's global random generator (the order of draws between two
+        threads is not fixed): then the optimizer takes the same step as for the summed loss.
+        :meth:`compute_gradients` waits for the term after the rest's backward pass, adds its value
+        to the reported ``loss`` and its stats to the update's."""
+        if not self.side_thread:
+            return False
+        if self._side is None:
+            self._side = ThreadPoolExecutor(1, thread_name_prefix="shoal-learner-side")
+        self._beside.append(self._side.submit(_forward_backward, term))
+        return True
 
     def reduce_gradients(self) -> None:
         """Hook for data-parallel learners (all-reduce); a single learner has nothing to do."""
