@@ -27,7 +27,7 @@ test: $(STAMP)
 	$(PY) -m ruff format --check shoal tests benchmarks examples
 	$(PY) -m ruff check shoal tests benchmarks examples
 	$(PY) -m mypy
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 bench: $(STAMP)
 	$(PIP) install -q -e ".[bench]"
