@@ -113,3 +113,18 @@ def test_actor_loss_thread_trains_exactly_as_one_thread(algo):
     for k in state0:
         assert torch.equal(state0[k], state1[k]), k
     assert keys0 == keys1 and "actor_loss" in keys1
+
+
+def test_a_multi_device_tower_adds_its_terms_itself():
+    """A tower's update never waits on the master's side thread, so the tower takes no term beside."""
+    from shoal.learn.multi_device import _TowerView
+
+    threads: list[str] = []
+    master = Learner(TwoParams(), two_term_loss(threads), lr=0.1, side_thread=True)
+    tower = TwoParams()
+    view = _TowerView(master, tower, torch.device("cpu"))
+    loss, stats = two_term_loss(threads)(tower, {}, view)
+    loss.backward()
+    assert tower.a.grad.item() == pytest.approx(-2.0) and tower.b.grad.item() == pytest.approx(-8.0)
+    assert "b_term" in stats and threads == [threading.current_thread().name]
+    assert view.lr == 0.1  # the rest still reads the master's

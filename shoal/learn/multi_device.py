@@ -70,6 +70,10 @@ class _TowerView:
     def __getattr__(self, name: str):
         return getattr(self._master, name)
 
+    def beside(self, term) -> bool:
+        """A tower's loss adds every term itself: its update waits on no side thread (``Learner.beside``)."""
+        return False
+
 
 def shard_weights(shards: Sequence[Batch]) -> list[float]:
     """Each shard's share of the batch: of its ``Col.VALID`` rows when the batch has that column
