@@ -168,7 +168,8 @@ class Learner:
             loss.backward()
         finally:  # no term may still be writing gradients when the optimizer steps, or when this raises
             beside, self._beside = self._beside, []
-            wait_futures(beside)
+            if beside:  # only with a side thread: nothing more per update without one
+                wait_futures(beside)
         total = loss.detach()
         for fut in beside:  # each term's forward and backward ran on the side thread
             term_loss, term_stats = fut.result()
