@@ -1,7 +1,7 @@
 """Pong from scratch: time and agent steps until the mean of the last 20 finished games first reaches +18.
 
     python benchmarks/atari_pong.py [--budget-s 3600] [--algo appo] [--config examples/appo_pong.yaml]
-                                    [--out-dir benchmarks/results]
+                                    [--seed K] [--out-dir benchmarks/results]
 
 Trains in a fresh Python process (start-up counts) from the algorithm's preset
 ``examples/<algo>_pong.yaml`` with the standard preprocessing; the score is the raw game score
@@ -16,7 +16,10 @@ the iterations in which it trained; null for the others); ``curve`` (``[seconds,
 of the last 20 games]`` after each iteration); and ``png``, the learning curve drawn beside
 the JSON in ``--out-dir`` (``atari_pong_<algo>.json`` and ``.png``: the mean of the last 20
 games against frames and against minutes); ``final_mean_20`` (the mean of the last 20 games
-when the run ended) and ``target``.
+when the run ended), ``target`` and ``seed`` (``--seed``, else the config's, else 0).
+
+``--seed K`` replaces the config's seed; its files get a ``_seed<K>`` suffix so the runs of one
+preset over seeds sit side by side.
 
 Other games: ``--config examples/appo_breakout.yaml --no-target`` trains the whole budget
 (``target`` null, ``reached`` false) and names its files after the config
@@ -42,7 +45,9 @@ def log(msg: str) -> None:
     print(f"[atari_pong] {msg}", file=sys.stderr, flush=True)
 
 
-def child(algo_name: str, config_path: str, budget_s: float, spawn_time: float, target: float | None) -> dict:
+def child(
+    algo_name: str, config_path: str, budget_s: float, spawn_time: float, target: float | None, seed: int | None
+) -> dict:
     import numpy as np
     import torch
 
@@ -55,6 +60,8 @@ def child(algo_name: str, config_path: str, budget_s: float, spawn_time: float, 
     data.pop("stop", None)
     if data.pop("algo", algo_name) != algo_name:
         raise SystemExit(f"{config_path} is not a config for '{algo_name}'")
+    if seed is not None:
+        data["seed"] = seed
     data.setdefault("seed", 0)  # the file's seed when it names one
     config = get_config_class(algo_name)(**data)
     skip = config.env_preprocessing.frame_skip
@@ -75,6 +82,7 @@ def child(algo_name: str, config_path: str, budget_s: float, spawn_time: float, 
         "learner_busy_fraction": None,
         "final_mean_20": None,
         "target": target,
+        "seed": config.seed,
         "curve": [],
     }
     busy: list[float] = []  # Ape-X: the learner thread's busy share of each iteration once it trains
@@ -161,6 +169,7 @@ def main() -> None:
     )
     p.add_argument("--target", type=float, default=TARGET, help="stop when the mean of the last 20 games reaches it")
     p.add_argument("--no-target", action="store_true", help="train the whole budget (e.g. Breakout)")
+    p.add_argument("--seed", type=int, default=None, help="replaces the config's seed (default: the config's, else 0)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--spawn-time", type=float, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -171,7 +180,8 @@ def main() -> None:
     target = None if args.no_target else args.target
     if args.child:
         print(
-            json.dumps(child(args.algo, str(config), args.budget_s, args.spawn_time or time.time(), target)), flush=True
+            json.dumps(child(args.algo, str(config), args.budget_s, args.spawn_time or time.time(), target, args.seed)),
+            flush=True,
         )
         return
     log(f"{args.algo} from {config}, budget {args.budget_s:.0f} s, target {target}, fresh process")
@@ -186,6 +196,7 @@ def main() -> None:
             "--budget-s",
             str(args.budget_s),
             *(["--no-target"] if target is None else ["--target", str(target)]),
+            *([] if args.seed is None else ["--seed", str(args.seed)]),
         ],
         args.budget_s + 600,
     )
@@ -196,6 +207,7 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     default = args.config is None or config.stem == f"{args.algo}_pong"
     stem = f"atari_pong_{args.algo}" if default else f"atari_{config.stem}"
+    stem += "" if args.seed is None else f"_seed{args.seed}"
     png = out_dir / f"{stem}.png"
     draw_curve(out, png)
     out["png"] = str(png)
