@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from test_policy_average import kuhn_league
+from test_policy_average import kuhn_league, make_learner, perturb, small, ttt_batch
 
 from shoal.algorithms.alpha_star import AlphaStar, AlphaStarConfig
 from shoal.batch import Batch, Col
@@ -19,6 +19,7 @@ from shoal.errors import ConfigError
 from shoal.learn.behaviour_average import BehaviourAverage
 from shoal.learn.learner_params import BehaviourAverageParams, LearnerParams
 from shoal.models import build_actor_critic
+from shoal.models.distributions import masked_logits
 
 torch.set_num_threads(1)
 OBS = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
@@ -127,8 +128,11 @@ def test_the_keys_reach_the_learner_record_and_are_checked():
         ConfigError, match="average_window .10. sets the behaviour average, and average_policy is parameters"
     ):
         AlphaStarConfig(env=KUHN, average_window=10)
-    with pytest.raises(ConfigError, match="magnet_coeff .0.1. pulls .* average_policy is behaviour"):
+    assert LearnerParams.from_config(  # the magnet pulls towards whichever average is kept
         AlphaStarConfig(env=KUHN, average_policy="behaviour", magnet_coeff=0.1)
+    ).magnet_coeff == pytest.approx(0.1)
+    with pytest.raises(ConfigError, match="magnet_coeff .0.1. pulls .* average_policy is None"):
+        AlphaStarConfig(env=KUHN, average_policy=None, magnet_coeff=0.1)
     with pytest.raises(ConfigError, match="model.use_lstm is true: use average_policy: parameters"):
         AlphaStarConfig(env=KUHN, average_policy="behaviour", model={"use_lstm": True})
     with pytest.raises(ConfigError, match="average_policy"):
@@ -226,3 +230,55 @@ def test_a_window_that_does_not_fit_in_memory_is_a_clear_error(monkeypatch):
     assert avg.size == 0
     monkeypatch.setattr(process, "available_memory_bytes", lambda: 20_000)
     assert avg.add(rows([0, 1], obs=np.zeros((2, 2), np.float32))) == 2
+
+
+def test_the_magnet_pulls_towards_the_behaviour_average_and_follows_its_training():
+    """``magnet_coeff`` with ``average_policy: behaviour``: the loss's term is KL(pi || the behaviour
+    network) under the masks, hand-computed; it starts at 0 (the copy is the policy) and reads the
+    network's weights as its supervised steps change them."""
+    batch, spaces = ttt_batch()
+    cfg = small(average_policy="behaviour", average_tau=0.002, average_window=256, magnet_coeff=0.5)
+    learner = make_learner(cfg, spaces)
+    assert learner.average is None and learner.behaviour is not None
+    assert learner.learner.loss_fn.magnet is learner.behaviour
+    module, loss_fn = learner.learner.module, learner.learner.loss_fn
+    tensors = batch.to_torch()
+    loss_at_policy, stats = loss_fn(module, tensors)
+    assert float(stats["magnet_kl"]) == pytest.approx(0.0, abs=1e-7)
+
+    def expected_kl() -> float:
+        with torch.no_grad():
+            mask = tensors[Col.ACTION_MASK]
+            logp = torch.log_softmax(masked_logits(module(tensors[Col.OBS])[0], mask), -1)
+            logq = torch.log_softmax(masked_logits(learner.behaviour.net(tensors[Col.OBS])[0], mask), -1)
+            per_row = (logp.exp() * (logp - logq)).sum(-1)
+            return float(per_row[tensors[Col.VALID].bool()].mean())
+
+    perturb(learner.behaviour.net, 0.3, seed=1)
+    loss, stats = loss_fn(module, tensors)
+    first = expected_kl()
+    assert first > 1e-3
+    assert float(stats["magnet_kl"]) == pytest.approx(first, rel=1e-4)
+    assert float((loss - loss_at_policy).detach()) == pytest.approx(cfg.magnet_coeff * first, rel=1e-3)
+    learner.behaviour.add(batch)  # supervised steps move the network: the term reads the new weights
+    learner.behaviour.train()
+    _, stats = loss_fn(module, tensors)
+    assert expected_kl() != pytest.approx(first, rel=1e-3)
+    assert float(stats["magnet_kl"]) == pytest.approx(expected_kl(), rel=1e-4)
+
+
+def test_a_replica_reads_a_copy_of_the_behaviour_network_refreshed_after_training():
+    """A multi-device learner's replica (here a second module on the CPU standing in for another
+    device) gets its own copy of the magnet, reloaded once the network has trained since."""
+    policy, replica = module(0), module(1)
+    avg = BehaviourAverage(policy, window=8, sgd_steps=1, batch_size=4, lr=0.1, seed=0)
+    assert avg.for_module(policy) is avg.net
+    copy_ = avg.for_module(replica)
+    assert copy_ is not avg.net and avg.for_module(replica) is copy_  # kept while nothing changed
+    obs = torch.zeros(1, 2)
+    torch.testing.assert_close(copy_(obs)[0], avg.net(obs)[0])
+    avg.add(rows([2, 2, 2, 2]))
+    avg.train()
+    assert not torch.allclose(copy_(obs)[0], avg.net(obs)[0])  # stale until asked for again
+    assert avg.for_module(replica) is copy_
+    torch.testing.assert_close(copy_(obs)[0], avg.net(obs)[0])

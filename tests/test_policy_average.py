@@ -43,15 +43,19 @@ def small(**kw) -> AlphaStarConfig:
     return cfg
 
 
-@pytest.fixture(scope="module")
-def league_batch():
-    """Tic-tac-toe fragments of one policy, with action masks."""
+def ttt_batch():
+    """Tic-tac-toe fragments of one policy, with action masks, and the player's spaces."""
     cfg = small()
     runner = MultiAgentEnvRunner(cfg, 0, {"main": None}, ticks_per_sample=24)
     batch = runner.sample()[0]["main"]
     env = runner.envs[0]
     spaces = env.observation_space("player_1"), env.action_space("player_1")
     return batch, spaces
+
+
+@pytest.fixture(scope="module")
+def league_batch():
+    return ttt_batch()
 
 
 def make_learner(cfg, spaces, replay=None):

@@ -14,6 +14,7 @@ from typing import Any, Optional
 import torch
 
 from shoal.batch import Col
+from shoal.learn.behaviour_average import BehaviourAverage
 from shoal.learn.learner_params import PolicyAverageConfig
 from shoal.learn.losses import LossRecord
 from shoal.learn.masking import ActionMasked
@@ -82,8 +83,8 @@ class APPOLoss(LossRecord):
     entropy_coeff: float
     target: TargetNetwork = dataclasses.field(compare=False)
     kl: Optional[AdaptiveKL] = dataclasses.field(default=None, compare=False)
-    magnet_coeff: float = 0.0  # the pull towards the policy's parameter average (AlphaStar's ``magnet_coeff``)
-    magnet: Optional[TargetNetwork] = dataclasses.field(default=None, compare=False)  # that average
+    magnet_coeff: float = 0.0  # the pull towards the policy's average (AlphaStar's ``magnet_coeff``)
+    magnet: Optional[TargetNetwork | BehaviourAverage] = dataclasses.field(default=None, compare=False)  # that average
 
     @classmethod
     def config_values(cls, cfg) -> dict[str, Any]:
@@ -102,7 +103,7 @@ class APPOLoss(LossRecord):
         return (STANDARDIZE_SUMS,) if self.normalize_advantages else ()  # policy_advantages over the group
 
     @torch.no_grad()
-    def _frozen_dist(self, module, batch: dict, net: TargetNetwork):
+    def _frozen_dist(self, module, batch: dict, net: TargetNetwork | BehaviourAverage):
         """The action distribution of ``net`` (the target network, or the magnet) over the batch: its
         copy beside ``module`` (per device on a multi-device learner), its logits under the batch's
         action masks as ``module``'s are, over whole sequences for a recurrent module."""
@@ -116,7 +117,8 @@ class APPOLoss(LossRecord):
         return module.dist_cls(inputs)
 
     def _magnet_kl(self, module, batch: dict, u) -> Optional[torch.Tensor]:
-        """KL(pi || magnet) per step, time-major, the magnet being the policy's parameter average; None without one."""
+        """KL(pi || magnet) per step, time-major, the magnet being the policy's average (its parameters' or
+        its behaviour's); None without one."""
         if self.magnet is None or self.magnet_coeff <= 0:
             return None
         return time_major(u.dist.kl(self._frozen_dist(module, batch, self.magnet)), self.seq_len)

@@ -48,7 +48,7 @@ class PolicyAverageKeys(Section):
     trains a copy of the policy's network by supervision on its own actions over its latest
     ``average_window`` rows (NFSP's average network over a sliding window). With
     ``magnet_coeff`` the loss adds ``magnet_coeff * KL(pi || average)`` (magnetic mirror descent
-    with the parameter average as a moving magnet)."""
+    with the average, either kind, as a moving magnet)."""
 
     average_policy: Optional[Literal["parameters", "behaviour"]] = Field(
         "parameters",
@@ -79,7 +79,8 @@ class PolicyAverageKeys(Section):
     magnet_coeff: float = Field(
         0.0,
         ge=0,
-        description="Weight of KL(pi || average) in the policy's loss (needs average_policy parameters); 0: no pull.",
+        description="Weight of KL(pi || average) in the policy's loss, the average being average_policy's "
+        "(parameters or behaviour); 0: no pull.",
     )
 
     @model_validator(mode="before")
@@ -98,7 +99,7 @@ BEHAVIOUR_AVERAGE_KEYS = ("average_window", "average_sgd_steps", "average_batch_
 
 
 def check_policy_average(cfg) -> None:
-    """Each average's keys only with that average; the magnet pulls towards the parameter average."""
+    """Each average's keys only with that average; the magnet pulls towards the average kept."""
     kind = cfg.average_policy
     for key in (*PARAMETER_AVERAGE_KEYS, *BEHAVIOUR_AVERAGE_KEYS):
         wanted = "parameters" if key in PARAMETER_AVERAGE_KEYS else "behaviour"
@@ -113,10 +114,10 @@ def check_policy_average(cfg) -> None:
             "average_policy: behaviour trains a feed-forward copy of the policy on single steps, and "
             "model.use_lstm is true: use average_policy: parameters"
         )
-    if cfg.magnet_coeff > 0 and kind != "parameters":
+    if cfg.magnet_coeff > 0 and kind is None:
         raise ConfigError(
-            f"magnet_coeff ({cfg.magnet_coeff}) pulls each policy towards its parameter average, and "
-            f"average_policy is {kind}: set average_policy: parameters, or magnet_coeff: 0"
+            f"magnet_coeff ({cfg.magnet_coeff}) pulls each policy towards its average, and average_policy is "
+            "None: set average_policy (parameters or behaviour), or magnet_coeff: 0"
         )
 
 

@@ -49,6 +49,7 @@ class BehaviourAverage:
                 "average_policy: behaviour trains a feed-forward copy of the policy on single steps; this "
                 "policy's model is recurrent: use average_policy: parameters"
             )
+        self.online = module  # the policy's module, beside which ``net`` itself is the magnet
         self.net = copy.deepcopy(module)
         self.dist_cls: Any = module.dist_cls  # the policy's action distribution
         self.net.requires_grad_(True)
@@ -57,6 +58,23 @@ class BehaviourAverage:
         self.seed = seed
         self.window_rows = ReplayBuffer(window, seed=seed)  # FIFO: newest replacing oldest
         self.rows_seen = 0  # rows kept since the start (or the restore)
+        self._version = 0  # bumped by every change of ``net``'s weights: the replicas' refresh
+        self._replicas: dict[int, tuple[torch.nn.Module, int]] = {}
+
+    def for_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The network as a magnet beside ``module`` (``magnet_coeff``): ``net`` itself beside the
+        policy's own module, else a copy on ``module``'s device (a multi-device learner's replica),
+        refreshed when ``net`` has changed since. Read under ``torch.no_grad``: the magnet is a
+        constant of the policy's loss, trained only by :meth:`train`."""
+        if module is self.online:
+            return self.net
+        replica, version = self._replicas.get(id(module), (None, -1))
+        if replica is None:
+            replica = copy.deepcopy(self.net).to(next(module.parameters()).device)
+        if version != self._version:
+            replica.load_state_dict(self.net.state_dict())
+        self._replicas[id(module)] = (replica, self._version)
+        return replica
 
     @property
     def size(self) -> int:
@@ -104,6 +122,7 @@ class BehaviourAverage:
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
+        self._version += 1
         return float(loss.detach())  # one host sync, for the last step
 
     def weights(self) -> dict[str, np.ndarray]:
@@ -114,6 +133,7 @@ class BehaviourAverage:
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         self.net.load_state_dict(state["net"])
+        self._version += 1
         self.optimizer.load_state_dict(state["optimizer"])
         self.rows_seen = 0  # the rows themselves are not saved: the window refills from new play
         self.window_rows = ReplayBuffer(self.window, seed=self.seed)

@@ -122,7 +122,7 @@ class LearnerParams:
     kl_target: float = 0.01
     kl_penalty_keys: bool = False  # the config has the penalty's keys: results report the coefficient
     average_tau: Optional[float] = None  # the learner keeps an average of its parameters, moved by this per update
-    magnet_coeff: float = 0.0  # the loss's pull towards that average
+    magnet_coeff: float = 0.0  # the loss's pull towards the average kept (either kind)
     behaviour_average: Optional[BehaviourAverageParams] = None  # or a network trained on the policy's own actions
 
     @classmethod

@@ -54,13 +54,20 @@ class PolicyLearner:
         self.target: Optional[TargetNetwork] = None
         if target_period is not None:
             self.target = TargetNetwork(module, target_period, unit="updates")
-        # an average of the policy's parameters, moved after every update; the magnet when the loss pulls towards it
+        # an average of the policy's parameters, moved after every update,
         self.average: Optional[TargetNetwork] = None
-        objects: dict[str, Any] = {"target": self.target, "kl": self.kl}
         if params.average_tau is not None:
             self.average = TargetNetwork(module, 1, unit="updates", tau=params.average_tau)
-            if params.magnet_coeff > 0:
-                objects["magnet"] = self.average
+        # or a copy of the network trained on the policy's own actions after each update
+        self.behaviour: Optional[BehaviourAverage] = None
+        if params.behaviour_average is not None:
+            b = params.behaviour_average
+            self.behaviour = BehaviourAverage(
+                module, window=b.window, sgd_steps=b.sgd_steps, batch_size=b.batch_size, lr=b.lr, seed=b.seed
+            )
+        objects: dict[str, Any] = {"target": self.target, "kl": self.kl}
+        if params.magnet_coeff > 0:  # the loss pulls towards whichever average is kept
+            objects["magnet"] = self.average if self.average is not None else self.behaviour
         self.learner = learner_cls(
             module, make_loss(config, **objects), device=device, **params.learner_kwargs(), **learner_kwargs
         )
@@ -74,18 +81,6 @@ class PolicyLearner:
             self.learner.add_post_update_hook(self.target.post_update)
         if self.average is not None:
             self.learner.add_post_update_hook(self.average.post_update)
-        # or a copy of the network trained on the policy's own actions after each update
-        self.behaviour: Optional[BehaviourAverage] = None
-        if params.behaviour_average is not None:
-            b = params.behaviour_average
-            self.behaviour = BehaviourAverage(
-                self.learner.module,
-                window=b.window,
-                sgd_steps=b.sgd_steps,
-                batch_size=b.batch_size,
-                lr=b.lr,
-                seed=b.seed,
-            )
 
     def update(
         self, batch: Batch, num_epochs: int, minibatch_size: int, rng: np.random.Generator, *, sequence_length: int = 1
