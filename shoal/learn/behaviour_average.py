@@ -25,6 +25,7 @@ import torch
 from shoal import process
 from shoal.batch import Batch, Col
 from shoal.errors import ConfigError
+from shoal.learn.target import Replicas, replica_beside
 from shoal.models.distributions import masked_logits
 from shoal.replay import storage
 from shoal.replay.buffers import ReplayBuffer
@@ -59,7 +60,7 @@ class BehaviourAverage:
         self.window_rows = ReplayBuffer(window, seed=seed)  # FIFO: newest replacing oldest
         self.rows_seen = 0  # rows kept since the start (or the restore)
         self._version = 0  # bumped by every change of ``net``'s weights: the replicas' refresh
-        self._replicas: dict[int, tuple[torch.nn.Module, int]] = {}
+        self._replicas: Replicas = {}
 
     def for_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """The network as a magnet beside ``module`` (``magnet_coeff``): ``net`` itself beside the
@@ -68,13 +69,7 @@ class BehaviourAverage:
         constant of the policy's loss, trained only by :meth:`train`."""
         if module is self.online:
             return self.net
-        replica, version = self._replicas.get(id(module), (None, -1))
-        if replica is None:
-            replica = copy.deepcopy(self.net).to(next(module.parameters()).device)
-        if version != self._version:
-            replica.load_state_dict(self.net.state_dict())
-        self._replicas[id(module)] = (replica, self._version)
-        return replica
+        return replica_beside(self.net, module, self._replicas, self._version)
 
     @property
     def size(self) -> int:

@@ -20,6 +20,20 @@ from typing import Any, Literal
 import torch
 
 Unit = Literal["updates", "env_steps"]
+Replicas = dict[int, tuple[torch.nn.Module, int]]  # id(module) -> (its copy of a network, the version it holds)
+
+
+def replica_beside(net: torch.nn.Module, module: torch.nn.Module, replicas: Replicas, version: int) -> torch.nn.Module:
+    """``module``'s copy of ``net`` (made on ``module``'s device the first time, kept in
+    ``replicas``), reloaded from ``net`` when it holds an older ``version`` than the one given:
+    a frozen network read beside each replica of a multi-device learner."""
+    replica, held = replicas.get(id(module), (None, -1))
+    if replica is None:
+        replica = copy.deepcopy(net).to(next(module.parameters()).device)
+    if held != version:
+        replica.load_state_dict(net.state_dict())
+    replicas[id(module)] = (replica, version)
+    return replica
 
 
 class TargetNetwork:
@@ -43,7 +57,7 @@ class TargetNetwork:
         self.since_update = 0  # units counted since the last refresh
         self.num_updates = 0  # refreshes so far
         self._version = 0  # bumped whenever ``net`` changes: device replicas re-copy it
-        self._replicas: dict[int, tuple[torch.nn.Module, int]] = {}
+        self._replicas: Replicas = {}
         self._lock = threading.Lock()
 
     # ---- the post-update hook -------------------------------------------------------------
@@ -84,13 +98,7 @@ class TargetNetwork:
         with self._lock:
             if module is self.online:
                 return self.net
-            replica, version = self._replicas.get(id(module), (None, -1))
-            if replica is None:
-                replica = copy.deepcopy(self.net).to(next(module.parameters()).device)
-            if version != self._version:
-                replica.load_state_dict(self.net.state_dict())
-            self._replicas[id(module)] = (replica, self._version)
-            return replica
+            return replica_beside(self.net, module, self._replicas, self._version)
 
     # ---- state ----------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
