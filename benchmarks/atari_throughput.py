@@ -10,9 +10,13 @@ preset's own frame size, sticky actions and model; IMPALA and APPO learn each ba
 (``ASYNC_SCHEDULE`` below: their papers' schedule, not the APPO preset's 4 passes). Each
 trains for its share of the budget; its rate is the env frames trained (agent steps x frame
 skip) between the end of its first iteration and the end of its last, over that wall time,
-so start-up is left out. SB3 runs the rl-zoo Atari PPO settings (8 envs, 128 steps,
-4 epochs, batch 256) on the same id with the same frame skip and sticky actions, through its
-own ``make_atari_env``, and is timed the same way (after its first rollout).
+so start-up is left out. PPO is the like-for-like row: both shoal's PPO and Stable-Baselines3's
+run the RL Zoo's Atari PPO settings (8 envs in one process, 128 steps each, 4 epochs over
+minibatches of 256, lr 2.5e-4, clip 0.1, value weight 0.5, entropy 0.01, gradient norm 0.5,
+the Nature CNN at 84x84 with 4 stacked frames, one torch thread) on the same id with the same
+frame skip and sticky actions; SB3 through its own ``make_atari_env``, timed the same way
+(after its first rollout). IMPALA and APPO have no SB3 counterpart: their rows are shoal's
+alone.
 
 ``bytes_per_transition`` is what one transition costs in flight: the bytes of a train batch
 that APPO's rollout code produces, over its rows (uint8 frames: 4 x 84 x 84 = 28,224 bytes
@@ -37,8 +41,21 @@ ALGOS = ("appo", "impala", "ppo")
 NATURE_CNN = {"torso": "nature_cnn", "hiddens": [], "activation": "relu", "vf_share_layers": True}
 # IMPALA and APPO are measured with their own papers' schedule, each batch learned once (the
 # algorithms' default num_sgd_iter), not the Pong presets' sample-efficiency schedule (APPO's
-# learns each batch 4 times). PPO keeps its preset's 4 epochs, as SB3 runs 4.
+# learns each batch 4 times).
 ASYNC_SCHEDULE = {"num_sgd_iter": 1, "minibatch_buffer_size": 1, "rollout_fragment_length": 32, "train_batch_size": 512}
+# PPO runs what child_sb3 gives Stable-Baselines3 (the RL Zoo's atari entry), not the Pong
+# preset's 16 x 64 steps and minibatches of 128, so that the two PPO rows compare like for like.
+SB3_PPO = {"n_envs": 8, "n_steps": 128, "n_epochs": 4, "batch_size": 256, "learning_rate": 2.5e-4, "clip_range": 0.1}
+PPO_LIKE_SB3 = {
+    "train_batch_size": SB3_PPO["n_envs"] * SB3_PPO["n_steps"],
+    "minibatch_size": SB3_PPO["batch_size"],
+    "num_sgd_iter": SB3_PPO["n_epochs"],
+    "lr": SB3_PPO["learning_rate"],
+    "clip_param": SB3_PPO["clip_range"],
+    "vf_loss_coeff": 0.5,
+    "entropy_coeff": 0.01,
+    "grad_clip": 0.5,
+}
 
 
 def log(msg: str) -> None:
@@ -97,6 +114,9 @@ def child_shoal(algo_name: str, env_id: str, seconds: float) -> dict:
     data["model"] = NATURE_CNN
     if algo_name in ("appo", "impala"):
         data.update(ASYNC_SCHEDULE)
+    else:
+        data.update(PPO_LIKE_SB3)
+        data["resources"] = {**data.get("resources", {}), "num_workers": 0, "num_envs_per_worker": SB3_PPO["n_envs"]}
     config = get_config_class(algo_name)(**data, seed=0)
     algo = config.build()
     skip = config.env_preprocessing.frame_skip
@@ -147,17 +167,21 @@ def child_sb3(env_id: str, seconds: float) -> dict:
 
     import ale_py
     import gymnasium as gym
+    import torch
 
+    torch.set_num_threads(1)  # as the shoal rows run
     gym.register_envs(ale_py)
-    env = VecFrameStack(make_atari_env(env_id, n_envs=8, seed=0, env_kwargs={"frameskip": 1}), n_stack=4)
+    env = VecFrameStack(
+        make_atari_env(env_id, n_envs=SB3_PPO["n_envs"], seed=0, env_kwargs={"frameskip": 1}), n_stack=4
+    )
     model = PPO(
         "CnnPolicy",
         env,
-        n_steps=128,
-        n_epochs=4,
-        batch_size=256,
-        learning_rate=2.5e-4,
-        clip_range=0.1,
+        n_steps=SB3_PPO["n_steps"],
+        n_epochs=SB3_PPO["n_epochs"],
+        batch_size=SB3_PPO["batch_size"],
+        learning_rate=SB3_PPO["learning_rate"],
+        clip_range=SB3_PPO["clip_range"],
         vf_coef=0.5,
         ent_coef=0.01,
         verbose=0,
