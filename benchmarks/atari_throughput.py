@@ -45,16 +45,26 @@ NATURE_CNN = {"torso": "nature_cnn", "hiddens": [], "activation": "relu", "vf_sh
 ASYNC_SCHEDULE = {"num_sgd_iter": 1, "minibatch_buffer_size": 1, "rollout_fragment_length": 32, "train_batch_size": 512}
 # PPO runs what child_sb3 gives Stable-Baselines3 (the RL Zoo's atari entry), not the Pong
 # preset's 16 x 64 steps and minibatches of 128, so that the two PPO rows compare like for like.
-SB3_PPO = {"n_envs": 8, "n_steps": 128, "n_epochs": 4, "batch_size": 256, "learning_rate": 2.5e-4, "clip_range": 0.1}
+SB3_ENVS = 8
+SB3_PPO = {
+    "n_steps": 128,
+    "n_epochs": 4,
+    "batch_size": 256,
+    "learning_rate": 2.5e-4,
+    "clip_range": 0.1,
+    "vf_coef": 0.5,
+    "ent_coef": 0.01,
+    "max_grad_norm": 0.5,
+}
 PPO_LIKE_SB3 = {
-    "train_batch_size": SB3_PPO["n_envs"] * SB3_PPO["n_steps"],
+    "train_batch_size": SB3_ENVS * SB3_PPO["n_steps"],
     "minibatch_size": SB3_PPO["batch_size"],
     "num_sgd_iter": SB3_PPO["n_epochs"],
     "lr": SB3_PPO["learning_rate"],
     "clip_param": SB3_PPO["clip_range"],
-    "vf_loss_coeff": 0.5,
-    "entropy_coeff": 0.01,
-    "grad_clip": 0.5,
+    "vf_loss_coeff": SB3_PPO["vf_coef"],
+    "entropy_coeff": SB3_PPO["ent_coef"],
+    "grad_clip": SB3_PPO["max_grad_norm"],
 }
 
 
@@ -116,7 +126,7 @@ def child_shoal(algo_name: str, env_id: str, seconds: float) -> dict:
         data.update(ASYNC_SCHEDULE)
     else:
         data.update(PPO_LIKE_SB3)
-        data["resources"] = {**data.get("resources", {}), "num_workers": 0, "num_envs_per_worker": SB3_PPO["n_envs"]}
+        data["resources"] = {**data.get("resources", {}), "num_workers": 0, "num_envs_per_worker": SB3_ENVS}
     config = get_config_class(algo_name)(**data, seed=0)
     algo = config.build()
     skip = config.env_preprocessing.frame_skip
@@ -171,23 +181,8 @@ def child_sb3(env_id: str, seconds: float) -> dict:
 
     torch.set_num_threads(1)  # as the shoal rows run
     gym.register_envs(ale_py)
-    env = VecFrameStack(
-        make_atari_env(env_id, n_envs=SB3_PPO["n_envs"], seed=0, env_kwargs={"frameskip": 1}), n_stack=4
-    )
-    model = PPO(
-        "CnnPolicy",
-        env,
-        n_steps=SB3_PPO["n_steps"],
-        n_epochs=SB3_PPO["n_epochs"],
-        batch_size=SB3_PPO["batch_size"],
-        learning_rate=SB3_PPO["learning_rate"],
-        clip_range=SB3_PPO["clip_range"],
-        vf_coef=0.5,
-        ent_coef=0.01,
-        verbose=0,
-        seed=0,
-        device="cpu",
-    )
+    env = VecFrameStack(make_atari_env(env_id, n_envs=SB3_ENVS, seed=0, env_kwargs={"frameskip": 1}), n_stack=4)
+    model = PPO("CnnPolicy", env, **SB3_PPO, verbose=0, seed=0, device="cpu")
     clock = Clock()
     model.learn(total_timesteps=10**9, callback=clock)
     elapsed = time.perf_counter() - clock.t0
