@@ -76,7 +76,7 @@ def test_num_workers_zero_trains_in_process():
 
 # ---- which episodes the headline metrics count -------------------------------------------
 def test_actor_epsilons_by_hand():
-    from shoal.algorithms.apex import actor_epsilons
+    from shoal.algorithms.apex_actors import actor_epsilons
 
     driver = actor_epsilons(0, 3, 0.4, 7.0)  # env j of 3: 0.4 ** (1 + 7 j / 2)
     np.testing.assert_allclose(driver[0], [0.4, 0.4**4.5, 0.4**8])
@@ -101,7 +101,7 @@ def test_actor_epsilons_by_hand():
     ],
 )
 def test_reporting_envs_are_the_lowest_epsilon_third(workers, envs, counted):
-    from shoal.algorithms.apex import actor_epsilons, reporting_envs
+    from shoal.algorithms.apex_actors import actor_epsilons, reporting_envs
 
     masks = reporting_envs(actor_epsilons(workers, envs, 0.4, 7.0))
     assert {i: np.flatnonzero(m).tolist() for i, m in masks.items() if m.any()} == counted
@@ -109,7 +109,7 @@ def test_reporting_envs_are_the_lowest_epsilon_third(workers, envs, counted):
 
 
 def test_equal_epsilons_count_every_env():
-    from shoal.algorithms.apex import actor_epsilons, reporting_envs
+    from shoal.algorithms.apex_actors import actor_epsilons, reporting_envs
 
     masks = reporting_envs(actor_epsilons(0, 6, 0.4, 0.0))  # exploration_alpha 0: all explore with 0.4
     assert masks[0].all()

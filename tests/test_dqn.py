@@ -15,7 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from shoal.algorithms.apex import ApeXConfig, ApeXRunner
+from shoal.algorithms.apex import ApeXConfig
+from shoal.algorithms.apex_actors import ApeXRunner
 from shoal.algorithms.dqn import (
     DQN,
     DQNConfig,

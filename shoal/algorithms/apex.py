@@ -1,10 +1,11 @@
 """Ape-X DQN: epsilon-greedy rollout actors, sharded prioritized replay, a background learner.
 
 The pipeline (rollout actors writing into replay shards, the training intensity, the request
-pipeline, the learner thread) is ``apex_pipeline.py``'s, shared with Ape-X TD3; the config,
-the loss and the policy learner are Q-learning's (``q_learning.py``), shared with DQN. What is
-Ape-X DQN's own is below: DQN's keys joined to the pipeline's with DQN's epsilon schedule
-refused, epsilon-greedy rollout actors that compute their transitions' initial priorities from
+pipeline, the learner thread) is ``apex_pipeline.py``'s and its keys and rollout actors are
+``apex_actors.py``'s, both shared with Ape-X TD3; the config, the loss and the policy learner
+are Q-learning's (``q_learning.py``), shared with DQN. What is Ape-X DQN's own is below: DQN's
+keys joined to the pipeline's with DQN's epsilon schedule refused, epsilon-greedy rollout
+actors that compute their transitions' initial priorities from
 their own Q-values, and the Q-network learner.
 """
 
@@ -15,14 +16,8 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from shoal.algorithms.apex_pipeline import (  # noqa: F401 (unused ones: re-exported)
-    ApeXKeys,
-    ApeXPipeline,
-    ApeXResourcesConfig,
-    ApeXRunner,
-    actor_epsilons,
-    reporting_envs,
-)
+from shoal.algorithms.apex_actors import ApeXKeys
+from shoal.algorithms.apex_pipeline import ApeXPipeline
 from shoal.algorithms.q_learning import Q_DISPLAY_METRICS, DQNConfig, QPolicyLearner, q_network_weights
 from shoal.rollout.policies import EpsilonGreedyQPolicy
 

@@ -33,7 +33,8 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from shoal.algorithms.apex_pipeline import ApeXKeys, ApeXPipeline, ApeXResourcesConfig
+from shoal.algorithms.apex_actors import ApeXKeys, ApeXResourcesConfig
+from shoal.algorithms.apex_pipeline import ApeXPipeline
 from shoal.algorithms.continuous import (
     _ACT,
     ActorLossThreadKey,
@@ -286,7 +287,7 @@ class TD3PolicyLearner(PolicyLearner):
 class NoisyDeterministicPolicy(BoxPolicy):
     """``tanh(mu(s))`` plus Gaussian noise of std ``epsilon`` (a float, or one per env of the
     vector), clipped to [-1, 1] and scaled to the env's bounds; greedy: no noise. Ape-X's rollout
-    actors set ``epsilon`` per actor (:func:`shoal.algorithms.apex_pipeline.actor_epsilons`). The first
+    actors set ``epsilon`` per actor (:func:`shoal.algorithms.apex_actors.actor_epsilons`). The first
     ``random_warmup_steps`` env steps it explores are uniform random actions instead."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, config, seed: int | None = None) -> None:
